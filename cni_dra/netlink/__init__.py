@@ -1,0 +1,1 @@
+"""cni_dra.netlink."""
