@@ -34,6 +34,8 @@ __all__ = [
     "NetlinkError",
     "IpamError",
     "StateError",
+    "AttachmentExistsError",
+    "CheckFailedError",
 ]
 
 
@@ -130,3 +132,15 @@ class IpamError(CniError):
 
 class StateError(IOFailureError):
     """The node-local state file cannot be read or written. Code 5."""
+
+
+class AttachmentExistsError(CniError):
+    """ADD for an attachment (network, container ID, ifname) that already exists elsewhere. Code 104."""
+
+    code = 104
+
+
+class CheckFailedError(CniError):
+    """CHECK found the attachment differs from what ADD made (link, parent, MAC, addresses). Code 105."""
+
+    code = 105

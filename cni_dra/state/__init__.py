@@ -1,1 +1,9 @@
-"""cni_dra.state."""
+"""Node-local state: prepared ResourceClaims and attachments in one JSON file under a file lock.
+
+Only this layer imports filelock.
+"""
+
+from cni_dra.state.models import SCHEMA_VERSION, Attachment, ClaimRef, NodeState
+from cni_dra.state.store import StateStore
+
+__all__ = ["SCHEMA_VERSION", "Attachment", "ClaimRef", "NodeState", "StateStore"]

@@ -1,0 +1,191 @@
+"""The cni-dra plugin's network configuration: parse, fill defaults, validate, apply precedence.
+
+Source: CNI spec 1.1.0, section "Section 1: Network configuration format" (well-known
+keys ``cniVersion``, ``name``, ``type``, ``capabilities``, ``ipam``, ``dns``, ``args``) and
+"Section 3" (``runtimeConfig``, ``prevResult`` injected by the runtime). Plugin keys are
+documented in README "Config reference".
+
+Precedence (one place, :func:`load_conf`): file < ``CNI_ARGS`` < ``runtimeConfig`` (a
+runtimeConfig key is honoured only when its capability is declared in ``capabilities``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from cni_dra.errors import (
+    DecodeError,
+    InvalidConfigError,
+    UnsupportedFieldError,
+)
+from cni_dra.protocol.env import CniEnv
+from cni_dra.protocol.versions import check_supported
+from cni_dra.quantity import QuantityField
+
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "DEFAULT_DRIVER",
+    "DEFAULT_STATE_DIR",
+    "DEFAULT_INVENTORY",
+    "CapacityRequest",
+    "NetConf",
+    "load_conf",
+    "peek_cni_version",
+]
+
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest network configuration accepted on stdin (bytes)."""
+
+DEFAULT_DRIVER = "net.cni-dra.dev"
+DEFAULT_STATE_DIR = "/var/lib/cni-dra"
+DEFAULT_INVENTORY = "/etc/cni-dra/resourceslice.yaml"
+
+_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+
+
+def normalize_mac(value: str) -> str:
+    """Validate a unicast Ethernet MAC ``xx:xx:xx:xx:xx:xx`` and return it lowercase.
+
+    Raises ``ValueError`` for a malformed, all-zero or multicast (I/G bit set) address.
+    """
+    if not _MAC_RE.match(value):
+        raise ValueError(f"malformed MAC address {value!r} (want xx:xx:xx:xx:xx:xx)")
+    first = int(value[:2], 16)
+    if first & 1:
+        raise ValueError(f"MAC address {value!r} is multicast")
+    if value.replace(":", "") == "000000000000":
+        raise ValueError(f"MAC address {value!r} is all zeros")
+    return value.lower()
+
+
+class CapacityRequest(BaseModel):
+    """Same shape as a resource.k8s.io/v1 claim request's ``capacity`` (KEP-5075):
+    ``{"requests": {"bandwidth": "4G"}}``; bandwidth in bits per second."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests: dict[str, QuantityField] = Field(default_factory=dict)
+
+
+class NetConf(BaseModel):
+    """A cni-dra network configuration (one plugin entry of a conflist, as the runtime sends it).
+
+    Shape: see README "Config reference". Unknown top-level keys are refused (code 2).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    cniVersion: str
+    name: str
+    type: str
+    driver: str = DEFAULT_DRIVER
+    stateDir: str = DEFAULT_STATE_DIR
+    inventory: str = DEFAULT_INVENTORY
+    linkType: str = "macvlan"
+    mode: Literal["bridge", "private", "vepa", "passthru"] = "bridge"
+    mtu: int | None = Field(default=None, ge=68, le=65535)
+    mac: str | None = None
+    capacity: CapacityRequest = Field(default_factory=CapacityRequest)
+    selectionPolicy: Literal["best-fit", "least-allocated"] = "best-fit"
+    lockTimeoutSeconds: float = Field(default=10.0, gt=0, le=600)
+    ipam: dict[str, Any] = Field(default_factory=dict)
+    dns: dict[str, Any] | None = None
+    capabilities: dict[str, bool] = Field(default_factory=dict)
+    runtimeConfig: dict[str, Any] = Field(default_factory=dict)
+    prevResult: dict[str, Any] | None = None
+    args: dict[str, Any] | None = None
+    validAttachments: list[dict[str, str]] | None = Field(default=None, alias="cni.dev/valid-attachments")
+    legacyAttachments: list[dict[str, str]] | None = Field(default=None, alias="cni.dev/attachments")
+
+    @field_validator("linkType")
+    @classmethod
+    def _link_type(cls, v: str) -> str:
+        if v != "macvlan":
+            raise ValueError(f"linkType {v!r} is not supported (supported: macvlan)")
+        return v
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_mac(v)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v:
+            raise ValueError("must not be empty")
+        return v
+
+    @property
+    def valid_attachments(self) -> list[dict[str, str]]:
+        """GC's list of ``{"containerID", "ifname"}`` still in use (CNI 1.1.0 "GC")."""
+        return list(self.validAttachments or self.legacyAttachments or [])
+
+    @property
+    def ipam_type(self) -> str | None:
+        """``ipam.type`` or None for L2-only (no IPAM)."""
+        t = self.ipam.get("type") if self.ipam else None
+        return t or None
+
+
+def peek_cni_version(raw: bytes) -> str:
+    """Best-effort ``cniVersion`` of raw stdin for error replies (never raises)."""
+    try:
+        v = json.loads(raw).get("cniVersion")
+        return v if isinstance(v, str) and v else "1.1.0"
+    except Exception:  # noqa: BLE001 - only for formatting an error reply
+        return "1.1.0"
+
+
+def _format_validation_error(exc: ValidationError) -> tuple[type, str]:
+    parts = []
+    err_cls: type = InvalidConfigError
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        if err["type"] == "extra_forbidden":
+            err_cls = UnsupportedFieldError
+            parts.append(f"unknown field {loc!r}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg}")
+    return err_cls, "; ".join(parts)
+
+
+def load_conf(raw: bytes, env: CniEnv | None = None) -> NetConf:
+    """Parse stdin bytes into a :class:`NetConf`, applying CNI_ARGS and runtimeConfig.
+
+    Raises: DecodeError (6) for non-JSON or oversize input; IncompatibleVersionError (1)
+    for an unsupported ``cniVersion``; UnsupportedFieldError (2) for unknown keys;
+    InvalidConfigError (7) for invalid values (names the field).
+    """
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise DecodeError(f"failed to decode network config: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError("failed to decode network config: not valid JSON", str(exc)) from exc
+    if not isinstance(obj, dict):
+        raise DecodeError("failed to decode network config: top level must be a JSON object")
+    version = obj.get("cniVersion")
+    if not isinstance(version, str):
+        raise InvalidConfigError("invalid network config: cniVersion must be a string")
+    check_supported(version)
+    if obj.get("type") not in (None, "cni-dra"):
+        # Runtimes pick the binary by type; anything else here is a misrouted config.
+        raise InvalidConfigError(f"invalid network config: type {obj.get('type')!r} is not 'cni-dra'")
+    # Precedence: file < CNI_ARGS < runtimeConfig (capability "mac").
+    caps = obj.get("capabilities") or {}
+    rc = obj.get("runtimeConfig") or {}
+    if env is not None and env.args.mac:
+        obj["mac"] = env.args.mac
+    if isinstance(caps, dict) and caps.get("mac") and isinstance(rc, dict) and rc.get("mac"):
+        obj["mac"] = rc["mac"]
+    try:
+        return NetConf.model_validate(obj)
+    except ValidationError as exc:
+        cls, msg = _format_validation_error(exc)
+        raise cls(f"invalid network config {obj.get('name', '')!r}: {msg}") from exc

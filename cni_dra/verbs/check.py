@@ -1,0 +1,62 @@
+"""CHECK: verify the attachment is as ADD left it.
+
+Source: CNI spec 1.1.0 "CHECK: Check container's networking is as expected" (needs
+cniVersion ≥ 0.4.0 and ``prevResult``). Tolerates what later plugins of a chain change
+(MTU, sysctls, extra addresses); verifies what cni-dra owns: the attachment in state,
+the link's existence, kind, mode and parent NIC, the MAC and the IPs prevResult reports
+for our interface; then delegates CHECK to the IPAM plugin.
+
+Errors: InvalidConfigError (7) without prevResult, ContainerUnknownError (3) when the
+attachment is not in state, CheckFailedError (105) for a mismatch, IpamError.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from cni_dra.errors import CheckFailedError, ContainerUnknownError, InvalidConfigError
+from cni_dra.protocol.results import parse_result
+from cni_dra.verbs.common import Invocation
+
+__all__ = ["cmd_check"]
+
+
+def cmd_check(inv: Invocation) -> None:
+    """Run CHECK for ``inv``. See module docstring."""
+    from cni_dra import ipam
+    from cni_dra.netlink import links
+
+    env, conf = inv.env, inv.conf
+    if conf.prevResult is None:
+        raise InvalidConfigError(f"invalid network config {conf.name!r}: CHECK requires prevResult")
+    prev = parse_result(conf.prevResult, conf.cniVersion)
+    key = (conf.name, env.container_id, env.ifname)
+    att = inv.store.read().find(*key)
+    what = f"interface {env.ifname} of container {env.container_id}"
+    if att is None or att.phase != "ready":
+        raise ContainerUnknownError(f"failed to check {what}: no attachment on network {conf.name!r} in state")
+    link = links.link_in_netns(env.netns, env.ifname)
+    if link is None:
+        raise CheckFailedError(f"failed to check {what}: the link is not in netns {env.netns}")
+    if link.kind != att.linkType:
+        raise CheckFailedError(f"failed to check {what}: link kind is {link.kind}, expected {att.linkType}")
+    if link.mode and link.mode != conf.mode:
+        raise CheckFailedError(f"failed to check {what}: macvlan mode is {link.mode}, expected {conf.mode}")
+    parent = links.host_link(att.ifName)
+    if parent is None or link.parent_index != parent.index:
+        raise CheckFailedError(
+            f"failed to check {what}: its parent is not {att.ifName} (device {att.device})"
+        )
+    ours = [i for i, iface in enumerate(prev.interfaces) if iface.name == env.ifname and iface.sandbox]
+    if ours:
+        want_mac = prev.interfaces[ours[-1]].mac
+        if want_mac and want_mac.lower() != link.mac.lower():
+            raise CheckFailedError(f"failed to check {what}: MAC is {link.mac}, prevResult says {want_mac}")
+    have = {ipaddress.ip_interface(a) for a in link.addresses}
+    for ip in prev.ips:
+        if ours and ip.interface is not None and ip.interface not in ours:
+            continue
+        if ipaddress.ip_interface(ip.address) not in have:
+            raise CheckFailedError(f"failed to check {what}: address {ip.address} is missing")
+    if conf.ipam_type:
+        ipam.ipam_check(conf.ipam_type, inv.raw, inv.environ, env.path)

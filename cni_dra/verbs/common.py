@@ -1,0 +1,72 @@
+"""What every verb needs: the invocation (env, config, raw stdin), the inventory, the state store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from cni_dra.errors import ClaimError
+from cni_dra.protocol.config import NetConf
+from cni_dra.protocol.env import CniEnv
+from cni_dra.state import StateStore
+
+if TYPE_CHECKING:
+    from cni_dra.dra.models import ResourceSlice
+
+__all__ = ["Invocation", "claim_results_for"]
+
+
+@dataclass
+class Invocation:
+    """One plugin invocation: parsed env, parsed config and the raw stdin bytes (what IPAM gets)."""
+
+    env: CniEnv
+    conf: NetConf
+    raw: bytes
+    environ: dict[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def store(self) -> StateStore:
+        return StateStore(self.conf.stateDir, lock_timeout_s=self.conf.lockTimeoutSeconds)
+
+    @cached_property
+    def inventory(self) -> ResourceSlice:
+        """The node's ResourceSlice (validated). Raises IOFailureError (5), InventoryError (7)."""
+        from cni_dra.dra.inventory import load_inventory
+
+        return load_inventory(self.conf.inventory)
+
+    @property
+    def pool(self) -> str:
+        return self.inventory.spec.pool.name
+
+
+def claim_results_for(
+    claims: list[dict[str, Any]], driver: str, ifname: str
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Pick the allocation result a pod's attachment ``ifname`` uses (claim mode).
+
+    ``claims``: the pod's prepared resource.k8s.io/v1 ResourceClaims. Among the results
+    of ``driver`` (``status.allocation.devices.results[]``), the one whose ``request`` equals
+    CNI_IFNAME, else the only one. Returns (claim, result) or None when the pod has no
+    result from this driver. Raises ClaimError (101) when several results match ambiguously.
+    """
+    results: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for claim in claims:
+        alloc = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+        for res in alloc.get("results") or []:
+            if res.get("driver") == driver:
+                results.append((claim, res))
+    if not results:
+        return None
+    named = [cr for cr in results if cr[1].get("request") == ifname]
+    if len(named) == 1:
+        return named[0]
+    if len(results) == 1:
+        return results[0]
+    requests = ", ".join(sorted(str(r.get("request")) for _, r in results))
+    raise ClaimError(
+        f"failed to choose claim result for interface {ifname}: the pod has {len(results)} "
+        f"results from driver {driver} (requests: {requests}) and none is named {ifname!r}"
+    )

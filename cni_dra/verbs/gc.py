@@ -1,0 +1,53 @@
+"""GC: release every attachment of this network that the runtime no longer knows.
+
+Source: CNI spec 1.1.0 "GC: Clean up any stale resources" — the config carries
+``cni.dev/valid-attachments`` (older runtimes: ``cni.dev/attachments``), a list of
+``{"containerID", "ifname"}``. For each attachment of this network (``name``) in state
+that is not listed: delete its link (unless its netns is gone or is the host's), release
+its IPAM with the config recorded at ADD, release its capacity. Errors are collected and
+GC continues; the first is raised at the end (its own CNI code).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cni_dra.errors import CniError
+from cni_dra.verbs.common import Invocation
+
+__all__ = ["cmd_gc"]
+
+log = logging.getLogger("cni_dra.gc")
+
+
+def cmd_gc(inv: Invocation) -> None:
+    """Run GC for ``inv``. See module docstring."""
+    from cni_dra import ipam
+    from cni_dra.netlink import links
+    from cni_dra.netlink.netns import is_host_netns
+
+    conf = inv.conf
+    valid = conf.valid_attachments
+    keep = {(a.get("containerID"), a.get("ifname")) for a in valid}
+    stale = [a for a in inv.store.read().attachments if a.network == conf.name and (a.containerID, a.ifname) not in keep]
+    errors: list[CniError] = []
+    for att in stale:
+        try:
+            if att.netns:
+                try:
+                    host = is_host_netns(att.netns)
+                except FileNotFoundError:
+                    host = True  # gone: nothing to delete
+                if not host:
+                    links.delete_link(att.netns, att.ifname)
+            if att.ipamType and att.ipamConf:
+                ipam.ipam_del(att.ipamType, att.ipamConf.encode(), inv.environ | {
+                    "CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns,
+                }, inv.env.path)
+            with inv.store.transaction() as state:
+                state.remove(*att.key)
+        except CniError as exc:
+            log.error("GC of %s failed: %s", att.key, exc.msg)
+            errors.append(exc)
+    if errors:
+        raise errors[0]

@@ -1,0 +1,282 @@
+"""The installed /opt/cni/bin/cni-dra driven exactly as a runtime does (env + stdin + exit code + stdout).
+
+Covers issue 2's acceptance: selection policies, claim mode (honoured and refused), DEL
+twice / without netns / without parent, CHECK, mtu refused before IPAM, rollback of an
+ADD that fails after IPAM. Parents are veth ends (stand-in NICs) from conftest fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cni_dra.netlink.links import host_link, link_in_netns
+from netns_tests.runner import cni_dra_status, run_plugin
+
+DRIVER = "net.cni-dra.dev"
+
+
+@pytest.fixture
+def node(tmp_path, make_parent_nic):
+    """Two 10G stand-in NICs in an inventory; state, IPAM data and inventory under tmp_path."""
+    nics = [make_parent_nic(), make_parent_nic()]
+    names = sorted(nics)
+    devices = []
+    for dev, ifname in zip(("nic-a", "nic-b"), names):
+        devices.append({
+            "name": dev, "allowMultipleAllocations": True,
+            "attributes": {"ifName": {"string": ifname}},
+            "capacity": {"bandwidth": {"value": "10G", "requestPolicy": {
+                "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}},
+        })
+    inventory = tmp_path / "slice.json"
+    inventory.write_text(json.dumps({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
+        "spec": {"driver": DRIVER, "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices},
+    }))
+
+    class Node:
+        parents = dict(zip(("nic-a", "nic-b"), names))
+        state_dir = tmp_path / "state"
+        ipam_dir = tmp_path / "ipam"
+
+        def conf(self, bandwidth: str | None = "1G", version: str = "1.0.0", **kw) -> dict:
+            c = {
+                "cniVersion": version, "name": "testnet", "type": "cni-dra",
+                "stateDir": str(self.state_dir), "inventory": str(inventory),
+                "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
+                         "ranges": [[{"subnet": "10.99.0.0/24"}]]},
+            }
+            if bandwidth:
+                c["capacity"] = {"requests": {"bandwidth": bandwidth}}
+            c.update(kw)
+            return c
+
+        def status(self) -> dict:
+            return cni_dra_status(str(self.state_dir), str(inventory))
+
+        def consumed(self) -> dict[str, str]:
+            return {d["name"]: d["consumed"]["bandwidth"] for d in self.status()["devices"]}
+
+        def ipam_reservations(self) -> list[str]:
+            d = self.ipam_dir / "testnet"
+            if not d.exists():
+                return []
+            return sorted(p.name for p in d.iterdir() if p.name[0].isdigit())
+
+    return Node()
+
+
+def _args(pod_uid: str) -> str:
+    return f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p-{pod_uid[:6]};K8S_POD_INFRA_CONTAINER_ID=c;K8S_POD_UID={pod_uid}"
+
+
+def _add(node, netns, conf, cid=None, pod_uid=None, ifname="eth0"):
+    cid = cid or uuid.uuid4().hex
+    pod_uid = pod_uid or str(uuid.uuid4())
+    code, out, err = run_plugin("ADD", conf, container_id=cid, netns=netns, ifname=ifname, cni_args=_args(pod_uid))
+    return cid, code, out, err
+
+
+def _parent_of(netns: str, ifname: str = "eth0") -> str | None:
+    from cni_dra.netlink.links import host_link_by_index
+
+    link = link_in_netns(netns, ifname)
+    if link is None:
+        return None
+    parent = host_link_by_index(link.parent_index)
+    return parent.name if parent else None
+
+
+@pytest.mark.parametrize("policy,second", [("best-fit", "nic-a"), ("least-allocated", "nic-b")])
+def test_selection_policies(node, make_netns, policy, second):
+    ns1, ns2 = make_netns(), make_netns()
+    _, code, out, err = _add(node, ns1, node.conf("4G", selectionPolicy=policy))
+    assert code == 0, (out, err)
+    assert _parent_of(ns1) == node.parents["nic-a"]  # tie broken by device name
+    _, code, out, err = _add(node, ns2, node.conf("3G", selectionPolicy=policy))
+    assert code == 0, (out, err)
+    assert _parent_of(ns2) == node.parents[second]
+    assert node.consumed()[second] == ("7G" if second == "nic-a" else "3G")
+
+
+def test_add_result_and_status(node, make_netns):
+    ns = make_netns()
+    cid, code, out, err = _add(node, ns, node.conf("2500M", version="1.1.0"))
+    assert code == 0, (out, err)
+    assert out["cniVersion"] == "1.1.0"
+    iface = out["interfaces"][0]
+    link = link_in_netns(ns, "eth0")
+    assert (iface["name"], iface["mac"], iface["sandbox"]) == ("eth0", link.mac, ns)
+    assert out["ips"][0]["address"].startswith("10.99.0.") and out["ips"][0]["interface"] == 0
+    assert out["ips"][0]["address"] in link.addresses
+    att = node.status()["attachments"][0]
+    assert (att["containerID"], att["ifname"], att["device"]) == (cid, "eth0", "nic-a")
+    assert att["consumedCapacity"] == {"bandwidth": "2500M"}
+    uuid.UUID(att["shareID"])
+
+
+def test_no_room_error_names_request_and_remaining(node, make_netns):
+    assert _add(node, make_netns(), node.conf("10G"))[1] == 0
+    assert _add(node, make_netns(), node.conf("7G"))[1] == 0
+    _, code, out, _ = _add(node, make_netns(), node.conf("8G"))
+    assert code != 0 and out["code"] == 100
+    assert "bandwidth 8G" in out["msg"]
+    assert "nic-a" in out["msg"] and "nic-b" in out["msg"]
+    assert "3G" in out["msg"] and "remaining bandwidth 0" in out["msg"]
+
+
+def _claim_doc(device: str, bw: str, share: str, pod_uid: str) -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "net-claim", "namespace": "ns", "uid": str(uuid.uuid4())},
+        "spec": {"devices": {"requests": [{"name": "net", "exactly": {
+            "deviceClassName": "cni-dra-shared-nic", "capacity": {"requests": {"bandwidth": bw}}}}]}},
+        "status": {"allocation": {"devices": {"results": [{
+            "request": "net", "driver": DRIVER, "pool": "n", "device": device,
+            "consumedCapacity": {"bandwidth": bw}, "shareID": share}]}},
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": pod_uid}]},
+    }
+
+
+def _prepare(node, tmp_path, doc, pod_uid):
+    import subprocess
+
+    f = tmp_path / f"claim-{uuid.uuid4().hex[:6]}.json"
+    f.write_text(json.dumps(doc))
+    subprocess.run(["/opt/cni/bin/cni-dra", "claims", "prepare", "--state-dir", str(node.state_dir),
+                    "--pod-uid", pod_uid, str(f)], check=True, capture_output=True, env={"PATH": os.environ["PATH"]})
+
+
+def test_claim_mode_uses_the_allocated_device(node, make_netns, tmp_path):
+    pod_uid, share = str(uuid.uuid4()), str(uuid.uuid4())
+    _prepare(node, tmp_path, _claim_doc("nic-b", "6G", share, pod_uid), pod_uid)
+    ns = make_netns()
+    # the config asks for 1G standalone: claim mode ignores it and honours the allocation
+    _, code, out, err = _add(node, ns, node.conf("1G"), pod_uid=pod_uid)
+    assert code == 0, (out, err)
+    assert _parent_of(ns) == node.parents["nic-b"]
+    att = node.status()["attachments"][0]
+    assert (att["device"], att["shareID"], att["consumedCapacity"]) == ("nic-b", share, {"bandwidth": "6G"})
+    assert node.consumed() == {"nic-a": "0", "nic-b": "6G"}
+
+
+def test_prepared_claim_reserves_capacity_against_standalone(node, make_netns, tmp_path):
+    pod_uid = str(uuid.uuid4())
+    _prepare(node, tmp_path, _claim_doc("nic-b", "6G", str(uuid.uuid4()), pod_uid), pod_uid)
+    _add(node, make_netns(), node.conf("10G"))  # takes nic-a whole
+    _, code, out, _ = _add(node, make_netns(), node.conf("5G"))
+    assert code != 0 and out["code"] == 100  # nic-b has only 4G left beside the prepared claim
+
+
+def test_claim_mode_refuses_a_result_that_no_longer_fits(node, make_netns, tmp_path):
+    assert _add(node, make_netns(), node.conf("10G"))[1] == 0
+    assert _add(node, make_netns(), node.conf("8G"))[1] == 0  # nic-b: 8G used
+    pod_uid = str(uuid.uuid4())
+    _prepare(node, tmp_path, _claim_doc("nic-b", "6G", str(uuid.uuid4()), pod_uid), pod_uid)
+    ns = make_netns()
+    before = node.status()
+    _, code, out, _ = _add(node, ns, node.conf("1G"), pod_uid=pod_uid)
+    assert code != 0 and out["code"] == 101
+    assert "no longer fits" in out["msg"]
+    assert link_in_netns(ns, "eth0") is None
+    assert node.status()["attachments"] == before["attachments"]
+
+
+def test_del_twice_and_capacity_returns(node, make_netns):
+    ns = make_netns()
+    cid, code, out, err = _add(node, ns, node.conf("4G"))
+    assert code == 0, (out, err)
+    for _ in range(2):
+        code, out, err = run_plugin("DEL", node.conf("4G"), container_id=cid, netns=ns, ifname="eth0")
+        assert code == 0, (out, err)
+    assert link_in_netns(ns, "eth0") is None
+    assert node.consumed() == {"nic-a": "0", "nic-b": "0"}
+    assert node.ipam_reservations() == []
+
+
+def test_del_without_prior_add_succeeds(node, make_netns):
+    code, out, err = run_plugin("DEL", node.conf(), container_id="never-added", netns=make_netns(), ifname="eth0")
+    assert code == 0, (out, err)
+
+
+def test_del_with_netns_deleted_or_empty(node, make_netns):
+    ns = make_netns()
+    cid, code, _, _ = _add(node, ns, node.conf("4G"))
+    assert code == 0
+    os.system(f"ip netns delete {Path(ns).name}")  # the pod sandbox is gone
+    code, out, err = run_plugin("DEL", node.conf(), container_id=cid, netns=ns, ifname="eth0")
+    assert code == 0, (out, err)
+    assert node.status()["attachments"] == []
+    assert node.ipam_reservations() == []
+    ns2 = make_netns()
+    cid2, code, _, _ = _add(node, ns2, node.conf("4G"))
+    assert code == 0
+    code, out, err = run_plugin("DEL", node.conf(), container_id=cid2, netns="", ifname="eth0")
+    assert code == 0, (out, err)
+    assert node.status()["attachments"] == []
+
+
+def test_del_with_parent_nic_deleted(node, make_netns):
+    ns = make_netns()
+    cid, code, _, _ = _add(node, ns, node.conf("4G"))
+    assert code == 0
+    os.system(f"ip link delete {node.parents['nic-a']}")  # the macvlan goes with it
+    code, out, err = run_plugin("DEL", node.conf(), container_id=cid, netns=ns, ifname="eth0")
+    assert code == 0, (out, err)
+    assert node.status()["attachments"] == []
+
+
+def test_check_after_add_then_fails_when_link_removed(node, make_netns):
+    ns = make_netns()
+    conf = node.conf("4G")
+    cid, code, out, _ = _add(node, ns, conf)
+    assert code == 0
+    checked = dict(conf, prevResult=out)
+    code, cout, err = run_plugin("CHECK", checked, container_id=cid, netns=ns, ifname="eth0")
+    assert code == 0, (cout, err)
+    from cni_dra.netlink.links import delete_link
+
+    assert delete_link(ns, "eth0")
+    code, cout, _ = run_plugin("CHECK", checked, container_id=cid, netns=ns, ifname="eth0")
+    assert code != 0 and cout["code"] == 105
+
+
+def test_mtu_above_parent_refused_before_ipam(node, make_netns, tmp_path):
+    calls = tmp_path / "ipam-calls"
+    plugdir = tmp_path / "plugins"
+    plugdir.mkdir()
+    rec = plugdir / "recording-ipam"
+    rec.write_text(f"#!/bin/sh\necho \"$CNI_COMMAND\" >> {calls}\nexec /opt/cni/bin/host-local\n")
+    rec.chmod(0o755)
+    conf = node.conf("1G", mtu=9000)
+    conf["ipam"]["type"] = "recording-ipam"
+    ns = make_netns()
+    code, out, _ = run_plugin("ADD", conf, container_id="c-mtu", netns=ns, ifname="eth0",
+                              cni_path=f"{plugdir}:/opt/cni/bin")
+    assert code != 0 and out["code"] == 7
+    assert "mtu 9000" in out["msg"]
+    assert not calls.exists()
+    assert link_in_netns(ns, "eth0") is None
+    assert node.status()["attachments"] == []
+
+
+def test_add_failing_after_ipam_rolls_back_everything(node, make_netns):
+    conf = node.conf("4G")
+    # host-local hands out the address and a route whose gateway is not on-link: configuring it fails
+    conf["ipam"]["routes"] = [{"dst": "10.123.0.0/16", "gw": "192.0.2.77"}]
+    ns = make_netns()
+    _, code, out, _ = _add(node, ns, conf)
+    assert code != 0, out
+    assert out["code"] == 102
+    assert link_in_netns(ns, "eth0") is None
+    assert node.ipam_reservations() == []
+    assert node.status()["attachments"] == []
+    assert node.consumed() == {"nic-a": "0", "nic-b": "0"}
+    # no temporary link left in the host either
+    assert all(host_link(p) is not None for p in node.parents.values())

@@ -1,0 +1,66 @@
+"""The CNI entry point as a function of (env, stdin, stdout): codes, JSON on stdout, nothing else."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from cni_dra.cni import run
+
+
+def _env(command: str, **extra: str) -> dict[str, str]:
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/nope",
+           "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin"}
+    env.update(extra)
+    return env
+
+
+def _conf(**kw) -> bytes:
+    base = {"cniVersion": "1.0.0", "name": "net1", "type": "cni-dra"}
+    base.update(kw)
+    return json.dumps(base).encode()
+
+
+def _run(env, stdin: bytes) -> tuple[int, dict]:
+    out = io.StringIO()
+    code = run(env, stdin, out)
+    return code, json.loads(out.getvalue()) if out.getvalue() else None
+
+
+def test_version_lists_supported_versions():
+    code, doc = _run({"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "1.0.0"}')
+    assert code == 0
+    assert doc["cniVersion"] == "1.0.0"
+    for v in ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"):
+        assert v in doc["supportedVersions"]
+
+
+@pytest.mark.parametrize(
+    ("env", "stdin", "code"),
+    [
+        ({"CNI_COMMAND": "FROB"}, _conf(), 4),
+        (_env("ADD", CNI_IFNAME=""), _conf(), 4),
+        (_env("ADD", CNI_IFNAME="a/b"), _conf(), 4),
+        (_env("ADD", CNI_IFNAME="waytoolonginterfacename"), _conf(), 4),
+        (_env("ADD", CNI_CONTAINERID="-bad"), _conf(), 4),
+        (_env("ADD"), b"{", 6),
+        (_env("ADD"), _conf(cniVersion="0.0.7"), 1),
+        (_env("CHECK"), _conf(cniVersion="0.3.1"), 1),
+        (_env("ADD"), _conf(linkType="sriov"), 7),
+        (_env("ADD", CNI_ARGS="K8S_POD_NAME=x"), _conf(), 2),
+        (_env("ADD"), _conf(inventory="/nonexistent/slice.yaml"), 5),
+    ],
+)
+def test_errors_are_cni_error_json_on_stdout(env, stdin, code, capsys):
+    rc, doc = _run(env, stdin)
+    assert rc != 0
+    assert doc["code"] == code
+    assert doc["msg"]
+    assert set(doc) <= {"cniVersion", "code", "msg", "details"}
+
+
+def test_error_reply_uses_the_config_version():
+    rc, doc = _run(_env("ADD"), _conf(cniVersion="0.4.0", linkType="sriov"))
+    assert (rc, doc["cniVersion"], doc["code"]) == (1, "0.4.0", 7)

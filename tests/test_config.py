@@ -1,0 +1,93 @@
+"""Plugin config loading: defaults, validation codes, precedence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cni_dra.errors import DecodeError, IncompatibleVersionError, InvalidConfigError, UnsupportedFieldError
+from cni_dra.protocol.config import MAX_CONFIG_BYTES, load_conf
+from cni_dra.protocol.env import parse_env
+from cni_dra.quantity import Quantity
+
+
+def _raw(**kw) -> bytes:
+    base = {"cniVersion": "1.1.0", "name": "net1", "type": "cni-dra"}
+    base.update(kw)
+    return json.dumps(base).encode()
+
+
+def _env(args: str = "") -> object:
+    e = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "eth0",
+         "CNI_PATH": "/opt/cni/bin"}
+    if args:
+        e["CNI_ARGS"] = args
+    return parse_env(e)
+
+
+def test_defaults():
+    c = load_conf(_raw())
+    assert (c.driver, c.stateDir, c.inventory) == ("net.cni-dra.dev", "/var/lib/cni-dra", "/etc/cni-dra/resourceslice.yaml")
+    assert (c.linkType, c.mode, c.selectionPolicy, c.mtu, c.mac) == ("macvlan", "bridge", "best-fit", None, None)
+    assert c.capacity.requests == {}
+    assert c.ipam_type is None
+
+
+def test_capacity_requests_are_quantities():
+    c = load_conf(_raw(capacity={"requests": {"bandwidth": "4G"}}))
+    assert c.capacity.requests["bandwidth"] == Quantity.parse("4000000000")
+
+
+@pytest.mark.parametrize("version", ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+def test_accepted_versions(version):
+    assert load_conf(_raw(cniVersion=version)).cniVersion == version
+
+
+@pytest.mark.parametrize(
+    ("raw", "err", "code"),
+    [
+        (b"{not json", DecodeError, 6),
+        (b"[1, 2]", DecodeError, 6),
+        (b" " * (MAX_CONFIG_BYTES + 1), DecodeError, 6),
+        (_raw(cniVersion="9.9.9"), IncompatibleVersionError, 1),
+        (_raw(linkType="ipvlan2"), InvalidConfigError, 7),
+        (_raw(mode="l3"), InvalidConfigError, 7),
+        (_raw(selectionPolicy="random"), InvalidConfigError, 7),
+        (_raw(mtu=10), InvalidConfigError, 7),
+        (_raw(mac="01:00:5e:00:00:01"), InvalidConfigError, 7),
+        (_raw(mac="zz:11:22:33:44:55"), InvalidConfigError, 7),
+        (_raw(capacity={"requests": {"bandwidth": "lots"}}), InvalidConfigError, 7),
+        (_raw(bogusKey=1), UnsupportedFieldError, 2),
+    ],
+)
+def test_bad_config_codes(raw, err, code):
+    with pytest.raises(err) as ei:
+        load_conf(raw)
+    assert ei.value.code == code
+
+
+def test_error_names_the_field():
+    with pytest.raises(InvalidConfigError) as ei:
+        load_conf(_raw(selectionPolicy="random"))
+    assert "selectionPolicy" in ei.value.msg
+    with pytest.raises(UnsupportedFieldError) as ei:
+        load_conf(_raw(bogusKey=1))
+    assert "bogusKey" in ei.value.msg
+
+
+def test_mac_precedence_file_then_cni_args_then_runtime_config():
+    assert load_conf(_raw(mac="c2:00:00:00:00:01")).mac == "c2:00:00:00:00:01"
+    env = _env("IgnoreUnknown=1;MAC=C2:11:22:33:44:55")
+    assert load_conf(_raw(mac="c2:00:00:00:00:01"), env).mac == "c2:11:22:33:44:55"
+    rc = {"runtimeConfig": {"mac": "c2:aa:aa:aa:aa:aa"}}
+    assert load_conf(_raw(mac="c2:00:00:00:00:01", **rc), env).mac == "c2:11:22:33:44:55"  # no capability declared
+    caps = {"capabilities": {"mac": True}}
+    assert load_conf(_raw(mac="c2:00:00:00:00:01", **rc, **caps), env).mac == "c2:aa:aa:aa:aa:aa"
+
+
+def test_gc_attachment_lists():
+    new = load_conf(_raw(**{"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}]}))
+    old = load_conf(_raw(**{"cni.dev/attachments": [{"containerID": "b", "ifname": "eth0"}]}))
+    assert new.valid_attachments == [{"containerID": "a", "ifname": "eth0"}]
+    assert old.valid_attachments == [{"containerID": "b", "ifname": "eth0"}]
