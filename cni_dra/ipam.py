@@ -107,16 +107,33 @@ def _run(path: str, stdin: bytes, env: Mapping[str, str], timeout_s: float, what
                 time.sleep(0.05 * (2**attempt))
                 continue
             raise IpamError(f"failed to {what}: cannot execute {path}", str(exc)) from exc
+        except ValueError as exc:  # NUL byte in an environment value
+            raise IpamError(f"failed to {what}: cannot execute {path}", str(exc)) from exc
     try:
         out, err = proc.communicate(stdin, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
+        _kill_group(proc)
         raise TryAgainLaterError(f"failed to {what}: timed out after {timeout_s:g} s") from exc
     return proc.returncode, out, err
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the plugin's process group (it leads its own session) and reap the plugin.
+
+    A descendant that left the group could keep the pipes open; the pipes are then
+    closed rather than drained, so this never blocks for long.
+    """
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    try:
+        proc.communicate(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
 
 
 def _error_from(what: str, rc: int, out: bytes, err: bytes) -> IpamError:
@@ -208,7 +225,7 @@ def _negotiated_version(ipam_type: str, env: Mapping[str, str], netconf: bytes, 
 def ipam_exec(
     command: str,
     ipam_type: str,
-    netconf: bytes,
+    netconf: bytes | str,
     env: Mapping[str, str],
     timeout_s: float = DEFAULT_IPAM_TIMEOUT_S,
 ) -> dict[str, Any] | None:
@@ -216,7 +233,7 @@ def ipam_exec(
 
     The plugin is found on ``env["CNI_PATH"]`` (:func:`find_plugin`), run without a
     shell with ``env`` plus ``CNI_COMMAND=command`` and ``netconf`` (the whole network
-    config, bytes) on stdin (CNI spec 1.1.0 "Delegated plugins (IPAM)"). On an answer
+    config, bytes; ``str`` is UTF-8 encoded) on stdin (CNI spec 1.1.0 "Delegated plugins (IPAM)"). On an answer
     of code 1 to ADD/DEL/CHECK it retries once with an older version both support (see
     the module docstring).
 
@@ -235,6 +252,8 @@ def ipam_exec(
         TryAgainLaterError: (code 11) no answer within ``timeout_s`` seconds (the
             plugin's process group is killed).
     """
+    if isinstance(netconf, str):
+        netconf = netconf.encode("utf-8")
     what = f"{_VERBS.get(command, command.lower())} IPAM {ipam_type}"
     path = find_plugin(ipam_type, env.get("CNI_PATH", "").split(os.pathsep))
     child_env = _child_env(env, command)
@@ -287,7 +306,6 @@ def ipam_add(
         IpamError: (code 103) ``require_ips`` and the plugin returned no address.
     """
     obj = ipam_exec("ADD", ipam_type, netconf, env, timeout_s)
-    assert obj is not None
     result = parse_result(obj, _conf_version(netconf))
     if require_ips and not result.ips:
         raise IpamError(f"failed to add IPAM {ipam_type}: the plugin returned no IP address")

@@ -44,7 +44,10 @@ if mode == "fail-plain":
     sys.stderr.write("panic: something broke\n")
     sys.exit(2)
 if mode == "sleep":
-    os.system("sleep 30 &")  # a grandchild holding stdout open
+    import subprocess
+    child = subprocess.Popen(["sleep", "30"])  # a grandchild holding stdout open
+    with open(os.environ["FAKE_PIDFILE"], "w") as f:
+        f.write(str(child.pid))
     time.sleep(30)
 if mode == "garbage" and cmd == "ADD":
     print("this is not json")
@@ -170,12 +173,29 @@ def test_add_with_non_json_output_is_code_6(env: dict[str, str]) -> None:
         ipam_exec("ADD", "fake-ipam", conf(), {**env, "FAKE_MODE": "garbage"})
 
 
-def test_timeout_is_try_again_later_and_kills_the_group(env: dict[str, str]) -> None:
+def test_timeout_is_try_again_later_and_kills_the_group(env: dict[str, str], tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
     start = time.monotonic()
     with pytest.raises(TryAgainLaterError) as info:
-        ipam_exec("ADD", "fake-ipam", conf(), {**env, "FAKE_MODE": "sleep"}, timeout_s=1.0)
+        ipam_exec("ADD", "fake-ipam", conf(), {**env, "FAKE_MODE": "sleep", "FAKE_PIDFILE": str(pidfile)}, timeout_s=1.0)
     assert info.value.code == 11
+    assert "timed out after 1 s" in info.value.msg
     assert time.monotonic() - start < 10
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{grandchild}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{grandchild}").exists(), "the plugin's child survived the timeout"
+
+
+def test_nul_in_env_is_ipam_error_not_crash(env: dict[str, str]) -> None:
+    with pytest.raises(IpamError):
+        ipam_exec("DEL", "fake-ipam", conf(), {**env, "CNI_ARGS": "a\0b"})
+
+
+def test_netconf_may_be_str(env: dict[str, str]) -> None:
+    ipam_exec("DEL", "fake-ipam", conf().decode(), env)
+    assert calls(env)[0]["stdin"] == conf().decode()
 
 
 def test_missing_plugin_is_code_7(env: dict[str, str]) -> None:

@@ -74,7 +74,7 @@ def version_at_least(version: str, minimum: str) -> bool:
     return parse_version(version) >= parse_version(minimum)
 
 
-def check_supported(version: object) -> str:
+def check_supported(version: str) -> str:
     """Return ``version`` if it is one of :data:`SUPPORTED_VERSIONS`.
 
     Matching is on the exact string (CNI spec "Version"; libcni's reconciler does the
@@ -86,7 +86,6 @@ def check_supported(version: object) -> str:
             support; ``details`` lists the supported versions.
     """
     parse_version(version)
-    assert isinstance(version, str)
     if version not in SUPPORTED_VERSIONS:
         raise IncompatibleVersionError(
             f"incompatible CNI version {version}",
@@ -140,8 +139,7 @@ def version_request(stdin: bytes | str) -> str:
     if requested is None or requested == "":
         return LATEST_VERSION
     parse_version(requested)
-    assert isinstance(requested, str)
-    return requested
+    return str(requested)
 
 
 def version_result(cni_version: str = LATEST_VERSION) -> dict[str, object]:
