@@ -292,3 +292,26 @@ def test_args_roundtrip_property(pairs: dict[str, str]) -> None:
         else:
             assert a.extra[k] == v
     assert set(a.extra) == set(pairs) - set(known)
+
+
+@given(st.text(max_size=60))
+def test_parse_cni_args_only_raises_cni_errors(raw: str) -> None:
+    try:
+        parse_cni_args(raw)
+    except (InvalidEnvironmentError, UnsupportedFieldError):
+        pass
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH", "CNI_ARGS"]),
+        st.sampled_from(["ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION", "", "x", "eth0", "/p", "a=b", "IgnoreUnknown=1;Z=1"])
+        | st.text(max_size=10),
+    )
+)
+def test_parse_env_only_raises_cni_errors(environ: dict[str, str]) -> None:
+    try:
+        e = parse_env(environ)
+    except (InvalidEnvironmentError, UnsupportedFieldError):
+        return
+    assert e.command == environ["CNI_COMMAND"]

@@ -363,3 +363,15 @@ def test_host_local_exhausted_range_keeps_its_error(tmp_path: Path) -> None:
 def test_host_local_status_skipped_as_pre_11(tmp_path: Path) -> None:
     netconf = json.dumps({"cniVersion": "1.1.0", "name": "n", "type": "cni-dra", "ipam": {"type": "host-local", "subnet": "10.79.0.0/24", "dataDir": str(tmp_path)}}).encode()
     assert ipam_status("host-local", netconf, {"CNI_PATH": HOST_LOCAL_DIR}) is False
+
+
+def test_protocol_and_ipam_imports_stay_lean() -> None:
+    import subprocess
+
+    code = (
+        "import sys, cni_dra.ipam, cni_dra.protocol.env, cni_dra.protocol.versions, cni_dra.protocol.results\n"
+        "heavy = [m for m in ('pyroute2', 'pydantic', 'kubernetes', 'click', 'filelock', 'yaml') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    assert out.stdout.strip() == ""

@@ -236,6 +236,8 @@ def test_parse_zero_counts_are_unset_but_zero_table_scope_kept() -> None:
         {"interfaces": ["eth0"]},
         {"interfaces": [{"name": "a", "mtu": -1}]},
         {"interfaces": [{"name": "a", "mtu": 1500.0}]},
+        {"interfaces": [{"name": "a", "mtu": 2**32}]},
+        {"routes": [{"dst": "0.0.0.0/0", "table": 2**32}]},
         {"routes": [{"gw": "10.0.0.1"}]},
         {"routes": [{"dst": "default"}]},
         {"routes": [{"dst": "0.0.0.0/0", "table": "main"}]},
@@ -412,3 +414,31 @@ def test_merge_property(result: Result, ours: Interface, n: int) -> None:
     assert m.ips[: len(result.ips)] == result.ips
     assert all(ip.interface == len(result.interfaces) for ip in m.ips[len(result.ips) :])
     assert len(m.ips) == len(result.ips) + n
+
+
+# --- fuzz: foreign input never escapes as anything but a CNI error -------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=12,
+)
+_keys = st.sampled_from(
+    ["cniVersion", "interfaces", "ips", "routes", "dns", "ip4", "ip6", "address", "gateway", "interface", "version", "dst", "gw", "name", "mtu", "ip"]
+)
+_result_like = st.recursive(
+    st.none() | st.integers(-3, 3) | st.sampled_from(["10.0.0.1/8", "fd00::1/64", "10.0.0.1", "1.1.0", "0.2.0", "0.4.0", "4", "6", "x"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(_keys, children, max_size=4),
+    max_leaves=16,
+)
+
+
+@given(obj=_json | _result_like, version=st.none() | st.sampled_from(SUPPORTED_VERSIONS))
+def test_parse_result_only_raises_cni_errors(obj: object, version: str | None) -> None:
+    try:
+        parsed = parse_result(obj, version)
+    except (DecodeError, IncompatibleVersionError):
+        return
+    assert isinstance(parsed, Result)
+    # whatever parsed can be printed at the latest version and read back unchanged
+    assert parse_result(result_to_dict(parsed, "1.1.0")) == parsed

@@ -62,22 +62,21 @@ def _ip(value: str | None, what: str) -> str | None:
     return str(ipaddress.ip_address(value))
 
 
-def _opt_count(value: int | None, what: str) -> int | None:
-    """A non-negative int where 0 means unset (``omitempty`` ints in the reference code)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
-    return value or None
+_U32_MAX = 2**32 - 1  # netlink carries MTU, advmss, priority, table as u32
 
 
 def _opt_int(value: int | None, what: str) -> int | None:
-    """A non-negative int where 0 is a real value (route ``table`` and ``scope``)."""
+    """An int in [0, 2**32-1] or None (route ``table``/``scope``, IP ``interface``: 0 is real)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _U32_MAX:
+        raise ValueError(f"{what} must be an integer from 0 to {_U32_MAX}, got {value!r}")
     return value
+
+
+def _opt_count(value: int | None, what: str) -> int | None:
+    """As :func:`_opt_int`, but 0 means unset (``omitempty`` ints in the reference code)."""
+    return _opt_int(value, what) or None
 
 
 def _set(obj: object, name: str, value: object) -> None:
@@ -250,8 +249,8 @@ class _Reader:
         value = self.obj.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise self.fail(key, "a non-negative integer")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _U32_MAX:
+            raise self.fail(key, f"an integer from 0 to {_U32_MAX}")
         return value
 
     def get_list(self, key: str) -> list[Any]:
