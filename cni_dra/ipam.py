@@ -150,13 +150,27 @@ def _error_from(what: str, rc: int, out: bytes, err: bytes) -> IpamError:
     return IpamError(f"failed to {what}: exit status {rc}", stderr or out.decode("utf-8", "replace").strip())
 
 
+def _search_path(env: Mapping[str, str], cni_path: Sequence[str] | None) -> Sequence[str]:
+    """``cni_path`` when given (e.g. :attr:`CniEnv.path`), else ``env["CNI_PATH"]`` split on ``os.pathsep``."""
+    if cni_path is not None:
+        return cni_path
+    return [p for p in env.get("CNI_PATH", "").split(os.pathsep) if p]
+
+
 def _child_env(env: Mapping[str, str], command: str) -> dict[str, str]:
     child = dict(env)
     child["CNI_COMMAND"] = command
     return child
 
 
-def plugin_versions(ipam_type: str, env: Mapping[str, str], cni_version: str = "", timeout_s: float = DEFAULT_IPAM_TIMEOUT_S) -> tuple[str, ...]:
+def plugin_versions(
+    ipam_type: str,
+    env: Mapping[str, str],
+    cni_path: Sequence[str] | None = None,
+    *,
+    cni_version: str = "",
+    timeout_s: float = DEFAULT_IPAM_TIMEOUT_S,
+) -> tuple[str, ...]:
     """The spec versions the IPAM plugin ``ipam_type`` supports (its VERSION answer).
 
     Sends ``{"cniVersion": cni_version}`` (CNI spec 1.1.0 "VERSION"; empty sends
@@ -170,7 +184,7 @@ def plugin_versions(ipam_type: str, env: Mapping[str, str], cni_version: str = "
         TryAgainLaterError: (code 11) the plugin did not answer within ``timeout_s``.
     """
     what = f"{_VERBS['VERSION']} IPAM {ipam_type}"
-    path = find_plugin(ipam_type, env.get("CNI_PATH", "").split(os.pathsep))
+    path = find_plugin(ipam_type, _search_path(env, cni_path))
     stdin = json.dumps({"cniVersion": cni_version} if cni_version else {}).encode()
     rc, out, err = _run(path, stdin, _child_env(env, "VERSION"), timeout_s, what)
     if rc != 0:
@@ -203,7 +217,9 @@ def _downgrade(netconf: bytes, target: str) -> bytes:
     return json.dumps(conf).encode()
 
 
-def _negotiated_version(ipam_type: str, env: Mapping[str, str], netconf: bytes, timeout_s: float) -> str | None:
+def _negotiated_version(
+    ipam_type: str, env: Mapping[str, str], cni_path: Sequence[str] | None, netconf: bytes, timeout_s: float
+) -> str | None:
     """The newest version both sides support and not newer than the config's, if it differs."""
     try:
         conf = json.loads(netconf)
@@ -212,7 +228,7 @@ def _negotiated_version(ipam_type: str, env: Mapping[str, str], netconf: bytes, 
     except (ValueError, KeyError, TypeError, CniError):
         return None
     try:
-        theirs = plugin_versions(ipam_type, env, current, timeout_s)
+        theirs = plugin_versions(ipam_type, env, cni_path, cni_version=current, timeout_s=timeout_s)
     except CniError:
         return None
     candidates = []
@@ -227,11 +243,14 @@ def ipam_exec(
     ipam_type: str,
     netconf: bytes | str,
     env: Mapping[str, str],
+    cni_path: Sequence[str] | None = None,
+    *,
     timeout_s: float = DEFAULT_IPAM_TIMEOUT_S,
 ) -> dict[str, Any] | None:
     """Execute IPAM plugin ``ipam_type`` for ``command`` and return its stdout object.
 
-    The plugin is found on ``env["CNI_PATH"]`` (:func:`find_plugin`), run without a
+    The plugin is found on ``cni_path`` (default: ``env["CNI_PATH"]`` split; see
+    :func:`find_plugin`), run without a
     shell with ``env`` plus ``CNI_COMMAND=command`` and ``netconf`` (the whole network
     config, bytes; ``str`` is UTF-8 encoded) on stdin (CNI spec 1.1.0 "Delegated plugins (IPAM)"). On an answer
     of code 1 to ADD/DEL/CHECK it retries once with an older version both support (see
@@ -255,14 +274,14 @@ def ipam_exec(
     if isinstance(netconf, str):
         netconf = netconf.encode("utf-8")
     what = f"{_VERBS.get(command, command.lower())} IPAM {ipam_type}"
-    path = find_plugin(ipam_type, env.get("CNI_PATH", "").split(os.pathsep))
+    path = find_plugin(ipam_type, _search_path(env, cni_path))
     child_env = _child_env(env, command)
     rc, out, err = _run(path, netconf, child_env, timeout_s, what)
     if rc != 0:
         error = _error_from(what, rc, out, err)
         if error.code != 1 or command not in ("ADD", "DEL", "CHECK"):
             raise error
-        target = _negotiated_version(ipam_type, env, netconf, timeout_s)
+        target = _negotiated_version(ipam_type, env, cni_path, netconf, timeout_s)
         if target is None:
             raise error
         rc, out, err = _run(path, _downgrade(netconf, target), child_env, timeout_s, what)
@@ -279,7 +298,7 @@ def ipam_exec(
     return obj
 
 
-def _conf_version(netconf: bytes) -> str | None:
+def _conf_version(netconf: bytes | str) -> str | None:
     try:
         version = json.loads(netconf).get("cniVersion")
     except (ValueError, AttributeError):
@@ -289,8 +308,10 @@ def _conf_version(netconf: bytes) -> str | None:
 
 def ipam_add(
     ipam_type: str,
-    netconf: bytes,
+    netconf: bytes | str,
     env: Mapping[str, str],
+    cni_path: Sequence[str] | None = None,
+    *,
     timeout_s: float = DEFAULT_IPAM_TIMEOUT_S,
     require_ips: bool = True,
 ) -> Result:
@@ -305,33 +326,47 @@ def ipam_add(
         DecodeError: (code 6) the output is not a valid result;
         IpamError: (code 103) ``require_ips`` and the plugin returned no address.
     """
-    obj = ipam_exec("ADD", ipam_type, netconf, env, timeout_s)
+    obj = ipam_exec("ADD", ipam_type, netconf, env, cni_path, timeout_s=timeout_s)
     result = parse_result(obj, _conf_version(netconf))
     if require_ips and not result.ips:
         raise IpamError(f"failed to add IPAM {ipam_type}: the plugin returned no IP address")
     return result
 
 
-def ipam_del(ipam_type: str, netconf: bytes, env: Mapping[str, str], timeout_s: float = DEFAULT_IPAM_TIMEOUT_S) -> None:
+def ipam_del(
+    ipam_type: str,
+    netconf: bytes | str,
+    env: Mapping[str, str],
+    cni_path: Sequence[str] | None = None,
+    *,
+    timeout_s: float = DEFAULT_IPAM_TIMEOUT_S,
+) -> None:
     """IPAM DEL: release the addresses of (network, ``CNI_CONTAINERID``, ``CNI_IFNAME``).
 
     The reference IPAM plugins treat a release of nothing as success.
 
     Raises: as :func:`ipam_exec`.
     """
-    ipam_exec("DEL", ipam_type, netconf, env, timeout_s)
+    ipam_exec("DEL", ipam_type, netconf, env, cni_path, timeout_s=timeout_s)
 
 
-def ipam_check(ipam_type: str, netconf: bytes, env: Mapping[str, str], timeout_s: float = DEFAULT_IPAM_TIMEOUT_S) -> None:
+def ipam_check(
+    ipam_type: str,
+    netconf: bytes | str,
+    env: Mapping[str, str],
+    cni_path: Sequence[str] | None = None,
+    *,
+    timeout_s: float = DEFAULT_IPAM_TIMEOUT_S,
+) -> None:
     """IPAM CHECK: the plugin verifies its allocation (``netconf`` carries ``prevResult``).
 
     Raises: as :func:`ipam_exec`.
     """
-    ipam_exec("CHECK", ipam_type, netconf, env, timeout_s)
+    ipam_exec("CHECK", ipam_type, netconf, env, cni_path, timeout_s=timeout_s)
 
 
-def _supports_v11(ipam_type: str, env: Mapping[str, str], timeout_s: float) -> bool:
-    versions = plugin_versions(ipam_type, env, "1.1.0", timeout_s)
+def _supports_v11(ipam_type: str, env: Mapping[str, str], cni_path: Sequence[str] | None, timeout_s: float) -> bool:
+    versions = plugin_versions(ipam_type, env, cni_path, cni_version="1.1.0", timeout_s=timeout_s)
     good = []
     for v in versions:
         try:
@@ -341,7 +376,14 @@ def _supports_v11(ipam_type: str, env: Mapping[str, str], timeout_s: float) -> b
     return any(good)
 
 
-def ipam_status(ipam_type: str, netconf: bytes, env: Mapping[str, str], timeout_s: float = DEFAULT_IPAM_TIMEOUT_S) -> bool:
+def ipam_status(
+    ipam_type: str,
+    netconf: bytes | str,
+    env: Mapping[str, str],
+    cni_path: Sequence[str] | None = None,
+    *,
+    timeout_s: float = DEFAULT_IPAM_TIMEOUT_S,
+) -> bool:
     """IPAM STATUS: whether the plugin is ready to ADD (CNI spec 1.1.0 "STATUS").
 
     Returns ``True`` when the plugin answered STATUS successfully, ``False`` when it was
@@ -350,13 +392,20 @@ def ipam_status(ipam_type: str, netconf: bytes, env: Mapping[str, str], timeout_
     Raises: as :func:`ipam_exec` and :func:`plugin_versions`; an IpamError carries the
     plugin's code (50/51 when it reports itself unavailable).
     """
-    if not _supports_v11(ipam_type, env, timeout_s):
+    if not _supports_v11(ipam_type, env, cni_path, timeout_s):
         return False
-    ipam_exec("STATUS", ipam_type, netconf, env, timeout_s)
+    ipam_exec("STATUS", ipam_type, netconf, env, cni_path, timeout_s=timeout_s)
     return True
 
 
-def ipam_gc(ipam_type: str, netconf: bytes, env: Mapping[str, str], timeout_s: float = DEFAULT_IPAM_TIMEOUT_S) -> bool:
+def ipam_gc(
+    ipam_type: str,
+    netconf: bytes | str,
+    env: Mapping[str, str],
+    cni_path: Sequence[str] | None = None,
+    *,
+    timeout_s: float = DEFAULT_IPAM_TIMEOUT_S,
+) -> bool:
     """IPAM GC: the plugin releases what ``cni.dev/valid-attachments`` in ``netconf`` does
     not list (CNI spec 1.1.0 "GC").
 
@@ -365,7 +414,7 @@ def ipam_gc(ipam_type: str, netconf: bytes, env: Mapping[str, str], timeout_s: f
 
     Raises: as :func:`ipam_exec` and :func:`plugin_versions`.
     """
-    if not _supports_v11(ipam_type, env, timeout_s):
+    if not _supports_v11(ipam_type, env, cni_path, timeout_s):
         return False
-    ipam_exec("GC", ipam_type, netconf, env, timeout_s)
+    ipam_exec("GC", ipam_type, netconf, env, cni_path, timeout_s=timeout_s)
     return True

@@ -375,3 +375,19 @@ def test_protocol_and_ipam_imports_stay_lean() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
     assert out.stdout.strip() == ""
+
+
+def test_cni_path_argument_overrides_env(env: dict[str, str], plugin_dir: Path, tmp_path: Path) -> None:
+    # the verbs pass CniEnv.path; the environment's CNI_PATH is then not searched
+    no_path_env = {**env, "CNI_PATH": str(tmp_path / "elsewhere")}
+    result = ipam_add("fake-ipam", conf(), no_path_env, (str(plugin_dir),))
+    assert result.ips == (IPConfig("10.0.0.2/24", "10.0.0.1"),)
+    with pytest.raises(InvalidConfigError):
+        ipam_del("fake-ipam", conf(), env, [str(tmp_path / "elsewhere")])
+    # the child still sees the environment's CNI_PATH unchanged
+    assert calls(env)[0]["env"]["CNI_PATH"] == str(tmp_path / "elsewhere")  # type: ignore[index]
+
+
+def test_timeout_is_keyword_only(env: dict[str, str]) -> None:
+    with pytest.raises(TypeError):
+        ipam_del("fake-ipam", conf(), env, None, 5.0)  # type: ignore[misc]
