@@ -33,8 +33,10 @@ __all__ = [
     "link_in_netns",
 ]
 
-CNI_EXE = "/opt/cni/bin/cni-dra"
-CNI_PATH = "/opt/cni/bin"
+# The installed executable and plugin dir, as a runtime sees them. The env
+# overrides exist for trying the harness against another build; CI uses the defaults.
+CNI_EXE = os.environ.get("CNI_DRA_TEST_EXE", "/opt/cni/bin/cni-dra")
+CNI_PATH = os.environ.get("CNI_DRA_TEST_CNI_PATH", "/opt/cni/bin")
 # What containerd and CRI-O send for a Kubernetes pod (CNI_ARGS), as in the issue.
 K8S_CNI_ARGS = (
     "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_INFRA_CONTAINER_ID=c;K8S_POD_UID=u"
@@ -113,13 +115,20 @@ def run_plugin(
 
 
 def cni_dra_cli(
-    *args: str, exe: str = CNI_EXE, input_text: str | None = None
+    *args: str,
+    exe: str = CNI_EXE,
+    input_text: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the operator CLI (``exe ARGS...`` without CNI_COMMAND); asserts nothing."""
+    """Run the operator CLI (``exe ARGS...`` without CNI_COMMAND); asserts nothing.
+
+    ``env`` adds variables (e.g. the ``CNI_DRA_STATE_DIR``/``CNI_DRA_INVENTORY``
+    twins of ``--state-dir``/``--inventory``) to a minimal environment.
+    """
     return subprocess.run(
         [exe, *args],
         input=input_text,
-        env=dict(_BASE_ENV),
+        env={**_BASE_ENV, **(env or {})},
         capture_output=True,
         text=True,
         timeout=_TIMEOUT_S,
