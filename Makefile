@@ -11,7 +11,7 @@ PY        := $(VENV)/bin/python
 CNI_BIN   ?= /opt/cni/bin
 PYTEST    := $(PY) -m pytest
 # CI=true: plain output, no cache directory written into the fresh clone.
-PYTEST_FLAGS ?= $(if $(filter true,$(CI)),-p no:cacheprovider -o console_output_style=classic,)
+PYTEST_FLAGS ?= $(if $(filter true,$(CI)),-p no:cacheprovider,)
 
 export CNI_DRA_VENV := $(VENV)
 export CNI_BIN_DIR  := $(CNI_BIN)
@@ -50,7 +50,7 @@ netns: install
 	@scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) netns_tests/
 
 lint: venv
-	@$(VENV)/bin/lint-imports --config .importlinter
+	@$(VENV)/bin/lint-imports .importlinter
 
 bench: install
 	@echo "bench: not written yet (a later issue measures ADD/DEL latency against the reference macvlan)"
