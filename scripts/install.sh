@@ -116,7 +116,7 @@ do_venv() {
 do_package() {
     local want files
     mapfile -t files < <(package_sources)
-    want=$(hash_files "${files[@]}")
+    want=$( (echo "$VENV $CNI_BIN_DIR"; hash_files "${files[@]}") | sha256sum | cut -d' ' -f1)
     if stamp_ok package "$want" && [[ -x $CNI_BIN_DIR/cni-dra ]]; then
         return 0
     fi
