@@ -39,13 +39,13 @@ def run(environ: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
     """Serve one plugin invocation. Returns the process exit code (0 success, 1 error)."""
     from cni_dra.protocol.config import load_conf, peek_cni_version
     from cni_dra.protocol.env import parse_env
-    from cni_dra.protocol.versions import require_verb_version, version_result
+    from cni_dra.protocol.versions import require_verb_version, version_request, version_result
 
     version = peek_cni_version(stdin)
     try:
         env = parse_env(environ)
         if env.command == "VERSION":
-            json.dump(version_result(version), stdout)
+            json.dump(version_result(version_request(stdin)), stdout)
             return 0
         conf = load_conf(stdin, env)
         version = conf.cniVersion

@@ -50,7 +50,7 @@ def node(tmp_path, make_parent_nic):
                 "cniVersion": version, "name": "testnet", "type": "cni-dra",
                 "stateDir": str(self.state_dir), "inventory": str(inventory),
                 "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
-                         "ranges": [[{"subnet": "10.99.0.0/24"}]]},
+                         "ranges": [[{"subnet": "198.51.100.0/24"}]]},
             }
             if bandwidth:
                 c["capacity"] = {"requests": {"bandwidth": bandwidth}}
@@ -113,7 +113,7 @@ def test_add_result_and_status(node, make_netns):
     iface = out["interfaces"][0]
     link = link_in_netns(ns, "eth0")
     assert (iface["name"], iface["mac"], iface["sandbox"]) == ("eth0", link.mac, ns)
-    assert out["ips"][0]["address"].startswith("10.99.0.") and out["ips"][0]["interface"] == 0
+    assert out["ips"][0]["address"].startswith("198.51.100.") and out["ips"][0]["interface"] == 0
     assert out["ips"][0]["address"] in link.addresses
     att = node.status()["attachments"][0]
     assert (att["containerID"], att["ifname"], att["device"]) == (cid, "eth0", "nic-a")
@@ -269,7 +269,7 @@ def test_mtu_above_parent_refused_before_ipam(node, make_netns, tmp_path):
 def test_add_failing_after_ipam_rolls_back_everything(node, make_netns):
     conf = node.conf("4G")
     # host-local hands out the address and a route whose gateway is not on-link: configuring it fails
-    conf["ipam"]["routes"] = [{"dst": "10.123.0.0/16", "gw": "192.0.2.77"}]
+    conf["ipam"]["routes"] = [{"dst": "203.0.113.0/24", "gw": "192.0.2.77"}]
     ns = make_netns()
     _, code, out, _ = _add(node, ns, conf)
     assert code != 0, out
