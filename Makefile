@@ -22,7 +22,7 @@ help:
 	@echo "make demo     install everything (idempotent), then run scripts/demo.sh"
 	@echo "make test     install what tests need, run tests/ then netns_tests/ (root)"
 	@echo "make install  apt deps + venv + $(CNI_BIN)/cni-dra + reference plugins on $(CNI_BIN)"
-	@echo "make lint     import-linter layer contracts (.importlinter)"
+	@echo "make lint     import-linter layer contracts (.importlinter), shellcheck"
 	@echo "make clean    remove build leftovers from the work tree"
 
 deps:
@@ -51,6 +51,8 @@ netns: install
 
 lint: venv
 	@$(VENV)/bin/lint-imports .importlinter
+	@if command -v shellcheck >/dev/null; then shellcheck scripts/demo.sh scripts/install.sh scripts/pytest-run .ci/run; \
+	 else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 bench: install
 	@echo "bench: not written yet (a later issue measures ADD/DEL latency against the reference macvlan)"

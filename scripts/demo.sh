@@ -33,7 +33,7 @@ SUBNET=192.0.2.0/24 # TEST-NET-1: documentation addresses, never routed
 DRIVER=net.cni-dra.dev
 POOL=demo-node
 
-if [[ -t 1 ]]; then B=$'\e[1m' G=$'\e[32m' R=$'\e[31m' D=$'\e[2m' N=$'\e[0m'; else B= G= R= D= N=; fi
+if [[ -t 1 ]]; then B=$'\e[1m' G=$'\e[32m' R=$'\e[31m' D=$'\e[2m' N=$'\e[0m'; else B='' G='' R='' D='' N=''; fi
 step() { printf '\n%s== %s ==%s\n' "$B" "$*" "$N"; }
 info() { printf '   %s\n' "$*"; }
 ok() { printf '   %s✓ %s%s\n' "$G" "$*" "$N"; }
