@@ -108,7 +108,7 @@ def _mutated(**changes: Any) -> dict[str, Any]:
     ("data", "needles"),
     [
         (_mutated(spec__devices__0__capacity__bandwidth__value="10 G"), ["device eth-a", "capacity.bandwidth.value", "invalid quantity"]),
-        (_mutated(spec__devices__0__allowMultipleAllocations=None), ["device eth-a", "requestPolicy is allowed only when allowMultipleAllocations"]),
+        (_mutated(spec__devices__0__allowMultipleAllocations=None), ["device eth-a", "requestPolicy: allowed only when allowMultipleAllocations"]),
         (_mutated(spec__devices__1__name="eth-a"), ["device eth-a", "duplicate device name"]),
         (_mutated(spec__devices__1__attributes={}), ["device eth-b", "ifName", "missing"]),
         (_mutated(spec__devices__1__attributes={"ifName": {"string": "eth0"}}), ["device eth-b", "eth0", "already used by device eth-a"]),

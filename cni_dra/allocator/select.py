@@ -12,7 +12,9 @@ Ranking (deterministic, documented for operators):
   capacities after this allocation (value − already consumed − this consumption),
   compared lexicographically: the first ranking capacity decides, later ones break ties.
 * ``best-fit`` picks the smallest key (the tightest device: it keeps big devices free
-  for big requests), ``least-allocated`` the largest (spreads load).
+  for big requests), ``least-allocated`` the largest (spreads load), ``first-fit``
+  ignores the key (the first fitting device by name, as the upstream allocator takes
+  the first fitting device of a name-ordered slice).
 * Ties are broken by device name (ascending), so the result does not depend on the
   order of the inventory.
 """
@@ -33,9 +35,10 @@ from cni_dra.allocator.capacity import (
 from cni_dra.dra.models import Device, split_qualified_name
 from cni_dra.quantity import Quantity
 
-__all__ = ["Policy", "Selection", "select_device", "rank_key"]
+__all__ = ["POLICIES", "Policy", "Selection", "select_device", "rank_key", "policy_sort_key"]
 
-Policy = Literal["best-fit", "least-allocated"]
+Policy = Literal["best-fit", "least-allocated", "first-fit"]
+POLICIES: tuple[str, ...] = ("best-fit", "least-allocated", "first-fit")
 
 _ZERO = Quantity.ZERO
 
@@ -77,6 +80,15 @@ def rank_key(
     return tuple(out)
 
 
+def policy_sort_key(policy: Policy, key: tuple[int, ...], name: str) -> tuple[tuple[int, ...], str]:
+    """Sort key for candidates under ``policy``: smaller sorts first."""
+    if policy == "least-allocated":
+        return (tuple(-k for k in key), name)
+    if policy == "first-fit":
+        return ((), name)
+    return (key, name)
+
+
 def select_device(
     devices: Sequence[Device],
     consumed: Mapping[str, Mapping[str, Quantity]],
@@ -84,26 +96,36 @@ def select_device(
     policy: Policy = "best-fit",
     exclude: Collection[str] = (),
     driver: str = "",
+    selectors: Sequence[str] = (),
 ) -> Selection | NoFit:
     """Choose the device for one request of ``requests`` (capacity name → quantity).
 
     ``consumed`` maps device name → capacity key → amount already consumed on this
     node (every allocation summed; a dedicated device counts as in use when it has
     any entry). ``exclude`` names devices not to use (e.g. ``distinctFrom: pod``).
-    ``driver`` resolves ``<driver>/name`` capacity names.
+    ``driver`` resolves ``<driver>/name`` capacity names and is ``device.driver`` for
+    the CEL ``selectors`` (all must hold; see :mod:`cni_dra.allocator.cel`, which is
+    imported only when selectors are given; a selector that fails to compile or
+    evaluate raises InvalidConfigError, code 7).
 
     Returns :class:`Selection` or :class:`NoFit` whose ``reasons`` give, per device,
     why it does not fit, e.g. ``remaining bandwidth 3G < 8G``. Source: KEP-5075
     "Allocation"; ranking in the module docstring.
     """
-    if policy not in ("best-fit", "least-allocated"):
+    if policy not in POLICIES:
         raise ValueError(f"unknown selection policy {policy!r}")
     reasons: dict[str, str] = {}
-    candidates: list[tuple[tuple[int, ...], str, Selection]] = []
+    candidates: list[tuple[tuple[tuple[int, ...], str], Selection]] = []
     for device in devices:
         if device.name in exclude:
             reasons[device.name] = "excluded"
             continue
+        if selectors:
+            from cni_dra.allocator.cel import device_matches
+
+            if not device_matches(selectors, device, driver):
+                reasons[device.name] = "does not match selectors"
+                continue
         on_node = consumed.get(device.name, {})
         if dedicated_in_use(device, on_node):
             reasons[device.name] = "dedicated device already allocated"
@@ -117,10 +139,8 @@ def select_device(
             reasons[device.name] = why
             continue
         key = rank_key(device, on_node, consumption, requests, driver)
-        if policy == "least-allocated":
-            key = tuple(-k for k in key)
-        candidates.append((key, device.name, Selection(device, consumption, device.shared)))
+        candidates.append((policy_sort_key(policy, key, device.name), Selection(device, consumption, device.shared)))
     if not candidates:
         return NoFit(reasons)
-    candidates.sort(key=lambda c: (c[0], c[1]))
-    return candidates[0][2]
+    candidates.sort(key=lambda c: c[0])
+    return candidates[0][1]

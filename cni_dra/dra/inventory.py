@@ -34,6 +34,15 @@ IFNAME_ATTRIBUTE = "ifName"
 _MAX_VALID_VALUES = 10
 _MAX_ATTRIBUTES_AND_CAPACITIES = 32
 _MAX_DEVICES = 128
+_MAX_DOMAIN_LENGTH = 63
+_MAX_ID_LENGTH = 32
+_MAX_ATTRIBUTE_VALUE_LENGTH = 64
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
+    r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?",
+    re.ASCII,
+)
 # DNS-1123 label (device and pool names), C identifier (qualified name identifier),
 # DNS-1123 subdomain (qualified name domain, driver).
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
@@ -137,6 +146,19 @@ def validate_slice(slice_: ResourceSlice) -> None:
 def _slice_problems(slice_: ResourceSlice) -> Iterable[str]:
     spec = slice_.spec
     driver = spec.driver
+    if len(driver) > 63 or not _DNS_SUBDOMAIN.fullmatch(driver):
+        yield f"spec.driver: {driver!r} must be a DNS subdomain of at most 63 characters"
+    pool = spec.pool
+    if not pool.name or len(pool.name) > 253 or not all(_DNS_SUBDOMAIN.fullmatch(p) for p in pool.name.split("/")):
+        yield f"spec.pool.name: {pool.name!r} must be '/'-separated DNS subdomains, at most 253 characters"
+    if pool.resource_slice_count <= 0:
+        yield "spec.pool.resourceSliceCount: must be greater than zero"
+    if pool.generation < 0:
+        yield "spec.pool.generation: must be greater than or equal to zero"
+    if spec.node_name is not None and not spec.node_name:
+        yield "spec.nodeName: must be either unset or a non-empty string"
+    if len(spec.devices) > _MAX_DEVICES:
+        yield f"spec.devices: {len(spec.devices)} devices, at most {_MAX_DEVICES} allowed"
     seen_names: set[str] = set()
     seen_ifnames: dict[str, str] = {}
     for device in spec.devices:
@@ -158,21 +180,128 @@ def _slice_problems(slice_: ResourceSlice) -> Iterable[str]:
             seen_ifnames[ifname] = device.name
 
 
+def _qualified_name_problem(name: str) -> str | None:
+    if len(name) > _MAX_DOMAIN_LENGTH + 1 + _MAX_ID_LENGTH:
+        return f"name longer than {_MAX_DOMAIN_LENGTH + 1 + _MAX_ID_LENGTH} characters"
+    domain, sep, ident = name.rpartition("/")
+    if sep:
+        if not domain:
+            return "the domain must not be empty"
+        if "/" in domain or len(domain) > _MAX_DOMAIN_LENGTH or not _DNS_SUBDOMAIN.fullmatch(domain):
+            return f"domain {domain!r} must be a DNS subdomain of at most {_MAX_DOMAIN_LENGTH} characters"
+    if not ident:
+        return "the name must not be empty"
+    if len(ident) > _MAX_ID_LENGTH or not _C_IDENTIFIER.fullmatch(ident):
+        return f"{ident!r} must be a C identifier of at most {_MAX_ID_LENGTH} characters"
+    return None
+
+
 def device_problems(device: Device, driver: str) -> list[str]:
-    """The API-server rules one device breaks, each as ``"<field>: <rule>"``."""
+    """The API-server rules one device breaks, each as ``"<field>: <rule>"``.
+
+    Rules (k8s.io/kubernetes pkg/apis/resource/validation, resource.k8s.io/v1):
+    device name a DNS label; at most 32 attributes and capacities together;
+    attribute and capacity names qualified names (``[<DNS subdomain>/]<C identifier>``,
+    identifier ≤ 32, domain ≤ 63 characters); string and version values ≤ 64
+    characters, versions semver 2.0.0; capacity values non-negative; and the
+    KEP-5075 requestPolicy rules of :func:`_capacity_problems`.
+    """
     problems: list[str] = []
+    if len(device.name) > 63 or not _DNS_LABEL.fullmatch(device.name):
+        problems.append(f"name: {device.name!r} must be a DNS label (lowercase alphanumerics and '-', ≤ 63)")
+    total = len(device.attributes) + len(device.capacity)
+    if total > _MAX_ATTRIBUTES_AND_CAPACITIES:
+        problems.append(
+            f"attributes+capacity: {total} entries, at most {_MAX_ATTRIBUTES_AND_CAPACITIES} allowed"
+        )
+    for name, attr in device.attributes.items():
+        why = _qualified_name_problem(name)
+        if why is not None:
+            problems.append(f"attributes.{name}: invalid name: {why}")
+        for kind, text in (("string", attr.string_value), ("version", attr.version_value)):
+            if text is not None and len(text) > _MAX_ATTRIBUTE_VALUE_LENGTH:
+                problems.append(f"attributes.{name}.{kind}: longer than {_MAX_ATTRIBUTE_VALUE_LENGTH} characters")
+        if attr.version_value is not None and not _SEMVER.fullmatch(attr.version_value):
+            problems.append(f"attributes.{name}.version: {attr.version_value!r} is not semver 2.0.0")
     for name, cap in device.capacity.items():
+        why = _qualified_name_problem(name)
+        if why is not None:
+            problems.append(f"capacity.{name}: invalid name: {why}")
         problems.extend(f"capacity.{name}: {p}" for p in _capacity_problems(device, cap))
     return problems
 
 
+def _on_grid(value: Quantity, minimum: Quantity, step: Quantity) -> bool:
+    return step.sign() > 0 and (value.nanos - minimum.nanos) % step.nanos == 0
+
+
 def _capacity_problems(device: Device, cap: DeviceCapacity) -> list[str]:
+    """KEP-5075 requestPolicy rules (API server ``validateRequestPolicy``)."""
     out: list[str] = []
-    if cap.value < Quantity.ZERO:
-        out.append(f"value {cap.value} must not be negative")
+    value = cap.value
+    if value.sign() < 0:
+        out.append(f"value: {value} must not be negative")
     policy = cap.request_policy
     if policy is None:
         return out
     if not device.shared:
-        out.append("requestPolicy is allowed only when allowMultipleAllocations is true")
+        out.append("requestPolicy: allowed only when allowMultipleAllocations is true")
+    for fld, q in (("default", policy.default),):
+        if q is not None and q.sign() < 0:
+            out.append(f"requestPolicy.{fld}: {q} must not be negative")
+    values, rng, default = policy.valid_values, policy.valid_range, policy.default
+    if values and rng is not None:
+        out.append("requestPolicy: validValues and validRange are mutually exclusive")
+        return out
+    if values:
+        if default is None:
+            out.append("requestPolicy.default: required when validValues is set")
+        if len(values) > _MAX_VALID_VALUES:
+            out.append(f"requestPolicy.validValues: {len(values)} values, at most {_MAX_VALID_VALUES} allowed")
+        for a, b in zip(values, values[1:]):
+            if b < a:
+                out.append(f"requestPolicy.validValues: {b} after {a}: values must be in ascending order")
+            elif a == b:
+                out.append(f"requestPolicy.validValues: {b} is listed twice")
+        for v in values:
+            if v > value:
+                out.append(f"requestPolicy.validValues: {v} is larger than the capacity value {value}")
+            if v.sign() < 0:
+                out.append(f"requestPolicy.validValues: {v} must not be negative")
+        if default is not None and default not in values:
+            out.append(f"requestPolicy.default: {default} is not one of validValues")
+    elif rng is not None:
+        if default is None:
+            out.append("requestPolicy.default: required when validRange is set")
+        mn, mx, step = rng.min, rng.max, rng.step
+        if mn.sign() < 0:
+            out.append(f"requestPolicy.validRange.min: {mn} must not be negative")
+        if mn > value:
+            out.append(f"requestPolicy.validRange.min: {mn} is larger than the capacity value {value}")
+        if default is not None and default < mn:
+            out.append(f"requestPolicy.default: {default} is less than validRange.min {mn}")
+        if default is not None and default > value:
+            out.append(f"requestPolicy.default: {default} is larger than the capacity value {value}")
+        if mx is not None:
+            if mn > mx:
+                out.append(f"requestPolicy.validRange.max: {mx} is less than min {mn}")
+            if mx > value:
+                out.append(f"requestPolicy.validRange.max: {mx} is larger than the capacity value {value}")
+            if default is not None and default > mx:
+                out.append(f"requestPolicy.default: {default} is more than validRange.max {mx}")
+        if step is not None:
+            if step.sign() <= 0:
+                out.append(f"requestPolicy.validRange.step: {step} must be positive")
+            else:
+                if mn + step > value:
+                    out.append(
+                        f"requestPolicy.validRange.step: one step {mn + step} (min + step) "
+                        f"is larger than the capacity value {value}"
+                    )
+                if default is not None and not _on_grid(default, mn, step):
+                    out.append(f"requestPolicy.default: {default} is not min {mn} + a multiple of step {step}")
+                if mx is not None and not _on_grid(mx, mn, step):
+                    out.append(f"requestPolicy.validRange.max: {mx} is not min {mn} + a multiple of step {step}")
+    elif default is not None and default > value:
+        out.append(f"requestPolicy.default: {default} is larger than the capacity value {value}")
     return out

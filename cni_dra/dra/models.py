@@ -50,6 +50,7 @@ __all__ = [
     "ResourceClaim",
     "AttributeValue",
     "device_attribute",
+    "lookup_device_attribute",
     "split_qualified_name",
     "to_api",
 ]
@@ -321,6 +322,22 @@ def split_qualified_name(name: str) -> tuple[str | None, str]:
     return domain, ident
 
 
+def lookup_device_attribute(device: Device, name: str, driver: str) -> DeviceAttribute | None:
+    """Like :func:`device_attribute` but returns the typed :class:`DeviceAttribute`.
+
+    Typed values compare by type and value (``int 1`` differs from ``bool true`` and
+    a ``version`` from an equal ``string``), as constraints need.
+    """
+    attrs = device.attributes
+    domain, ident = split_qualified_name(name)
+    if domain is None or domain == driver:
+        for key in (f"{driver}/{ident}", ident):
+            if key in attrs:
+                return attrs[key]
+        return None
+    return attrs.get(name)
+
+
 def device_attribute(device: Device, name: str, driver: str) -> AttributeValue | None:
     """The value of attribute ``name`` of ``device``, or None when it has none.
 
@@ -330,12 +347,5 @@ def device_attribute(device: Device, name: str, driver: str) -> AttributeValue |
     CEL environment and constraints resolve names the same way). A name qualified
     with another domain matches only itself.
     """
-    attrs = device.attributes
-    domain, ident = split_qualified_name(name)
-    if domain is None or domain == driver:
-        for key in (f"{driver}/{ident}", ident):
-            if key in attrs:
-                return attrs[key].value
-        return None
-    attr = attrs.get(name)
+    attr = lookup_device_attribute(device, name, driver)
     return None if attr is None else attr.value
