@@ -1,0 +1,307 @@
+"""The node's NIC inventory: one resource.k8s.io/v1 ResourceSlice in a YAML or JSON file.
+
+:func:`load_inventory` reads and validates it; :func:`validate_slice` applies the
+rules the API server applies to a ResourceSlice (k8s.io/kubernetes
+pkg/apis/resource/validation, KEP-5075 for capacities) plus cni-dra's own: every
+device names its host interface in the ``ifName`` attribute, once per node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ValidationError
+
+from cni_dra.dra.models import Device, DeviceCapacity, ResourceSlice, device_attribute, to_api
+from cni_dra.errors import InventoryError, IOFailureError
+from cni_dra.quantity import Quantity
+
+__all__ = [
+    "IFNAME_ATTRIBUTE",
+    "load_inventory",
+    "parse_inventory",
+    "validate_slice",
+    "slice_to_dict",
+    "device_problems",
+]
+
+#: The attribute holding a device's host interface name (short or ``<driver>/ifName``).
+IFNAME_ATTRIBUTE = "ifName"
+
+_MAX_VALID_VALUES = 10
+_MAX_ATTRIBUTES_AND_CAPACITIES = 32
+_MAX_DEVICES = 128
+_MAX_DOMAIN_LENGTH = 63
+_MAX_ID_LENGTH = 32
+_MAX_ATTRIBUTE_VALUE_LENGTH = 64
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
+    r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?",
+    re.ASCII,
+)
+# DNS-1123 label (device and pool names), C identifier (qualified name identifier),
+# DNS-1123 subdomain (qualified name domain, driver).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+
+
+def load_inventory(path: str) -> ResourceSlice:
+    """Read, parse and validate the ResourceSlice at ``path`` (JSON, or YAML otherwise).
+
+    JSON is recognised by a ``.json`` suffix or a leading ``{``; anything else is
+    parsed as YAML (PyYAML is imported only then).
+
+    Raises :class:`~cni_dra.errors.IOFailureError` (code 5) when the file cannot be
+    read, :class:`~cni_dra.errors.InventoryError` (code 7) when it is not a valid
+    ResourceSlice; the message names the device and the field.
+    """
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise IOFailureError(f"failed to read inventory {path}: {exc.strerror or exc}", str(exc)) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError(f"failed to load inventory {path}: not UTF-8 text", str(exc)) from exc
+    return parse_inventory(text, source=path)
+
+
+def parse_inventory(text: str, source: str = "<inventory>") -> ResourceSlice:
+    """Parse and validate a ResourceSlice from JSON or YAML ``text``.
+
+    Raises :class:`~cni_dra.errors.InventoryError` (code 7).
+    """
+    data: Any
+    if source.endswith(".json") or text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InventoryError(f"failed to load inventory {source}: invalid JSON: {exc}", str(exc)) from exc
+    else:
+        import yaml  # lazy: only YAML inventories pay for it
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise InventoryError(f"failed to load inventory {source}: invalid YAML: {exc}", str(exc)) from exc
+    if not isinstance(data, dict):
+        raise InventoryError(f"failed to load inventory {source}: expected a ResourceSlice object")
+    kind = data.get("kind", "ResourceSlice")
+    if kind != "ResourceSlice":
+        raise InventoryError(f"failed to load inventory {source}: kind is {kind!r}, expected 'ResourceSlice'")
+    try:
+        slice_ = ResourceSlice.model_validate(data)
+    except ValidationError as exc:
+        raise InventoryError(
+            f"failed to load inventory {source}: {_describe_validation_error(exc, data)}", str(exc)
+        ) from exc
+    try:
+        validate_slice(slice_)
+    except InventoryError as exc:
+        raise InventoryError(f"failed to load inventory {source}: {exc.msg}", exc.details) from exc
+    return slice_
+
+
+def _describe_validation_error(exc: ValidationError, data: dict[str, Any]) -> str:
+    """'device eth-a: capacity.bandwidth.value: invalid quantity ...' for the first error."""
+    err = exc.errors(include_url=False)[0]
+    loc = list(err["loc"])
+    where = ".".join(str(p) for p in loc)
+    if len(loc) >= 3 and loc[0] == "spec" and loc[1] == "devices" and isinstance(loc[2], int):
+        devices = data.get("spec", {}).get("devices", [])
+        name: Any = None
+        if loc[2] < len(devices) and isinstance(devices[loc[2]], dict):
+            name = devices[loc[2]].get("name")
+        field = ".".join(str(p) for p in loc[3:]) or "(device)"
+        who = f"device {name}" if name else f"device #{loc[2]}"
+        return f"{who}: {field}: {_clean(err['msg'])}"
+    return f"{where}: {_clean(err['msg'])}"
+
+
+def _clean(msg: str) -> str:
+    return msg.removeprefix("Value error, ")
+
+
+def slice_to_dict(slice_: ResourceSlice) -> dict[str, Any]:
+    """API-shaped JSON dict of ``slice_`` (camelCase, no nulls, canonical quantities)."""
+    return to_api(slice_)
+
+
+def validate_slice(slice_: ResourceSlice) -> None:
+    """Apply the inventory rules; raise :class:`~cni_dra.errors.InventoryError` (code 7).
+
+    The message lists every problem found, each naming device, field and rule.
+    """
+    problems = list(_slice_problems(slice_))
+    if problems:
+        raise InventoryError("invalid ResourceSlice: " + "; ".join(problems))
+
+
+def _slice_problems(slice_: ResourceSlice) -> Iterable[str]:
+    spec = slice_.spec
+    driver = spec.driver
+    if len(driver) > 63 or not _DNS_SUBDOMAIN.fullmatch(driver):
+        yield f"spec.driver: {driver!r} must be a DNS subdomain of at most 63 characters"
+    pool = spec.pool
+    if not pool.name or len(pool.name) > 253 or not all(_DNS_SUBDOMAIN.fullmatch(p) for p in pool.name.split("/")):
+        yield f"spec.pool.name: {pool.name!r} must be '/'-separated DNS subdomains, at most 253 characters"
+    if pool.resource_slice_count <= 0:
+        yield "spec.pool.resourceSliceCount: must be greater than zero"
+    if pool.generation < 0:
+        yield "spec.pool.generation: must be greater than or equal to zero"
+    if spec.node_name is not None and not spec.node_name:
+        yield "spec.nodeName: must be either unset or a non-empty string"
+    if len(spec.devices) > _MAX_DEVICES:
+        yield f"spec.devices: {len(spec.devices)} devices, at most {_MAX_DEVICES} allowed"
+    seen_names: set[str] = set()
+    seen_ifnames: dict[str, str] = {}
+    for device in spec.devices:
+        if device.name in seen_names:
+            yield f"device {device.name}: name: duplicate device name"
+        seen_names.add(device.name)
+        yield from (f"device {device.name}: {p}" for p in device_problems(device, driver))
+        ifname = device_attribute(device, IFNAME_ATTRIBUTE, driver)
+        if ifname is None:
+            yield f"device {device.name}: attributes.{IFNAME_ATTRIBUTE}: required attribute missing"
+        elif not isinstance(ifname, str) or not ifname:
+            yield f"device {device.name}: attributes.{IFNAME_ATTRIBUTE}: must be a non-empty string"
+        elif ifname in seen_ifnames:
+            yield (
+                f"device {device.name}: attributes.{IFNAME_ATTRIBUTE}: interface {ifname} "
+                f"already used by device {seen_ifnames[ifname]}"
+            )
+        else:
+            seen_ifnames[ifname] = device.name
+
+
+def _qualified_name_problem(name: str) -> str | None:
+    if len(name) > _MAX_DOMAIN_LENGTH + 1 + _MAX_ID_LENGTH:
+        return f"name longer than {_MAX_DOMAIN_LENGTH + 1 + _MAX_ID_LENGTH} characters"
+    domain, sep, ident = name.rpartition("/")
+    if sep:
+        if not domain:
+            return "the domain must not be empty"
+        if "/" in domain or len(domain) > _MAX_DOMAIN_LENGTH or not _DNS_SUBDOMAIN.fullmatch(domain):
+            return f"domain {domain!r} must be a DNS subdomain of at most {_MAX_DOMAIN_LENGTH} characters"
+    if not ident:
+        return "the name must not be empty"
+    if len(ident) > _MAX_ID_LENGTH or not _C_IDENTIFIER.fullmatch(ident):
+        return f"{ident!r} must be a C identifier of at most {_MAX_ID_LENGTH} characters"
+    return None
+
+
+def device_problems(device: Device, driver: str) -> list[str]:
+    """The API-server rules one device breaks, each as ``"<field>: <rule>"``.
+
+    Rules (k8s.io/kubernetes pkg/apis/resource/validation, resource.k8s.io/v1):
+    device name a DNS label; at most 32 attributes and capacities together;
+    attribute and capacity names qualified names (``[<DNS subdomain>/]<C identifier>``,
+    identifier ≤ 32, domain ≤ 63 characters); string and version values ≤ 64
+    characters, versions semver 2.0.0; capacity values non-negative; and the
+    KEP-5075 requestPolicy rules of :func:`_capacity_problems`.
+    """
+    problems: list[str] = []
+    if len(device.name) > 63 or not _DNS_LABEL.fullmatch(device.name):
+        problems.append(f"name: {device.name!r} must be a DNS label (lowercase alphanumerics and '-', ≤ 63)")
+    total = len(device.attributes) + len(device.capacity)
+    if total > _MAX_ATTRIBUTES_AND_CAPACITIES:
+        problems.append(
+            f"attributes+capacity: {total} entries, at most {_MAX_ATTRIBUTES_AND_CAPACITIES} allowed"
+        )
+    for name, attr in device.attributes.items():
+        why = _qualified_name_problem(name)
+        if why is not None:
+            problems.append(f"attributes.{name}: invalid name: {why}")
+        for kind, text in (("string", attr.string_value), ("version", attr.version_value)):
+            if text is not None and len(text) > _MAX_ATTRIBUTE_VALUE_LENGTH:
+                problems.append(f"attributes.{name}.{kind}: longer than {_MAX_ATTRIBUTE_VALUE_LENGTH} characters")
+        if attr.version_value is not None and not _SEMVER.fullmatch(attr.version_value):
+            problems.append(f"attributes.{name}.version: {attr.version_value!r} is not semver 2.0.0")
+    for name, cap in device.capacity.items():
+        why = _qualified_name_problem(name)
+        if why is not None:
+            problems.append(f"capacity.{name}: invalid name: {why}")
+        problems.extend(f"capacity.{name}: {p}" for p in _capacity_problems(device, cap))
+    return problems
+
+
+def _on_grid(value: Quantity, minimum: Quantity, step: Quantity) -> bool:
+    return step.sign() > 0 and (value.nanos - minimum.nanos) % step.nanos == 0
+
+
+def _capacity_problems(device: Device, cap: DeviceCapacity) -> list[str]:
+    """KEP-5075 requestPolicy rules (API server ``validateRequestPolicy``)."""
+    out: list[str] = []
+    value = cap.value
+    if value.sign() < 0:
+        out.append(f"value: {value} must not be negative")
+    policy = cap.request_policy
+    if policy is None:
+        return out
+    if not device.shared:
+        out.append("requestPolicy: allowed only when allowMultipleAllocations is true")
+    for fld, q in (("default", policy.default),):
+        if q is not None and q.sign() < 0:
+            out.append(f"requestPolicy.{fld}: {q} must not be negative")
+    values, rng, default = policy.valid_values, policy.valid_range, policy.default
+    if values and rng is not None:
+        out.append("requestPolicy: validValues and validRange are mutually exclusive")
+        return out
+    if values:
+        if default is None:
+            out.append("requestPolicy.default: required when validValues is set")
+        if len(values) > _MAX_VALID_VALUES:
+            out.append(f"requestPolicy.validValues: {len(values)} values, at most {_MAX_VALID_VALUES} allowed")
+        for a, b in zip(values, values[1:]):
+            if b < a:
+                out.append(f"requestPolicy.validValues: {b} after {a}: values must be in ascending order")
+            elif a == b:
+                out.append(f"requestPolicy.validValues: {b} is listed twice")
+        for v in values:
+            if v > value:
+                out.append(f"requestPolicy.validValues: {v} is larger than the capacity value {value}")
+            if v.sign() < 0:
+                out.append(f"requestPolicy.validValues: {v} must not be negative")
+        if default is not None and default not in values:
+            out.append(f"requestPolicy.default: {default} is not one of validValues")
+    elif rng is not None:
+        if default is None:
+            out.append("requestPolicy.default: required when validRange is set")
+        mn, mx, step = rng.min, rng.max, rng.step
+        if mn.sign() < 0:
+            out.append(f"requestPolicy.validRange.min: {mn} must not be negative")
+        if mn > value:
+            out.append(f"requestPolicy.validRange.min: {mn} is larger than the capacity value {value}")
+        if default is not None and default < mn:
+            out.append(f"requestPolicy.default: {default} is less than validRange.min {mn}")
+        if default is not None and default > value:
+            out.append(f"requestPolicy.default: {default} is larger than the capacity value {value}")
+        if mx is not None:
+            if mn > mx:
+                out.append(f"requestPolicy.validRange.max: {mx} is less than min {mn}")
+            if mx > value:
+                out.append(f"requestPolicy.validRange.max: {mx} is larger than the capacity value {value}")
+            if default is not None and default > mx:
+                out.append(f"requestPolicy.default: {default} is more than validRange.max {mx}")
+        if step is not None:
+            if step.sign() <= 0:
+                out.append(f"requestPolicy.validRange.step: {step} must be positive")
+            else:
+                if mn + step > value:
+                    out.append(
+                        f"requestPolicy.validRange.step: one step {mn + step} (min + step) "
+                        f"is larger than the capacity value {value}"
+                    )
+                if default is not None and not _on_grid(default, mn, step):
+                    out.append(f"requestPolicy.default: {default} is not min {mn} + a multiple of step {step}")
+                if mx is not None and not _on_grid(mx, mn, step):
+                    out.append(f"requestPolicy.validRange.max: {mx} is not min {mn} + a multiple of step {step}")
+    elif default is not None and default > value:
+        out.append(f"requestPolicy.default: {default} is larger than the capacity value {value}")
+    return out
