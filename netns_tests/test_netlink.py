@@ -71,6 +71,15 @@ def nsenter_cat(path: str, file: str) -> str:
     return out.stdout.strip()
 
 
+def host_sublinks(parent: str) -> list[str]:
+    """Host macvlan/ipvlan links on ``parent`` (other processes' links elsewhere are ignored)."""
+    seen = host_links()
+    pidx = seen[parent]["index"]
+    return sorted(
+        name for name, m in seen.items() if m.get_attr("IFLA_LINK") == pidx and kind_of(m) in ("macvlan", "ipvlan")
+    )
+
+
 def no_temp_links(path: str | None) -> None:
     names = ns_links(path) if path else host_links()
     assert not [n for n in names if n.startswith(links.TEMP_NAME_PREFIX)]
@@ -254,7 +263,6 @@ def test_link_kind_probe() -> None:
 def test_create_macvlan_in_fresh_netns(make_netns, make_parent_nic, mode: str) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    host_before = set(host_links())
     info = links.create_macvlan(parent=parent, netns=path, ifname="eth0", mode=mode)
 
     seen = ns_links(path)
@@ -266,7 +274,8 @@ def test_create_macvlan_in_fresh_netns(make_netns, make_parent_nic, mode: str) -
     parent_msg = host_links()[parent]
     assert eth0.get_attr("IFLA_MTU") == parent_msg.get_attr("IFLA_MTU")
     assert eth0.get_attr("IFLA_LINK") == parent_msg["index"]
-    assert set(host_links()) == host_before  # nothing created on the host
+    assert host_sublinks(parent) == []  # nothing created on the host
+    no_temp_links(None)
 
     assert (info.name, info.index, info.kind, info.mode) == ("eth0", eth0["index"], "macvlan", mode)
     assert info.mac == eth0.get_attr("IFLA_ADDRESS")
@@ -304,7 +313,6 @@ def test_create_macvlan_ifname_collision_leaves_nothing(make_netns, make_parent_
     with ns_ipr(path) as ipr:
         ipr.link("add", ifname="eth0", kind="veth", peer="eth0p")
     before_ns = {name: m["index"] for name, m in ns_links(path).items()}
-    before_host = set(host_links())
 
     with pytest.raises(InvalidEnvironmentError) as exc:
         links.create_macvlan(parent=parent, netns=path, ifname="eth0")
@@ -314,7 +322,8 @@ def test_create_macvlan_ifname_collision_leaves_nothing(make_netns, make_parent_
     after_ns = ns_links(path)
     assert {name: m["index"] for name, m in after_ns.items()} == before_ns
     assert kind_of(after_ns["eth0"]) == "veth"
-    assert set(host_links()) == before_host
+    assert host_sublinks(parent) == []
+    no_temp_links(None)
 
 
 def test_create_macvlan_missing_parent_names_it(make_netns) -> None:
@@ -328,19 +337,18 @@ def test_create_macvlan_missing_parent_names_it(make_netns) -> None:
 
 def test_create_macvlan_into_host_netns_is_refused(make_parent_nic) -> None:
     parent = make_parent_nic()
-    before = set(host_links())
     with pytest.raises(InvalidEnvironmentError) as exc:
         links.create_macvlan(parent=parent, netns="/proc/self/ns/net", ifname="cdt-mv0")
     assert "host network namespace" in exc.value.msg
-    assert set(host_links()) == before
+    assert host_sublinks(parent) == []
+    assert "cdt-mv0" not in host_links()
 
 
 def test_create_macvlan_missing_netns_is_code_3(make_parent_nic, tmp_path) -> None:
     parent = make_parent_nic()
-    before = set(host_links())
     with pytest.raises(ContainerUnknownError):
         links.create_macvlan(parent=parent, netns=str(tmp_path / "gone"), ifname="eth0")
-    assert set(host_links()) == before
+    assert host_sublinks(parent) == []
 
 
 def test_failure_after_create_deletes_the_link(make_netns, make_parent_nic, monkeypatch) -> None:
