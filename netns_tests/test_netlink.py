@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from cni_dra.errors import (
     ContainerUnknownError,
@@ -544,3 +546,57 @@ def test_create_ipvlan_unsupported_cleans_up(make_netns, make_parent_nic) -> Non
         links.create_ipvlan(parent=parent, netns=path, ifname="eth0")
     assert "does not support link kind ipvlan" in exc.value.msg
     assert set(ns_links(path)) == {"lo"}
+
+
+# --------------------------------------------------------------------------- property: names
+
+
+NAME_ALPHABET = st.one_of(
+    st.characters(codec="ascii"),
+    st.sampled_from(["%", "d", "à", "é", "\xa0", "\x85", "\u2003", "ü", "€", "/", ":", ".", "-", "\x00", "\x1f"]),
+)
+
+
+def test_ifname_validation_matches_the_kernel(make_netns, make_parent_nic) -> None:
+    """validate_ifname accepts the names the kernel keeps as sent; accepted ones work end to end."""
+    from pyroute2.netlink.exceptions import NetlinkError as PrNetlinkError
+
+    parent, path = make_parent_nic(), make_netns()
+
+    @settings(max_examples=40, deadline=None)
+    @given(name=st.text(NAME_ALPHABET, min_size=1, max_size=16))
+    def check(name: str) -> None:
+        assume(name not in ("lo", "cdtpeer0"))
+        try:
+            links.validate_ifname(name)
+            ours = True
+        except InvalidEnvironmentError:
+            ours = False
+        # Oracle: the kernel, asked directly through pyroute2 (a veth pair inside the netns).
+        # A name the kernel stores differently (cut at a NUL, %d expanded) counts as refused.
+        with ns_ipr(path) as ipr:
+            try:
+                ipr.link("add", ifname=name, kind="veth", peer="cdtpeer0")
+                kernel = name in ns_links(path)
+            except PrNetlinkError:
+                kernel = False
+            except (UnicodeError, ValueError):
+                kernel = False  # pyroute2 cannot even encode it
+            finally:
+                for idx in ipr.link_lookup(ifname="cdtpeer0"):
+                    ipr.link("del", index=idx)  # removes both ends
+        # CNI (spec "Parameters": no whitespace) is stricter than the kernel only for
+        # non-ASCII Unicode whitespace, which the kernel sees as ordinary bytes.
+        cni_stricter = any(ord(c) > 127 and c.isspace() for c in name)
+        assert ours == kernel or (cni_stricter and not ours)
+        if ours:
+            info = links.create_macvlan(parent=parent, netns=path, ifname=name)
+            assert info.name == name
+            assert kind_of(ns_links(path)[name]) == "macvlan"
+            assert links.delete_link(path, name) is True
+        else:
+            with pytest.raises(InvalidEnvironmentError):
+                links.create_macvlan(parent=parent, netns=path, ifname=name)
+        assert set(ns_links(path)) == {"lo"}
+
+    check()

@@ -57,10 +57,15 @@ def test_ifnames_with_forbidden_chars_fail(a: str, bad: str, b: str) -> None:
     assert exc.value.code == 4
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "é" * 8])
+@pytest.mark.parametrize("name", ["", ".", "..", "é" * 8, "eth%d", "%", "a\x00b", "\xa0", "à", "a\u2003b", "a\x85"])
 def test_special_ifnames_fail(name: str) -> None:
     with pytest.raises(InvalidEnvironmentError):
         links.validate_ifname(name)
+
+
+@pytest.mark.parametrize("name", ["a\x1fb", "eth0.100", "é" * 7, "x" * 15, "-", "@"])
+def test_unusual_but_valid_ifnames_pass(name: str) -> None:
+    links.validate_ifname(name)  # the kernel keeps these as sent (see netns_tests)
 
 
 # --------------------------------------------------------------------------- speed
@@ -163,3 +168,68 @@ def test_configure_rejects_bad_input_before_touching_the_netns(addresses, routes
 def test_sysctl_key_outside_net_is_code_7(key: str) -> None:
     with pytest.raises(InvalidConfigError):
         links.set_sysctl_in_netns(MISSING_NETNS, key, 1)
+
+
+# --------------------------------------------------------------------------- ipvlan wire format
+# This kernel has no ipvlan, so the RTM_NEWLINK that create_ipvlan sends is checked
+# here: compiled by pyroute2's IPBatch (no socket I/O), decoded back, and read by
+# the same decoder link_in_netns uses.
+
+
+def _compile_newlink(ifname: str, spec: dict) -> object:
+    from pyroute2.iproute.linux import IPBatch
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+    links._pr()  # registers the ipvlan attribute table
+    ipb = IPBatch()
+    try:
+        ipb.link("add", ifname=ifname, **spec)
+        data = bytes(ipb.batch)
+    finally:
+        ipb.close()
+    msg = ifinfmsg(data)
+    msg.decode()
+    return msg
+
+
+@pytest.mark.parametrize("mode", sorted(links.IPVLAN_MODES))
+@pytest.mark.parametrize("flag", sorted(links.IPVLAN_FLAGS))
+def test_ipvlan_newlink_carries_mode_and_flags(mode: str, flag: str) -> None:
+    spec = links._link_add_spec(
+        kind="ipvlan",
+        parent_index=7,
+        netns_fd=3,
+        data={"ipvlan_mode": links.IPVLAN_MODES[mode], "ipvlan_flags": links.IPVLAN_FLAGS[flag]},
+        mtu=1400,
+        mac=None,
+    )
+    msg = _compile_newlink("cdratest", spec)
+    data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
+    # <linux/if_link.h>: IPVLAN_MODE_L2=0, L3=1, L3S=2; IPVLAN_F_PRIVATE=1, IPVLAN_F_VEPA=2.
+    assert data.get_attr("IFLA_IPVLAN_MODE") == {"l2": 0, "l3": 1, "l3s": 2}[mode]
+    assert (data.get_attr("IFLA_IPVLAN_FLAGS") or 0) == {"bridge": 0, "private": 1, "vepa": 2}[flag]
+    assert msg.get_attr("IFLA_LINK") == 7
+    assert msg.get_attr("IFLA_NET_NS_FD") == 3
+    assert msg.get_attr("IFLA_MTU") == 1400
+    assert msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") == "ipvlan"
+    msg["index"] = 9
+    info = links._link_info(msg)
+    assert (info.kind, info.mode, info.ipvlan_flag) == ("ipvlan", mode, flag)
+
+
+@pytest.mark.parametrize("mode", sorted(links.MACVLAN_MODES))
+def test_macvlan_newlink_carries_mode_and_mac(mode: str) -> None:
+    spec = links._link_add_spec(
+        kind="macvlan",
+        parent_index=4,
+        netns_fd=5,
+        data={"macvlan_mode": links.MACVLAN_MODES[mode]},
+        mtu=None,
+        mac="02:00:00:00:00:01",
+    )
+    msg = _compile_newlink("cdratest", spec)
+    data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
+    # <linux/if_link.h> enum macvlan_mode: private 1, vepa 2, bridge 4, passthru 8, source 16.
+    assert data.get_attr("IFLA_MACVLAN_MODE") == mode
+    assert msg.get_attr("IFLA_ADDRESS") == "02:00:00:00:00:01"
+    assert msg.get_attr("IFLA_MTU") is None

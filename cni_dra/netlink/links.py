@@ -29,7 +29,6 @@ import functools
 import ipaddress
 import os
 import re
-import secrets
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -80,6 +79,9 @@ _IFNAMSIZ = 16
 _MIN_MTU = 68  # RFC 791 minimum for IPv4
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _IFF_UP = 0x1
+# Bytes the kernel's isspace() matches (lib/ctype.c: \t\n\v\f\r, space, 0xa0); dev_valid_name()
+# rejects names containing them, so UTF-8 names with a 0xa0 byte ("à" = c3 a0) fail too.
+_KERNEL_SPACE_BYTES = frozenset(b"\t\n\v\f\r \xa0")
 
 
 @dataclass(frozen=True)
@@ -259,11 +261,18 @@ def _get_link(ipr: Any, *, ifname: str | None = None, index: int | None = None) 
 # --------------------------------------------------------------------------- validation
 
 
+def _is_space(c: str) -> bool:
+    # Unicode White_Space as Go's unicode.IsSpace (what the reference skel checks); Python's
+    # str.isspace() also counts the ASCII separators 0x1c-0x1f, which the kernel accepts.
+    return c.isspace() and c not in "\x1c\x1d\x1e\x1f"
+
+
 def validate_ifname(ifname: str) -> None:
     """Check an interface name as CNI spec 1.1.0 "Parameters" (CNI_IFNAME) requires.
 
-    At most 15 bytes, not empty, not ``.`` or ``..``, no ``/``, ``:`` or
-    whitespace. Raises :class:`InvalidEnvironmentError` (code 4).
+    At most 15 bytes (UTF-8), not empty, not ``.`` or ``..``, no NUL, ``%``, ``/``, ``:`` or
+    whitespace (Unicode whitespace, and the bytes the kernel's ``dev_valid_name``
+    treats as space). Raises :class:`InvalidEnvironmentError` (code 4).
     """
     problem = None
     if not isinstance(ifname, str) or not ifname:
@@ -272,8 +281,12 @@ def validate_ifname(ifname: str) -> None:
         problem = f"longer than {_IFNAMSIZ - 1} bytes"
     elif ifname in (".", ".."):
         problem = "reserved name"
-    elif any(c in "/:" or c.isspace() for c in ifname):
-        problem = "contains '/', ':' or whitespace"
+    elif "\x00" in ifname:
+        problem = "contains a NUL character"
+    elif "%" in ifname:
+        problem = "contains '%' (the kernel expands it as a name pattern like eth%d)"
+    elif any(c in "/:" or _is_space(c) for c in ifname) or any(b in _KERNEL_SPACE_BYTES for b in ifname.encode()):
+        problem = "contains '/', ':' or a whitespace character or byte"
     if problem:
         raise InvalidEnvironmentError(f"failed to validate interface name {ifname!r}: {problem}")
 
@@ -367,7 +380,7 @@ def link_kind_supported(kind: str) -> bool:
 
 
 def _temp_name() -> str:
-    return f"{TEMP_NAME_PREFIX}{secrets.token_hex(5)}"
+    return f"{TEMP_NAME_PREFIX}{os.urandom(5).hex()}"
 
 
 def create_macvlan(
@@ -490,11 +503,7 @@ def _add_in_netns(
         parent_mtu = parent_msg.get_attr("IFLA_MTU")
         if mtu is not None and parent_mtu is not None and mtu > parent_mtu:
             raise InvalidConfigError(f"failed to {what}: mtu {mtu} exceeds parent {parent} mtu {parent_mtu}")
-        spec: dict[str, Any] = {"kind": kind, "link": parent_msg["index"], "net_ns_fd": fd, **data}
-        if mtu is not None:
-            spec["mtu"] = mtu
-        if mac is not None:
-            spec["address"] = mac
+        spec = _link_add_spec(kind=kind, parent_index=parent_msg["index"], netns_fd=fd, data=data, mtu=mtu, mac=mac)
         for _ in range(_TEMP_NAME_ATTEMPTS):
             temp = _temp_name()
             try:
@@ -509,6 +518,18 @@ def _add_in_netns(
                 raise
             return temp
         raise NetlinkError(f"failed to {what}: no free temporary name after {_TEMP_NAME_ATTEMPTS} attempts")
+
+
+def _link_add_spec(
+    *, kind: str, parent_index: int, netns_fd: int, data: dict[str, int], mtu: int | None, mac: str | None
+) -> dict[str, Any]:
+    """Keyword arguments for pyroute2 ``link("add", ifname=..., **spec)`` (RTM_NEWLINK)."""
+    spec: dict[str, Any] = {"kind": kind, "link": parent_index, "net_ns_fd": netns_fd, **data}
+    if mtu is not None:
+        spec["mtu"] = mtu
+    if mac is not None:
+        spec["address"] = mac
+    return spec
 
 
 def _rename_and_up(ipr: Any, *, kind: str, temp: str, ifname: str, netns: str) -> LinkInfo:

@@ -286,7 +286,8 @@ def in_netns(path: str) -> Iterator[None]:
     block. On exit (normal or exception) the thread always returns to the
     namespace it was in; if that fails the process ends (``os._exit`` with
     :data:`EXIT_WRONG_NETNS`) rather than continue in the wrong namespace.
-    Nesting is allowed.
+    Nesting is allowed. Threads started inside the block inherit the namespace
+    (``clone(2)`` copies it); threads that already run are not affected.
 
     Raises :class:`ContainerUnknownError` (code 3) when ``path`` does not exist,
     :class:`InvalidEnvironmentError` (code 4) when it is not a network namespace
