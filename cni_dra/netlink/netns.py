@@ -1,0 +1,302 @@
+"""Network namespace identity and the scoped "do this in that netns" switch.
+
+Identity: a network namespace is its nsfs inode, ``(st_dev, st_ino)`` from
+``stat(2)`` of a path that refers to it (``/var/run/netns/NAME``,
+``/proc/PID/ns/net``, a bind mount made by a container runtime). Two paths name
+the same namespace exactly when their identities are equal; path strings are
+never compared.
+
+Switching: :func:`in_netns` moves *the calling thread* into a namespace with
+``setns(2)`` and always moves it back. If it cannot move back it writes a
+message to stderr and ends the process with ``os._exit`` (status
+:data:`EXIT_WRONG_NETNS`): continuing in the wrong namespace could create or
+delete host links in a container or the other way round. This mirrors the
+reference plugins' ``ns.Do`` (containernetworking/plugins ``pkg/ns``).
+
+This module uses only the standard library (``ctypes`` for ``setns`` on Python
+< 3.12), so asking about namespaces does not pay for importing pyroute2.
+
+Errors (CNI spec 1.1.0 "Error", well-known codes):
+
+* a path that does not exist: :class:`~cni_dra.errors.ContainerUnknownError`
+  (code 3, "container unknown or does not exist");
+* a path that exists but is not a network namespace (a plain file left after
+  the namespace was unmounted, a directory, a mount namespace...):
+  :class:`~cni_dra.errors.InvalidEnvironmentError` (code 4, CNI_NETNS invalid);
+* any other ``OSError`` (permissions, ``setns`` refused):
+  :class:`~cni_dra.errors.InvalidEnvironmentError` when entering,
+  :class:`~cni_dra.errors.IOFailureError` (code 5) when only reading.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from cni_dra.errors import ContainerUnknownError, InvalidEnvironmentError, IOFailureError
+
+__all__ = [
+    "EXIT_WRONG_NETNS",
+    "NetnsIdentity",
+    "netns_identity",
+    "host_netns_identity",
+    "current_netns_identity",
+    "is_host_netns",
+    "netns_exists",
+    "open_netns",
+    "in_netns",
+    "in_netns_fd",
+]
+
+NetnsIdentity = tuple[int, int]
+"""``(st_dev, st_ino)`` of a network namespace's nsfs inode."""
+
+EXIT_WRONG_NETNS = 70
+"""Process exit status when a thread cannot be moved back to its namespace (EX_SOFTWARE)."""
+
+CLONE_NEWNET = 0x40000000
+# ioctl(2) on an nsfs file descriptor: returns the CLONE_NEW* type of the namespace.
+# _IO(0xb7, 0x3) from <linux/nsfs.h>.
+_NS_GET_NSTYPE = 0xB703
+_THREAD_SELF_NET = "/proc/thread-self/ns/net"
+
+_local = threading.local()
+_host_identity: NetnsIdentity | None = None
+_host_lock = threading.Lock()
+
+
+def _setns(fd: int) -> None:
+    """``setns(fd, CLONE_NEWNET)`` for the calling thread; raises ``OSError``."""
+    if hasattr(os, "setns"):  # Python >= 3.12
+        os.setns(fd, CLONE_NEWNET)
+        return
+    libc = _libc()
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+_LIBC = None
+
+
+def _libc():  # type: ignore[no-untyped-def]
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
+def _check_is_netns(fd: int, path: str) -> None:
+    """Raise InvalidEnvironmentError unless ``fd`` refers to a network namespace."""
+    import fcntl
+
+    try:
+        nstype = fcntl.ioctl(fd, _NS_GET_NSTYPE)
+    except OSError as exc:
+        # ENOTTY: not an nsfs file (plain file, directory, unmounted mountpoint).
+        raise InvalidEnvironmentError(
+            f"failed to open netns {path}: not a network namespace",
+            details=str(exc),
+        ) from exc
+    if nstype != CLONE_NEWNET:
+        raise InvalidEnvironmentError(
+            f"failed to open netns {path}: namespace type {nstype:#x} is not a network namespace",
+        )
+
+
+def open_netns(path: str) -> int:
+    """Open ``path`` read-only and check that it is a network namespace.
+
+    Returns an ``O_CLOEXEC`` file descriptor the caller must ``os.close``; it keeps
+    the namespace alive while open and can be passed as ``IFLA_NET_NS_FD``.
+
+    Raises :class:`ContainerUnknownError` (code 3) if ``path`` does not exist,
+    :class:`InvalidEnvironmentError` (code 4) if it is not a network namespace or
+    cannot be opened.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise ContainerUnknownError(
+            f"failed to open netns {path}: no such file", details=str(exc)
+        ) from exc
+    except OSError as exc:
+        raise InvalidEnvironmentError(f"failed to open netns {path}: {exc.strerror}", details=str(exc)) from exc
+    try:
+        _check_is_netns(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def netns_identity(path: str) -> NetnsIdentity:
+    """Identity ``(st_dev, st_ino)`` of the network namespace at ``path``.
+
+    Raises :class:`ContainerUnknownError` (code 3) when ``path`` does not exist and
+    :class:`InvalidEnvironmentError` (code 4) when it exists but is not a network
+    namespace.
+    """
+    fd = open_netns(path)
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:  # pragma: no cover - fstat on an open fd does not fail in practice
+        raise IOFailureError(f"failed to stat netns {path}: {exc.strerror}", details=str(exc)) from exc
+    finally:
+        os.close(fd)
+    return (st.st_dev, st.st_ino)
+
+
+def netns_exists(path: str) -> bool:
+    """True if ``path`` is a network namespace, False if it does not exist.
+
+    A plain empty file (what remains of ``/var/run/netns/NAME`` once the
+    namespace was unmounted) also counts as gone (False): DEL must succeed then
+    (CNI spec 1.1.0 "DEL"). Anything else that is not a network namespace raises
+    :class:`InvalidEnvironmentError` (code 4).
+    """
+    try:
+        fd = open_netns(path)
+    except ContainerUnknownError:
+        return False
+    except InvalidEnvironmentError:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            return False
+        raise
+    os.close(fd)
+    return True
+
+
+def current_netns_identity() -> NetnsIdentity:
+    """Identity of the network namespace the calling thread is in now."""
+    try:
+        st = os.stat(_THREAD_SELF_NET)
+    except OSError as exc:
+        raise IOFailureError(
+            f"failed to stat netns {_THREAD_SELF_NET}: {exc.strerror}", details=str(exc)
+        ) from exc
+    return (st.st_dev, st.st_ino)
+
+
+def host_netns_identity() -> NetnsIdentity:
+    """Identity of the host network namespace.
+
+    "Host" is the namespace the process was in before any :func:`in_netns`
+    switch: for a CNI plugin exec'd by the container runtime, the node's
+    namespace. It is captured on first use (from the calling thread, or from the
+    namespace an active :func:`in_netns` left) and cached for the process.
+    ``/proc/1/ns/net`` is not used: it may be unreadable (hidepid, user
+    namespaces) and belongs to another process.
+    """
+    global _host_identity
+    if _host_identity is None:
+        with _host_lock:
+            if _host_identity is None:
+                outer = getattr(_local, "outermost", None)
+                _host_identity = outer if outer is not None else current_netns_identity()
+    return _host_identity
+
+
+def is_host_netns(path: str) -> bool:
+    """True if ``path`` is the host network namespace (compared by identity).
+
+    Raises :class:`ContainerUnknownError` (code 3) when ``path`` does not exist and
+    :class:`InvalidEnvironmentError` (code 4) when it is not a network namespace.
+    """
+    return netns_identity(path) == host_netns_identity()
+
+
+def _abort_wrong_netns(message: str) -> None:
+    """Last resort when a thread cannot return to its namespace: end the process."""
+    try:
+        os.write(2, f"cni-dra: fatal: {message}; exiting\n".encode(errors="replace"))
+    finally:
+        os._exit(EXIT_WRONG_NETNS)
+
+
+@contextmanager
+def in_netns_fd(fd: int, label: str = "") -> Iterator[None]:
+    """Like :func:`in_netns` for an already open namespace file descriptor.
+
+    The caller keeps ownership of ``fd``. ``label`` names the namespace in
+    messages.
+    """
+    name = label or f"fd {fd}"
+    try:
+        orig_fd = os.open(_THREAD_SELF_NET, os.O_RDONLY | os.O_CLOEXEC)
+        orig_st = os.fstat(orig_fd)
+    except OSError as exc:
+        raise InvalidEnvironmentError(
+            f"failed to enter netns {name}: cannot open current netns: {exc.strerror}", details=str(exc)
+        ) from exc
+    orig_identity = (orig_st.st_dev, orig_st.st_ino)
+    depth = getattr(_local, "depth", 0)
+    try:
+        try:
+            _setns(fd)
+        except OSError as exc:
+            raise InvalidEnvironmentError(
+                f"failed to enter netns {name}: {exc.strerror}", details=str(exc)
+            ) from exc
+        if depth == 0:
+            _local.outermost = orig_identity
+        _local.depth = depth + 1
+        try:
+            yield
+        finally:
+            _local.depth = depth
+            if depth == 0:
+                _local.outermost = None
+            _restore(orig_fd, orig_identity, name)
+    finally:
+        os.close(orig_fd)
+
+
+def _restore(orig_fd: int, orig_identity: NetnsIdentity, name: str) -> None:
+    try:
+        _setns(orig_fd)
+        back = current_netns_identity()
+    except BaseException as exc:  # noqa: BLE001 - any failure here is fatal
+        _abort_wrong_netns(f"failed to leave netns {name}: {exc}")
+        raise  # only reached when _abort_wrong_netns is replaced (tests)
+    if back != orig_identity:
+        _abort_wrong_netns(
+            f"failed to leave netns {name}: thread is in netns {back}, expected {orig_identity}"
+        )
+        raise InvalidEnvironmentError(f"failed to leave netns {name}")  # only when abort is replaced
+
+
+@contextmanager
+def in_netns(path: str) -> Iterator[None]:
+    """Run the ``with`` body with the calling thread in the network namespace ``path``.
+
+    Only the calling thread moves (``setns(2)``); sockets it opens inside (netlink,
+    ``/proc/sys/net`` files) belong to that namespace and keep it after the
+    block. On exit (normal or exception) the thread always returns to the
+    namespace it was in; if that fails the process ends (``os._exit`` with
+    :data:`EXIT_WRONG_NETNS`) rather than continue in the wrong namespace.
+    Nesting is allowed. Threads started inside the block inherit the namespace
+    (``clone(2)`` copies it); threads that already run are not affected.
+
+    Raises :class:`ContainerUnknownError` (code 3) when ``path`` does not exist,
+    :class:`InvalidEnvironmentError` (code 4) when it is not a network namespace
+    or cannot be entered. Exceptions from the body propagate unchanged.
+    """
+    fd = open_netns(path)
+    try:
+        with in_netns_fd(fd, path):
+            yield
+    finally:
+        os.close(fd)
+
