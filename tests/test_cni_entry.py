@@ -49,7 +49,7 @@ def test_version_lists_supported_versions():
         (_env("ADD"), _conf(cniVersion="0.0.7"), 1),
         (_env("CHECK"), _conf(cniVersion="0.3.1"), 1),
         (_env("ADD"), _conf(linkType="sriov"), 7),
-        (_env("ADD", CNI_ARGS="K8S_POD_NAME=x"), _conf(), 2),
+        (_env("ADD", CNI_ARGS="K8S_POD_NAME=x;FOO=bar"), _conf(), 2),
         (_env("ADD"), _conf(inventory="/nonexistent/slice.yaml"), 5),
     ],
 )

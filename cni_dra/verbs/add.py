@@ -140,7 +140,7 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
     for d in slice_.spec.devices:
         (usable if _device_if_name(d, driver) in host_links else missing).append(d)
     consumed = state.consumed_by_device(driver, pool)
-    choice = select_device(usable, consumed, requests, conf.selectionPolicy)
+    choice = select_device(usable, consumed, requests, conf.selectionPolicy, driver=driver)
     if isinstance(choice, NoFit):
         reasons = [f"{dev}: {why}" for dev, why in sorted(choice.reasons.items())]
         reasons += [f"{d.name}: interface {_device_if_name(d, driver)} does not exist" for d in missing]
@@ -154,7 +154,7 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
         device=choice.device.name,
         ifName=_device_if_name(choice.device, driver),
         consumedCapacity=dict(choice.consumed_capacity),
-        shareID=str(uuid.uuid4()),
+        shareID=str(uuid.uuid4()) if choice.shared else None,
     )
 
 

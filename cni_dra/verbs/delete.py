@@ -24,17 +24,13 @@ def cmd_del(inv: Invocation) -> None:
     """Run DEL for ``inv`` (idempotent). See module docstring."""
     from cni_dra import ipam
     from cni_dra.netlink import links
-    from cni_dra.netlink.netns import is_host_netns
+    from cni_dra.netlink.netns import is_host_netns, netns_exists
 
     env, conf = inv.env, inv.conf
     key = (conf.name, env.container_id, env.ifname)
     att = inv.store.read().find(*key)
-    if env.netns:
-        try:
-            host = is_host_netns(env.netns)
-        except FileNotFoundError:
-            host = False
-        if host:
+    if env.netns and netns_exists(env.netns):
+        if is_host_netns(env.netns):
             log.warning("DEL %s: CNI_NETNS %s is the host namespace; no link is touched", key, env.netns)
         else:
             links.delete_link(env.netns, env.ifname)

@@ -24,7 +24,7 @@ def cmd_gc(inv: Invocation) -> None:
     """Run GC for ``inv``. See module docstring."""
     from cni_dra import ipam
     from cni_dra.netlink import links
-    from cni_dra.netlink.netns import is_host_netns
+    from cni_dra.netlink.netns import is_host_netns, netns_exists
 
     conf = inv.conf
     valid = conf.valid_attachments
@@ -33,13 +33,8 @@ def cmd_gc(inv: Invocation) -> None:
     errors: list[CniError] = []
     for att in stale:
         try:
-            if att.netns:
-                try:
-                    host = is_host_netns(att.netns)
-                except FileNotFoundError:
-                    host = True  # gone: nothing to delete
-                if not host:
-                    links.delete_link(att.netns, att.ifname)
+            if att.netns and netns_exists(att.netns) and not is_host_netns(att.netns):
+                links.delete_link(att.netns, att.ifname)
             if att.ipamType and att.ipamConf:
                 ipam.ipam_del(att.ipamType, att.ipamConf.encode(), inv.environ | {
                     "CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns,
