@@ -468,6 +468,49 @@ def test_configure_interface_adds_exactly_what_is_given(make_netns, make_parent_
     assert {"10.22.0.5/24", "fd00:22::5/64"} <= set(info.addresses)
 
 
+def ipv6_flags(path: str, ifname: str, cidr: str) -> int:
+    addr, plen = cidr.split("/")
+    with ns_ipr(path) as ipr:
+        (idx,) = ipr.link_lookup(ifname=ifname)
+        for m in ipr.addr("dump", index=idx, family=10):
+            if m.get_attr("IFA_ADDRESS") == addr and m["prefixlen"] == int(plen):
+                return m.get_attr("IFA_FLAGS") or m["flags"]
+    raise AssertionError(f"{cidr} not on {ifname}")
+
+
+IFA_F_TENTATIVE = 0x40  # <linux/if_addr.h>
+IFA_F_DADFAILED = 0x08
+
+
+def test_configure_waits_for_dad_when_there_is_a_v6_gateway(make_netns, make_parent_nic) -> None:
+    parent = make_parent_nic()
+    path = make_netns()
+    links.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    links.configure_interface(path, "eth0", addresses=[("fd00:44::5/64", "fd00:44::1")], routes=[])
+    assert not ipv6_flags(path, "eth0", "fd00:44::5/64") & IFA_F_TENTATIVE
+
+
+def test_configure_does_not_wait_without_a_v6_gateway(make_netns, make_parent_nic) -> None:
+    parent = make_parent_nic()
+    path = make_netns()
+    links.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    links.configure_interface(path, "eth0", addresses=[("fd00:45::5/64", None)], routes=[])
+    assert ipv6_flags(path, "eth0", "fd00:45::5/64") & IFA_F_TENTATIVE  # DAD takes ~1 s
+
+
+def test_configure_reports_duplicate_ipv6_address(make_netns, make_parent_nic) -> None:
+    parent = make_parent_nic()
+    a, b = make_netns(), make_netns()
+    links.create_macvlan(parent=parent, netns=a, ifname="eth0")
+    links.create_macvlan(parent=parent, netns=b, ifname="eth0")
+    result = [("fd00:46::5/64", "fd00:46::1")]
+    links.configure_interface(a, "eth0", addresses=result, routes=[])
+    with pytest.raises(NetlinkError) as exc:  # a's macvlan answers b's DAD probe (bridge mode)
+        links.configure_interface(b, "eth0", addresses=result, routes=[])
+    assert "fd00:46::5/64" in exc.value.msg and "duplicate" in exc.value.msg
+    assert ipv6_flags(b, "eth0", "fd00:46::5/64") & IFA_F_DADFAILED
+
+
 def test_configure_interface_bad_gateway_is_netlink_error(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     path = make_netns()

@@ -29,6 +29,7 @@ import functools
 import ipaddress
 import os
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -666,19 +667,35 @@ def configure_interface(
     addresses: Sequence[tuple[str, str | None]],
     routes: Sequence[tuple[str, str | None]],
     up: bool = True,
+    settle_timeout_s: float = 10.0,
 ) -> LinkInfo:
-    """Apply an IPAM result to ``ifname`` in ``netns``: addresses, then link up, then routes.
+    """Apply an IPAM result to ``ifname`` in ``netns``: addresses, link up, IPv6 DAD, routes.
 
     ``addresses``: ``(CIDR, gateway)`` pairs from the result's ``ips`` (CNI spec
     1.1.0 "Success": ips[].address, ips[].gateway); the gateway is not turned
     into a route. ``routes``: ``(destination CIDR, gateway or None)`` from the
     result's ``routes``; None adds a link-scoped route via ``ifname``. Nothing
     else is added. An address or route that already exists counts as done.
+
+    Like the reference macvlan plugin, when an IPv6 address has a gateway and
+    the link is brought up, waits up to ``settle_timeout_s`` seconds for
+    duplicate address detection on the given IPv6 addresses to finish
+    (IFA_F_TENTATIVE cleared) before adding routes.
+
     Returns the link with its addresses. Raises NetlinkError (102) naming the
-    address or route that failed (and when ``ifname`` is missing),
-    InvalidConfigError (7) for unparsable CIDRs/gateways, codes 3/4 for the netns.
+    address or route that failed, a duplicate IPv6 address (IFA_F_DADFAILED),
+    DAD still running at the timeout, or a missing ``ifname``;
+    InvalidConfigError (7) for unparsable CIDRs/gateways; codes 3/4 for the netns.
     """
     parsed_addrs = [_parse_cidr(cidr, "address") for cidr, _gw in addresses]
+    v6_gateway = False
+    for (cidr, gw), iface in zip(addresses, parsed_addrs):
+        if gw is None:
+            continue
+        gw_ip = _parse_ip(gw, "gateway")
+        if gw_ip.version != iface.version:
+            raise InvalidConfigError(f"failed to parse address {cidr} gateway {gw}: address families differ")
+        v6_gateway = v6_gateway or gw_ip.version == 6
     parsed_routes = []
     for dst, gw in routes:
         net = _parse_net(dst)
@@ -698,6 +715,10 @@ def configure_interface(
         if up:
             with _translated(f"set link {ifname} up"):
                 ipr.link("set", index=index, state="up")
+            v6 = {str(i) for i in parsed_addrs if i.version == 6}
+            if v6_gateway and v6:
+                with _translated(f"wait for IPv6 DAD on {ifname}"):
+                    _settle_ipv6(ipr, index, ifname, v6, settle_timeout_s)
         for net, gw_ip in parsed_routes:
             spec: dict[str, Any] = {"dst": str(net), "oif": index, "family": 10 if net.version == 6 else 2}
             if gw_ip is not None:
@@ -712,6 +733,33 @@ def configure_interface(
             if got is None:
                 raise NetlinkError(f"failed to configure link {ifname} in netns {netns}: link vanished")
             return _link_info(got, _addresses(ipr, index))
+
+
+_IFA_F_DADFAILED = 0x08
+_IFA_F_TENTATIVE = 0x40
+
+
+def _settle_ipv6(ipr: Any, index: int, ifname: str, wanted: set[str], timeout_s: float) -> None:
+    """Poll until none of ``wanted`` (CIDR strings) is tentative; raise on DAD failure or timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tentative = []
+        for msg in ipr.addr("dump", index=index, family=10):
+            cidr = str(ipaddress.ip_interface(f"{msg.get_attr('IFA_ADDRESS')}/{msg['prefixlen']}"))
+            if cidr not in wanted:
+                continue
+            flags = msg.get_attr("IFA_FLAGS") or msg["flags"]
+            if flags & _IFA_F_DADFAILED:
+                raise NetlinkError(f"failed to add address {cidr} to {ifname}: duplicate address detected (DAD failed)")
+            if flags & _IFA_F_TENTATIVE:
+                tentative.append(cidr)
+        if not tentative:
+            return
+        if time.monotonic() >= deadline:
+            raise NetlinkError(
+                f"failed to settle addresses of {ifname}: {', '.join(sorted(tentative))} still tentative after {timeout_s} s"
+            )
+        time.sleep(0.05)
 
 
 @contextmanager
