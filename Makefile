@@ -41,6 +41,7 @@ demo: install
 # summary line. Exit 5 ("no tests collected") is not a failure of the code under
 # test; scripts/pytest-run maps it to 0 and prints pytest's summary last.
 test: install
+	@$(VENV)/bin/lint-imports --config .importlinter --no-cache >/dev/null || $(VENV)/bin/lint-imports --config .importlinter --no-cache
 	@scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) tests/ $(if $(filter 0,$(shell id -u)),netns_tests/,)
 
 unit: venv

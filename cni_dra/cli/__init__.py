@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 from cni_dra.errors import CniError
-from cni_dra.quantity import Quantity
 from cni_dra.protocol.config import DEFAULT_DRIVER, DEFAULT_INVENTORY, DEFAULT_STATE_DIR
 
 __all__ = ["cli"]
@@ -47,69 +46,14 @@ def cli() -> None:
 
 
 # -- status -------------------------------------------------------------------------------
-def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
-    """The ``status --json`` document (stable interface for scripts).
-
-    Shape: ``{"devices": [{"name", "ifName", "capacity": {name: q}, "consumed": {...},
-    "remaining": {...}}], "attachments": [{"podUID", "containerID", "ifname", "netns",
-    "device", "consumedCapacity": {...}, "shareID", ...}]}``; quantities are canonical
-    Kubernetes quantity strings (bandwidth in bits per second). ``consumed`` counts
-    attachments and prepared claim results not attached yet.
-    """
-    from cni_dra.allocator import remaining
-    from cni_dra.dra.inventory import load_inventory
-    from cni_dra.dra.models import device_attribute
-    from cni_dra.state import StateStore
-
-    slice_ = load_inventory(inventory)
-    state = StateStore(state_dir).read()
-    driver, pool = slice_.spec.driver, slice_.spec.pool.name
-    consumed = state.consumed_by_device(driver, pool)
-    devices = []
-    for d in sorted(slice_.spec.devices, key=lambda d: d.name):
-        used = consumed.get(d.name, {})
-        devices.append(
-            {
-                "name": d.name,
-                "ifName": device_attribute(d, "ifName", driver),
-                "capacity": {k: str(c.value) for k, c in sorted(d.capacity.items())},
-                "consumed": {k: str(used.get(k, Quantity.ZERO)) for k, c in sorted(d.capacity.items())},
-                "remaining": {k: str(v) for k, v in sorted(remaining(d, used).items())},
-            }
-        )
-    attachments = []
-    for a in state.attachments:
-        attachments.append(
-            {
-                "podUID": a.podUID,
-                "podNamespace": a.podNamespace,
-                "podName": a.podName,
-                "network": a.network,
-                "containerID": a.containerID,
-                "ifname": a.ifname,
-                "netns": a.netns,
-                "device": a.device,
-                "ifName": a.ifName,
-                "consumedCapacity": {k: str(v) for k, v in sorted(a.consumedCapacity.items())},
-                "shareID": a.shareID,
-                "phase": a.phase,
-                "claim": a.claim.model_dump() if a.claim else None,
-            }
-        )
-    claims = [
-        {"podUID": uid, "namespace": c.get("metadata", {}).get("namespace"), "name": c.get("metadata", {}).get("name"),
-         "uid": c.get("metadata", {}).get("uid")}
-        for uid, cs in sorted(state.claims.items()) for c in cs
-    ]
-    return {"driver": driver, "pool": pool, "devices": devices, "attachments": attachments, "preparedClaims": claims}
-
-
 @cli.command()
 @STATE_DIR_OPT
 @INVENTORY_OPT
 @click.option("--json", "as_json", is_flag=True, envvar="CNI_DRA_JSON", help="Print the stable JSON document.")
 def status(state_dir: str, inventory: str, as_json: bool) -> None:
     """Capacity per NIC (capacity, consumed, remaining) and every attachment."""
+    from cni_dra.report import status_report
+
     report = status_report(state_dir, inventory)
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -142,53 +86,6 @@ def claims() -> None:
     """Prepared ResourceClaims in the node state (the path the kubelet plugin uses)."""
 
 
-def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any]) -> bool:
-    """Store a resource.k8s.io/v1 ResourceClaim (with ``status.allocation``) for ``pod_uid``.
-
-    Idempotent: a claim with the same ``metadata.uid`` is replaced. Returns True when the
-    state changed. Raises InvalidConfigError (7) for a claim that does not validate.
-    """
-    from pydantic import ValidationError
-
-    from cni_dra.dra.models import ResourceClaim
-    from cni_dra.errors import InvalidConfigError
-    from cni_dra.state import StateStore
-
-    try:
-        claim = ResourceClaim.model_validate(claim_obj)
-    except (ValidationError, ValueError) as exc:
-        raise InvalidConfigError(f"failed to prepare claim: not a valid resource.k8s.io/v1 ResourceClaim: {exc}") from exc
-    if claim.status is None or claim.status.allocation is None:
-        raise InvalidConfigError(f"failed to prepare claim {claim.metadata.name}: it has no status.allocation")
-    uid = claim.metadata.uid or claim.metadata.name
-    with StateStore(state_dir).transaction() as state:
-        existing = state.claims.setdefault(pod_uid, [])
-        for i, c in enumerate(existing):
-            m = c.get("metadata") or {}
-            if (m.get("uid") or m.get("name")) == uid:
-                if c == claim_obj:
-                    return False
-                existing[i] = claim_obj
-                return True
-        existing.append(claim_obj)
-        return True
-
-
-def unprepare_claims(state_dir: str, pod_uid: str, claim_uid: str | None = None) -> int:
-    """Remove the prepared claims of ``pod_uid`` (only ``claim_uid`` when given). Returns how many."""
-    from cni_dra.state import StateStore
-
-    with StateStore(state_dir).transaction() as state:
-        existing = state.claims.get(pod_uid, [])
-        keep = [c for c in existing if claim_uid and (c.get("metadata") or {}).get("uid") != claim_uid]
-        removed = len(existing) - len(keep)
-        if keep:
-            state.claims[pod_uid] = keep
-        else:
-            state.claims.pop(pod_uid, None)
-        return removed
-
-
 def _load_doc(path: str) -> Any:
     from cni_dra.errors import DecodeError, IOFailureError
 
@@ -213,6 +110,8 @@ def _load_doc(path: str) -> Any:
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 def claims_prepare(state_dir: str, pod_uid: str, file: str) -> None:
     """Add the allocated ResourceClaim in FILE (JSON or YAML, '-' for stdin) for a pod."""
+    from cni_dra.state.claims import prepare_claim
+
     changed = prepare_claim(state_dir, pod_uid, _load_doc(file))
     click.echo(f"claim {'prepared' if changed else 'already prepared'} for pod {pod_uid}")
 
@@ -223,6 +122,8 @@ def claims_prepare(state_dir: str, pod_uid: str, file: str) -> None:
 @click.option("--claim-uid", default=None, help="Only this claim (default: all of the pod's).")
 def claims_unprepare(state_dir: str, pod_uid: str, claim_uid: str | None) -> None:
     """Remove a pod's prepared claims (idempotent)."""
+    from cni_dra.state.claims import unprepare_claims
+
     n = unprepare_claims(state_dir, pod_uid, claim_uid)
     click.echo(f"{n} claim(s) unprepared for pod {pod_uid}")
 

@@ -1,0 +1,66 @@
+"""The node's capacity report: what ``cni-dra status`` prints and the agent exports as metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cni_dra.quantity import Quantity
+
+__all__ = ["status_report"]
+
+
+def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
+    """The ``status --json`` document (stable interface for scripts).
+
+    Shape: ``{"devices": [{"name", "ifName", "capacity": {name: q}, "consumed": {...},
+    "remaining": {...}}], "attachments": [{"podUID", "containerID", "ifname", "netns",
+    "device", "consumedCapacity": {...}, "shareID", ...}]}``; quantities are canonical
+    Kubernetes quantity strings (bandwidth in bits per second). ``consumed`` counts
+    attachments and prepared claim results not attached yet.
+    """
+    from cni_dra.allocator import remaining
+    from cni_dra.dra.inventory import load_inventory
+    from cni_dra.dra.models import device_attribute
+    from cni_dra.state import StateStore
+
+    slice_ = load_inventory(inventory)
+    state = StateStore(state_dir).read()
+    driver, pool = slice_.spec.driver, slice_.spec.pool.name
+    consumed = state.consumed_by_device(driver, pool)
+    devices = []
+    for d in sorted(slice_.spec.devices, key=lambda d: d.name):
+        used = consumed.get(d.name, {})
+        devices.append(
+            {
+                "name": d.name,
+                "ifName": device_attribute(d, "ifName", driver),
+                "capacity": {k: str(c.value) for k, c in sorted(d.capacity.items())},
+                "consumed": {k: str(used.get(k, Quantity.ZERO)) for k, c in sorted(d.capacity.items())},
+                "remaining": {k: str(v) for k, v in sorted(remaining(d, used).items())},
+            }
+        )
+    attachments = []
+    for a in state.attachments:
+        attachments.append(
+            {
+                "podUID": a.podUID,
+                "podNamespace": a.podNamespace,
+                "podName": a.podName,
+                "network": a.network,
+                "containerID": a.containerID,
+                "ifname": a.ifname,
+                "netns": a.netns,
+                "device": a.device,
+                "ifName": a.ifName,
+                "consumedCapacity": {k: str(v) for k, v in sorted(a.consumedCapacity.items())},
+                "shareID": a.shareID,
+                "phase": a.phase,
+                "claim": a.claim.model_dump() if a.claim else None,
+            }
+        )
+    claims = [
+        {"podUID": uid, "namespace": c.get("metadata", {}).get("namespace"), "name": c.get("metadata", {}).get("name"),
+         "uid": c.get("metadata", {}).get("uid")}
+        for uid, cs in sorted(state.claims.items()) for c in cs
+    ]
+    return {"driver": driver, "pool": pool, "devices": devices, "attachments": attachments, "preparedClaims": claims}

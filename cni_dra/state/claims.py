@@ -1,0 +1,60 @@
+"""Prepared ResourceClaims in the node state: the one code path for ``cni-dra claims
+prepare|unprepare`` and the DRA kubelet plugin's NodePrepareResources/NodeUnprepareResources.
+
+Claims are stored as the API server returns them (resource.k8s.io/v1 ResourceClaim with
+``status.allocation``), keyed by pod UID (KEP-4381 kubelet prepare; KEP-5075 results carry
+``consumedCapacity`` and ``shareID``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["prepare_claim", "unprepare_claims"]
+
+
+def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any]) -> bool:
+    """Store a resource.k8s.io/v1 ResourceClaim (with ``status.allocation``) for ``pod_uid``.
+
+    Idempotent: a claim with the same ``metadata.uid`` is replaced. Returns True when the
+    state changed. Raises InvalidConfigError (7) for a claim that does not validate.
+    """
+    from pydantic import ValidationError
+
+    from cni_dra.dra.models import ResourceClaim
+    from cni_dra.errors import InvalidConfigError
+    from cni_dra.state.store import StateStore
+
+    try:
+        claim = ResourceClaim.model_validate(claim_obj)
+    except (ValidationError, ValueError) as exc:
+        raise InvalidConfigError(f"failed to prepare claim: not a valid resource.k8s.io/v1 ResourceClaim: {exc}") from exc
+    if claim.status is None or claim.status.allocation is None:
+        raise InvalidConfigError(f"failed to prepare claim {claim.metadata.name}: it has no status.allocation")
+    uid = claim.metadata.uid or claim.metadata.name
+    with StateStore(state_dir).transaction() as state:
+        existing = state.claims.setdefault(pod_uid, [])
+        for i, c in enumerate(existing):
+            m = c.get("metadata") or {}
+            if (m.get("uid") or m.get("name")) == uid:
+                if c == claim_obj:
+                    return False
+                existing[i] = claim_obj
+                return True
+        existing.append(claim_obj)
+        return True
+
+
+def unprepare_claims(state_dir: str, pod_uid: str, claim_uid: str | None = None) -> int:
+    """Remove the prepared claims of ``pod_uid`` (only ``claim_uid`` when given). Returns how many."""
+    from cni_dra.state.store import StateStore
+
+    with StateStore(state_dir).transaction() as state:
+        existing = state.claims.get(pod_uid, [])
+        keep = [c for c in existing if claim_uid and (c.get("metadata") or {}).get("uid") != claim_uid]
+        removed = len(existing) - len(keep)
+        if keep:
+            state.claims[pod_uid] = keep
+        else:
+            state.claims.pop(pod_uid, None)
+        return removed
