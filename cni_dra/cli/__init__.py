@@ -90,7 +90,11 @@ def _load_doc(path: str) -> Any:
     from cni_dra.errors import DecodeError, IOFailureError
 
     try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
     except OSError as exc:
         raise IOFailureError(f"failed to read {path}: {exc.strerror}") from exc
     try:

@@ -1,0 +1,27 @@
+"""`cni-dra inventory discover` on real links: the slice it writes loads and names the NIC."""
+
+from __future__ import annotations
+
+import subprocess
+
+from cni_dra.dra.inventory import load_inventory
+from cni_dra.dra.models import device_attribute
+from cni_dra.netlink.links import host_link, link_speed_bps
+from cni_dra.quantity import Quantity
+
+
+def test_discover_writes_a_valid_slice_for_the_named_nic(make_parent_nic, tmp_path):
+    nic = make_parent_nic()
+    out = tmp_path / "slice.yaml"
+    r = subprocess.run(["/opt/cni/bin/cni-dra", "inventory", "discover", "-i", nic, "--node-name", "node-x",
+                        "--default-bandwidth", "25G", "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    slice_ = load_inventory(str(out))
+    assert slice_.spec.nodeName == "node-x" and slice_.spec.pool.name == "node-x"
+    (dev,) = slice_.spec.devices
+    assert device_attribute(dev, "ifName", slice_.spec.driver) == nic
+    assert device_attribute(dev, "mac", slice_.spec.driver) == host_link(nic).mac
+    speed = link_speed_bps(nic)
+    want = Quantity.parse(speed) if speed else Quantity.parse("25G")
+    assert dev.capacity["bandwidth"].value == want
+    assert dev.allow_multiple_allocations is True

@@ -1,0 +1,110 @@
+"""Operator CLI: status (text and JSON), claims prepare/unprepare (idempotent), error shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from cni_dra.cli import cli
+from cni_dra.quantity import Quantity
+from cni_dra.state import Attachment, StateStore
+
+SLICE = {
+    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
+    "spec": {"driver": "net.cni-dra.dev", "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+             "devices": [
+                 {"name": "eth-a", "allowMultipleAllocations": True, "attributes": {"ifName": {"string": "eth-a"}},
+                  "capacity": {"bandwidth": {"value": "10G"}}},
+                 {"name": "eth-b", "allowMultipleAllocations": True, "attributes": {"ifName": {"string": "eth-b"}},
+                  "capacity": {"bandwidth": {"value": "10G"}}}]},
+}
+
+
+def _claim(uid: str = "claim-uid-1", device: str = "eth-b", bw: str = "6G") -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "net", "exactly": {"deviceClassName": "x"}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "net", "driver": "net.cni-dra.dev", "pool": "n", "device": device,
+             "consumedCapacity": {"bandwidth": bw}, "shareID": "2f1d3c4e-0000-4000-8000-000000000001"}]}}},
+    }
+
+
+@pytest.fixture
+def env(tmp_path):
+    inv = tmp_path / "slice.json"
+    inv.write_text(json.dumps(SLICE))
+    return {"CNI_DRA_STATE_DIR": str(tmp_path / "state"), "CNI_DRA_INVENTORY": str(inv)}
+
+
+def _invoke(args, env, input=None):
+    return CliRunner().invoke(cli, args, env=env, input=input, catch_exceptions=False)
+
+
+def test_status_json_shape_and_quantities(env, tmp_path):
+    with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as st:
+        st.attachments.append(Attachment(
+            network="n1", containerID="c1", ifname="eth0", driver="net.cni-dra.dev", pool="n", device="eth-a",
+            ifName="eth-a", consumedCapacity={"bandwidth": Quantity.parse("4000M")}, shareID="s1", podUID="p1",
+            phase="ready"))
+    r = _invoke(["status", "--json"], env)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["devices"][0] == {"name": "eth-a", "ifName": "eth-a", "capacity": {"bandwidth": "10G"},
+                                 "consumed": {"bandwidth": "4G"}, "remaining": {"bandwidth": "6G"}}
+    assert doc["devices"][1]["consumed"] == {"bandwidth": "0"}
+    att = doc["attachments"][0]
+    assert {k: att[k] for k in ("podUID", "containerID", "ifname", "device", "consumedCapacity", "shareID")} == {
+        "podUID": "p1", "containerID": "c1", "ifname": "eth0", "device": "eth-a",
+        "consumedCapacity": {"bandwidth": "4G"}, "shareID": "s1"}
+    text = _invoke(["status"], env).output
+    assert "eth-a" in text and "bandwidth=6G" in text and "s1" in text
+
+
+def test_prepare_is_idempotent_and_reserves(env, tmp_path):
+    f = tmp_path / "claim.json"
+    f.write_text(json.dumps(_claim()))
+    r1 = _invoke(["claims", "prepare", "--pod-uid", "pod-1", str(f)], env)
+    r2 = _invoke(["claims", "prepare", "--pod-uid", "pod-1", str(f)], env)
+    assert r1.exit_code == 0 and r2.exit_code == 0
+    assert "already prepared" in r2.output
+    state = StateStore(env["CNI_DRA_STATE_DIR"]).read()
+    assert len(state.claims["pod-1"]) == 1
+    doc = json.loads(_invoke(["status", "--json"], env).output)
+    assert doc["devices"][1]["consumed"] == {"bandwidth": "6G"}
+
+
+def test_prepare_accepts_yaml_on_stdin(env):
+    import yaml
+
+    r = _invoke(["claims", "prepare", "--pod-uid", "pod-2", "-"], env, input=yaml.safe_dump(_claim("u2")))
+    assert r.exit_code == 0, r.output
+    assert StateStore(env["CNI_DRA_STATE_DIR"]).read().claims["pod-2"][0]["metadata"]["uid"] == "u2"
+
+
+def test_unprepare_is_idempotent(env, tmp_path):
+    f = tmp_path / "claim.json"
+    f.write_text(json.dumps(_claim()))
+    _invoke(["claims", "prepare", "--pod-uid", "pod-1", str(f)], env)
+    assert "1 claim(s)" in _invoke(["claims", "unprepare", "--pod-uid", "pod-1"], env).output
+    assert "0 claim(s)" in _invoke(["claims", "unprepare", "--pod-uid", "pod-1"], env).output
+    assert StateStore(env["CNI_DRA_STATE_DIR"]).read().claims == {}
+
+
+def test_prepare_refuses_unallocated_claim_with_type_and_message(env, tmp_path):
+    c = _claim()
+    del c["status"]
+    f = tmp_path / "claim.json"
+    f.write_text(json.dumps(c))
+    r = CliRunner().invoke(cli, ["claims", "prepare", "--pod-uid", "p", str(f)], env=env)
+    assert r.exit_code == 1
+    assert "InvalidConfigError: failed to prepare claim c: it has no status.allocation" in r.output
+
+
+def test_status_with_unreadable_inventory_fails_cleanly(env):
+    env = dict(env, CNI_DRA_INVENTORY="/nonexistent.yaml")
+    r = CliRunner().invoke(cli, ["status"], env=env)
+    assert r.exit_code == 1 and r.output.startswith("IOFailureError: ")
