@@ -416,7 +416,11 @@ class _Search:
                 if ok:
                     served = True
                     break
-                detail = "; ".join(f"{n}: {w}" for n, w in sorted(per_device.items())) or "no devices"
+                detail = "; ".join(f"{n}: {w}" for n, w in sorted(per_device.items()))
+                if not req.all_mode and req.count > 1 and len(fitting) < req.count:
+                    shortfall = f"needs {req.count} devices, {len(fitting)} available"
+                    detail = f"{detail}; {shortfall}" if detail else shortfall
+                detail = detail or "no devices"
                 prefix = f"{req.name}: " if len(alts) > 1 else ""
                 parts.append(prefix + detail)
             if not served and alts:
