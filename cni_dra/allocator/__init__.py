@@ -17,7 +17,6 @@ from cni_dra.allocator.capacity import (
     remaining,
     resolve_capacity_name,
 )
-from cni_dra.allocator.claims import MAX_RESULTS, ClaimNoFit, NodeUsage, allocate_claim, allocate_claims
 from cni_dra.allocator.select import POLICIES, Policy, Selection, policy_sort_key, rank_key, select_device
 
 __all__ = [
@@ -41,3 +40,16 @@ __all__ = [
     "resolve_capacity_name",
     "select_device",
 ]
+
+
+_CLAIM_NAMES = frozenset({"MAX_RESULTS", "ClaimNoFit", "NodeUsage", "allocate_claim", "allocate_claims"})
+
+
+def __getattr__(name: str) -> object:
+    # Whole-claim allocation is loaded on first use so the ADD path (select_device)
+    # does not pay for it.
+    if name in _CLAIM_NAMES:
+        from cni_dra.allocator import claims
+
+        return getattr(claims, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
