@@ -348,7 +348,10 @@ class _Search:
             on_node = dict(self.usage.consumed_on(d.name))
             for k, v in self.alloc_consumed.get(d.name, {}).items():
                 on_node[k] = on_node.get(k, _ZERO) + v
-            key = rank_key(d, on_node, {}, req.capacity, self.driver) if self.policy != "first-fit" else ()
+            key: tuple[int, ...] = ()
+            if self.policy != "first-fit":
+                cons = device_consumption(d, req.capacity, self.driver)
+                key = rank_key(d, on_node, {} if isinstance(cons, NoFit) else cons, req.capacity, self.driver)
             keyed.append((policy_sort_key(self.policy, key, d.name), d))
         keyed.sort(key=lambda kd: kd[0])
         return [d for _, d in keyed]
