@@ -529,3 +529,18 @@ def test_cli_bad_input_prints_type_and_message(tmp_path: Path) -> None:
     inv = _write(tmp_path, "slice.json", {"spec": {"driver": DRV, "nodeName": "node1", "pool": {"name": "node1"}, "devices": [D("eth-a", "10G")]}})
     result = CliRunner().invoke(make_allocate_command(), ["--inventory", inv, "--claim", c1, "--consumed", bad])
     assert result.exit_code == 2 and "InvalidConfigError" in result.stderr and "eth-a.c" in result.stderr
+
+
+@settings(max_examples=100, deadline=None)
+@given(inventories(), st.integers(min_value=0, max_value=12), st.sampled_from(["best-fit", "least-allocated", "first-fit"]))
+def test_single_request_claim_agrees_with_select_device(devs: list[dict[str, Any]], amount: int, policy: str) -> None:
+    from cni_dra.allocator import Selection, select_device
+
+    sl = slice_of(devs)
+    sel = select_device(sl.spec.devices, {}, {"c": Quantity.parse(amount)}, policy, driver=DRV)  # type: ignore[arg-type]
+    res = allocate_claim(ResourceClaim.model_validate(C(R("r", {"c": amount}))), sl, NodeUsage(), share_ids(), policy=policy)  # type: ignore[arg-type]
+    assert isinstance(sel, Selection) == isinstance(res, AllocationResult)
+    if isinstance(sel, Selection) and isinstance(res, AllocationResult):
+        assert res.devices.results[0].device == sel.device.name
+        if sel.shared:
+            assert res.devices.results[0].consumed_capacity == sel.consumed_capacity
