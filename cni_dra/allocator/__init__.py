@@ -1,8 +1,10 @@
 """Pure KEP-5075 allocator: no I/O, no clock, no randomness unless passed in.
 
-Phase-1 surface (single request, the ADD path): :func:`consumed_amount`,
-:func:`device_consumption`, :func:`remaining`, :func:`check_fits`,
-:func:`select_device` returning :class:`Selection` or :class:`NoFit`.
+Single request (the ADD path): :func:`consumed_amount`, :func:`device_consumption`,
+:func:`remaining`, :func:`check_fits`, :func:`select_device` returning
+:class:`Selection` or :class:`NoFit`. Whole claims: :func:`allocate_claim`,
+:func:`allocate_claims` over a :class:`NodeUsage`. CEL selectors live in
+:mod:`cni_dra.allocator.cel`, imported only when a selector is present.
 """
 
 from cni_dra.allocator.capacity import (
@@ -15,9 +17,16 @@ from cni_dra.allocator.capacity import (
     remaining,
     resolve_capacity_name,
 )
-from cni_dra.allocator.select import Policy, Selection, rank_key, select_device
+from cni_dra.allocator.select import POLICIES, Policy, Selection, policy_sort_key, rank_key, select_device
 
 __all__ = [
+    "MAX_RESULTS",
+    "POLICIES",
+    "ClaimNoFit",
+    "NodeUsage",
+    "allocate_claim",
+    "allocate_claims",
+    "policy_sort_key",
     "NoFit",
     "Policy",
     "Selection",
@@ -31,3 +40,16 @@ __all__ = [
     "resolve_capacity_name",
     "select_device",
 ]
+
+
+_CLAIM_NAMES = frozenset({"MAX_RESULTS", "ClaimNoFit", "NodeUsage", "allocate_claim", "allocate_claims"})
+
+
+def __getattr__(name: str) -> object:
+    # Whole-claim allocation is loaded on first use so the ADD path (select_device)
+    # does not pay for it.
+    if name in _CLAIM_NAMES:
+        from cni_dra.allocator import claims
+
+        return getattr(claims, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

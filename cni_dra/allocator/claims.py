@@ -348,7 +348,10 @@ class _Search:
             on_node = dict(self.usage.consumed_on(d.name))
             for k, v in self.alloc_consumed.get(d.name, {}).items():
                 on_node[k] = on_node.get(k, _ZERO) + v
-            key = rank_key(d, on_node, {}, req.capacity, self.driver) if self.policy != "first-fit" else ()
+            key: tuple[int, ...] = ()
+            if self.policy != "first-fit":
+                cons = device_consumption(d, req.capacity, self.driver)
+                key = rank_key(d, on_node, {} if isinstance(cons, NoFit) else cons, req.capacity, self.driver)
             keyed.append((policy_sort_key(self.policy, key, d.name), d))
         keyed.sort(key=lambda kd: kd[0])
         return [d for _, d in keyed]
@@ -416,7 +419,11 @@ class _Search:
                 if ok:
                     served = True
                     break
-                detail = "; ".join(f"{n}: {w}" for n, w in sorted(per_device.items())) or "no devices"
+                detail = "; ".join(f"{n}: {w}" for n, w in sorted(per_device.items()))
+                if not req.all_mode and req.count > 1 and len(fitting) < req.count:
+                    shortfall = f"needs {req.count} devices, {len(fitting)} available"
+                    detail = f"{detail}; {shortfall}" if detail else shortfall
+                detail = detail or "no devices"
                 prefix = f"{req.name}: " if len(alts) > 1 else ""
                 parts.append(prefix + detail)
             if not served and alts:

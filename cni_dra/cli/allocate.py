@@ -1,0 +1,148 @@
+"""``cni-dra allocate``: dry-run the allocator for ResourceClaims on this node.
+
+Prints, per claim and in the order given, the resource.k8s.io/v1 ``status.allocation``
+the claim would get (``devices.results[]`` with request, driver, pool, device,
+consumedCapacity, shareID) or why it does not fit, request by request. Claims are
+allocated in order, each seeing what the earlier ones consumed. Nothing is written.
+
+Output (JSON or YAML) is a list, one entry per claim::
+
+    [{"claim": "ns/name", "allocation": {...status.allocation...}},
+     {"claim": "ns/other", "error": "claim ... cannot be allocated: ...",
+      "reasons": {"<request>": "<device>: <why>; ..."}}]
+
+Exit status: 0 when every claim fits, 1 when one does not, 2 on bad input (the
+error is printed as ``Type: message`` on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import click
+
+from cni_dra.allocator.claims import ClaimNoFit, NodeUsage, allocate_claims
+from cni_dra.allocator.select import POLICIES
+from cni_dra.dra.claims import load_claims, load_consumed
+from cni_dra.dra.inventory import load_inventory
+from cni_dra.dra.models import AllocationResult, ResourceSlice, to_api
+from cni_dra.errors import CniError
+from cni_dra.quantity import Quantity
+
+__all__ = ["allocate_command", "make_allocate_command", "run_allocate", "StateReader", "new_share_id"]
+
+#: Reads the node's usage from a state directory: either a :class:`NodeUsage`
+#: or the simple ``{device: {capacity: Quantity}}`` shape (then a dedicated device
+#: with any entry counts as held). Raises a CniError on failure.
+StateReader = Callable[[str], "NodeUsage | Mapping[str, Mapping[str, Quantity]]"]
+
+
+def new_share_id() -> str:
+    """A fresh shareID: a lowercase RFC 4122 UUID (KEP-5075)."""
+    return str(uuid.uuid4())
+
+
+def run_allocate(
+    slice_: ResourceSlice,
+    claims: Sequence[Any],
+    usage: NodeUsage,
+    share_id: Callable[[], str],
+    policy: str = "first-fit",
+) -> tuple[list[dict[str, Any]], bool]:
+    """Allocate ``claims`` in order; return (output entries, all fitted)."""
+    outcomes = allocate_claims(claims, slice_, usage, share_id, policy)  # type: ignore[arg-type]
+    out: list[dict[str, Any]] = []
+    ok = True
+    for claim, res in zip(claims, outcomes):
+        meta = claim.metadata
+        cid = f"{meta.namespace}/{meta.name}" if meta.namespace else (meta.name or "<unnamed>")
+        if isinstance(res, ClaimNoFit):
+            ok = False
+            out.append({"claim": cid, "error": str(res), "reasons": dict(res.reasons)})
+        else:
+            assert isinstance(res, AllocationResult)
+            out.append({"claim": cid, "allocation": to_api(res)})
+    return out, ok
+
+
+def _usage(
+    slice_: ResourceSlice, state: str | None, consumed: str | None, state_reader: StateReader | None
+) -> NodeUsage:
+    if state is not None and consumed is not None:
+        raise click.UsageError("--state and --consumed are mutually exclusive")
+    if consumed is not None:
+        return NodeUsage.from_consumed(load_consumed(consumed), slice_.spec.devices)
+    if state is not None:
+        if state_reader is None:
+            raise click.UsageError("--state is not available: no state reader is wired into this command")
+        got = state_reader(state)
+        if isinstance(got, NodeUsage):
+            return got
+        return NodeUsage.from_consumed(got, slice_.spec.devices)
+    return NodeUsage()
+
+
+def _dump(entries: list[dict[str, Any]], output: str) -> str:
+    if output == "yaml":
+        import yaml  # lazy
+
+        return yaml.safe_dump(entries, sort_keys=False)
+    return json.dumps(entries, indent=2) + "\n"
+
+
+def make_allocate_command(
+    state_reader: StateReader | None = None,
+    share_id: Callable[[], str] = new_share_id,
+) -> click.Command:
+    """Build the ``allocate`` click command.
+
+    ``state_reader(statedir)`` serves ``--state``; ``share_id`` mints shareIDs
+    (uuid4 by default; tests pass a deterministic generator).
+    """
+
+    @click.command("allocate")
+    @click.option("--inventory", "inventory", required=True, envvar="CNI_DRA_INVENTORY",
+                  help="ResourceSlice file (YAML or JSON) listing the node's NICs.")
+    @click.option("--claim", "claim_paths", multiple=True, required=True, envvar="CNI_DRA_CLAIM",
+                  help="ResourceClaim file; repeat to allocate several claims in order.")
+    @click.option("--state", "state", default=None, envvar="CNI_DRA_STATE_DIR",
+                  help="Node state directory: start from what is allocated there.")
+    @click.option("--consumed", "consumed", default=None, envvar="CNI_DRA_CONSUMED",
+                  help='JSON/YAML file {"<device>": {"<capacity>": "<quantity>"}} of what is consumed.')
+    @click.option("--policy", type=click.Choice(list(POLICIES)), default="first-fit", show_default=True,
+                  envvar="CNI_DRA_POLICY", help="Order in which candidate devices are tried.")
+    @click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default="json", show_default=True,
+                  envvar="CNI_DRA_OUTPUT")
+    def allocate(
+        inventory: str,
+        claim_paths: tuple[str, ...],
+        state: str | None,
+        consumed: str | None,
+        policy: str,
+        output: str,
+    ) -> None:
+        """Print the status.allocation each CLAIM would get on this node (dry run)."""
+        try:
+            slice_ = load_inventory(inventory)
+            claims = [c for path in claim_paths for c in load_claims(path)]
+            usage = _usage(slice_, state, consumed, state_reader)
+            entries, ok = run_allocate(slice_, claims, usage, share_id, policy)
+        except CniError as exc:
+            click.echo(f"{type(exc).__name__}: {exc.msg}", err=True)
+            sys.exit(2)
+        click.echo(_dump(entries, output), nl=False)
+        if not ok:
+            for e in entries:
+                if "error" in e:
+                    click.echo(f"NoCapacityError: {e['error']}", err=True)
+            sys.exit(1)
+
+    return allocate
+
+
+#: The command with no state reader (``--state`` unavailable) and uuid4 shareIDs.
+allocate_command: click.Command = make_allocate_command()
