@@ -26,7 +26,7 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
     slice_ = load_inventory(inventory)
     state = StateStore(state_dir).read()
     driver, pool = slice_.spec.driver, slice_.spec.pool.name
-    consumed = state.consumed_by_device(driver, pool)
+    consumed = state.consumed_by_device(driver, pool, {d.name: d for d in slice_.spec.devices})
     devices = []
     for d in sorted(slice_.spec.devices, key=lambda d: d.name):
         used = consumed.get(d.name, {})

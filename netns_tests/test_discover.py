@@ -17,7 +17,7 @@ def test_discover_writes_a_valid_slice_for_the_named_nic(make_parent_nic, tmp_pa
                         "--default-bandwidth", "25G", "-o", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     slice_ = load_inventory(str(out))
-    assert slice_.spec.nodeName == "node-x" and slice_.spec.pool.name == "node-x"
+    assert slice_.spec.node_name == "node-x" and slice_.spec.pool.name == "node-x"
     (dev,) = slice_.spec.devices
     assert device_attribute(dev, "ifName", slice_.spec.driver) == nic
     assert device_attribute(dev, "mac", slice_.spec.driver) == host_link(nic).mac

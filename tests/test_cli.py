@@ -108,3 +108,23 @@ def test_status_with_unreadable_inventory_fails_cleanly(env):
     env = dict(env, CNI_DRA_INVENTORY="/nonexistent.yaml")
     r = CliRunner().invoke(cli, ["status"], env=env)
     assert r.exit_code == 1 and r.output.startswith("IOFailureError: ")
+
+
+def test_allocate_sees_what_the_state_consumed(env, tmp_path):
+    with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as st:
+        st.attachments.append(Attachment(
+            network="n1", containerID="c1", ifname="eth0", driver="net.cni-dra.dev", pool="n", device="eth-a",
+            ifName="eth-a", consumedCapacity={"bandwidth": Quantity.parse("7G")}, shareID="s1", phase="ready"))
+    claim = _claim()
+    claim["spec"]["devices"]["requests"][0]["exactly"] = {
+        "deviceClassName": "x", "capacity": {"requests": {"bandwidth": "4G"}}}
+    del claim["status"]
+    f = tmp_path / "claim.json"
+    f.write_text(json.dumps(claim))
+    r = CliRunner().invoke(cli, ["allocate", "--inventory", env["CNI_DRA_INVENTORY"], "--claim", str(f),
+                                 "--state", env["CNI_DRA_STATE_DIR"]], env={})
+    assert r.exit_code == 0, r.output
+    (entry,) = json.loads(r.output)
+    (result,) = entry["allocation"]["devices"]["results"]
+    # eth-a has only 3G left in the state, so the 4G request goes to eth-b
+    assert (result["device"], result["consumedCapacity"]) == ("eth-b", {"bandwidth": "4G"})

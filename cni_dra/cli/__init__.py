@@ -161,3 +161,23 @@ def inventory_discover(interfaces: tuple[str, ...], default_bandwidth: str, driv
         with open(output, "w", encoding="utf-8") as f:
             f.write(text)
         click.echo(f"wrote {output} ({len(doc['spec']['devices'])} devices)", err=True)
+
+
+# -- allocate (dry run, issue 3) -----------------------------------------------------------
+def _state_usage(state_dir: str) -> Any:
+    """``allocate --state``: what the node state charges per device of the inventory's pool."""
+    from cni_dra.dra.inventory import load_inventory
+    from cni_dra.state import StateStore
+
+    slice_ = load_inventory(click.get_current_context().params["inventory"])
+    devices = {d.name: d for d in slice_.spec.devices}
+    return StateStore(state_dir).read().consumed_by_device(slice_.spec.driver, slice_.spec.pool.name, devices)
+
+
+def _register_allocate() -> None:
+    from cni_dra.cli.allocate import make_allocate_command
+
+    cli.add_command(make_allocate_command(state_reader=_state_usage))
+
+
+_register_allocate()

@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_STATE_DIR",
     "DEFAULT_INVENTORY",
     "CapacityRequest",
+    "DeviceSelector",
     "NetConf",
     "load_conf",
     "peek_cni_version",
@@ -71,6 +72,22 @@ class CapacityRequest(BaseModel):
     requests: dict[str, QuantityField] = Field(default_factory=dict)
 
 
+class CELSelector(BaseModel):
+    """``{"expression": "<CEL>"}`` evaluated against each device (resource.k8s.io/v1 CELDeviceSelector)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    expression: str = Field(min_length=1, max_length=10240)
+
+
+class DeviceSelector(BaseModel):
+    """``{"cel": {...}}``, as in a v1 claim request's ``selectors[]``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cel: CELSelector
+
+
 class NetConf(BaseModel):
     """A cni-dra network configuration (one plugin entry of a conflist, as the runtime sends it).
 
@@ -91,6 +108,8 @@ class NetConf(BaseModel):
     mac: str | None = None
     capacity: CapacityRequest = Field(default_factory=CapacityRequest)
     selectionPolicy: Literal["best-fit", "least-allocated"] = "best-fit"
+    selectors: list[DeviceSelector] = Field(default_factory=list, max_length=32)
+    distinctFrom: Literal["pod"] | None = None
     lockTimeoutSeconds: float = Field(default=10.0, gt=0, le=600)
     ipam: dict[str, Any] = Field(default_factory=dict)
     dns: dict[str, Any] | None = None

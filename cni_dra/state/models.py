@@ -18,6 +18,7 @@ while an ADD is in flight.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -94,11 +95,16 @@ class NodeState(BaseModel):
                 return self.attachments.pop(i)
         return None
 
-    def consumed_by_device(self, driver: str, pool: str) -> dict[str, dict[str, Quantity]]:
+    def consumed_by_device(
+        self, driver: str, pool: str, devices: Mapping[str, Any] | None = None
+    ) -> dict[str, dict[str, Quantity]]:
         """Capacity charged per device of (driver, pool): device name → capacity name → amount.
 
         Counts every attachment (``adding`` and ``ready``) plus every prepared claim result of
         that driver and pool that no attachment uses yet (the scheduler already granted it).
+        ``devices`` (name → resource.k8s.io/v1 Device) lets a result without
+        ``consumedCapacity`` on a dedicated device (KEP-5075: no allowMultipleAllocations)
+        hold that device's whole capacity.
         """
         out: dict[str, dict[str, Quantity]] = {}
 
@@ -123,6 +129,10 @@ class NodeState(BaseModel):
                         continue
                     used_shares.add(key)  # the same claim prepared for two pods counts once
                     cc = res.get("consumedCapacity") or {}
+                    device = (devices or {}).get(res.get("device", ""))
+                    if not cc and device is not None and not device.shared:
+                        charge(device.name, {k: c.value for k, c in device.capacity.items()})
+                        continue
                     charge(res.get("device", ""), {k: Quantity.parse(v) for k, v in cc.items()})
         return out
 

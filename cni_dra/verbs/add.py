@@ -112,6 +112,9 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
         if if_name not in host_links:
             raise ClaimError(f"failed to honour {where}: device {name}'s interface {if_name} does not exist")
         consumption = {k: Quantity.parse(v) for k, v in (res.get("consumedCapacity") or {}).items()}
+        if not device.shared:
+            # A dedicated device (KEP-5075: no allowMultipleAllocations) is held whole.
+            consumption = {k: c.value for k, c in device.capacity.items()}
         share_id = res.get("shareID")
         others = [a for a in state.attachments if a.driver == driver and a.pool == pool and a.device == name]
         on_node: dict[str, Quantity] = {}
@@ -139,10 +142,20 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
     usable, missing = [], []
     for d in slice_.spec.devices:
         (usable if _device_if_name(d, driver) in host_links else missing).append(d)
-    consumed = state.consumed_by_device(driver, pool)
-    choice = select_device(usable, consumed, requests, conf.selectionPolicy, driver=driver)
+    consumed = state.consumed_by_device(driver, pool, devices)
+    exclude: set[str] = set()
+    if conf.distinctFrom == "pod" and pod_uid:
+        # Each of a pod's attachments on a different NIC (redundant links), across CNI calls.
+        exclude = {a.device for a in state.attachments if a.podUID == pod_uid and a.driver == driver}
+    choice = select_device(
+        usable, consumed, requests, conf.selectionPolicy, exclude=exclude, driver=driver,
+        selectors=[s.cel.expression for s in conf.selectors],
+    )
     if isinstance(choice, NoFit):
-        reasons = [f"{dev}: {why}" for dev, why in sorted(choice.reasons.items())]
+        reasons = [
+            f"{dev}: {'already used by this pod (distinctFrom: pod)' if dev in exclude else why}"
+            for dev, why in sorted(choice.reasons.items())
+        ]
         reasons += [f"{d.name}: interface {_device_if_name(d, driver)} does not exist" for d in missing]
         who = f"pod {env.args.pod_namespace}/{env.args.pod_name}" if env.args.pod_name else f"container {env.container_id}"
         raise NoCapacityError(
