@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from cni_dra.netlink.links import host_link_by_index, link_in_netns
-from netns_tests.runner import cni_dra_status, run_plugin
+from netns_tests.runner import CNI_EXE, CNI_PATH, cni_dra_status, run_plugin
 
 DRIVER = "net.cni-dra.dev"
 
@@ -112,7 +112,7 @@ def test_prepared_dedicated_claim_blocks_standalone_and_lands(make_node, make_ne
     f = tmp_path / "claim.json"
     f.write_text(json.dumps(claim))
     state_dir = conf()["stateDir"]
-    subprocess.run(["/opt/cni/bin/cni-dra", "claims", "prepare", "--state-dir", state_dir, "--pod-uid", pod, str(f)],
+    subprocess.run([CNI_EXE, "claims", "prepare", "--state-dir", state_dir, "--pod-uid", pod, str(f)],
                    check=True, capture_output=True)
     code, out, _ = _add(conf(), make_netns(), str(uuid.uuid4()))
     assert code != 0 and out["code"] == 100  # the prepared dedicated claim holds the device

@@ -8,12 +8,13 @@ from cni_dra.dra.inventory import load_inventory
 from cni_dra.dra.models import device_attribute
 from cni_dra.netlink.links import host_link, link_speed_bps
 from cni_dra.quantity import Quantity
+from netns_tests.runner import CNI_EXE
 
 
 def test_discover_writes_a_valid_slice_for_the_named_nic(make_parent_nic, tmp_path):
     nic = make_parent_nic()
     out = tmp_path / "slice.yaml"
-    r = subprocess.run(["/opt/cni/bin/cni-dra", "inventory", "discover", "-i", nic, "--node-name", "node-x",
+    r = subprocess.run([CNI_EXE, "inventory", "discover", "-i", nic, "--node-name", "node-x",
                         "--default-bandwidth", "25G", "-o", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     slice_ = load_inventory(str(out))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cni_dra.netlink.links import host_link, link_in_netns
-from netns_tests.runner import cni_dra_status, run_plugin
+from netns_tests.runner import CNI_EXE, CNI_PATH, cni_dra_status, run_plugin
 
 DRIVER = "net.cni-dra.dev"
 
@@ -149,7 +149,7 @@ def _prepare(node, tmp_path, doc, pod_uid):
 
     f = tmp_path / f"claim-{uuid.uuid4().hex[:6]}.json"
     f.write_text(json.dumps(doc))
-    subprocess.run(["/opt/cni/bin/cni-dra", "claims", "prepare", "--state-dir", str(node.state_dir),
+    subprocess.run([CNI_EXE, "claims", "prepare", "--state-dir", str(node.state_dir),
                     "--pod-uid", pod_uid, str(f)], check=True, capture_output=True, env={"PATH": os.environ["PATH"]})
 
 
@@ -220,6 +220,7 @@ def test_del_with_netns_deleted_or_empty(node, make_netns):
     code, out, err = run_plugin("DEL", node.conf(), container_id=cid2, netns="", ifname="eth0")
     assert code == 0, (out, err)
     assert node.status()["attachments"] == []
+    assert node.ipam_reservations() == []
 
 
 def test_del_with_parent_nic_deleted(node, make_netns):
@@ -230,6 +231,7 @@ def test_del_with_parent_nic_deleted(node, make_netns):
     code, out, err = run_plugin("DEL", node.conf(), container_id=cid, netns=ns, ifname="eth0")
     assert code == 0, (out, err)
     assert node.status()["attachments"] == []
+    assert node.ipam_reservations() == []
 
 
 def test_check_after_add_then_fails_when_link_removed(node, make_netns):
@@ -252,13 +254,13 @@ def test_mtu_above_parent_refused_before_ipam(node, make_netns, tmp_path):
     plugdir = tmp_path / "plugins"
     plugdir.mkdir()
     rec = plugdir / "recording-ipam"
-    rec.write_text(f"#!/bin/sh\necho \"$CNI_COMMAND\" >> {calls}\nexec /opt/cni/bin/host-local\n")
+    rec.write_text(f"#!/bin/sh\necho \"$CNI_COMMAND\" >> {calls}\nexec /usr/lib/cni/host-local\n")
     rec.chmod(0o755)
     conf = node.conf("1G", mtu=9000)
     conf["ipam"]["type"] = "recording-ipam"
     ns = make_netns()
     code, out, _ = run_plugin("ADD", conf, container_id="c-mtu", netns=ns, ifname="eth0",
-                              cni_path=f"{plugdir}:/opt/cni/bin")
+                              cni_path=f"{plugdir}:{CNI_PATH}")
     assert code != 0 and out["code"] == 7
     assert "mtu 9000" in out["msg"]
     assert not calls.exists()
@@ -280,3 +282,98 @@ def test_add_failing_after_ipam_rolls_back_everything(node, make_netns):
     assert node.consumed() == {"nic-a": "0", "nic-b": "0"}
     # no temporary link left in the host either
     assert all(host_link(p) is not None for p in node.parents.values())
+
+
+# -- regressions from the first user review ------------------------------------------------
+def test_one_claim_result_serves_one_interface(node, make_netns, tmp_path):
+    pod_uid, share = str(uuid.uuid4()), str(uuid.uuid4())
+    _prepare(node, tmp_path, _claim_doc("nic-a", "2G", share, pod_uid), pod_uid)
+    ns, cid = make_netns(), uuid.uuid4().hex
+    assert _add(node, ns, node.conf(None), cid=cid, pod_uid=pod_uid, ifname="net1")[1] == 0
+    _, code, out, _ = _add(node, ns, node.conf(None), cid=cid, pod_uid=pod_uid, ifname="eth5")
+    assert code != 0 and out["code"] == 101 and "already used by interface net1" in out["msg"]
+    assert link_in_netns(ns, "eth5") is None
+    assert node.consumed()["nic-a"] == "2G"
+
+
+def test_del_leaves_a_foreign_link_alone(node, make_netns):
+    ns = make_netns()
+    import subprocess
+
+    name = Path(ns).name
+    peer = f"{name[:10]}f"
+    subprocess.run(["ip", "link", "add", peer, "type", "veth", "peer", "name", "net3", "netns", name], check=True)
+    try:
+        _, code, out, _ = _add(node, ns, node.conf("1G"), ifname="net3")
+        assert code != 0 and out["code"] == 4  # the name is taken in the pod
+        code, out, err = run_plugin("DEL", node.conf("1G"), container_id="x1", netns=ns, ifname="net3")
+        assert code == 0, (out, err)
+        assert link_in_netns(ns, "net3") is not None  # not ours: left alone
+    finally:
+        subprocess.run(["ip", "link", "del", peer], check=False, capture_output=True)
+
+
+def test_del_without_record_removes_a_macvlan_on_an_inventory_nic(node, make_netns):
+    ns = make_netns()
+    cid, code, _, _ = _add(node, ns, node.conf("1G"))
+    assert code == 0
+    import shutil
+
+    shutil.rmtree(node.state_dir)  # the state is lost (e.g. a wiped stateDir)
+    code, out, err = run_plugin("DEL", node.conf("1G"), container_id=cid, netns=ns, ifname="eth0")
+    assert code == 0, (out, err)
+    assert link_in_netns(ns, "eth0") is None
+    assert node.ipam_reservations() == []
+
+
+def test_selection_skips_nics_whose_mtu_is_too_small(tmp_path, make_parent_nic, make_netns):
+    small, big = make_parent_nic(mtu=1400), make_parent_nic(mtu=1500)
+    devices = [{"name": n, "allowMultipleAllocations": True, "attributes": {"ifName": {"string": i}},
+                "capacity": {"bandwidth": {"value": "10G"}}} for n, i in (("a-small", small), ("b-big", big))]
+    inv = tmp_path / "slice.json"
+    inv.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
+                               "spec": {"driver": DRIVER, "nodeName": "n", "devices": devices,
+                                        "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1}}}))
+    conf = {"cniVersion": "1.0.0", "name": "mtunet", "type": "cni-dra", "stateDir": str(tmp_path / "st"),
+            "inventory": str(inv), "mtu": 1500, "capacity": {"requests": {"bandwidth": "1G"}}}
+    ns = make_netns()
+    code, out, err = run_plugin("ADD", conf, container_id="cm1", netns=ns, ifname="eth0")
+    assert code == 0, (out, err)
+    assert _parent_of(ns) == big
+    code, out, _ = run_plugin("ADD", dict(conf, mtu=9000), container_id="cm2", netns=make_netns(), ifname="eth0")
+    assert code != 0 and out["code"] == 7 and "mtu 9000" in out["msg"]
+
+
+def test_prepare_refuses_unknown_device_and_bad_share_id(node, tmp_path):
+    import subprocess
+
+    for doc in (_claim_doc("nic-z", "1G", str(uuid.uuid4()), "p"), _claim_doc("nic-a", "1G", "NOT-A-UUID", "p")):
+        f = tmp_path / f"bad-{uuid.uuid4().hex[:6]}.json"
+        f.write_text(json.dumps(doc))
+        r = subprocess.run([CNI_EXE, "claims", "prepare", "--state-dir", str(node.state_dir),
+                            "--inventory", node.conf()["inventory"], "--pod-uid", "p", str(f)],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr.startswith("InvalidConfigError: ")
+    assert node.status()["preparedClaims"] == []
+
+
+def test_best_fit_is_not_first_fit(node, make_netns, tmp_path):
+    """nic-b holds a 5G prepared claim: 3G goes to nic-b under best-fit (least left that
+    fits), to nic-a under least-allocated; a first-fit or by-name choice would say nic-a."""
+    pod_uid = str(uuid.uuid4())
+    _prepare(node, tmp_path, _claim_doc("nic-b", "5G", str(uuid.uuid4()), pod_uid), pod_uid)
+    ns1, ns2 = make_netns(), make_netns()
+    assert _add(node, ns1, node.conf("3G"))[1] == 0
+    assert _parent_of(ns1) == node.parents["nic-b"]
+    assert _add(node, ns2, node.conf("3G", selectionPolicy="least-allocated"))[1] == 0
+    assert _parent_of(ns2) == node.parents["nic-a"]
+
+
+def test_check_fails_on_mac_mismatch(node, make_netns):
+    ns = make_netns()
+    conf = node.conf("1G")
+    cid, code, out, _ = _add(node, ns, conf)
+    assert code == 0
+    out["interfaces"][0]["mac"] = "c2:00:00:00:00:99"
+    code, cout, _ = run_plugin("CHECK", dict(conf, prevResult=out), container_id=cid, netns=ns, ifname="eth0")
+    assert code != 0 and cout["code"] == 105 and "MAC" in cout["msg"]

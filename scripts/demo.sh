@@ -123,7 +123,7 @@ cni() {
     local pod=$2 ns=${4:-$(netns_path "$2")}
     env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
         CNI_COMMAND="$1" CNI_CONTAINERID="ctr-$pod" CNI_NETNS="$ns" CNI_IFNAME=net1 \
-        CNI_PATH="$CNI_PATH" \
+        CNI_PATH="$CNI_PATH" CNI_DRA_LOG_FILE="$TMP/plugin.log" \
         CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME=$pod;K8S_POD_INFRA_CONTAINER_ID=ctr-$pod;K8S_POD_UID=$(pod_uid "$pod")" \
         "$CNI_DRA" <<<"$3"
 }
@@ -303,6 +303,8 @@ step "the demo's links on the host"
 ip -br link show type veth | grep -E '^eth-(a|b)' | sed 's/^/   /' || true
 
 for pod in pod1 pod2 pod5; do del "$pod"; done
+info "pod5's 6G stays reserved on eth-b by its prepared claim until the kubelet unprepares it:"
+info "\$ cni-dra claims unprepare --pod-uid $(pod_uid pod5)"
 CNI_DRA_STATE_DIR=$STATE_DIR CNI_DRA_INVENTORY=$INVENTORY "$CNI_DRA" claims unprepare --pod-uid "$(pod_uid pod5)" | sed 's/^/   /'
 
 step "capacity back"

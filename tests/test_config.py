@@ -59,6 +59,16 @@ def test_accepted_versions(version):
         (_raw(mac="zz:11:22:33:44:55"), InvalidConfigError, 7),
         (_raw(capacity={"requests": {"bandwidth": "lots"}}), InvalidConfigError, 7),
         (_raw(bogusKey=1), UnsupportedFieldError, 2),
+        (_raw(dns={"nameservers": "192.0.2.1"}), InvalidConfigError, 7),
+        (_raw(stateDir=""), InvalidConfigError, 7),
+        (_raw(stateDir="relative/state"), InvalidConfigError, 7),
+        (_raw(inventory="slice.yaml"), InvalidConfigError, 7),
+        (_raw(ipam={"type": 5}), InvalidConfigError, 7),
+        (_raw(ipam={"type": "../evil"}), InvalidConfigError, 7),
+        (_raw(capacity={"requests": {"bandwidth": "-3G"}}), InvalidConfigError, 7),
+        (_raw(mtu="1400"), InvalidConfigError, 7),
+        (_raw(mtu=1400.0), InvalidConfigError, 7),
+        (_raw(mtu=True), InvalidConfigError, 7),
     ],
 )
 def test_bad_config_codes(raw, err, code):
@@ -91,3 +101,11 @@ def test_gc_attachment_lists():
     old = load_conf(_raw(**{"cni.dev/attachments": [{"containerID": "b", "ifname": "eth0"}]}))
     assert new.valid_attachments == [{"containerID": "a", "ifname": "eth0"}]
     assert old.valid_attachments == [{"containerID": "b", "ifname": "eth0"}]
+
+
+def test_dns_and_ipam_pass_through():
+    c = load_conf(_raw(dns={"nameservers": ["192.0.2.53"], "search": ["example.org"]},
+                       ipam={"type": "host-local", "ranges": [[{"subnet": "198.51.100.0/24"}]]}))
+    assert c.dns.nameservers == ["192.0.2.53"] and c.dns.search == ["example.org"]
+    assert c.ipam_type == "host-local"
+    assert c.ipam.model_extra["ranges"] == [[{"subnet": "198.51.100.0/24"}]]

@@ -72,6 +72,13 @@ def status(state_dir: str, inventory: str, as_json: bool) -> None:
                      ",".join(f"{k}={v}" for k, v in a["consumedCapacity"].items()) or "-",
                      a["shareID"] or "-", a["phase"]))
     _table(rows)
+    if report["preparedClaims"]:
+        click.echo("")
+        click.echo("prepared claims (their results reserve capacity until an attachment uses them or they are unprepared):")
+        rows = [("POD UID", "CLAIM", "CLAIM UID")]
+        for c in report["preparedClaims"]:
+            rows.append((c["podUID"], f"{c['namespace']}/{c['name']}", str(c["uid"])))
+        _table(rows)
 
 
 def _table(rows: list[tuple[str, ...]]) -> None:
@@ -86,38 +93,41 @@ def claims() -> None:
     """Prepared ResourceClaims in the node state (the path the kubelet plugin uses)."""
 
 
-def _load_doc(path: str) -> Any:
-    from cni_dra.errors import DecodeError, IOFailureError
+def _read_text(path: str) -> str:
+    from cni_dra.errors import IOFailureError
 
     try:
         if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
     except OSError as exc:
         raise IOFailureError(f"failed to read {path}: {exc.strerror}") from exc
-    try:
-        return json.loads(text)
-    except ValueError:
-        import yaml
-
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise DecodeError(f"failed to decode {path}: neither JSON nor YAML: {exc}") from exc
 
 
 @claims.command("prepare")
 @STATE_DIR_OPT
+@INVENTORY_OPT
 @click.option("--pod-uid", required=True, envvar="CNI_DRA_POD_UID", help="UID of the pod the claim is reserved for.")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-def claims_prepare(state_dir: str, pod_uid: str, file: str) -> None:
-    """Add the allocated ResourceClaim in FILE (JSON or YAML, '-' for stdin) for a pod."""
-    from cni_dra.state.claims import prepare_claim
+def claims_prepare(state_dir: str, inventory: str, pod_uid: str, file: str) -> None:
+    """Add the allocated ResourceClaim(s) in FILE (JSON or YAML, a List or several
+    documents; '-' for stdin) for a pod. Results of the inventory's driver must name its
+    pool and devices (checked when the inventory file exists)."""
+    import os
 
-    changed = prepare_claim(state_dir, pod_uid, _load_doc(file))
-    click.echo(f"claim {'prepared' if changed else 'already prepared'} for pod {pod_uid}")
+    from cni_dra.dra.claims import parse_claim_objects
+    from cni_dra.dra.inventory import load_inventory
+    from cni_dra.state.claims import check_claim_against_inventory, prepare_claim
+
+    objs = parse_claim_objects(_read_text(file), file)
+    slice_ = load_inventory(inventory) if os.path.exists(inventory) else None
+    for obj in objs:
+        if slice_ is not None:
+            check_claim_against_inventory(obj, slice_)
+        changed = prepare_claim(state_dir, pod_uid, obj)
+        name = (obj.get("metadata") or {}).get("name")
+        click.echo(f"claim {name} {'prepared' if changed else 'already prepared'} for pod {pod_uid}")
 
 
 @claims.command("unprepare")
@@ -149,6 +159,12 @@ def inventory_discover(interfaces: tuple[str, ...], default_bandwidth: str, driv
                        node_name: str | None, output: str) -> None:
     """Write a ResourceSlice for the host's NICs (speed from sysfs, else --default-bandwidth)."""
     from cni_dra.discover import discover_slice
+    from cni_dra.quantity import Quantity
+
+    try:
+        Quantity.parse(default_bandwidth)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--default-bandwidth") from exc
 
     doc = discover_slice(interfaces=list(interfaces), default_bandwidth=default_bandwidth, driver=driver,
                          node_name=node_name)

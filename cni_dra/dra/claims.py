@@ -16,7 +16,7 @@ from cni_dra.dra.models import ResourceClaim
 from cni_dra.errors import InvalidConfigError, IOFailureError
 from cni_dra.quantity import Quantity, QuantityField
 
-__all__ = ["load_claims", "parse_claims", "load_consumed", "parse_consumed"]
+__all__ = ["parse_claim_objects", "load_claims", "parse_claims", "load_consumed", "parse_consumed"]
 
 _CONSUMED = TypeAdapter(dict[str, dict[str, QuantityField]])
 
@@ -48,8 +48,16 @@ def _documents(text: str, source: str, what: str) -> list[Any]:
         raise InvalidConfigError(f"failed to load {what} {source}: invalid YAML: {exc}", str(exc)) from exc
 
 
-def parse_claims(text: str, source: str = "<claim>") -> list[ResourceClaim]:
-    """Parse ResourceClaims from JSON or YAML text. Raises InvalidConfigError (code 7)."""
+def parse_claim_objects(text: str, source: str = "<claim>") -> list[dict[str, Any]]:
+    """The ResourceClaim objects of JSON or YAML text, as written (one claim, a JSON list,
+    a ``kind: List``, or several YAML documents), each validated as a resource.k8s.io/v1
+    ResourceClaim. Raises InvalidConfigError (code 7)."""
+    claims = parse_claims(text, source)
+    items = _items(text, source)
+    return [item for item, _ in zip(items, claims)]
+
+
+def _items(text: str, source: str) -> list[Any]:
     items: list[Any] = []
     for doc in _documents(text, source, "claim"):
         if isinstance(doc, list):
@@ -58,6 +66,12 @@ def parse_claims(text: str, source: str = "<claim>") -> list[ResourceClaim]:
             items.extend(doc.get("items") or [])
         else:
             items.append(doc)
+    return items
+
+
+def parse_claims(text: str, source: str = "<claim>") -> list[ResourceClaim]:
+    """Parse ResourceClaims from JSON or YAML text. Raises InvalidConfigError (code 7)."""
+    items = _items(text, source)
     if not items:
         raise InvalidConfigError(f"failed to load claim {source}: no ResourceClaim found")
     claims = []

@@ -71,6 +71,33 @@ class CapacityRequest(BaseModel):
 
     requests: dict[str, QuantityField] = Field(default_factory=dict)
 
+    @field_validator("requests")
+    @classmethod
+    def _not_negative(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name, q in v.items():
+            if q.sign() < 0:
+                raise ValueError(f"capacity request {name} {q} is negative")
+        return v
+
+
+class DNSConfig(BaseModel):
+    """CNI ``dns`` (spec 1.1.0 "Network configuration"): nameservers, domain, search, options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    nameservers: list[str] = Field(default_factory=list)
+    domain: str = ""
+    search: list[str] = Field(default_factory=list)
+    options: list[str] = Field(default_factory=list)
+
+
+class IpamConfig(BaseModel):
+    """``ipam``: ``type`` names the IPAM plugin on CNI_PATH; the rest is that plugin's own."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: str | None = Field(default=None, strict=True, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
 
 class CELSelector(BaseModel):
     """``{"expression": "<CEL>"}`` evaluated against each device (resource.k8s.io/v1 CELDeviceSelector)."""
@@ -100,19 +127,19 @@ class NetConf(BaseModel):
     name: str
     type: str
     driver: str = DEFAULT_DRIVER
-    stateDir: str = DEFAULT_STATE_DIR
-    inventory: str = DEFAULT_INVENTORY
+    stateDir: str = Field(default=DEFAULT_STATE_DIR, pattern=r"^/")
+    inventory: str = Field(default=DEFAULT_INVENTORY, pattern=r"^/")
     linkType: str = "macvlan"
     mode: Literal["bridge", "private", "vepa", "passthru"] = "bridge"
-    mtu: int | None = Field(default=None, ge=68, le=65535)
+    mtu: int | None = Field(default=None, ge=68, le=65535, strict=True)
     mac: str | None = None
     capacity: CapacityRequest = Field(default_factory=CapacityRequest)
     selectionPolicy: Literal["best-fit", "least-allocated"] = "best-fit"
     selectors: list[DeviceSelector] = Field(default_factory=list, max_length=32)
     distinctFrom: Literal["pod"] | None = None
     lockTimeoutSeconds: float = Field(default=10.0, gt=0, le=600)
-    ipam: dict[str, Any] = Field(default_factory=dict)
-    dns: dict[str, Any] | None = None
+    ipam: IpamConfig = Field(default_factory=IpamConfig)
+    dns: DNSConfig | None = None
     capabilities: dict[str, bool] = Field(default_factory=dict)
     runtimeConfig: dict[str, Any] = Field(default_factory=dict)
     prevResult: dict[str, Any] | None = None
@@ -147,8 +174,7 @@ class NetConf(BaseModel):
     @property
     def ipam_type(self) -> str | None:
         """``ipam.type`` or None for L2-only (no IPAM)."""
-        t = self.ipam.get("type") if self.ipam else None
-        return t or None
+        return self.ipam.type or None
 
 
 def peek_cni_version(raw: bytes) -> str:

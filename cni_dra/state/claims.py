@@ -8,9 +8,36 @@ Claims are stored as the API server returns them (resource.k8s.io/v1 ResourceCla
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-__all__ = ["prepare_claim", "unprepare_claims"]
+__all__ = ["prepare_claim", "unprepare_claims", "check_claim_against_inventory"]
+
+
+_SHARE_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def check_claim_against_inventory(claim_obj: dict[str, Any], slice_: Any) -> None:
+    """Refuse results of ``slice_``'s driver that name another pool or an unknown device,
+    or carry a malformed shareID (KEP-5075: a lowercase UUID). Raises InvalidConfigError (7)."""
+    from cni_dra.errors import InvalidConfigError
+
+    driver, pool = slice_.spec.driver, slice_.spec.pool.name
+    names = {d.name for d in slice_.spec.devices}
+    meta = claim_obj.get("metadata") or {}
+    alloc = ((claim_obj.get("status") or {}).get("allocation") or {}).get("devices") or {}
+    for res in alloc.get("results") or []:
+        if res.get("driver") != driver:
+            continue
+        where = f"failed to prepare claim {meta.get('namespace')}/{meta.get('name')} request {res.get('request')!r}"
+        if res.get("pool") != pool or res.get("device") not in names:
+            raise InvalidConfigError(
+                f"{where}: device {res.get('pool')}/{res.get('device')} is not in this node's inventory "
+                f"(pool {pool}: {', '.join(sorted(names))})"
+            )
+        share = res.get("shareID")
+        if share is not None and not _SHARE_ID_RE.match(str(share)):
+            raise InvalidConfigError(f"{where}: shareID {share!r} is not a lowercase UUID")
 
 
 def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any]) -> bool:

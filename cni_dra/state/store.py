@@ -118,7 +118,10 @@ class StateStore:
             raise StateError(f"failed to write state {self.path}: {exc.strerror}") from exc
 
     def read(self) -> NodeState:
-        """A snapshot of the state, read under the lock. Raises StateError (5), TryAgainLaterError (11)."""
+        """A snapshot of the state, read under the lock (a missing state directory reads as
+        empty and is not created). Raises StateError (5), TryAgainLaterError (11)."""
+        if not self.dir.is_dir():
+            return NodeState()
         with self.locked():
             return self._read_unlocked()
 

@@ -107,6 +107,18 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
                 f"failed to honour {where}: device {res.get('pool')}/{name} is not in this node's inventory "
                 f"(pool {pool}: {', '.join(sorted(devices))})"
             )
+        for other in state.attachments:
+            if (
+                other.claim is not None
+                and other.claim.uid == meta.get("uid", "")
+                and other.claim.request == res.get("request", "")
+                and other.shareID == res.get("shareID")
+                and other.device == name
+            ):
+                raise ClaimError(
+                    f"failed to honour {where} for interface {env.ifname}: that allocation result is already used "
+                    f"by interface {other.ifname} of container {other.containerID}"
+                )
         device = devices[name]
         if_name = _device_if_name(device, driver)
         if if_name not in host_links:
@@ -139,9 +151,21 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
         )
     # Standalone mode: allocate on the node as the scheduler would.
     requests = dict(conf.capacity.requests)
-    usable, missing = [], []
+    usable, skipped = [], []
     for d in slice_.spec.devices:
-        (usable if _device_if_name(d, driver) in host_links else missing).append(d)
+        if_name = _device_if_name(d, driver)
+        link = host_links.get(if_name)
+        if link is None:
+            skipped.append(f"{d.name}: interface {if_name} does not exist")
+        elif conf.mtu is not None and conf.mtu > link.mtu:
+            skipped.append(f"{d.name}: MTU {link.mtu} of {if_name} is below the configured mtu {conf.mtu}")
+        else:
+            usable.append(d)
+    if conf.mtu is not None and not usable and skipped:
+        raise InvalidConfigError(
+            f"invalid network config {conf.name!r}: mtu {conf.mtu} is above the MTU of every usable parent NIC "
+            f"({'; '.join(skipped)})"
+        )
     consumed = state.consumed_by_device(driver, pool, devices)
     exclude: set[str] = set()
     if conf.distinctFrom == "pod" and pod_uid:
@@ -156,7 +180,7 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
             f"{dev}: {'already used by this pod (distinctFrom: pod)' if dev in exclude else why}"
             for dev, why in sorted(choice.reasons.items())
         ]
-        reasons += [f"{d.name}: interface {_device_if_name(d, driver)} does not exist" for d in missing]
+        reasons += skipped
         who = f"pod {env.args.pod_namespace}/{env.args.pod_name}" if env.args.pod_name else f"container {env.container_id}"
         raise NoCapacityError(
             f"failed to allocate {_describe(requests)} for {who} interface {env.ifname}: "
@@ -180,10 +204,7 @@ def _result_from(inv: Invocation, link: Any, ipam_result: Result | None) -> Resu
     dns = ipam_result.dns if ipam_result else None
     if conf.dns:
         dns = DNS(
-            nameservers=list(conf.dns.get("nameservers") or []),
-            domain=conf.dns.get("domain") or "",
-            search=list(conf.dns.get("search") or []),
-            options=list(conf.dns.get("options") or []),
+            nameservers=conf.dns.nameservers, domain=conf.dns.domain, search=conf.dns.search, options=conf.dns.options
         )
     return merge_prev_result(prev, iface, ips, routes, dns)
 

@@ -32,8 +32,10 @@ def cmd_del(inv: Invocation) -> None:
     if env.netns and netns_exists(env.netns):
         if is_host_netns(env.netns):
             log.warning("DEL %s: CNI_NETNS %s is the host namespace; no link is touched", key, env.netns)
-        else:
+        elif att is not None or _ours_without_record(inv):
             links.delete_link(env.netns, env.ifname)
+        else:
+            log.warning("DEL %s: no attachment recorded and %s is not a cni-dra link; left alone", key, env.ifname)
     ipam_type = conf.ipam_type or (att.ipamType if att else None)
     if ipam_type:
         raw = inv.raw if conf.ipam_type else (att.ipamConf or "").encode()
@@ -41,3 +43,27 @@ def cmd_del(inv: Invocation) -> None:
     if att is not None:
         with inv.store.transaction() as state:
             state.remove(*key)
+
+
+def _ours_without_record(inv: Invocation) -> bool:
+    """With no attachment in state, is CNI_IFNAME in the netns a link cni-dra would have made?
+
+    True for a macvlan/ipvlan whose parent is one of the inventory's NICs (state lost or a
+    crash before the record): DEL then removes it. Any other link (another plugin's) is
+    left alone. An unreadable inventory answers False: never delete what we cannot identify.
+    """
+    from cni_dra.dra.models import device_attribute
+    from cni_dra.errors import CniError
+    from cni_dra.netlink import links
+
+    env = inv.env
+    try:
+        link = links.link_in_netns(env.netns, env.ifname)
+        if link is None or link.kind not in ("macvlan", "ipvlan"):
+            return False
+        parent = links.host_parent_of(env.netns, env.ifname)
+        slice_ = inv.inventory
+    except CniError:
+        return False
+    names = {device_attribute(d, "ifName", slice_.spec.driver) for d in slice_.spec.devices}
+    return parent is not None and parent.name in names
