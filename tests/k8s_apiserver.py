@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["FakeApiServer", "Recorded", "write_kubeconfig"]
+__all__ = ["FakeApiServer", "Recorded", "write_kubeconfig", "inventory_doc", "allocated_claim", "DRIVER"]
 
 _V1 = "/apis/resource.k8s.io/v1"
 
@@ -79,7 +79,7 @@ class FakeApiServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
         return self
 
@@ -277,3 +277,59 @@ def write_kubeconfig(path: str, url: str) -> str:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(doc, fh)
     return path
+
+
+DRIVER = "net.cni-dra.dev"
+
+
+def inventory_doc(node: str, nics: dict[str, str], *, driver: str = DRIVER, bandwidth: str = "10G") -> dict[str, Any]:
+    """An inventory (ResourceSlice dict) with one shared device per ``{device: ifName}``."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-inventory"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": dev,
+                    "allowMultipleAllocations": True,
+                    "attributes": {"ifName": {"string": ifname}},
+                    "capacity": {"bandwidth": {"value": bandwidth, "requestPolicy": {
+                        "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}},
+                }
+                for dev, ifname in nics.items()
+            ],
+        },
+    }
+
+
+def allocated_claim(
+    name: str,
+    *,
+    namespace: str = "default",
+    pool: str,
+    device: str,
+    bandwidth: str,
+    share_id: str,
+    pod_uids: list[str],
+    request: str = "net1",
+    driver: str = DRIVER,
+) -> dict[str, Any]:
+    """A resource.k8s.io/v1 ResourceClaim as the scheduler leaves it: allocated on
+    ``pool/device`` with consumedCapacity bandwidth and a shareID, reserved for the pods."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": request, "exactly": {
+            "deviceClassName": "cni-dra-shared-nic", "capacity": {"requests": {"bandwidth": bandwidth}}}}]}},
+        "status": {
+            "allocation": {"devices": {"results": [{
+                "request": request, "driver": driver, "pool": pool, "device": device,
+                "consumedCapacity": {"bandwidth": bandwidth}, "shareID": share_id}]}},
+            "reservedFor": [{"resource": "pods", "name": f"pod-{i}", "uid": uid} for i, uid in enumerate(pod_uids)],
+        },
+    }

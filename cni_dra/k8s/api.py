@@ -8,7 +8,8 @@ above never see client models. Errors are translated:
 * HTTP 409 (conflict: stale resourceVersion, UID precondition) → TryAgainLaterError (11);
 * any other HTTP error, and connection failures → IOFailureError (5) with the status and
   the server's message in ``details``;
-* a kubeconfig / in-cluster config that does not load → InvalidConfigError (7).
+* a kubeconfig / in-cluster config that does not load, or a body the client's models
+  refuse (unknown field, wrong type) → InvalidConfigError (7).
 """
 
 from __future__ import annotations
@@ -63,10 +64,13 @@ class KubeApi:
     # -- helpers ---------------------------------------------------------------------------
     def _call(self, what: str, fn: Any, *args: Any, missing_ok: bool = False, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
+        from pydantic import ValidationError
         from urllib3.exceptions import HTTPError
 
         try:
             obj = fn(*args, _request_timeout=_TIMEOUT_S, **kwargs)
+        except ValidationError as exc:  # the client's models refuse what we would send
+            raise InvalidConfigError(f"failed to {what}: the request does not fit the API's schema", str(exc)) from exc
         except ApiException as exc:
             if exc.status == 404 and missing_ok:
                 return None
