@@ -88,8 +88,8 @@ class Agent:
         from cni_dra.state import StateStore
 
         self.cfg = cfg
+        self.driver_name = load_inventory(cfg.inventory).spec.driver  # a bad inventory fails first
         self.api = api if api is not None else KubeApi.from_config(cfg.kubeconfig)
-        self.driver_name = load_inventory(cfg.inventory).spec.driver
         self.metrics = AgentMetrics(cfg.state_dir, cfg.inventory)
         self.publisher = Publisher(
             self.api,
