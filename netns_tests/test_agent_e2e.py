@@ -40,7 +40,7 @@ POD_UID = "7a1e2b3c-4d5e-4f60-8a7b-9c0d1e2f3a4b"
 SHARE = "0f9e8d7c-6b5a-4c3d-9e2f-1a0b9c8d7e6f"
 
 
-def wait_for(cond, timeout_s=20.0, what="condition"):
+def wait_for(cond, timeout_s=40.0, what="condition"):
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         value = cond()

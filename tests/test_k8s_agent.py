@@ -25,7 +25,7 @@ SHARE = "2c9b8a7d-6e5f-4a3b-9c1d-0e2f3a4b5c6d"
 SLICE = "node-1-net.cni-dra.dev"
 
 
-def wait_for(cond, timeout_s=10.0):
+def wait_for(cond, timeout_s=30.0):
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         value = cond()
