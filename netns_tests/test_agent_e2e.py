@@ -213,6 +213,8 @@ def test_agent_end_to_end(node):
     # -- teardown as the kubelet and the runtime do it ----------------------------------------
     code, out, err = node.cni("DEL", netns)
     assert code == 0, (out, err)
+    wait_for(lambda: server.claims[("default", "pod-0-net")]["status"]["devices"] == [],
+             what="the DEL'd share's entry removed from the claim status")
     assert dra(node, "unprepare", claim).claims[uid].error == ""
     state = node.state()
     assert (state["claims"], state["attachments"], state.get("statusUpdates", [])) == ({}, [], [])

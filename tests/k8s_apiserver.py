@@ -8,7 +8,8 @@ Serves over HTTP on 127.0.0.1 (random port):
   (PUT checks ``metadata.resourceVersion``: stale → 409)
 * ``GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME``
 * ``PATCH .../resourceclaims/NAME/status`` with ``application/apply-patch+yaml``
-  (server-side apply: ``status.devices[]`` merged by (driver, pool, device, shareID);
+  (server-side apply: ``status.devices[]`` merged by (driver, pool, device, shareID), a
+  manager's entries missing from its next apply removed;
   ``metadata.uid`` must match, else 409; ``fieldManager`` is required)
 
 Every request body is decoded by the official client's pydantic models (which forbid
@@ -53,6 +54,7 @@ class FakeApiServer:
     requests: list[Recorded] = field(default_factory=list)
     invalid: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, why)
     failures: list[list[Any]] = field(default_factory=list)  # [method, path regex, status, count]
+    owned: dict[tuple[str, str, str], set[tuple[Any, ...]]] = field(default_factory=dict)  # SSA ownership
     lock: threading.RLock = field(default_factory=threading.RLock)
     _rv: itertools.count = field(default_factory=lambda: itertools.count(1))
 
@@ -196,14 +198,23 @@ class FakeApiServer:
                 uid = body["metadata"].get("uid")
                 if uid and uid != cur["metadata"]["uid"]:
                     return 409, _status(409, "Precondition failed: UID in precondition does not match")
+                # status.devices is a list-map keyed by (driver, pool, device, shareID): the
+                # manager's entries are replaced, and entries it applied before but left out
+                # now are removed (server-side apply ownership, simplified to whole entries).
                 devices = cur.setdefault("status", {}).setdefault("devices", [])
-                for entry in body["status"].get("devices") or []:
-                    k = tuple(entry.get(x) for x in ("driver", "pool", "device", "shareID"))
-                    devices[:] = [d for d in devices if tuple(d.get(x) for x in ("driver", "pool", "device", "shareID")) != k]
-                    devices.append(copy.deepcopy(entry))
+                manager = query["fieldManager"][0]
+                applied = {_key(e): e for e in body["status"].get("devices") or []}
+                before = self.owned.get((m[1], m[2], manager), set())
+                devices[:] = [d for d in devices if _key(d) not in applied and _key(d) not in before]
+                devices.extend(copy.deepcopy(e) for e in applied.values())
+                self.owned[(m[1], m[2], manager)] = set(applied)
                 cur["metadata"]["resourceVersion"] = str(next(self._rv))
                 return 200, cur
         return 404, _status(404, f"no route for {method} {path}")
+
+
+def _key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(entry.get(x) for x in ("driver", "pool", "device", "shareID"))
 
 
 class _Invalid(Exception):

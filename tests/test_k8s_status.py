@@ -158,3 +158,32 @@ def test_body_lists_every_ready_share_of_the_claim(world):
     rec = claim_status_record(attachment(uid, containerID="c2", shareID=other, device="eth-a"))
     body = claim_status_body({"namespace": "default", "name": "c1", "uid": uid}, store.read(), [rec])
     assert [(e["device"], e["shareID"]) for e in body["status"]["devices"]] == [("eth-a", other), ("eth-b", SHARE)]
+
+
+def test_second_share_keeps_the_first_and_a_deleted_share_goes(world):
+    """Server-side apply with one field manager: each apply states the whole set of this
+    node's shares of the claim, so a new share keeps the others and a DEL'd one is removed."""
+    server, claim, store, writer, _, _ = world
+    uid = claim["metadata"]["uid"]
+    other = "5e3d1b0a-2f4c-4a6e-9b8d-7c6a5e4d3c2b"
+    add_ready(store, uid)
+    writer.sync()
+    with store.transaction() as st:
+        att = attachment(uid, containerID="c2", shareID=other, device="eth-a")
+        st.attachments.append(att)
+        st.statusUpdates.append(claim_status_record(att))
+    writer.sync()
+    devs = server.claims[("default", "c1")]["status"]["devices"]
+    assert sorted((d["device"], d["shareID"]) for d in devs) == [("eth-a", other), ("eth-b", SHARE)]
+    with store.transaction() as st:  # DEL of the first share: no record, the writer notices
+        st.remove("net", "c1", "net1")
+    writer.sync()
+    devs = server.claims[("default", "c1")]["status"]["devices"]
+    assert [(d["device"], d["shareID"]) for d in devs] == [("eth-a", other)]
+    with store.transaction() as st:  # DEL of the last share
+        st.attachments.clear()
+    writer.sync()
+    assert server.claims[("default", "c1")]["status"]["devices"] == []
+    n = len(server.requests_for("PATCH", r".*/status"))
+    assert writer.sync() is None  # nothing more to say
+    assert len(server.requests_for("PATCH", r".*/status")) == n

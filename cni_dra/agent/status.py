@@ -11,6 +11,8 @@ share this node holds for it, keyed by (driver, pool, device, shareID) (KEP-4817
 * every failed ADD recorded for a share with no ready attachment: ``Ready=False`` with
   the error class as reason and the CNI code and message.
 
+When a share this writer applied goes away (DEL), the claim is applied again without it,
+so its entry is removed (server-side apply drops fields its manager no longer sets).
 The apply body names ``metadata.uid``, so a claim deleted and re-created under the same
 name is never written. Records are removed from the state once applied, or when the
 claim is gone (404) or replaced (409). Other failures are retried with exponential
@@ -39,6 +41,14 @@ BACKOFF_MAX_S = 30.0
 
 def _entry_key(e: dict[str, Any]) -> tuple[Any, ...]:
     return (e.get("driver"), e.get("pool"), e.get("device"), e.get("shareID") or None)
+
+
+def _ready_keys(state: Any, uid: str) -> frozenset[tuple[Any, ...]]:
+    return frozenset(
+        (a.driver, a.pool, a.device, a.shareID or None)
+        for a in state.attachments
+        if a.claim is not None and a.claim.uid == uid and a.phase == "ready" and a.result
+    )
 
 
 def _now() -> str:
@@ -107,23 +117,33 @@ class StatusWriter:
         self.clock = clock
         self._attempts: dict[str, int] = {}
         self._due: dict[str, float] = {}
+        # claim UID -> (claim ref, keys of its ready shares when last applied)
+        self._applied: dict[str, tuple[dict[str, str], frozenset[tuple[Any, ...]]]] = {}
 
     def pending(self) -> int:
         """How many records wait in the state."""
         return len(self.store.read().statusUpdates)
 
     def sync(self) -> float | None:
-        """Apply every claim whose backoff is over. Returns the seconds until the next
-        retry is due, or None when nothing waits. Raises StateError (5) /
-        TryAgainLaterError (11) only for the state itself."""
+        """Apply every claim whose backoff is over: claims with pending records, and claims
+        this writer applied before whose set of ready shares changed since (a DEL: its
+        entry must go). Returns the seconds until the next retry is due, or None when
+        nothing waits. Raises StateError (5) / TryAgainLaterError (11) only for the state."""
         state = self.store.read()
-        if not state.statusUpdates:
+        claims: dict[str, dict[str, str]] = {}
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for rec in state.statusUpdates:
+            uid = (rec.get("claim") or {}).get("uid", "")
+            groups.setdefault(uid, []).append(rec)
+            claims.setdefault(uid, rec.get("claim") or {})
+        for uid, (claim, keys) in list(self._applied.items()):
+            if uid not in groups and _ready_keys(state, uid) != keys:
+                groups[uid] = []
+                claims[uid] = claim
+        if not groups:
             self._attempts.clear()
             self._due.clear()
             return None
-        groups: dict[str, list[dict[str, Any]]] = {}
-        for rec in state.statusUpdates:
-            groups.setdefault((rec.get("claim") or {}).get("uid", ""), []).append(rec)
         now = self.clock()
         done: set[str] = set()
         waits: list[float] = []
@@ -132,7 +152,7 @@ class StatusWriter:
             if due > now:
                 waits.append(due - now)
                 continue
-            claim = records[0].get("claim") or {}
+            claim = claims[uid]
             if not (uid and claim.get("name") and claim.get("namespace")):
                 done.update(r["id"] for r in records)  # malformed: nothing to write to
                 continue
@@ -143,10 +163,15 @@ class StatusWriter:
                 delay = min(BACKOFF_START_S * 2 ** (n - 1), BACKOFF_MAX_S)
                 self._due[uid] = now + delay
                 waits.append(delay)
+                continue
+            self._attempts.pop(uid, None)
+            self._due.pop(uid, None)
+            done.update(r["id"] for r in records)
+            keys = _ready_keys(state, uid)
+            if outcome == "applied" and keys:
+                self._applied[uid] = (claim, keys)
             else:
-                self._attempts.pop(uid, None)
-                self._due.pop(uid, None)
-                done.update(r["id"] for r in records)
+                self._applied.pop(uid, None)
         if done:
             with self.store.transaction() as st:
                 st.statusUpdates = [r for r in st.statusUpdates if r.get("id") not in done]
