@@ -50,10 +50,16 @@ def cli() -> None:
 @STATE_DIR_OPT
 @INVENTORY_OPT
 @click.option("--json", "as_json", is_flag=True, envvar="CNI_DRA_JSON", help="Print the stable JSON document.")
-def status(state_dir: str, inventory: str, as_json: bool) -> None:
+@click.option("--prometheus", "prom_file", default=None, envvar="CNI_DRA_PROMETHEUS_FILE",
+              help="Write the node gauges to FILE (node_exporter textfile collector format) instead.")
+def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None) -> None:
     """Capacity per NIC (capacity, consumed, remaining) and every attachment."""
     from cni_dra.report import status_report
 
+    if prom_file:
+        from cni_dra.agent.metrics import write_textfile
+
+        return write_textfile(prom_file, state_dir, inventory)
     report = status_report(state_dir, inventory)
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -197,3 +203,7 @@ def _register_allocate() -> None:
 
 
 _register_allocate()
+
+
+from cni_dra.cli.agent import agent  # noqa: E402 - the node agent (issue 5)
+cli.add_command(agent)

@@ -80,6 +80,8 @@ class NodeState(BaseModel):
     schemaVersion: int = SCHEMA_VERSION
     claims: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     attachments: list[Attachment] = Field(default_factory=list)
+    # ResourceClaim status records left by ADD for the agent (cni_dra.state.claim_status)
+    statusUpdates: list[dict[str, Any]] = Field(default_factory=list)
 
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None."""

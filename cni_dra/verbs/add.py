@@ -35,6 +35,7 @@ from cni_dra.errors import (
 from cni_dra.protocol.results import DNS, Interface, IPConfig, Result, Route, merge_prev_result, parse_result
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
+from cni_dra.state.claim_status import claim_status_record, record_add_failure
 from cni_dra.verbs.common import Invocation, claim_results_for
 
 __all__ = ["cmd_add"]
@@ -274,13 +275,17 @@ def cmd_add(inv: Invocation) -> Result:
                 raise ClaimError(f"failed to complete ADD of {key}: the attachment vanished from state")
             recorded.phase = "ready"
             recorded.result = _result_dict(result)
+            if recorded.claim is not None:  # claim mode: the agent writes it into the claim's status
+                state.statusUpdates.append(claim_status_record(recorded))
         return result
-    except BaseException:
+    except BaseException as failure:
         for step in reversed(undo):
             try:
                 step()
             except Exception as exc:  # noqa: BLE001 - keep undoing, report the original error
                 log.error("rollback step failed: %s", exc)
+        if undo and att.claim is not None:  # claim mode: the agent reports the failure on the claim
+            record_add_failure(inv.store, att, failure)
         raise
 
 

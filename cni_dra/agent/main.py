@@ -1,0 +1,191 @@
+"""The agent's main loop: one long-running process per node (``cni-dra agent``).
+
+Parts (each a service with ``start()``/``stop()``):
+
+* the metrics HTTP server (:class:`cni_dra.agent.metrics.AgentMetrics`), when an address is set;
+* the DRA kubelet plugin (:class:`cni_dra.k8s.kubelet_plugin.KubeletPlugin`) with
+  :class:`cni_dra.agent.driver.ClaimDriver` behind it;
+* the link watch (:class:`cni_dra.agent.linkwatch.LinkWatch`), which asks for a publish;
+* extra services: the fast-path server of issue 7 when ``cni_dra.fastpath`` is installed
+  (guarded import), plus any the caller passes.
+
+The loop publishes the ResourceSlice at start, after link events (debounced) and every
+``resync_s`` (drift: someone else changed or deleted the slice), retrying failures with
+backoff; and runs the claim status writer whenever the state file changes or a retry is
+due. Everything the agent must not forget is in the node state file, so a restart (or a
+crash) loses nothing: prepared claims stay prepared and pending status records are
+written by the next agent. On exit it stops the services and, with ``cleanup``, deletes
+the node's slice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cni_dra.errors import CniError
+
+__all__ = ["AgentConfig", "Agent", "Service", "extra_services"]
+
+log = logging.getLogger("cni_dra.agent")
+
+
+class Service(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class AgentConfig:
+    """Settings of one agent (the CLI options of ``cni-dra agent``)."""
+
+    node_name: str
+    inventory: str
+    state_dir: str
+    kubeconfig: str | None = None
+    plugin_dir: str | None = None  # default /var/lib/kubelet/plugins/<driver>
+    registry_dir: str = "/var/lib/kubelet/plugins_registry"
+    metrics_address: str = ""  # HOST:PORT; empty: no metrics server
+    resync_s: float = 60.0
+    link_debounce_s: float = 0.5
+    poll_s: float = 0.2
+    cleanup: bool = False
+    extra: list[Any] = field(default_factory=list)  # more services to run
+
+
+def extra_services(cfg: AgentConfig) -> list[Service]:
+    """Services from optional packages: ``cni_dra.fastpath.server.agent_service(state_dir=,
+    inventory=)`` when that module exists (issue 7), else none."""
+    try:
+        from cni_dra.fastpath import server as fastpath  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    factory = getattr(fastpath, "agent_service", None)
+    if factory is None:
+        log.warning("cni_dra.fastpath.server has no agent_service(); fast path not started")
+        return []
+    return [factory(state_dir=cfg.state_dir, inventory=cfg.inventory)]
+
+
+class Agent:
+    """Wire the parts for ``cfg``; ``api`` (a :class:`cni_dra.k8s.api.KubeApi`) for tests."""
+
+    def __init__(self, cfg: AgentConfig, api: Any = None) -> None:
+        from cni_dra.agent.driver import ClaimDriver
+        from cni_dra.agent.linkwatch import LinkWatch
+        from cni_dra.agent.metrics import AgentMetrics
+        from cni_dra.agent.publisher import Publisher
+        from cni_dra.agent.status import StatusWriter
+        from cni_dra.dra.inventory import load_inventory, slice_to_dict
+        from cni_dra.k8s.api import KubeApi
+        from cni_dra.k8s.kubelet_plugin import KubeletPlugin
+        from cni_dra.netlink.links import host_link
+        from cni_dra.state import StateStore
+
+        self.cfg = cfg
+        self.driver_name = load_inventory(cfg.inventory).spec.driver  # a bad inventory fails first
+        self.api = api if api is not None else KubeApi.from_config(cfg.kubeconfig)
+        self.metrics = AgentMetrics(cfg.state_dir, cfg.inventory)
+        self.publisher = Publisher(
+            self.api,
+            node_name=cfg.node_name,
+            inventory=lambda: slice_to_dict(load_inventory(cfg.inventory)),
+            link=host_link,
+            on_result=self.metrics.published,
+        )
+        self.driver = ClaimDriver(
+            self.api,
+            state_dir=cfg.state_dir,
+            driver_name=self.driver_name,
+            inventory=lambda: load_inventory(cfg.inventory),
+            observe=self.metrics.observe,
+        )
+        self.plugin = KubeletPlugin(
+            self.driver_name, self.driver, plugin_dir=cfg.plugin_dir, registry_dir=cfg.registry_dir
+        )
+        self.store = StateStore(cfg.state_dir)
+        self.status = StatusWriter(
+            self.api, self.store, field_manager=self.driver_name, count=self.metrics.status_update
+        )
+        self.links_changed = threading.Event()
+        self.linkwatch = LinkWatch(self.links_changed.set)
+        self.services: list[Any] = [self.plugin, self.linkwatch] + list(cfg.extra) + extra_services(cfg)
+        self.metrics_port: int | None = None
+        self._started: list[Any] = []
+
+    def start(self) -> None:
+        """Start the metrics server and every service. Raises CniError subclasses."""
+        if self.cfg.metrics_address:
+            self.metrics_port = self.metrics.serve(self.cfg.metrics_address)
+            log.info("metrics on %s (port %d)", self.cfg.metrics_address, self.metrics_port)
+        for svc in self.services:
+            svc.start()
+            self._started.append(svc)
+
+    def shutdown(self) -> None:
+        """Stop services in reverse order; with ``cleanup`` delete the node's slice."""
+        for svc in reversed(self._started):
+            try:
+                svc.stop()
+            except Exception as exc:  # noqa: BLE001 - stop the others too
+                log.error("failed to stop %s: %s", type(svc).__name__, exc)
+        self._started.clear()
+        self.metrics.stop()
+        if self.cfg.cleanup:
+            try:
+                if self.publisher.cleanup():
+                    log.info("deleted slice %s", self.publisher.name)
+            except CniError as exc:
+                log.error("failed to delete the node's slice: %s %s", exc.msg, exc.details)
+        self.api.close()
+
+    def run(self, stop: threading.Event) -> None:
+        """Start, loop until ``stop`` is set, shut down (always)."""
+        try:
+            self.start()
+            self._loop(stop)
+        finally:
+            self.shutdown()
+
+    def _state_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(os.path.join(self.cfg.state_dir, "state.json"))
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ino)
+
+    def _loop(self, stop: threading.Event) -> None:
+        next_publish = 0.0
+        publish_failures = 0
+        stamp: Any = object()  # forces a first status pass (records left while we were down)
+        status_due: float | None = None
+        while not stop.is_set():
+            now = time.monotonic()
+            if self.links_changed.is_set():
+                self.links_changed.clear()
+                next_publish = min(next_publish, now + self.cfg.link_debounce_s)
+            if now >= next_publish:
+                try:
+                    self.publisher.sync()
+                    publish_failures = 0
+                    next_publish = now + self.cfg.resync_s
+                except CniError as exc:
+                    publish_failures += 1
+                    delay = min(0.5 * 2 ** (publish_failures - 1), 30.0)
+                    log.warning("publish failed (retry in %.1fs): %s %s", delay, exc.msg, exc.details)
+                    next_publish = now + delay
+            new_stamp = self._state_stamp()
+            if new_stamp != stamp or (status_due is not None and now >= status_due):
+                stamp = new_stamp
+                try:
+                    wait = self.status.sync()
+                    status_due = None if wait is None else time.monotonic() + wait
+                except CniError as exc:
+                    log.warning("status writer: %s", exc.msg)
+                    status_due = time.monotonic() + 1.0
+            stop.wait(self.cfg.poll_s)

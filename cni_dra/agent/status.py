@@ -1,0 +1,198 @@
+"""Claim status writer: ADD's records in the node state → ResourceClaim ``status.devices[]``.
+
+The CNI plugin leaves records in ``NodeState.statusUpdates``
+(:mod:`cni_dra.state.claim_status`); this writer applies them asynchronously, so ADD
+never waits on the API server. For a claim it applies (server-side apply of the status
+subresource, field manager = the driver name, forced) one ``status.devices[]`` entry per
+share this node holds for it, keyed by (driver, pool, device, shareID) (KEP-4817):
+
+* every ``ready`` attachment of the claim: ``networkData`` {interfaceName, ips (CIDR),
+  hardwareAddress} and condition ``Ready=True`` (reason ``InterfaceReady``);
+* every failed ADD recorded for a share with no ready attachment: ``Ready=False`` with
+  the error class as reason and the CNI code and message.
+
+When a share this writer applied goes away (DEL), the claim is applied again without it,
+so its entry is removed (server-side apply drops fields its manager no longer sets).
+The apply body names ``metadata.uid``, so a claim deleted and re-created under the same
+name is never written. Records are removed from the state once applied, or when the
+claim is gone (404) or replaced (409). Other failures are retried with exponential
+backoff (0.5 s doubling, at most 30 s) per claim; records survive agent restarts
+because they live in the state file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cni_dra.errors import CniError, TryAgainLaterError
+from cni_dra.state.claim_status import network_data
+
+__all__ = ["StatusWriter", "claim_status_body"]
+
+log = logging.getLogger("cni_dra.agent.status")
+
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+def _entry_key(e: dict[str, Any]) -> tuple[Any, ...]:
+    return (e.get("driver"), e.get("pool"), e.get("device"), e.get("shareID") or None)
+
+
+def _ready_keys(state: Any, uid: str) -> frozenset[tuple[Any, ...]]:
+    return frozenset(
+        (a.driver, a.pool, a.device, a.shareID or None)
+        for a in state.attachments
+        if a.claim is not None and a.claim.uid == uid and a.phase == "ready" and a.result
+    )
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def claim_status_body(claim: dict[str, str], state: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The apply body for ``claim`` ({namespace, name, uid}) from the node ``state`` and its
+    pending ``records`` (see module docstring). Entries are sorted by key."""
+    entries: dict[tuple[Any, ...], dict[str, Any]] = {}
+    times = {_entry_key(r): r.get("time") for r in records}
+    for att in state.attachments:
+        if att.claim is None or att.claim.uid != claim["uid"] or att.phase != "ready" or not att.result:
+            continue
+        entry: dict[str, Any] = {"driver": att.driver, "pool": att.pool, "device": att.device}
+        if att.shareID:
+            entry["shareID"] = att.shareID
+        key = _entry_key(entry)
+        entry["conditions"] = [{
+            "type": "Ready", "status": "True", "reason": "InterfaceReady",
+            "message": f"interface {att.ifname} of pod {att.podUID or '?'} on host NIC {att.ifName}",
+            "lastTransitionTime": times.get(key) or _now(),
+        }]
+        entry["networkData"] = network_data(att.result, att.ifname)
+        entries[key] = entry
+    for rec in sorted(records, key=lambda r: r.get("time") or ""):
+        if rec.get("ready"):
+            continue
+        entry = {"driver": rec["driver"], "pool": rec["pool"], "device": rec["device"]}
+        if rec.get("shareID"):
+            entry["shareID"] = rec["shareID"]
+        key = _entry_key(entry)
+        if key in entries and entries[key]["conditions"][0]["status"] == "True":
+            continue
+        entry["conditions"] = [{
+            "type": "Ready", "status": "False", "reason": rec.get("reason") or "AddFailed",
+            "message": rec.get("message") or "CNI ADD failed", "lastTransitionTime": rec.get("time") or _now(),
+        }]
+        entries[key] = entry
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim["name"], "namespace": claim["namespace"], "uid": claim["uid"]},
+        "status": {"devices": [entries[k] for k in sorted(entries, key=lambda k: tuple(str(x) for x in k))]},
+    }
+
+
+class StatusWriter:
+    """Apply pending records. ``api``: :class:`cni_dra.k8s.api.KubeApi`; ``store``:
+    :class:`cni_dra.state.StateStore`; ``count(outcome)``: metrics (applied, gone, error);
+    ``clock``: monotonic seconds (tests)."""
+
+    def __init__(
+        self,
+        api: Any,
+        store: Any,
+        *,
+        field_manager: str,
+        count: Callable[[str], None] = lambda outcome: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.api = api
+        self.store = store
+        self.field_manager = field_manager
+        self.count = count
+        self.clock = clock
+        self._attempts: dict[str, int] = {}
+        self._due: dict[str, float] = {}
+        # claim UID -> (claim ref, keys of its ready shares when last applied)
+        self._applied: dict[str, tuple[dict[str, str], frozenset[tuple[Any, ...]]]] = {}
+
+    def pending(self) -> int:
+        """How many records wait in the state."""
+        return len(self.store.read().statusUpdates)
+
+    def sync(self) -> float | None:
+        """Apply every claim whose backoff is over: claims with pending records, and claims
+        this writer applied before whose set of ready shares changed since (a DEL: its
+        entry must go). Returns the seconds until the next retry is due, or None when
+        nothing waits. Raises StateError (5) / TryAgainLaterError (11) only for the state."""
+        state = self.store.read()
+        claims: dict[str, dict[str, str]] = {}
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for rec in state.statusUpdates:
+            uid = (rec.get("claim") or {}).get("uid", "")
+            groups.setdefault(uid, []).append(rec)
+            claims.setdefault(uid, rec.get("claim") or {})
+        for uid, (claim, keys) in list(self._applied.items()):
+            if uid not in groups and _ready_keys(state, uid) != keys:
+                groups[uid] = []
+                claims[uid] = claim
+        if not groups:
+            self._attempts.clear()
+            self._due.clear()
+            return None
+        now = self.clock()
+        done: set[str] = set()
+        waits: list[float] = []
+        for uid, records in groups.items():
+            due = self._due.get(uid, 0.0)
+            if due > now:
+                waits.append(due - now)
+                continue
+            claim = claims[uid]
+            if not (uid and claim.get("name") and claim.get("namespace")):
+                done.update(r["id"] for r in records)  # malformed: nothing to write to
+                continue
+            outcome = self._apply(claim, state, records)
+            self.count(outcome)
+            if outcome == "error":
+                n = self._attempts[uid] = self._attempts.get(uid, 0) + 1
+                delay = min(BACKOFF_START_S * 2 ** (n - 1), BACKOFF_MAX_S)
+                self._due[uid] = now + delay
+                waits.append(delay)
+                continue
+            self._attempts.pop(uid, None)
+            self._due.pop(uid, None)
+            done.update(r["id"] for r in records)
+            keys = _ready_keys(state, uid)
+            if outcome == "applied" and keys:
+                self._applied[uid] = (claim, keys)
+            else:
+                self._applied.pop(uid, None)
+        if done:
+            with self.store.transaction() as st:
+                st.statusUpdates = [r for r in st.statusUpdates if r.get("id") not in done]
+        return min(waits) if waits else None
+
+    def _apply(self, claim: dict[str, str], state: Any, records: list[dict[str, Any]]) -> str:
+        body = claim_status_body(claim, state, records)
+        where = f"{claim['namespace']}/{claim['name']}"
+        try:
+            out = self.api.apply_resource_claim_status(
+                claim["namespace"], claim["name"], body, field_manager=self.field_manager
+            )
+        except TryAgainLaterError as exc:
+            log.warning("claim %s was replaced (UID %s no longer matches); dropping its status: %s",
+                        where, claim["uid"], exc.msg)
+            return "gone"
+        except CniError as exc:
+            log.warning("failed to write status of claim %s (will retry): %s %s", where, exc.msg, exc.details)
+            return "error"
+        if out is None:
+            log.info("claim %s is gone; dropping its status records", where)
+            return "gone"
+        log.info("wrote status of claim %s (%d device entries)", where, len(body["status"]["devices"]))
+        return "applied"

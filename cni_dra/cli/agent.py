@@ -1,0 +1,52 @@
+"""``cni-dra agent``: the node agent (ResourceSlice publisher, DRA kubelet plugin, claim
+status writer, metrics). A thin shell over :mod:`cni_dra.agent.main`; SIGTERM and SIGINT
+stop it cleanly."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+import click
+
+from cni_dra.protocol.config import DEFAULT_INVENTORY, DEFAULT_STATE_DIR
+
+__all__ = ["agent"]
+
+
+@click.command()
+@click.option("--node-name", required=True, envvar="NODE_NAME", help="This node's name (spec.nodeName of the slice).")
+@click.option("--kubeconfig", default=None, envvar="KUBECONFIG",
+              help="Kubeconfig file (default: the in-cluster service account).")
+@click.option("--inventory", envvar="CNI_DRA_INVENTORY", default=DEFAULT_INVENTORY, show_default=True,
+              help="The node's ResourceSlice file (the plugin config's inventory).")
+@click.option("--state-dir", envvar="CNI_DRA_STATE_DIR", default=DEFAULT_STATE_DIR, show_default=True,
+              help="Directory of the node state (the plugin config's stateDir).")
+@click.option("--plugin-dir", envvar="CNI_DRA_PLUGIN_DIR", default=None,
+              help="Directory of the DRA socket [default: /var/lib/kubelet/plugins/<driver>].")
+@click.option("--registry-dir", envvar="CNI_DRA_REGISTRY_DIR", default="/var/lib/kubelet/plugins_registry",
+              show_default=True, help="The kubelet's plugin registration directory.")
+@click.option("--metrics-address", envvar="CNI_DRA_METRICS_ADDRESS", default=":9412", show_default=True,
+              help="HOST:PORT of the Prometheus /metrics endpoint; empty to disable.")
+@click.option("--resync-interval", envvar="CNI_DRA_RESYNC_INTERVAL", default=60.0, show_default=True, type=float,
+              help="Seconds between drift checks of the published slice.")
+@click.option("--cleanup/--no-cleanup", envvar="CNI_DRA_CLEANUP", default=False, show_default=True,
+              help="Delete the node's ResourceSlice on exit.")
+@click.option("--log-level", envvar="CNI_DRA_LOG_LEVEL", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str, plugin_dir: str | None,
+          registry_dir: str, metrics_address: str, resync_interval: float, cleanup: bool, log_level: str) -> None:
+    """Run the node agent until SIGTERM/SIGINT."""
+    from cni_dra.agent.main import Agent, AgentConfig
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if kubeconfig:
+        kubeconfig = kubeconfig.split(":")[0]
+    cfg = AgentConfig(node_name=node_name, inventory=inventory, state_dir=state_dir, kubeconfig=kubeconfig,
+                      plugin_dir=plugin_dir, registry_dir=registry_dir, metrics_address=metrics_address,
+                      resync_s=resync_interval, cleanup=cleanup)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    Agent(cfg).run(stop)

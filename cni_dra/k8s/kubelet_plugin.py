@@ -1,0 +1,215 @@
+"""The DRA kubelet plugin's gRPC side: two unix sockets, as the kubelet expects them.
+
+* ``<plugin_dir>/dra.sock`` (default plugin_dir ``/var/lib/kubelet/plugins/<driver>``):
+  the DRA plugin service ``DRAPlugin`` of API ``v1`` and ``v1beta1`` (same handlers) and
+  the gRPC health service ``grpc.health.v1.Health``;
+* ``<registry_dir>/<driver>-reg.sock`` (default ``/var/lib/kubelet/plugins_registry``):
+  plugin registration API v1. ``GetInfo`` answers type ``DRAPlugin``, the driver name, the
+  DRA socket path and ``supported_versions`` ``["v1.DRAPlugin", "v1beta1.DRAPlugin"]``;
+  ``NotifyRegistrationStatus`` records the kubelet's verdict.
+
+This module is a thin adapter: it decodes requests and encodes responses; the work is a
+``driver`` object with ``prepare(namespace, uid, name) -> [device]`` (devices with
+``request_names``, ``pool_name``, ``device_name``, ``share_id``, ``cdi_device_ids``) and
+``unprepare(namespace, uid, name)``. A :class:`~cni_dra.errors.CniError` (or any other
+exception) for one claim becomes that claim's ``error`` string, so the kubelet retries
+only that claim; the RPC itself succeeds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+from cni_dra.k8s.protos import DRA_SERVICES, load
+
+__all__ = ["KubeletPlugin", "DEFAULT_PLUGINS_DIR", "DEFAULT_REGISTRY_DIR", "HEALTH_SERVICES"]
+
+log = logging.getLogger("cni_dra.k8s.kubelet")
+
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+# Full gRPC service names served on the DRA socket (health answers SERVING for these and "").
+HEALTH_SERVICES = (
+    "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+    "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
+)
+
+
+def _error_text(exc: BaseException) -> str:
+    from cni_dra.errors import CniError
+
+    if isinstance(exc, CniError):
+        return f"{type(exc).__name__} (CNI code {exc.code}): {exc.msg}" + (f": {exc.details}" if exc.details else "")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _dra_servicer(proto: str, driver: Any) -> Any:
+    pb2, services = load(proto)
+
+    class DRAPlugin(services.DRAPluginServicer):  # type: ignore[misc, name-defined]
+        def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC name
+            resp = pb2.NodePrepareResourcesResponse()
+            for claim in request.claims:
+                out = resp.claims[claim.uid]
+                try:
+                    for dev in driver.prepare(claim.namespace, claim.uid, claim.name):
+                        out.devices.add(
+                            request_names=list(dev.request_names),
+                            pool_name=dev.pool_name,
+                            device_name=dev.device_name,
+                            cdi_device_ids=list(dev.cdi_device_ids),
+                            share_id=dev.share_id,
+                        )
+                except Exception as exc:  # noqa: BLE001 - reported per claim, kubelet retries
+                    del out.devices[:]
+                    out.error = _error_text(exc)
+                    log.warning("prepare %s/%s failed: %s", claim.namespace, claim.name, out.error)
+            return resp
+
+        def NodeUnprepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+            resp = pb2.NodeUnprepareResourcesResponse()
+            for claim in request.claims:
+                out = resp.claims[claim.uid]
+                try:
+                    driver.unprepare(claim.namespace, claim.uid, claim.name)
+                except Exception as exc:  # noqa: BLE001
+                    out.error = _error_text(exc)
+                    log.warning("unprepare %s/%s failed: %s", claim.namespace, claim.name, out.error)
+            return resp
+
+    return DRAPlugin(), services.add_DRAPluginServicer_to_server
+
+
+def _health_servicer(serving: threading.Event) -> Any:
+    pb2, services = load("health_v1")
+    status_cls = pb2.HealthCheckResponse
+
+    class Health(services.HealthServicer):  # type: ignore[misc, name-defined]
+        def _status(self, service: str) -> int | None:
+            if service not in ("",) + HEALTH_SERVICES:
+                return None
+            return status_cls.SERVING if serving.is_set() else status_cls.NOT_SERVING
+
+        def Check(self, request: Any, context: Any) -> Any:  # noqa: N802
+            import grpc
+
+            st = self._status(request.service)
+            if st is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+            return status_cls(status=st)
+
+        def Watch(self, request: Any, context: Any) -> Any:  # noqa: N802
+            last = None
+            while context.is_active():
+                st = self._status(request.service)
+                st = status_cls.SERVICE_UNKNOWN if st is None else st
+                if st != last:
+                    last = st
+                    yield status_cls(status=st)
+                time.sleep(0.5)
+
+    return Health(), services.add_HealthServicer_to_server
+
+
+def _registration_servicer(plugin: KubeletPlugin) -> Any:
+    pb2, services = load("pluginregistration_v1")
+
+    class Registration(services.RegistrationServicer):  # type: ignore[misc, name-defined]
+        def GetInfo(self, request: Any, context: Any) -> Any:  # noqa: N802
+            return pb2.PluginInfo(
+                type="DRAPlugin",
+                name=plugin.driver_name,
+                endpoint=str(plugin.dra_socket),
+                supported_versions=[DRA_SERVICES[p] for p in plugin.versions],
+            )
+
+        def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+            plugin.registered = bool(request.plugin_registered)
+            plugin.registration_error = request.error
+            if request.plugin_registered:
+                log.info("kubelet registered the plugin %s", plugin.driver_name)
+            else:
+                log.error("kubelet refused the plugin %s: %s", plugin.driver_name, request.error)
+            return pb2.RegistrationStatusResponse()
+
+    return Registration(), services.add_RegistrationServicer_to_server
+
+
+class KubeletPlugin:
+    """The plugin's gRPC servers. ``start()`` binds both sockets (DRA first, so it is
+    ready when the kubelet reads the registration); ``stop()`` closes them and removes
+    the socket files. Raises IOFailureError (5) when a socket cannot be bound.
+    """
+
+    def __init__(
+        self,
+        driver_name: str,
+        driver: Any,
+        *,
+        plugin_dir: str | None = None,
+        registry_dir: str = DEFAULT_REGISTRY_DIR,
+        versions: tuple[str, ...] = ("dra_v1", "dra_v1beta1"),
+        max_workers: int = 4,
+    ) -> None:
+        self.driver_name = driver_name
+        self.driver = driver
+        self.plugin_dir = Path(plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, driver_name))
+        self.registry_dir = Path(registry_dir)
+        self.dra_socket = self.plugin_dir / "dra.sock"
+        self.registration_socket = self.registry_dir / f"{driver_name}-reg.sock"
+        self.versions = versions
+        self.max_workers = max_workers
+        self.registered: bool | None = None
+        self.registration_error = ""
+        self.serving = threading.Event()
+        self._servers: list[Any] = []
+
+    def _serve(self, path: Path, servicers: list[tuple[Any, Any]]) -> Any:
+        import grpc
+
+        from cni_dra.errors import IOFailureError
+
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_socket() or path.exists():
+                path.unlink()  # a stale socket of an earlier run
+        except OSError as exc:
+            raise IOFailureError(f"failed to prepare socket {path}: {exc}") from exc
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="grpc"))
+        for servicer, add in servicers:
+            add(servicer, server)
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as exc:
+            raise IOFailureError(f"failed to listen on {path}: {exc}") from exc
+        server.start()
+        self._servers.append((server, path))
+        return server
+
+    def start(self) -> None:
+        """Serve the DRA and health services, then the registration socket."""
+        self._serve(
+            self.dra_socket,
+            [_dra_servicer(v, self.driver) for v in self.versions] + [_health_servicer(self.serving)],
+        )
+        self.serving.set()
+        self._serve(self.registration_socket, [_registration_servicer(self)])
+        log.info("kubelet plugin %s on %s, registration on %s", self.driver_name, self.dra_socket,
+                 self.registration_socket)
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving (registration first) and remove the socket files."""
+        self.serving.clear()
+        for server, path in reversed(self._servers):
+            server.stop(grace_s).wait(grace_s + 1)
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        self._servers.clear()

@@ -1,0 +1,42 @@
+"""The kubelet's gRPC APIs, compiled at import time from the ``.proto`` files in
+``cni_dra/k8s/proto/`` (written from the published APIs; no generated code is committed).
+
+``grpc.protos_and_services`` runs grpc_tools' protoc in memory (about 0.1 s for all four
+files) the first time a module is asked for; the result is cached for the process.
+Both the agent (servers) and the tests (client stubs, as the kubelet uses them) load the
+same modules through :func:`load`.
+
+Protos: ``pluginregistration_v1`` (plugin registration API v1), ``dra_v1`` and
+``dra_v1beta1`` (DRA kubelet plugin API, KEP-4381), ``health_v1`` (grpc.health.v1).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["PROTOS", "load", "DRA_SERVICES"]
+
+PROTOS = ("pluginregistration_v1", "dra_v1", "dra_v1beta1", "health_v1")
+# What the registration's supported_versions announces for each DRA proto (the kubelet's
+# service names), newest first.
+DRA_SERVICES = {"dra_v1": "v1.DRAPlugin", "dra_v1beta1": "v1beta1.DRAPlugin"}
+
+_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the cni_dra package
+
+
+@functools.cache
+def load(name: str) -> tuple[ModuleType, ModuleType]:
+    """(messages module, services module) for proto ``name`` (one of :data:`PROTOS`).
+
+    Raises KeyError for an unknown name; ImportError when grpcio-tools is missing.
+    """
+    if name not in PROTOS:
+        raise KeyError(name)
+    import grpc
+
+    if str(_ROOT) not in sys.path:  # the proto path is resolved against sys.path
+        sys.path.append(str(_ROOT))
+    return grpc.protos_and_services(f"cni_dra/k8s/proto/{name}.proto")

@@ -1,0 +1,190 @@
+"""The whole agent in-process (no root: its one NIC is the loopback device), against the
+local API stand-in: publish, prepare over gRPC, status records written asynchronously,
+drift repair, restart without loss, cleanup, extra services."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import types
+
+import grpc
+import pytest
+import yaml
+
+from cni_dra.agent.main import Agent, AgentConfig, extra_services
+from cni_dra.k8s.protos import load
+from cni_dra.state import Attachment, ClaimRef, StateStore
+from cni_dra.state.claim_status import claim_status_record
+from tests.k8s_apiserver import DRIVER, FakeApiServer, allocated_claim, inventory_doc, write_kubeconfig
+
+SHARE = "2c9b8a7d-6e5f-4a3b-9c1d-0e2f3a4b5c6d"
+SLICE = "node-1-net.cni-dra.dev"
+
+
+def wait_for(cond, timeout_s=30.0):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+class FakeService:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def start(self) -> None:
+        self.events.append("start")
+
+    def stop(self) -> None:
+        self.events.append("stop")
+
+
+@pytest.fixture
+def env():
+    short = tempfile.mkdtemp(prefix="cda", dir="/tmp")
+    inv = f"{short}/inv.yaml"
+    with open(inv, "w") as fh:
+        yaml.safe_dump(inventory_doc("node-1", {"lo-nic": "lo"}), fh)
+    with FakeApiServer() as server:
+        server.add_node("node-1")
+        yield server, short, inv
+    shutil.rmtree(short)
+
+
+def config(short, inv, server, **kw) -> AgentConfig:
+    base = dict(node_name="node-1", inventory=inv, state_dir=f"{short}/state",
+                kubeconfig=write_kubeconfig(f"{short}/kubeconfig", server.url),
+                plugin_dir=f"{short}/plugins", registry_dir=f"{short}/reg", metrics_address="127.0.0.1:0",
+                resync_s=0.3, poll_s=0.05)
+    base.update(kw)
+    return AgentConfig(**base)
+
+
+class Running:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.agent = Agent(cfg)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.agent.run, args=(self.stop,), daemon=True)
+
+    def __enter__(self) -> Agent:
+        self.thread.start()
+        return self.agent
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+def prepare(agent: Agent, claim) -> object:
+    pb2, services = load("dra_v1")
+    wait_for(lambda: agent.plugin.dra_socket.is_socket())
+    with grpc.insecure_channel(f"unix://{agent.plugin.dra_socket}") as ch:
+        return services.DRAPluginStub(ch).NodePrepareResources(pb2.NodePrepareResourcesRequest(claims=[
+            pb2.Claim(namespace="default", uid=claim["metadata"]["uid"], name=claim["metadata"]["name"])]), timeout=10)
+
+
+def test_agent_lifecycle_restart_loses_nothing(env):
+    server, short, inv = env
+    fake = FakeService()
+    claim = server.add_claim(allocated_claim("c1", pool="node-1", device="lo-nic", bandwidth="3G",
+                                             share_id=SHARE, pod_uids=["pod-a"]))
+    uid = claim["metadata"]["uid"]
+    with Running(config(short, inv, server, cleanup=True, extra=[fake])) as agent:
+        slice_ = wait_for(lambda: server.slices.get(SLICE))
+        (dev,) = slice_["spec"]["devices"]
+        assert dev["attributes"]["ifName"] == {"string": "lo"} and dev["attributes"]["mtu"]["int"] > 0
+        assert slice_["metadata"]["ownerReferences"][0]["uid"] == server.nodes["node-1"]["metadata"]["uid"]
+        assert prepare(agent, claim).claims[uid].devices[0].share_id == SHARE
+        assert fake.events == ["start"]
+        # drift: the slice vanishes; the periodic resync puts it back
+        with server.lock:
+            del server.slices[SLICE]
+        wait_for(lambda: SLICE in server.slices)
+    assert fake.events == ["start", "stop"]
+    assert SLICE not in server.slices  # --cleanup
+    assert not agent.plugin.dra_socket.exists() and not agent.plugin.registration_socket.exists()
+    # While no agent runs, a claim-mode ADD completes: it leaves its record in the state.
+    store = StateStore(f"{short}/state")
+    assert list(store.read().claims) == ["pod-a"]  # prepared claims survived the restart
+    with store.transaction() as st:
+        att = Attachment(network="n", containerID="c1", ifname="net1", podUID="pod-a", driver=DRIVER,
+                         pool="node-1", device="lo-nic", ifName="lo", consumedCapacity={"bandwidth": "3G"},
+                         shareID=SHARE, claim=ClaimRef(namespace="default", name="c1", uid=uid, request="net1"),
+                         phase="ready", result={"interfaces": [{"name": "net1", "mac": "02:aa:bb:cc:dd:ee",
+                                                                 "sandbox": "/x"}],
+                                                "ips": [{"address": "192.0.2.44/24", "interface": 0}]})
+        st.attachments.append(att)
+        st.statusUpdates.append(claim_status_record(att))
+    with Running(config(short, inv, server)) as agent:
+        wait_for(lambda: server.slices.get(SLICE))
+        entry = wait_for(lambda: (server.claims[("default", "c1")].get("status", {}).get("devices") or [None])[0])
+        assert entry["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.44/24"],
+                                        "hardwareAddress": "02:aa:bb:cc:dd:ee"}
+        wait_for(lambda: store.read().statusUpdates == [])
+        # the kubelet prepares again after the restart: same answer, still one copy per pod
+        assert prepare(agent, claim).claims[uid].devices[0].share_id == SHARE
+        (copy_,) = store.read().claims["pod-a"]
+        assert copy_["status"]["allocation"] == claim["status"]["allocation"]
+        with urllib_open(f"http://127.0.0.1:{agent.metrics_port}/metrics") as text:
+            assert 'cni_dra_status_updates_total{outcome="applied"} 1.0' in text
+            assert 'cni_dra_prepare_total{result="ok"} 1.0' in text
+    assert SLICE in server.slices  # no --cleanup: the slice stays
+    assert server.invalid == []
+
+
+class urllib_open:  # noqa: N801 - a tiny context manager returning the body text
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __enter__(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url, timeout=5) as resp:
+            return resp.read().decode()
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def test_publish_failures_are_retried(env):
+    server, short, inv = env
+    server.fail("POST", r".*/resourceslices", 503, count=2)
+    with Running(config(short, inv, server)):
+        wait_for(lambda: SLICE in server.slices)
+    assert len(server.requests_for("POST", r".*/resourceslices")) == 3
+
+
+def test_fastpath_service_started_when_installed(env, monkeypatch):
+    server, short, inv = env
+    made = {}
+
+    def agent_service(*, state_dir, inventory):
+        made["svc"] = FakeService()
+        made["args"] = (state_dir, inventory)
+        return made["svc"]
+
+    pkg = types.ModuleType("cni_dra.fastpath")
+    mod = types.ModuleType("cni_dra.fastpath.server")
+    mod.agent_service = agent_service
+    pkg.server = mod
+    monkeypatch.setitem(sys.modules, "cni_dra.fastpath", pkg)
+    monkeypatch.setitem(sys.modules, "cni_dra.fastpath.server", mod)
+    cfg = config(short, inv, server)
+    with Running(cfg):
+        wait_for(lambda: SLICE in server.slices)
+    assert made["args"] == (cfg.state_dir, cfg.inventory)
+    assert made["svc"].events == ["start", "stop"]
+
+
+def test_no_fastpath_no_extra_service(env):
+    server, short, inv = env
+    assert "cni_dra.fastpath" not in sys.modules
+    assert extra_services(config(short, inv, server)) == []

@@ -1,0 +1,146 @@
+"""conf/k8s manifests: every document loads through the official client's models
+unchanged (no unknown or misspelt field), and they fit together: the DeviceClass selects
+the inventory's shared NICs, the template's 2G request allocates on them, the RBAC allows
+every call the agent makes, the DaemonSet installs the plugin and runs the agent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "conf" / "k8s"
+
+MODELS = {
+    ("v1", "ServiceAccount"): "V1ServiceAccount",
+    ("v1", "ConfigMap"): "V1ConfigMap",
+    ("v1", "Pod"): "V1Pod",
+    ("apps/v1", "DaemonSet"): "V1DaemonSet",
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
+    ("resource.k8s.io/v1", "DeviceClass"): "V1DeviceClass",
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): "V1ResourceClaimTemplate",
+}
+
+
+def docs() -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                out.append((path.name, doc))
+    return out
+
+
+def by_kind(kind: str) -> list[dict]:
+    return [d for _, d in docs() if d["kind"] == kind]
+
+
+@pytest.mark.parametrize("name,doc", docs(), ids=lambda v: v if isinstance(v, str) else v.get("kind"))
+def test_manifest_loads_through_client_models(name, doc):
+    from kubernetes import client
+
+    model = getattr(client, MODELS[(doc["apiVersion"], doc["kind"])])
+    obj = model.model_validate(doc)  # the client's models forbid unknown fields
+    assert client.ApiClient().sanitize_for_serialization(obj) == doc
+
+
+def test_every_kind_is_there():
+    assert sorted({d["kind"] for _, d in docs()}) == sorted(k for _, k in MODELS)
+
+
+def test_deviceclass_selects_the_inventory_nics_only():
+    from cni_dra.allocator.cel import device_matches
+    from cni_dra.dra.inventory import load_inventory
+
+    (dc,) = by_kind("DeviceClass")
+    exprs = [s["cel"]["expression"] for s in dc["spec"]["selectors"]]
+    inv = load_inventory(str(ROOT / "conf" / "resourceslice.yaml"))
+    assert [device_matches(exprs, d, inv.spec.driver) for d in inv.spec.devices] == [True, True]
+    assert not device_matches(exprs, inv.spec.devices[0], "other.driver")
+
+
+def test_template_request_allocates_2g_share():
+    from cni_dra.allocator.claims import NodeUsage, allocate_claim
+    from cni_dra.dra.inventory import load_inventory
+    from cni_dra.dra.models import ResourceClaim
+
+    (tpl,) = by_kind("ResourceClaimTemplate")
+    (dc,) = by_kind("DeviceClass")
+    claim = ResourceClaim.model_validate({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                          "metadata": {"name": "c", "namespace": "default"}, "spec": tpl["spec"]["spec"]})
+    inv = load_inventory(str(ROOT / "conf" / "resourceslice.yaml"))
+    classes = {dc["metadata"]["name"]: [s["cel"]["expression"] for s in dc["spec"]["selectors"]]}
+    got = allocate_claim(claim, inv, NodeUsage(), lambda: "3b9f0c1e-7a2d-4c5b-9e8f-1a2b3c4d5e6f", classes=classes)
+    (res,) = got.devices.results
+    assert res.request == "net1"
+    assert str(res.consumed_capacity["bandwidth"]) == "2G"
+    assert res.share_id == "3b9f0c1e-7a2d-4c5b-9e8f-1a2b3c4d5e6f"
+
+
+def test_pod_uses_the_template():
+    (pod,) = by_kind("Pod")
+    (tpl,) = by_kind("ResourceClaimTemplate")
+    (rc,) = pod["spec"]["resourceClaims"]
+    assert rc["resourceClaimTemplateName"] == tpl["metadata"]["name"]
+    assert pod["metadata"]["namespace"] == tpl["metadata"]["namespace"]
+
+
+def test_rbac_allows_every_agent_call():
+    (role,) = by_kind("ClusterRole")
+    allowed = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    needed = {  # cni_dra.k8s.api.KubeApi
+        ("", "nodes", "get"),
+        ("resource.k8s.io", "resourceslices", "get"), ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceslices", "create"), ("resource.k8s.io", "resourceslices", "update"),
+        ("resource.k8s.io", "resourceslices", "delete"),
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceclaims/status", "patch"),
+    }
+    assert needed <= allowed
+    (binding,) = by_kind("ClusterRoleBinding")
+    (sa,) = by_kind("ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": sa["metadata"]["namespace"]}]
+
+
+def test_daemonset_installs_the_plugin_and_runs_the_agent():
+    (ds,) = by_kind("DaemonSet")
+    (cm,) = by_kind("ConfigMap")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["serviceAccountName"] == by_kind("ServiceAccount")[0]["metadata"]["name"]
+    (init,) = pod["initContainers"]
+    script = init["args"][0]
+    assert "/host/opt/cni/bin/cni-dra" in script and "/host/etc/cni/net.d/10-cni-dra.conflist" in script
+    host_paths = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+    mounts = {m["mountPath"]: host_paths[m["name"]] for m in init["volumeMounts"] if host_paths[m["name"]]}
+    assert mounts["/host/opt/cni/bin"] == "/opt/cni/bin" and mounts["/host/etc/cni/net.d"] == "/etc/cni/net.d"
+    (agent,) = pod["containers"]
+    assert agent["command"] == ["cni-dra", "agent"]
+    amounts = {m["mountPath"]: host_paths[m["name"]] for m in agent["volumeMounts"]}
+    assert amounts["/var/lib/kubelet/plugins"] == "/var/lib/kubelet/plugins"
+    assert amounts["/var/lib/kubelet/plugins_registry"] == "/var/lib/kubelet/plugins_registry"
+    assert amounts["/var/lib/cni-dra"] == "/var/lib/cni-dra"
+    conflist = json.loads(cm["data"]["10-cni-dra.conflist"])
+    (plugin,) = conflist["plugins"]
+    assert plugin["type"] == "cni-dra" and plugin["driver"] == "net.cni-dra.dev"
+    (dc,) = by_kind("DeviceClass")
+    assert plugin["driver"] in dc["spec"]["selectors"][0]["cel"]["expression"]
+
+
+def test_agent_cli_accepts_the_daemonset_arguments():
+    from click.testing import CliRunner
+
+    from cni_dra.cli import cli
+
+    (ds,) = by_kind("DaemonSet")
+    (agent,) = ds["spec"]["template"]["spec"]["containers"]
+    res = CliRunner().invoke(cli, agent["command"][1:] + agent["args"] + ["--help"])
+    assert res.exit_code == 0, res.output
+    assert "--cleanup" in res.output

@@ -1,0 +1,189 @@
+"""Claim status: the records ADD leaves in the state and the writer that applies them to
+the ResourceClaim's status.devices[] on the local API stand-in."""
+
+from __future__ import annotations
+
+import pytest
+
+from cni_dra.agent.status import StatusWriter, claim_status_body
+from cni_dra.errors import NetlinkError
+from cni_dra.k8s.api import KubeApi
+from cni_dra.state import Attachment, ClaimRef, StateStore
+from cni_dra.state.claim_status import claim_status_record, network_data, record_add_failure
+from tests.k8s_apiserver import DRIVER, FakeApiServer, allocated_claim
+
+SHARE = "1d0a8f7c-9e4b-4a43-8f5e-7d2c6b1a0e99"
+RESULT = {
+    "cniVersion": "1.1.0",
+    "interfaces": [{"name": "net1", "mac": "02:11:22:33:44:55", "sandbox": "/var/run/netns/p"}],
+    "ips": [{"address": "192.0.2.7/24", "gateway": "192.0.2.1", "interface": 0},
+            {"address": "2001:db8::7/64", "interface": 0}],
+}
+
+
+def attachment(claim_uid: str, **kw) -> Attachment:
+    base = dict(network="net", containerID="c1", ifname="net1", netns="/var/run/netns/p", podUID="pod-a",
+                driver=DRIVER, pool="node-1", device="eth-b", ifName="ens2", consumedCapacity={"bandwidth": "3G"},
+                shareID=SHARE, claim=ClaimRef(namespace="default", name="c1", uid=claim_uid, request="net1"),
+                phase="ready", result=RESULT)
+    base.update(kw)
+    return Attachment(**base)
+
+
+def test_network_data_from_a_cni_result():
+    assert network_data(RESULT, "net1") == {
+        "interfaceName": "net1", "ips": ["192.0.2.7/24", "2001:db8::7/64"], "hardwareAddress": "02:11:22:33:44:55"}
+    chained = {"interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01"},
+                              {"name": "net1", "mac": "02:00:00:00:00:02", "sandbox": "/x"}],
+               "ips": [{"address": "10.0.0.1/8", "interface": 0}, {"address": "192.0.2.9/24", "interface": 1}]}
+    assert network_data(chained, "net1") == {"interfaceName": "net1", "ips": ["192.0.2.9/24"],
+                                             "hardwareAddress": "02:00:00:00:00:02"}
+    assert network_data({}, "net1") == {"interfaceName": "net1"}  # L2 only, nothing known
+
+
+def test_record_shapes(tmp_path):
+    att = attachment("u1")
+    rec = claim_status_record(att)
+    assert rec["ready"] is True and rec["networkData"]["ips"] == ["192.0.2.7/24", "2001:db8::7/64"]
+    assert rec["claim"] == {"namespace": "default", "name": "c1", "uid": "u1"}
+    assert (rec["driver"], rec["pool"], rec["device"], rec["shareID"]) == (DRIVER, "node-1", "eth-b", SHARE)
+    store = StateStore(tmp_path)
+    record_add_failure(store, att, NetlinkError("failed to create macvlan net1: boom"))
+    (fail,) = store.read().statusUpdates
+    assert fail["ready"] is False and fail["reason"] == "NetlinkError"
+    assert fail["message"] == "CNI ADD failed with code 102: failed to create macvlan net1: boom"
+    assert fail["id"] != rec["id"]
+
+
+def test_record_add_failure_never_raises(tmp_path):
+    (tmp_path / "state.json").write_text("{not json")  # a corrupt state: the report is lost, no raise
+    record_add_failure(StateStore(tmp_path), attachment("u1"), NetlinkError("x"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def world(tmp_path):
+    with FakeApiServer() as server:
+        api = KubeApi.from_config(host=server.url)
+        claim = server.add_claim(allocated_claim("c1", pool="node-1", device="eth-b", bandwidth="3G",
+                                                 share_id=SHARE, pod_uids=["pod-a"]))
+        store = StateStore(tmp_path)
+        clock = Clock()
+        outcomes: list[str] = []
+        writer = StatusWriter(api, store, field_manager=DRIVER, count=outcomes.append, clock=clock)
+        yield server, claim, store, writer, clock, outcomes
+        api.close()
+
+
+def add_ready(store, uid):
+    with store.transaction() as st:
+        att = attachment(uid)
+        st.attachments.append(att)
+        st.statusUpdates.append(claim_status_record(att))
+
+
+def test_writer_applies_network_data_and_ready(world):
+    server, claim, store, writer, _, outcomes = world
+    add_ready(store, claim["metadata"]["uid"])
+    assert writer.sync() is None
+    (entry,) = server.claims[("default", "c1")]["status"]["devices"]
+    assert (entry["driver"], entry["pool"], entry["device"], entry["shareID"]) == (DRIVER, "node-1", "eth-b", SHARE)
+    assert entry["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.7/24", "2001:db8::7/64"],
+                                    "hardwareAddress": "02:11:22:33:44:55"}
+    (cond,) = entry["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Ready", "True", "InterfaceReady")
+    (req,) = server.requests_for("PATCH", r".*/resourceclaims/c1/status")
+    assert req.query["fieldManager"] == [DRIVER]
+    assert req.body["metadata"]["uid"] == claim["metadata"]["uid"]
+    assert store.read().statusUpdates == []
+    assert outcomes == ["applied"]
+    assert server.invalid == []
+
+
+def test_writer_retries_with_backoff(world):
+    server, claim, store, writer, clock, outcomes = world
+    add_ready(store, claim["metadata"]["uid"])
+    server.fail("PATCH", r".*/status", 500, count=3)
+    waits = []
+    for _ in range(3):
+        waits.append(writer.sync())
+        assert writer.sync() == pytest.approx(waits[-1])  # not due yet: no request
+        clock.t += waits[-1]
+    assert waits == [0.5, 1.0, 2.0]
+    assert len(server.requests_for("PATCH", r".*/status")) == 3
+    assert len(store.read().statusUpdates) == 1  # kept until written
+    assert writer.sync() is None
+    assert server.claims[("default", "c1")]["status"]["devices"][0]["networkData"]["interfaceName"] == "net1"
+    assert outcomes == ["error", "error", "error", "applied"]
+
+
+def test_failure_record_becomes_ready_false(world):
+    server, claim, store, writer, _, _ = world
+    record_add_failure(store, attachment(claim["metadata"]["uid"]), NetlinkError("failed to create macvlan: EBUSY"))
+    writer.sync()
+    (entry,) = server.claims[("default", "c1")]["status"]["devices"]
+    assert "networkData" not in entry
+    (cond,) = entry["conditions"]
+    assert (cond["status"], cond["reason"]) == ("False", "NetlinkError")
+    assert "code 102" in cond["message"] and "EBUSY" in cond["message"]
+
+
+def test_gone_or_replaced_claims_drop_their_records(world):
+    server, claim, store, writer, _, outcomes = world
+    add_ready(store, "not-the-uid")  # claim re-created under the same name
+    add_ready(store, claim["metadata"]["uid"])
+    with server.lock:
+        del server.claims[("default", "c1")]  # ... and now deleted
+    writer.sync()
+    assert store.read().statusUpdates == []
+    assert outcomes == ["gone", "gone"]
+
+
+def test_body_lists_every_ready_share_of_the_claim(world):
+    """Server-side apply owns the whole list: a second share's record must not drop the first."""
+    _, claim, store, _, _, _ = world
+    uid = claim["metadata"]["uid"]
+    other = "5e3d1b0a-2f4c-4a6e-9b8d-7c6a5e4d3c2b"
+    with store.transaction() as st:
+        st.attachments.append(attachment(uid))
+        st.attachments.append(attachment(uid, containerID="c2", shareID=other, device="eth-a"))
+        st.attachments.append(attachment("another-claim", containerID="c3"))
+    rec = claim_status_record(attachment(uid, containerID="c2", shareID=other, device="eth-a"))
+    body = claim_status_body({"namespace": "default", "name": "c1", "uid": uid}, store.read(), [rec])
+    assert [(e["device"], e["shareID"]) for e in body["status"]["devices"]] == [("eth-a", other), ("eth-b", SHARE)]
+
+
+def test_second_share_keeps_the_first_and_a_deleted_share_goes(world):
+    """Server-side apply with one field manager: each apply states the whole set of this
+    node's shares of the claim, so a new share keeps the others and a DEL'd one is removed."""
+    server, claim, store, writer, _, _ = world
+    uid = claim["metadata"]["uid"]
+    other = "5e3d1b0a-2f4c-4a6e-9b8d-7c6a5e4d3c2b"
+    add_ready(store, uid)
+    writer.sync()
+    with store.transaction() as st:
+        att = attachment(uid, containerID="c2", shareID=other, device="eth-a")
+        st.attachments.append(att)
+        st.statusUpdates.append(claim_status_record(att))
+    writer.sync()
+    devs = server.claims[("default", "c1")]["status"]["devices"]
+    assert sorted((d["device"], d["shareID"]) for d in devs) == [("eth-a", other), ("eth-b", SHARE)]
+    with store.transaction() as st:  # DEL of the first share: no record, the writer notices
+        st.remove("net", "c1", "net1")
+    writer.sync()
+    devs = server.claims[("default", "c1")]["status"]["devices"]
+    assert [(d["device"], d["shareID"]) for d in devs] == [("eth-a", other)]
+    with store.transaction() as st:  # DEL of the last share
+        st.attachments.clear()
+    writer.sync()
+    assert server.claims[("default", "c1")]["status"]["devices"] == []
+    n = len(server.requests_for("PATCH", r".*/status"))
+    assert writer.sync() is None  # nothing more to say
+    assert len(server.requests_for("PATCH", r".*/status")) == n
