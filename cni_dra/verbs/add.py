@@ -21,25 +21,56 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cni_dra.errors import (
     AttachmentExistsError,
     ClaimError,
+    IncompatibleVersionError,
     InvalidConfigError,
+    IOFailureError,
     InventoryError,
     NoCapacityError,
     TryAgainLaterError,
 )
-from cni_dra.protocol.results import DNS, Interface, IPConfig, Result, Route, merge_prev_result, parse_result
+from cni_dra.protocol.results import (
+    DNS,
+    Interface,
+    IPConfig,
+    Result,
+    Route,
+    merge_prev_result,
+    parse_result,
+    result_to_dict,
+)
+from cni_dra.protocol.versions import version_at_least
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
 from cni_dra.verbs.common import Invocation, claim_results_for
 
-__all__ = ["cmd_add"]
+__all__ = ["cmd_add", "link_type_conflicts"]
 
 log = logging.getLogger("cni_dra.add")
+
+
+def link_type_conflicts(attachments: Iterable[Attachment], link_type: str, driver: str, pool: str) -> dict[str, str]:
+    """Devices of (``driver``, ``pool``) that cannot take a link of ``link_type`` now.
+
+    A parent NIC that carries macvlan children cannot take an ipvlan and the reverse
+    (the kernel gives a NIC one receive handler: EBUSY). ``attachments`` are the node
+    state's; each records its ``linkType``. Returns device name -> reason, e.g.
+    ``"carries macvlan links (cni-dra does not mix macvlan and ipvlan on one NIC)"``.
+    Pure; raises nothing.
+    """
+    out: dict[str, str] = {}
+    for att in attachments:
+        if att.driver == driver and att.pool == pool and att.linkType != link_type:
+            out[att.device] = (
+                f"carries {att.linkType} links, so it cannot take {link_type} "
+                "(macvlan and ipvlan cannot share a parent NIC)"
+            )
+    return out
 
 
 def _host_links_by_name(names: list[str]) -> dict[str, Any]:
@@ -118,6 +149,9 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
         for a in others:
             for k, v in a.consumedCapacity.items():
                 on_node[k] = on_node[k] + v if k in on_node else v
+        mixed = link_type_conflicts(state.attachments, conf.linkType, driver, pool).get(name)
+        if mixed:
+            raise ClaimError(f"failed to honour {where} on device {name}: the NIC {mixed}")
         reason = check_fits(device, on_node, consumption)
         if reason:
             raise ClaimError(f"failed to honour {where} on device {name}: allocation no longer fits: {reason}")
@@ -140,9 +174,10 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
     for d in slice_.spec.devices:
         (usable if _device_if_name(d, driver) in host_links else missing).append(d)
     consumed = state.consumed_by_device(driver, pool)
-    choice = select_device(usable, consumed, requests, conf.selectionPolicy, driver=driver)
+    mixed = link_type_conflicts(state.attachments, conf.linkType, driver, pool)
+    choice = select_device(usable, consumed, requests, conf.selectionPolicy, exclude=mixed, driver=driver)
     if isinstance(choice, NoFit):
-        reasons = [f"{dev}: {why}" for dev, why in sorted(choice.reasons.items())]
+        reasons = [f"{dev}: {mixed.get(dev, why)}" for dev, why in sorted(choice.reasons.items())]
         reasons += [f"{d.name}: interface {_device_if_name(d, driver)} does not exist" for d in missing]
         who = f"pod {env.args.pod_namespace}/{env.args.pod_name}" if env.args.pod_name else f"container {env.container_id}"
         raise NoCapacityError(
@@ -181,6 +216,12 @@ def cmd_add(inv: Invocation) -> Result:
     from cni_dra.netlink import links
 
     env, conf = inv.env, inv.conf
+    if not conf.ipam_type and not version_at_least(conf.cniVersion, "0.3.0"):
+        raise IncompatibleVersionError(
+            f"failed to add {env.ifname} for container {env.container_id}: an L2-only network (no ipam) has "
+            f"no IP address, and a cniVersion {conf.cniVersion} result consists of ip4/ip6 entries",
+            "use cniVersion 0.3.0 or newer, or configure ipam",
+        )
     slice_ = inv.inventory
     undo: list[Callable[[], None]] = []
     key = (conf.name, env.container_id, env.ifname)
@@ -209,6 +250,8 @@ def cmd_add(inv: Invocation) -> Result:
                     f"invalid network config {conf.name!r}: mtu {conf.mtu} is above the MTU {parent.mtu} "
                     f"of the chosen parent {att.ifName} (device {att.device})"
                 )
+            if conf.mac is not None:
+                _refuse_duplicate_mac(conf.mac, att, parent, state)
             state.attachments.append(att)
 
         def release_capacity() -> None:
@@ -217,10 +260,18 @@ def cmd_add(inv: Invocation) -> Result:
 
         undo.append(release_capacity)
         # 2. the link
-        link = links.create_macvlan(
-            parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode, mtu=conf.mtu, mac=conf.mac
-        )
+        if conf.linkType == "ipvlan":
+            link = links.create_ipvlan(
+                parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode,
+                flag=conf.ipvlanFlag or "bridge", mtu=conf.mtu,
+            )
+        else:
+            link = links.create_macvlan(
+                parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode, mtu=conf.mtu,
+                mac=conf.mac, bcqueuelen=conf.bcqueuelen,
+            )
         undo.append(lambda: links.delete_link(env.netns, env.ifname))
+        _announce(env.netns, env.ifname)
         # 3. IPAM
         ipam_result: Result | None = None
         if conf.ipam_type:
@@ -231,8 +282,14 @@ def cmd_add(inv: Invocation) -> Result:
                 env.ifname,
                 addresses=[(ip.address, ip.gateway) for ip in ipam_result.ips],
                 routes=[(r.dst, r.gw) for r in ipam_result.routes],
+                wait_ipv6=True,
+                nodad=conf.nodad,
+                settle_timeout_s=conf.dadTimeoutSeconds,
             )
         result = _result_from(inv, link, ipam_result)
+        # The runtime gets the result in the config's version; one that cannot be expressed
+        # there (0.1.0/0.2.0 without an IP) must fail here, while the undo steps still run.
+        result_to_dict(result, conf.cniVersion)
         # 4. done
         with inv.store.transaction() as state:
             recorded = state.find(*key)
@@ -251,6 +308,34 @@ def cmd_add(inv: Invocation) -> Result:
 
 
 def _result_dict(result: Result) -> dict[str, Any]:
-    from cni_dra.protocol.results import result_to_dict
-
     return result_to_dict(result, "1.1.0")
+
+
+def _refuse_duplicate_mac(mac: str, att: Attachment, parent: Any, state: NodeState) -> None:
+    """InvalidConfigError (7) when ``mac`` is the parent's own MAC or that of another
+    attachment on the same NIC (the kernel would refuse it with EADDRINUSE at link up;
+    saying which attachment holds it is clearer)."""
+    if parent.mac and parent.mac.lower() == mac:
+        raise InvalidConfigError(f"invalid MAC {mac}: it is the address of the parent NIC {att.ifName} (device {att.device})")
+    for other in state.attachments:
+        if other.ifName != att.ifName or not other.result:
+            continue
+        for iface in other.result.get("interfaces") or []:
+            if iface.get("name") == other.ifname and str(iface.get("mac", "")).lower() == mac:
+                raise InvalidConfigError(
+                    f"invalid MAC {mac}: already used on parent {att.ifName} by interface {other.ifname} of "
+                    f"container {other.containerID} (network {other.network!r})"
+                )
+
+
+def _announce(netns: str, ifname: str) -> None:
+    """Set ``arp_notify`` and ``ndisc_notify`` on the new link, as the reference macvlan plugin
+    does: neighbours learn the address when the link comes up or moves. ndisc_notify is
+    skipped (logged) when the netns has IPv6 disabled. Raises IOFailureError (5)."""
+    from cni_dra.netlink.links import set_sysctl_in_netns
+
+    set_sysctl_in_netns(netns, f"net/ipv4/conf/{ifname}/arp_notify", 1)
+    try:
+        set_sysctl_in_netns(netns, f"net/ipv6/conf/{ifname}/ndisc_notify", 1)
+    except IOFailureError as exc:
+        log.warning("ndisc_notify not set on %s (IPv6 disabled?): %s", ifname, exc.msg)
