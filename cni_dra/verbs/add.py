@@ -13,7 +13,9 @@ Steps (each effect registers its undo; a failure undoes them in reverse and re-r
 
 Errors: InvalidConfigError (7) for mtu above the parent's (before any IPAM call),
 NoCapacityError (100) when nothing fits, ClaimError (101) for an allocation that cannot be
-honoured, NetlinkError (102), IpamError (the IPAM plugin's code), TryAgainLaterError (11),
+honoured, NetlinkError (102), IpamError (the IPAM plugin's code; its catch-all 999 becomes
+103), TryAgainLaterError (11, also when the dhcp daemon's socket is absent), IncompatibleVersionError
+(1) for an L2-only 0.1.0/0.2.0 config, InvalidConfigError (7) for a MAC already used on the parent,
 StateError (5), IOFailureError (5) / InventoryError (7) for the inventory.
 """
 
@@ -31,6 +33,7 @@ from cni_dra.errors import (
     InvalidConfigError,
     IOFailureError,
     InventoryError,
+    IpamError,
     NoCapacityError,
     TryAgainLaterError,
 )
@@ -222,6 +225,14 @@ def cmd_add(inv: Invocation) -> Result:
             f"no IP address, and a cniVersion {conf.cniVersion} result consists of ip4/ip6 entries",
             "use cniVersion 0.3.0 or newer, or configure ipam",
         )
+    from cni_dra.verbs.status import dhcp_socket_missing
+
+    sock = dhcp_socket_missing(conf.ipam)
+    if sock:
+        raise TryAgainLaterError(
+            f"failed to add {env.ifname} for container {env.container_id}: the dhcp IPAM daemon socket {sock} "
+            "is absent (is the reference dhcp daemon running?)"
+        )
     slice_ = inv.inventory
     undo: list[Callable[[], None]] = []
     key = (conf.name, env.container_id, env.ifname)
@@ -275,7 +286,12 @@ def cmd_add(inv: Invocation) -> Result:
         # 3. IPAM
         ipam_result: Result | None = None
         if conf.ipam_type:
-            ipam_result = ipam.ipam_add(conf.ipam_type, inv.raw, inv.environ, env.path)
+            try:
+                ipam_result = ipam.ipam_add(conf.ipam_type, inv.raw, inv.environ, env.path)
+            except IpamError as exc:
+                if exc.code == 999:  # the plugin's catch-all: report it as ours, keeping its text
+                    exc.code = IpamError.code
+                raise
             undo.append(lambda: ipam.ipam_del(conf.ipam_type, inv.raw, inv.environ, env.path))
             links.configure_interface(
                 env.netns,

@@ -18,7 +18,7 @@ import os
 from cni_dra.errors import CniError, PluginNotAvailableError
 from cni_dra.verbs.common import Invocation
 
-__all__ = ["cmd_status", "DHCP_DEFAULT_SOCKET"]
+__all__ = ["cmd_status", "DHCP_DEFAULT_SOCKET", "dhcp_socket_missing"]
 
 DHCP_DEFAULT_SOCKET = "/run/cni/dhcp.sock"
 """Where the reference dhcp daemon listens unless ``ipam.daemonSocketPath`` says otherwise."""
@@ -43,13 +43,21 @@ def cmd_status(inv: Invocation) -> None:
     if not conf.ipam_type:
         return
     forwarded = ipam.ipam_status(conf.ipam_type, inv.raw, inv.environ, inv.env.path)
-    if not forwarded and conf.ipam_type == "dhcp":
-        sock = str(conf.ipam.get("daemonSocketPath") or DHCP_DEFAULT_SOCKET)
-        if not _is_socket(sock):
-            raise PluginNotAvailableError(
-                f"plugin not available: the dhcp IPAM daemon socket {sock} is absent "
-                "(start the reference dhcp daemon: dhcp daemon)"
-            )
+    sock = None if forwarded else dhcp_socket_missing(conf.ipam)
+    if sock:
+        raise PluginNotAvailableError(
+            f"plugin not available: the dhcp IPAM daemon socket {sock} is absent "
+            "(start the reference dhcp daemon: dhcp daemon)"
+        )
+
+
+def dhcp_socket_missing(ipam_conf: dict) -> str | None:
+    """For ``ipam.type`` dhcp: the daemon socket path (``ipam.daemonSocketPath``, default
+    :data:`DHCP_DEFAULT_SOCKET`) when no socket is there; None otherwise or for other types."""
+    if ipam_conf.get("type") != "dhcp":
+        return None
+    sock = str(ipam_conf.get("daemonSocketPath") or DHCP_DEFAULT_SOCKET)
+    return None if _is_socket(sock) else sock
 
 
 def _is_socket(path: str) -> bool:
