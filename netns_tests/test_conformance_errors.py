@@ -47,6 +47,25 @@ def test_ipam_catch_all_999_becomes_103_and_rolls_back(bed: Bed, tmp_path: Path)
     assert bed.attachments() == []
 
 
+def test_ipam_catch_all_on_del_is_103_and_del_can_be_retried(bed: Bed, tmp_path: Path) -> None:
+    fail_flag = tmp_path / "fail-del"
+    path = _fake_ipam(tmp_path, _VERSION_REPLY + 'cat >/dev/null\n'
+                      f'if [ "$CNI_COMMAND" = DEL ] && [ -e {fail_flag} ]; then '
+                      'echo \'{"cniVersion":"1.0.0","code":999,"msg":"db locked"}\'; exit 1; fi\n'
+                      'if [ "$CNI_COMMAND" = ADD ]; then echo \'{"cniVersion":"1.0.0","ips":[{"address":"198.51.100.5/24"}]}\'; fi\n'
+                      'exit 0\n')
+    netns = bed.make_netns()
+    conf = bed.conf("1.0.0", {"type": "fake-ipam"})
+    assert bed.run("ADD", conf, netns, cid="c1", cni_path=path)[0] == 0
+    fail_flag.touch()
+    code, out, err = bed.run("DEL", conf, netns, cid="c1", cni_path=path)
+    assert code == 1 and out["code"] == 103 and "db locked" in out["msg"], (out, err)
+    assert bed.attachments() == [("c1", "eth0")]  # capacity is released last, after IPAM
+    fail_flag.unlink()
+    assert bed.run("DEL", conf, netns, cid="c1", cni_path=path)[0] == 0
+    assert bed.attachments() == []
+
+
 def test_ipam_result_without_ips_is_103(bed: Bed, tmp_path: Path) -> None:
     path = _fake_ipam(tmp_path, _VERSION_REPLY + 'cat >/dev/null\n'
                       'if [ "$CNI_COMMAND" = ADD ]; then echo \'{"cniVersion":"1.0.0"}\'; fi\nexit 0\n')

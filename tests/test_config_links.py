@@ -259,3 +259,17 @@ def test_create_macvlan_refuses_bad_bcqueuelen(bad) -> None:
 
     with pytest.raises(InvalidConfigError, match="bcqueuelen"):
         links.create_macvlan(parent="p", netns="/nonexistent", ifname="eth0", bcqueuelen=bad)
+
+
+# --------------------------------------------------------------------------- IPAM codes
+
+
+@pytest.mark.parametrize("given,want", [(999, 103), (11, 11), (50, 50), (None, 103)])
+def test_ipam_catch_all_becomes_103_other_codes_stay(given, want) -> None:
+    from cni_dra.errors import IpamError
+    from cni_dra.verbs.common import ipam_codes
+
+    with pytest.raises(IpamError) as info, ipam_codes():
+        raise IpamError("failed to add IPAM x: boom", code=given)
+    assert info.value.code == want
+    assert "boom" in info.value.msg

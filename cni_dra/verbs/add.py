@@ -33,7 +33,6 @@ from cni_dra.errors import (
     InvalidConfigError,
     IOFailureError,
     InventoryError,
-    IpamError,
     NoCapacityError,
     TryAgainLaterError,
 )
@@ -50,7 +49,7 @@ from cni_dra.protocol.results import (
 from cni_dra.protocol.versions import version_at_least
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
-from cni_dra.verbs.common import Invocation, claim_results_for
+from cni_dra.verbs.common import Invocation, claim_results_for, ipam_codes
 
 __all__ = ["cmd_add", "link_type_conflicts"]
 
@@ -286,12 +285,8 @@ def cmd_add(inv: Invocation) -> Result:
         # 3. IPAM
         ipam_result: Result | None = None
         if conf.ipam_type:
-            try:
+            with ipam_codes():
                 ipam_result = ipam.ipam_add(conf.ipam_type, inv.raw, inv.environ, env.path)
-            except IpamError as exc:
-                if exc.code == 999:  # the plugin's catch-all: report it as ours, keeping its text
-                    exc.code = IpamError.code
-                raise
             undo.append(lambda: ipam.ipam_del(conf.ipam_type, inv.raw, inv.environ, env.path))
             links.configure_interface(
                 env.netns,

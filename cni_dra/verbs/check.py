@@ -19,7 +19,7 @@ import ipaddress
 
 from cni_dra.errors import CheckFailedError, ContainerUnknownError, InvalidConfigError
 from cni_dra.protocol.results import parse_result
-from cni_dra.verbs.common import Invocation
+from cni_dra.verbs.common import Invocation, ipam_codes
 
 __all__ = ["cmd_check"]
 
@@ -67,7 +67,8 @@ def cmd_check(inv: Invocation) -> None:
         if ipaddress.ip_interface(ip.address) not in have:
             raise CheckFailedError(f"failed to check {what}: address {ip.address} is missing")
     if conf.ipam_type:
-        ipam.ipam_check(conf.ipam_type, inv.raw, inv.environ, env.path)
+        with ipam_codes():
+            ipam.ipam_check(conf.ipam_type, inv.raw, inv.environ, env.path)
 
 
 def _same_netns(a: str, b: str) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from cni_dra.errors import CniError
-from cni_dra.verbs.common import Invocation
+from cni_dra.verbs.common import Invocation, ipam_codes
 
 __all__ = ["cmd_gc"]
 
@@ -38,9 +38,9 @@ def cmd_gc(inv: Invocation) -> None:
             if att.netns and netns_exists(att.netns) and not is_host_netns(att.netns):
                 links.delete_link(att.netns, att.ifname)
             if att.ipamType and att.ipamConf:
-                ipam.ipam_del(att.ipamType, att.ipamConf.encode(), inv.environ | {
-                    "CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns,
-                }, inv.env.path)
+                env = inv.environ | {"CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns}
+                with ipam_codes():
+                    ipam.ipam_del(att.ipamType, att.ipamConf.encode(), env, inv.env.path)
             with inv.store.transaction() as state:
                 state.remove(*att.key)
         except CniError as exc:
@@ -49,7 +49,8 @@ def cmd_gc(inv: Invocation) -> None:
             errors.append(exc)
     if conf.ipam_type:
         try:
-            ipam.ipam_gc(conf.ipam_type, inv.raw, inv.environ, inv.env.path)
+            with ipam_codes():
+                ipam.ipam_gc(conf.ipam_type, inv.raw, inv.environ, inv.env.path)
         except CniError as exc:
             log.error("IPAM GC failed: %s", exc.msg)
             errors.append(exc)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from cni_dra.errors import CniError, PluginNotAvailableError
-from cni_dra.verbs.common import Invocation
+from cni_dra.verbs.common import Invocation, ipam_codes
 
 __all__ = ["cmd_status", "DHCP_DEFAULT_SOCKET", "dhcp_socket_missing"]
 
@@ -42,7 +42,8 @@ def cmd_status(inv: Invocation) -> None:
         )
     if not conf.ipam_type:
         return
-    forwarded = ipam.ipam_status(conf.ipam_type, inv.raw, inv.environ, inv.env.path)
+    with ipam_codes():
+        forwarded = ipam.ipam_status(conf.ipam_type, inv.raw, inv.environ, inv.env.path)
     sock = None if forwarded else dhcp_socket_missing(conf.ipam)
     if sock:
         raise PluginNotAvailableError(
