@@ -50,6 +50,7 @@ from cni_dra.protocol.versions import version_at_least
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
 from cni_dra.verbs.common import Invocation, claim_results_for, ipam_codes
+from cni_dra.verbs.status import dhcp_socket_missing
 
 __all__ = ["cmd_add", "link_type_conflicts"]
 
@@ -62,7 +63,8 @@ def link_type_conflicts(attachments: Iterable[Attachment], link_type: str, drive
     A parent NIC that carries macvlan children cannot take an ipvlan and the reverse
     (the kernel gives a NIC one receive handler: EBUSY). ``attachments`` are the node
     state's; each records its ``linkType``. Returns device name -> reason, e.g.
-    ``"carries macvlan links (cni-dra does not mix macvlan and ipvlan on one NIC)"``.
+    ``"carries macvlan links, so it cannot take ipvlan (macvlan and ipvlan cannot share a
+    parent NIC)"``. Used as ``exclude`` of :func:`cni_dra.allocator.select_device`.
     Pure; raises nothing.
     """
     out: dict[str, str] = {}
@@ -224,8 +226,6 @@ def cmd_add(inv: Invocation) -> Result:
             f"no IP address, and a cniVersion {conf.cniVersion} result consists of ip4/ip6 entries",
             "use cniVersion 0.3.0 or newer, or configure ipam",
         )
-    from cni_dra.verbs.status import dhcp_socket_missing
-
     sock = dhcp_socket_missing(conf.ipam)
     if sock:
         raise TryAgainLaterError(
