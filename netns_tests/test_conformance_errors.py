@@ -146,3 +146,59 @@ def test_ipvlan_on_a_kernel_without_it_is_102_and_leaves_nothing(bed: Bed) -> No
     assert [n for n, _ in links_named(netns)] == ["lo"]
     assert bed.attachments() == [] and bed.ipam_reservations() == []
     assert bed.status()["devices"][0]["consumed"]["bandwidth"] == "0"
+
+
+# --------------------------------------------------------------------------- STATUS and GC forwarded to IPAM
+
+_V11_REPLY = 'if [ "$CNI_COMMAND" = VERSION ]; then echo \'{"cniVersion":"1.1.0","supportedVersions":["1.0.0","1.1.0"]}\'; exit 0; fi\n'
+
+
+def test_status_forwards_the_ipam_plugins_answer(bed: Bed, tmp_path: Path) -> None:
+    path = _fake_ipam(tmp_path, _V11_REPLY + 'cat >/dev/null\n'
+                      'if [ "$CNI_COMMAND" = STATUS ]; then '
+                      'echo \'{"cniVersion":"1.1.0","code":51,"msg":"pool nearly empty"}\'; exit 1; fi\nexit 0\n')
+    code, out, err = bed.run("STATUS", bed.conf("1.1.0", {"type": "fake-ipam"}), cni_path=path)
+    assert code == 1 and out["code"] == 51 and "pool nearly empty" in out["msg"], (out, err)
+
+
+def test_gc_is_forwarded_to_ipam_with_the_valid_list(bed: Bed, tmp_path: Path) -> None:
+    seen = tmp_path / "gc-stdin.json"
+    path = _fake_ipam(tmp_path, _V11_REPLY + f'if [ "$CNI_COMMAND" = GC ]; then cat > {seen}; else cat >/dev/null; fi\n'
+                      'exit 0\n')
+    valid = [{"containerID": "keep", "ifname": "eth0"}]
+    code, out, err = bed.run("GC", {**bed.conf("1.1.0", {"type": "fake-ipam"}), "cni.dev/valid-attachments": valid},
+                             cni_path=path)
+    assert code == 0, (out, err)
+    assert json.loads(seen.read_text())["cni.dev/valid-attachments"] == valid
+
+
+# --------------------------------------------------------------------------- CNI_ARGS through the executable
+
+
+@pytest.mark.parametrize(
+    "args,code",
+    [
+        (b"IgnoreUnknown=1;K8S_POD_NAME=\xff\xfe", 4),  # not UTF-8
+        (b"IgnoreUnknown=1;K8S_POD_NAME=" + b"x" * 5000, 4),  # over the size limit
+        (b"K8S_POD_NAME=p;NOT_KNOWN=1", 2),  # unknown key without IgnoreUnknown
+        (b"IgnoreUnknown=maybe", 4),
+        (b"novalue", 4),
+    ],
+)
+def test_bad_cni_args_codes(bed: Bed, args: bytes, code: int) -> None:
+    netns = bed.make_netns()
+    rc, out, err = bed.run("ADD", bed.conf("1.1.0", "l2"), netns, cid="c1", cni_args=None, extra_env={"CNI_ARGS": args})
+    assert rc == 1 and out["code"] == code, (out, err)
+    if code == 2:
+        assert "NOT_KNOWN" in out["msg"]
+    assert link_in_netns(netns, "eth0") is None
+
+
+def test_cni_args_empty_segments_and_first_equals(bed: Bed) -> None:
+    netns = bed.make_netns()
+    args = ";IgnoreUnknown=true;;K8S_POD_NAME=a=b;;MAC=c2:11:22:33:44:88;X=;"
+    rc, out, err = bed.run("ADD", bed.conf("1.1.0", "l2"), netns, cid="c1", cni_args=args)
+    assert rc == 0, (out, err)
+    assert link_in_netns(netns, "eth0")["mac"] == "c2:11:22:33:44:88"
+    recorded = json.loads((bed.state_dir / "state.json").read_text())["attachments"][0]
+    assert recorded["podName"] == "a=b"  # split at the first '=' only
