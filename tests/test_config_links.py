@@ -273,3 +273,24 @@ def test_ipam_catch_all_becomes_103_other_codes_stay(given, want) -> None:
         raise IpamError("failed to add IPAM x: boom", code=given)
     assert info.value.code == want
     assert "boom" in info.value.msg
+
+
+@given(
+    placed=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["macvlan", "ipvlan"])), max_size=6),
+    link_type=st.sampled_from(["macvlan", "ipvlan"]),
+    policy=st.sampled_from(["best-fit", "least-allocated"]),
+)
+def test_reserve_never_mixes_link_types_on_a_nic(tmp_path_factory, placed, link_type, policy) -> None:
+    from cni_dra.verbs.add import _reserve
+
+    inv = _inv(tmp_path_factory.mktemp("inv"), {"linkType": link_type, "selectionPolicy": policy}, ["a", "b", "c"])
+    state = NodeState(attachments=[_att(dev, lt, str(i)) for i, (dev, lt) in enumerate(placed)])
+    parents = {f"if-{d}": _Parent() for d in "abc"}
+    other = {dev for dev, lt in placed if lt != link_type}
+    try:
+        att = _reserve(inv, state, parents)
+    except NoCapacityError as exc:
+        assert other == {"a", "b", "c"}, exc.msg  # refused only when every NIC has the other type
+        assert all(f"{d}: carries" in exc.msg for d in "abc")
+    else:
+        assert att.device not in other
