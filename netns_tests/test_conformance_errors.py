@@ -202,3 +202,13 @@ def test_cni_args_empty_segments_and_first_equals(bed: Bed) -> None:
     assert link_in_netns(netns, "eth0")["mac"] == "c2:11:22:33:44:88"
     recorded = json.loads((bed.state_dir / "state.json").read_text())["attachments"][0]
     assert recorded["podName"] == "a=b"  # split at the first '=' only
+
+
+def test_status_is_50_when_no_inventory_nic_exists(bed: Bed) -> None:
+    from netns_tests.conftest import delete_host_link
+
+    conf = bed.conf("1.1.0", "host-local-v4")
+    assert bed.run("STATUS", conf)[0] == 0
+    delete_host_link(bed.parents[0])
+    code, out, err = bed.run("STATUS", conf)
+    assert code == 1 and out["code"] == 50 and bed.parents[0] in out["msg"], (out, err)
