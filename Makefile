@@ -16,7 +16,7 @@ PYTEST_FLAGS ?= $(if $(filter true,$(CI)),-p no:cacheprovider,)
 export CNI_DRA_VENV := $(VENV)
 export CNI_BIN_DIR  := $(CNI_BIN)
 
-.PHONY: help deps venv install demo test unit netns lint bench clean
+.PHONY: help deps venv install demo test unit netns lint bench clean ipvlan-uml
 
 help:
 	@echo "make demo     install everything (idempotent), then run scripts/demo.sh"
@@ -43,6 +43,21 @@ demo: install
 test: install
 	@$(VENV)/bin/lint-imports --config .importlinter --no-cache >/dev/null || $(VENV)/bin/lint-imports --config .importlinter --no-cache
 	@scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) tests/ $(if $(filter 0,$(shell id -u)),netns_tests/,)
+	@$(if $(filter 0,$(shell id -u)),$(MAKE) --no-print-directory ipvlan-uml,true)
+
+# The ipvlan netns tests ran above when this kernel has ipvlan; otherwise run them once
+# more under user-mode-linux (scripts/uml-run), one pytest process, venv python called
+# directly. When neither works they are skipped and the reason is printed.
+ipvlan-uml:
+	@if $(PY) -c 'from cni_dra.netlink.links import link_kind_supported as k; raise SystemExit(not k("ipvlan"))'; then \
+	   echo "ipvlan: this kernel has ipvlan; netns_tests/test_ipvlan.py ran natively"; \
+	 elif why=$$(scripts/uml-run --check 2>&1); then \
+	   echo "ipvlan: this kernel has no ipvlan; running netns_tests/test_ipvlan.py under scripts/uml-run"; \
+	   UML_RUN_ENV="CNI_DRA_TEST_EXE CNI_DRA_TEST_CNI_PATH" scripts/uml-run \
+	     'scripts/pytest-run $(PYTEST) -p no:cacheprovider netns_tests/test_ipvlan.py'; \
+	 else \
+	   echo "ipvlan: SKIPPED netns_tests/test_ipvlan.py: this kernel lacks ipvlan AND scripts/uml-run fails: $$why"; \
+	 fi
 
 unit: venv
 	@scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) tests/
@@ -52,7 +67,7 @@ netns: install
 
 lint: venv
 	@$(VENV)/bin/lint-imports .importlinter
-	@if command -v shellcheck >/dev/null; then shellcheck scripts/demo.sh scripts/install.sh scripts/pytest-run .ci/run; \
+	@if command -v shellcheck >/dev/null; then shellcheck scripts/demo.sh scripts/install.sh scripts/pytest-run scripts/uml-run .ci/run; \
 	 else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 bench: install

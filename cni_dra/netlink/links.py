@@ -103,7 +103,9 @@ class LinkInfo:
       or ipvlan mode ("l2", "l3", "l3s"); ``ipvlan_flag``: "bridge", "private"
       or "vepa" for ipvlan; None otherwise;
     * ``addresses``: the link's addresses as CIDR strings (``10.1.2.3/24``,
-      IPv6 link-local included) when asked for, else None.
+      IPv6 link-local included) when asked for, else None;
+    * ``bcqueuelen``: a macvlan's broadcast queue length (IFLA_MACVLAN_BC_QUEUE_LEN,
+      packets), None for other kinds or kernels without it.
     """
 
     name: str
@@ -118,6 +120,7 @@ class LinkInfo:
     mode: str | None
     ipvlan_flag: str | None = None
     addresses: tuple[str, ...] | None = None
+    bcqueuelen: int | None = None
 
 
 # --------------------------------------------------------------------------- pyroute2
@@ -129,7 +132,7 @@ def _pr() -> SimpleNamespace:
     from pyroute2.iproute.linux import IPRoute
     from pyroute2.netlink import nla
     from pyroute2.netlink.exceptions import NetlinkError as PrNetlinkError
-    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
     class ipvlan_data(nla):  # noqa: N801 - pyroute2 naming
         # pyroute2 0.9.7 knows IFLA_IPVLAN_MODE only; add IFLA_IPVLAN_FLAGS (<linux/if_link.h>).
@@ -140,7 +143,16 @@ def _pr() -> SimpleNamespace:
             ("IFLA_IPVLAN_FLAGS", "uint16"),
         )
 
-    ifinfmsg.ifinfo.register_link_kind(module={"ipvlan": ipvlan_data})
+    class macvlan_data(macvx_data):  # noqa: N801 - pyroute2 naming
+        # pyroute2 0.9.7 stops at IFLA_MACVLAN_MACADDR_COUNT; the kernel (5.11+) also has
+        # the broadcast queue length (<linux/if_link.h> IFLA_MACVLAN_BC_QUEUE_LEN = 7, _USED = 8).
+        nla_map = (
+            *macvx_data.nla_map,
+            ("IFLA_MACVLAN_BC_QUEUE_LEN", "uint32"),
+            ("IFLA_MACVLAN_BC_QUEUE_LEN_USED", "uint32"),
+        )
+
+    ifinfmsg.ifinfo.register_link_kind(module={"ipvlan": ipvlan_data, "macvlan": macvlan_data})
     return SimpleNamespace(IPRoute=IPRoute, NetlinkError=PrNetlinkError)
 
 
@@ -205,9 +217,12 @@ def _link_info(msg: Any, addresses: tuple[str, ...] | None = None) -> LinkInfo:
     data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
     mode: str | None = None
     ipvlan_flag: str | None = None
+    bcqueuelen: int | None = None
     if kind in ("macvlan", "macvtap") and data is not None:
         raw = data.get_attr(f"IFLA_{kind.upper()}_MODE")
         mode = raw if isinstance(raw, str) else _name_of(MACVLAN_MODES, raw)
+        if kind == "macvlan":
+            bcqueuelen = data.get_attr("IFLA_MACVLAN_BC_QUEUE_LEN")
     elif kind in ("ipvlan", "ipvtap") and data is not None:
         mode = _name_of(IPVLAN_MODES, data.get_attr("IFLA_IPVLAN_MODE"))
         ipvlan_flag = _name_of(IPVLAN_FLAGS, data.get_attr("IFLA_IPVLAN_FLAGS") or 0)
@@ -225,6 +240,7 @@ def _link_info(msg: Any, addresses: tuple[str, ...] | None = None) -> LinkInfo:
         mode=mode,
         ipvlan_flag=ipvlan_flag,
         addresses=addresses,
+        bcqueuelen=bcqueuelen,
     )
 
 
@@ -392,6 +408,7 @@ def create_macvlan(
     mode: str = "bridge",
     mtu: int | None = None,
     mac: str | None = None,
+    bcqueuelen: int | None = None,
 ) -> LinkInfo:
     """Create a macvlan on host link ``parent`` as ``ifname`` in the netns ``netns``; set it up.
 
@@ -399,8 +416,10 @@ def create_macvlan(
     temporary name (:data:`TEMP_NAME_PREFIX`) directly in the target namespace
     (IFLA_NET_NS_FD; a name collision there retries with a new name), renamed
     to ``ifname`` inside it and brought up. ``mtu`` is in bytes (default: the
-    parent's), ``mac`` ``aa:bb:cc:dd:ee:ff`` (default: random from the kernel).
-    Returns the link as seen in ``netns`` (``addresses`` None).
+    parent's), ``mac`` ``aa:bb:cc:dd:ee:ff`` (default: random from the kernel),
+    ``bcqueuelen`` the broadcast queue length in packets (IFLA_MACVLAN_BC_QUEUE_LEN;
+    default: the kernel's, 1000). Returns the link as seen in ``netns``
+    (``addresses`` None).
 
     On any failure after creation the link is deleted again, so nothing is
     left behind. Raises:
@@ -409,12 +428,19 @@ def create_macvlan(
       namespace or is the host's; ``ifname`` already exists in ``netns``;
     * ContainerUnknownError (3): ``netns`` does not exist;
     * InvalidConfigError (7): unknown ``mode``, bad ``mac``, ``mtu`` outside
-      [68, parent mtu];
+      [68, parent mtu], ``bcqueuelen`` not in [0, 2**32-1]; ``mac`` already used on
+      ``parent`` (by the parent itself or another macvlan: EADDRINUSE when the link
+      comes up; the link is removed again);
     * NetlinkError (102): ``parent`` does not exist (the message names it) or a
       netlink request failed.
     """
     if mode not in MACVLAN_MODES:
         raise InvalidConfigError(f"failed to create macvlan {ifname}: unknown mode {mode!r} (one of {sorted(MACVLAN_MODES)})")
+    data = {"macvlan_mode": MACVLAN_MODES[mode]}
+    if bcqueuelen is not None:
+        if isinstance(bcqueuelen, bool) or not isinstance(bcqueuelen, int) or not 0 <= bcqueuelen <= 2**32 - 1:
+            raise InvalidConfigError(f"failed to create macvlan {ifname}: bcqueuelen {bcqueuelen!r} is not in [0, 2**32-1]")
+        data["macvlan_bc_queue_len"] = bcqueuelen
     return _create_sublink(
         kind="macvlan",
         parent=parent,
@@ -422,7 +448,7 @@ def create_macvlan(
         ifname=ifname,
         mtu=mtu,
         mac=mac,
-        data={"macvlan_mode": MACVLAN_MODES[mode]},
+        data=data,
     )
 
 
@@ -479,7 +505,7 @@ def _create_sublink(
             raise InvalidEnvironmentError(f"failed to create {kind} {ifname}: netns {netns} is the host network namespace")
         temp = _add_in_netns(kind=kind, parent=parent, fd=fd, netns=netns, ifname=ifname, mtu=mtu, mac=mac, data=data)
         with in_netns_fd(fd, netns), _iproute() as ipr:
-            return _rename_and_up(ipr, kind=kind, temp=temp, ifname=ifname, netns=netns)
+            return _rename_and_up(ipr, kind=kind, temp=temp, ifname=ifname, netns=netns, parent=parent, mac=mac)
     finally:
         os.close(fd)
 
@@ -516,6 +542,13 @@ def _add_in_netns(
                     raise NetlinkError(
                         f"failed to {what}: the kernel does not support link kind {kind}", details=repr(exc)
                     ) from exc
+                if exc.code == errno.EBUSY:
+                    other = "ipvlan" if kind == "macvlan" else "macvlan"
+                    raise NetlinkError(
+                        f"failed to {what}: {parent} is busy (it already carries {other} links or another "
+                        f"receive handler; macvlan and ipvlan cannot share a parent)",
+                        details=repr(exc),
+                    ) from exc
                 raise
             return temp
         raise NetlinkError(f"failed to {what}: no free temporary name after {_TEMP_NAME_ATTEMPTS} attempts")
@@ -533,7 +566,9 @@ def _link_add_spec(
     return spec
 
 
-def _rename_and_up(ipr: Any, *, kind: str, temp: str, ifname: str, netns: str) -> LinkInfo:
+def _rename_and_up(
+    ipr: Any, *, kind: str, temp: str, ifname: str, netns: str, parent: str = "", mac: str | None = None
+) -> LinkInfo:
     """Inside the netns: rename ``temp`` to ``ifname``, set it up, return it; delete it on failure."""
     what = f"create {kind} {ifname} in netns {netns}"
     with _translated(what):
@@ -550,7 +585,17 @@ def _rename_and_up(ipr: Any, *, kind: str, temp: str, ifname: str, netns: str) -
                     f"failed to {what}: interface {ifname} already exists", details=repr(exc)
                 ) from exc
             raise
-        ipr.link("set", index=index, state="up")
+        try:
+            ipr.link("set", index=index, state="up")
+        except _pr().NetlinkError as exc:
+            if exc.code == errno.EADDRINUSE:
+                whose = f"MAC {mac}" if mac else "its MAC"
+                raise InvalidConfigError(
+                    f"failed to {what}: {whose} is already in use on parent {parent} "
+                    "(the parent's own address or another macvlan's)",
+                    details=repr(exc),
+                ) from exc
+            raise
         got = _get_link(ipr, index=index)
         if got is None:
             raise NetlinkError(f"failed to {what}: link vanished after rename")
@@ -668,6 +713,8 @@ def configure_interface(
     routes: Sequence[tuple[str, str | None]],
     up: bool = True,
     settle_timeout_s: float = 10.0,
+    wait_ipv6: bool | None = None,
+    nodad: bool = False,
 ) -> LinkInfo:
     """Apply an IPAM result to ``ifname`` in ``netns``: addresses, link up, IPv6 DAD, routes.
 
@@ -680,7 +727,11 @@ def configure_interface(
     Like the reference macvlan plugin, when an IPv6 address has a gateway and
     the link is brought up, waits up to ``settle_timeout_s`` seconds for
     duplicate address detection on the given IPv6 addresses to finish
-    (IFA_F_TENTATIVE cleared) before adding routes.
+    (IFA_F_TENTATIVE cleared) before adding routes. ``wait_ipv6=True`` waits
+    for every IPv6 address, gateway or not (cni-dra's ADD: addresses are
+    usable when ADD returns); ``False`` never waits; ``None`` is the reference
+    behaviour above. ``nodad=True`` adds IPv6 addresses with IFA_F_NODAD (no
+    DAD at all, nothing to wait for).
 
     Returns the link with its addresses. Raises NetlinkError (102) naming the
     address or route that failed, a duplicate IPv6 address (IFA_F_DADFAILED),
@@ -710,13 +761,17 @@ def configure_interface(
             raise NetlinkError(f"failed to configure link {ifname} in netns {netns}: no such link")
         index = msg["index"]
         for iface in parsed_addrs:
+            extra: dict[str, Any] = {}
+            if nodad and iface.version == 6:
+                extra["flags"] = _IFA_F_NODAD
             with _translated(f"add address {iface} to {ifname}"), _exists_ok():
-                ipr.addr("add", index=index, address=str(iface.ip), prefixlen=iface.network.prefixlen)
+                ipr.addr("add", index=index, address=str(iface.ip), prefixlen=iface.network.prefixlen, **extra)
         if up:
             with _translated(f"set link {ifname} up"):
                 ipr.link("set", index=index, state="up")
             v6 = {str(i) for i in parsed_addrs if i.version == 6}
-            if v6_gateway and v6:
+            wait = v6_gateway if wait_ipv6 is None else wait_ipv6
+            if wait and v6 and not nodad:
                 with _translated(f"wait for IPv6 DAD on {ifname}"):
                     _settle_ipv6(ipr, index, ifname, v6, settle_timeout_s)
         for net, gw_ip in parsed_routes:
@@ -735,6 +790,7 @@ def configure_interface(
             return _link_info(got, _addresses(ipr, index))
 
 
+_IFA_F_NODAD = 0x02
 _IFA_F_DADFAILED = 0x08
 _IFA_F_TENTATIVE = 0x40
 

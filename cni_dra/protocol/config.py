@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cni_dra.errors import (
     DecodeError,
@@ -31,9 +31,14 @@ __all__ = [
     "DEFAULT_DRIVER",
     "DEFAULT_STATE_DIR",
     "DEFAULT_INVENTORY",
+    "LINK_TYPES",
+    "MACVLAN_MODES",
+    "IPVLAN_MODES",
+    "IPVLAN_FLAGS",
     "CapacityRequest",
     "DeviceSelector",
     "NetConf",
+    "normalize_mac",
     "load_conf",
     "peek_cni_version",
 ]
@@ -44,6 +49,15 @@ MAX_CONFIG_BYTES = 1 << 20
 DEFAULT_DRIVER = "net.cni-dra.dev"
 DEFAULT_STATE_DIR = "/var/lib/cni-dra"
 DEFAULT_INVENTORY = "/etc/cni-dra/resourceslice.yaml"
+
+LINK_TYPES: tuple[str, ...] = ("macvlan", "ipvlan")
+"""``linkType`` values: the kind of link created in the pod netns."""
+MACVLAN_MODES: tuple[str, ...] = ("bridge", "private", "vepa", "passthru")
+"""macvlan ``mode`` values (default bridge), as the reference macvlan plugin."""
+IPVLAN_MODES: tuple[str, ...] = ("l2", "l3", "l3s")
+"""ipvlan ``mode`` values (default l2), as the reference ipvlan plugin."""
+IPVLAN_FLAGS: tuple[str, ...] = ("bridge", "private", "vepa")
+"""ipvlan ``ipvlanFlag`` values (default bridge; kernel IPVLAN_F_PRIVATE/IPVLAN_F_VEPA)."""
 
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 
@@ -119,6 +133,13 @@ class NetConf(BaseModel):
     """A cni-dra network configuration (one plugin entry of a conflist, as the runtime sends it).
 
     Shape: see README "Config reference". Unknown top-level keys are refused (code 2).
+
+    Link options (validated together): ``linkType`` macvlan (``mode`` bridge, private,
+    vepa, passthru; default bridge; ``mac``; ``bcqueuelen`` in packets) or ipvlan
+    (``mode`` l2, l3, l3s, default l2; ``ipvlanFlag`` bridge, private, vepa, default
+    bridge; no ``mac``: an ipvlan has its parent's MAC; no ``bcqueuelen``).
+    ``nodad``: add IPv6 addresses without duplicate address detection; otherwise ADD
+    waits (at most ``dadTimeoutSeconds``) until they are no longer tentative.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -130,9 +151,13 @@ class NetConf(BaseModel):
     stateDir: str = Field(default=DEFAULT_STATE_DIR, pattern=r"^/")
     inventory: str = Field(default=DEFAULT_INVENTORY, pattern=r"^/")
     linkType: str = "macvlan"
-    mode: Literal["bridge", "private", "vepa", "passthru"] = "bridge"
+    mode: str = ""
+    ipvlanFlag: str | None = None
     mtu: int | None = Field(default=None, ge=68, le=65535, strict=True)
     mac: str | None = None
+    bcqueuelen: int | None = Field(default=None, ge=0, le=2**32 - 1)
+    nodad: bool = False
+    dadTimeoutSeconds: float = Field(default=10.0, gt=0, le=120)
     capacity: CapacityRequest = Field(default_factory=CapacityRequest)
     selectionPolicy: Literal["best-fit", "least-allocated"] = "best-fit"
     selectors: list[DeviceSelector] = Field(default_factory=list, max_length=32)
@@ -150,9 +175,34 @@ class NetConf(BaseModel):
     @field_validator("linkType")
     @classmethod
     def _link_type(cls, v: str) -> str:
-        if v != "macvlan":
-            raise ValueError(f"linkType {v!r} is not supported (supported: macvlan)")
+        if v not in LINK_TYPES:
+            raise ValueError(f"linkType {v!r} is not supported (supported: {', '.join(LINK_TYPES)})")
         return v
+
+    @model_validator(mode="after")
+    def _link_options(self) -> NetConf:
+        # Defaults depend on linkType, so they are filled here (the model is frozen).
+        if self.linkType == "macvlan":
+            mode = self.mode or "bridge"
+            if mode not in MACVLAN_MODES:
+                raise ValueError(f"mode {mode!r} is not a macvlan mode (one of {', '.join(MACVLAN_MODES)})")
+            if self.ipvlanFlag is not None:
+                raise ValueError("ipvlanFlag applies to linkType ipvlan only")
+            object.__setattr__(self, "mode", mode)
+        else:
+            mode = self.mode or "l2"
+            if mode not in IPVLAN_MODES:
+                raise ValueError(f"mode {mode!r} is not an ipvlan mode (one of {', '.join(IPVLAN_MODES)})")
+            flag = self.ipvlanFlag or "bridge"
+            if flag not in IPVLAN_FLAGS:
+                raise ValueError(f"ipvlanFlag {flag!r} is not one of {', '.join(IPVLAN_FLAGS)}")
+            if self.mac is not None:
+                raise ValueError("mac cannot be set for linkType ipvlan (an ipvlan has its parent's MAC)")
+            if self.bcqueuelen is not None:
+                raise ValueError("bcqueuelen applies to linkType macvlan only")
+            object.__setattr__(self, "mode", mode)
+            object.__setattr__(self, "ipvlanFlag", flag)
+        return self
 
     @field_validator("mac")
     @classmethod
@@ -196,7 +246,7 @@ def _format_validation_error(exc: ValidationError) -> tuple[type, str]:
             parts.append(f"unknown field {loc!r}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            parts.append(f"{loc}: {msg}")
+            parts.append(f"{loc}: {msg}" if err["loc"] else msg)
     return err_cls, "; ".join(parts)
 
 

@@ -13,7 +13,9 @@ Steps (each effect registers its undo; a failure undoes them in reverse and re-r
 
 Errors: InvalidConfigError (7) for mtu above the parent's (before any IPAM call),
 NoCapacityError (100) when nothing fits, ClaimError (101) for an allocation that cannot be
-honoured, NetlinkError (102), IpamError (the IPAM plugin's code), TryAgainLaterError (11),
+honoured, NetlinkError (102), IpamError (the IPAM plugin's code; its catch-all 999 becomes
+103), TryAgainLaterError (11, also when the dhcp daemon's socket is absent), IncompatibleVersionError
+(1) for an L2-only 0.1.0/0.2.0 config, InvalidConfigError (7) for a MAC already used on the parent,
 StateError (5), IOFailureError (5) / InventoryError (7) for the inventory.
 """
 
@@ -21,26 +23,59 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cni_dra.errors import (
     AttachmentExistsError,
     ClaimError,
+    IncompatibleVersionError,
     InvalidConfigError,
+    IOFailureError,
     InventoryError,
     NoCapacityError,
     TryAgainLaterError,
 )
-from cni_dra.protocol.results import DNS, Interface, IPConfig, Result, Route, merge_prev_result, parse_result
+from cni_dra.protocol.results import (
+    DNS,
+    Interface,
+    IPConfig,
+    Result,
+    Route,
+    merge_prev_result,
+    parse_result,
+    result_to_dict,
+)
+from cni_dra.protocol.versions import version_at_least
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
 from cni_dra.state.claim_status import claim_status_record, record_add_failure
-from cni_dra.verbs.common import Invocation, claim_results_for
+from cni_dra.verbs.common import Invocation, claim_results_for, ipam_codes
+from cni_dra.verbs.status import dhcp_socket_missing
 
-__all__ = ["cmd_add"]
+__all__ = ["cmd_add", "link_type_conflicts"]
 
 log = logging.getLogger("cni_dra.add")
+
+
+def link_type_conflicts(attachments: Iterable[Attachment], link_type: str, driver: str, pool: str) -> dict[str, str]:
+    """Devices of (``driver``, ``pool``) that cannot take a link of ``link_type`` now.
+
+    A parent NIC that carries macvlan children cannot take an ipvlan and the reverse
+    (the kernel gives a NIC one receive handler: EBUSY). ``attachments`` are the node
+    state's; each records its ``linkType``. Returns device name -> reason, e.g.
+    ``"carries macvlan links, so it cannot take ipvlan (macvlan and ipvlan cannot share a
+    parent NIC)"``. Used as ``exclude`` of :func:`cni_dra.allocator.select_device`.
+    Pure; raises nothing.
+    """
+    out: dict[str, str] = {}
+    for att in attachments:
+        if att.driver == driver and att.pool == pool and att.linkType != link_type:
+            out[att.device] = (
+                f"carries {att.linkType} links, so it cannot take {link_type} "
+                "(macvlan and ipvlan cannot share a parent NIC)"
+            )
+    return out
 
 
 def _host_links_by_name(names: list[str]) -> dict[str, Any]:
@@ -134,6 +169,9 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
         for a in others:
             for k, v in a.consumedCapacity.items():
                 on_node[k] = on_node[k] + v if k in on_node else v
+        mixed = link_type_conflicts(state.attachments, conf.linkType, driver, pool).get(name)
+        if mixed:
+            raise ClaimError(f"failed to honour {where} on device {name}: the NIC {mixed}")
         reason = check_fits(device, on_node, consumption)
         if reason:
             raise ClaimError(f"failed to honour {where} on device {name}: allocation no longer fits: {reason}")
@@ -168,17 +206,20 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
             f"({'; '.join(skipped)})"
         )
     consumed = state.consumed_by_device(driver, pool, devices)
-    exclude: set[str] = set()
+    # A NIC carrying links of the other type cannot take this one (the kernel allows one per parent).
+    exclude: dict[str, str] = link_type_conflicts(state.attachments, conf.linkType, driver, pool)
     if conf.distinctFrom == "pod" and pod_uid:
         # Each of a pod's attachments on a different NIC (redundant links), across CNI calls.
-        exclude = {a.device for a in state.attachments if a.podUID == pod_uid and a.driver == driver}
+        for a in state.attachments:
+            if a.podUID == pod_uid and a.driver == driver:
+                exclude.setdefault(a.device, "already used by this pod (distinctFrom: pod)")
     choice = select_device(
         usable, consumed, requests, conf.selectionPolicy, exclude=exclude, driver=driver,
         selectors=[s.cel.expression for s in conf.selectors],
     )
     if isinstance(choice, NoFit):
         reasons = [
-            f"{dev}: {'already used by this pod (distinctFrom: pod)' if dev in exclude else why}"
+            f"{dev}: {exclude.get(dev, why)}"
             for dev, why in sorted(choice.reasons.items())
         ]
         reasons += skipped
@@ -216,6 +257,18 @@ def cmd_add(inv: Invocation) -> Result:
     from cni_dra.netlink import links
 
     env, conf = inv.env, inv.conf
+    if not conf.ipam_type and not version_at_least(conf.cniVersion, "0.3.0"):
+        raise IncompatibleVersionError(
+            f"failed to add {env.ifname} for container {env.container_id}: an L2-only network (no ipam) has "
+            f"no IP address, and a cniVersion {conf.cniVersion} result consists of ip4/ip6 entries",
+            "use cniVersion 0.3.0 or newer, or configure ipam",
+        )
+    sock = dhcp_socket_missing(conf.ipam.model_dump())
+    if sock:
+        raise TryAgainLaterError(
+            f"failed to add {env.ifname} for container {env.container_id}: the dhcp IPAM daemon socket {sock} "
+            "is absent (is the reference dhcp daemon running?)"
+        )
     slice_ = inv.inventory
     undo: list[Callable[[], None]] = []
     key = (conf.name, env.container_id, env.ifname)
@@ -244,6 +297,8 @@ def cmd_add(inv: Invocation) -> Result:
                     f"invalid network config {conf.name!r}: mtu {conf.mtu} is above the MTU {parent.mtu} "
                     f"of the chosen parent {att.ifName} (device {att.device})"
                 )
+            if conf.mac is not None:
+                _refuse_duplicate_mac(conf.mac, att, parent, state)
             state.attachments.append(att)
 
         def release_capacity() -> None:
@@ -252,22 +307,37 @@ def cmd_add(inv: Invocation) -> Result:
 
         undo.append(release_capacity)
         # 2. the link
-        link = links.create_macvlan(
-            parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode, mtu=conf.mtu, mac=conf.mac
-        )
+        if conf.linkType == "ipvlan":
+            link = links.create_ipvlan(
+                parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode,
+                flag=conf.ipvlanFlag or "bridge", mtu=conf.mtu,
+            )
+        else:
+            link = links.create_macvlan(
+                parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode, mtu=conf.mtu,
+                mac=conf.mac, bcqueuelen=conf.bcqueuelen,
+            )
         undo.append(lambda: links.delete_link(env.netns, env.ifname))
+        _announce(env.netns, env.ifname)
         # 3. IPAM
         ipam_result: Result | None = None
         if conf.ipam_type:
-            ipam_result = ipam.ipam_add(conf.ipam_type, inv.raw, inv.environ, env.path)
+            with ipam_codes():
+                ipam_result = ipam.ipam_add(conf.ipam_type, inv.raw, inv.environ, env.path)
             undo.append(lambda: ipam.ipam_del(conf.ipam_type, inv.raw, inv.environ, env.path))
             links.configure_interface(
                 env.netns,
                 env.ifname,
                 addresses=[(ip.address, ip.gateway) for ip in ipam_result.ips],
                 routes=[(r.dst, r.gw) for r in ipam_result.routes],
+                wait_ipv6=True,
+                nodad=conf.nodad,
+                settle_timeout_s=conf.dadTimeoutSeconds,
             )
         result = _result_from(inv, link, ipam_result)
+        # The runtime gets the result in the config's version; one that cannot be expressed
+        # there (0.1.0/0.2.0 without an IP) must fail here, while the undo steps still run.
+        result_to_dict(result, conf.cniVersion)
         # 4. done
         with inv.store.transaction() as state:
             recorded = state.find(*key)
@@ -290,6 +360,34 @@ def cmd_add(inv: Invocation) -> Result:
 
 
 def _result_dict(result: Result) -> dict[str, Any]:
-    from cni_dra.protocol.results import result_to_dict
-
     return result_to_dict(result, "1.1.0")
+
+
+def _refuse_duplicate_mac(mac: str, att: Attachment, parent: Any, state: NodeState) -> None:
+    """InvalidConfigError (7) when ``mac`` is the parent's own MAC or that of another
+    attachment on the same NIC (the kernel would refuse it with EADDRINUSE at link up;
+    saying which attachment holds it is clearer)."""
+    if parent.mac and parent.mac.lower() == mac:
+        raise InvalidConfigError(f"invalid MAC {mac}: it is the address of the parent NIC {att.ifName} (device {att.device})")
+    for other in state.attachments:
+        if other.ifName != att.ifName or not other.result:
+            continue
+        for iface in other.result.get("interfaces") or []:
+            if iface.get("name") == other.ifname and str(iface.get("mac", "")).lower() == mac:
+                raise InvalidConfigError(
+                    f"invalid MAC {mac}: already used on parent {att.ifName} by interface {other.ifname} of "
+                    f"container {other.containerID} (network {other.network!r})"
+                )
+
+
+def _announce(netns: str, ifname: str) -> None:
+    """Set ``arp_notify`` and ``ndisc_notify`` on the new link, as the reference macvlan plugin
+    does: neighbours learn the address when the link comes up or moves. ndisc_notify is
+    skipped (logged) when the netns has IPv6 disabled. Raises IOFailureError (5)."""
+    from cni_dra.netlink.links import set_sysctl_in_netns
+
+    set_sysctl_in_netns(netns, f"net/ipv4/conf/{ifname}/arp_notify", 1)
+    try:
+        set_sysctl_in_netns(netns, f"net/ipv6/conf/{ifname}/ndisc_notify", 1)
+    except IOFailureError as exc:
+        log.warning("ndisc_notify not set on %s (IPv6 disabled?): %s", ifname, exc.msg)

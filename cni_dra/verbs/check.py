@@ -4,7 +4,10 @@ Source: CNI spec 1.1.0 "CHECK: Check container's networking is as expected" (nee
 cniVersion ≥ 0.4.0 and ``prevResult``). Tolerates what later plugins of a chain change
 (MTU, sysctls, extra addresses); verifies what cni-dra owns: the attachment in state,
 the link's existence, kind, mode and parent NIC, the MAC and the IPs prevResult reports
-for our interface; then delegates CHECK to the IPAM plugin.
+for our interface; then delegates CHECK to the IPAM plugin. The netns recorded for the
+interface (prevResult ``sandbox``, else the state) must be CNI_NETNS by identity (device
+and inode of the namespace), not by path string: ``/run/netns/x`` and
+``/var/run/netns/x`` are the same namespace.
 
 Errors: InvalidConfigError (7) without prevResult, ContainerUnknownError (3) when the
 attachment is not in state, CheckFailedError (105) for a mismatch, IpamError.
@@ -16,7 +19,7 @@ import ipaddress
 
 from cni_dra.errors import CheckFailedError, ContainerUnknownError, InvalidConfigError
 from cni_dra.protocol.results import parse_result
-from cni_dra.verbs.common import Invocation
+from cni_dra.verbs.common import Invocation, ipam_codes
 
 __all__ = ["cmd_check"]
 
@@ -41,13 +44,18 @@ def cmd_check(inv: Invocation) -> None:
     if link.kind != att.linkType:
         raise CheckFailedError(f"failed to check {what}: link kind is {link.kind}, expected {att.linkType}")
     if link.mode and link.mode != conf.mode:
-        raise CheckFailedError(f"failed to check {what}: macvlan mode is {link.mode}, expected {conf.mode}")
+        raise CheckFailedError(f"failed to check {what}: {link.kind} mode is {link.mode}, expected {conf.mode}")
+    if link.kind == "ipvlan" and link.ipvlan_flag and link.ipvlan_flag != conf.ipvlanFlag:
+        raise CheckFailedError(f"failed to check {what}: ipvlan flag is {link.ipvlan_flag}, expected {conf.ipvlanFlag}")
     parent = links.host_link(att.ifName)
     if parent is None or link.parent_index != parent.index:
         raise CheckFailedError(
             f"failed to check {what}: its parent is not {att.ifName} (device {att.device})"
         )
     ours = [i for i, iface in enumerate(prev.interfaces) if iface.name == env.ifname and iface.sandbox]
+    sandbox = prev.interfaces[ours[-1]].sandbox if ours else att.netns
+    if sandbox and not _same_netns(sandbox, env.netns):
+        raise CheckFailedError(f"failed to check {what}: it was added in netns {sandbox}, not in CNI_NETNS {env.netns}")
     if ours:
         want_mac = prev.interfaces[ours[-1]].mac
         if want_mac and want_mac.lower() != link.mac.lower():
@@ -59,4 +67,18 @@ def cmd_check(inv: Invocation) -> None:
         if ipaddress.ip_interface(ip.address) not in have:
             raise CheckFailedError(f"failed to check {what}: address {ip.address} is missing")
     if conf.ipam_type:
-        ipam.ipam_check(conf.ipam_type, inv.raw, inv.environ, env.path)
+        with ipam_codes():
+            ipam.ipam_check(conf.ipam_type, inv.raw, inv.environ, env.path)
+
+
+def _same_netns(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name the same network namespace (identity, not string)."""
+    from cni_dra.errors import CniError
+    from cni_dra.netlink.netns import netns_identity
+
+    if a == b:
+        return True
+    try:
+        return netns_identity(a) == netns_identity(b)
+    except CniError:
+        return False

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from cni_dra.errors import ClaimError
+from cni_dra.errors import ClaimError, IpamError
 from cni_dra.protocol.config import NetConf
 from cni_dra.protocol.env import CniEnv
 from cni_dra.state import StateStore
@@ -14,7 +16,7 @@ from cni_dra.state import StateStore
 if TYPE_CHECKING:
     from cni_dra.dra.models import ResourceSlice
 
-__all__ = ["Invocation", "claim_results_for"]
+__all__ = ["Invocation", "claim_results_for", "ipam_codes"]
 
 
 @dataclass
@@ -70,3 +72,15 @@ def claim_results_for(
         f"failed to choose claim result for interface {ifname}: the pod has {len(results)} "
         f"results from driver {driver} (requests: {requests}) and none is named {ifname!r}"
     )
+
+
+@contextmanager
+def ipam_codes() -> Iterator[None]:
+    """Around an IPAM call: the plugin's catch-all code 999 becomes IpamError's own 103
+    (the message keeps the plugin's text), so cni-dra answers 999 only for its own bugs."""
+    try:
+        yield
+    except IpamError as exc:
+        if exc.code == 999:
+            exc.code = IpamError.code
+        raise

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from cni_dra.verbs.common import Invocation
+from cni_dra.verbs.common import Invocation, ipam_codes
 
 __all__ = ["cmd_del"]
 
@@ -39,7 +39,8 @@ def cmd_del(inv: Invocation) -> None:
     ipam_type = conf.ipam_type or (att.ipamType if att else None)
     if ipam_type:
         raw = inv.raw if conf.ipam_type else (att.ipamConf or "").encode()
-        ipam.ipam_del(ipam_type, raw, inv.environ, env.path)
+        with ipam_codes():
+            ipam.ipam_del(ipam_type, raw, inv.environ, env.path)
     if att is not None:
         with inv.store.transaction() as state:
             state.remove(*key)
