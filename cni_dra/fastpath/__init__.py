@@ -5,7 +5,7 @@
   stdin) to the agent and prints the agent's answer; when the agent is absent, refuses or
   does not answer, it runs the very same :func:`cni_dra.cni.run` in-process.
 * :mod:`cni_dra.fastpath.server` — the agent side (:func:`start_fastpath`), hosted by
-  ``cni-dra agent``: warm imports, one worker thread per invocation running
+  ``cni-dra agent``: warm imports, a few worker threads running
   :func:`cni_dra.cni.run` (network namespace switches are per thread; the state file lock
   serialises agent threads with in-process invocations).
 
