@@ -128,6 +128,22 @@ class Agent:
             self.p.wait()
 
 
+# Runs argv[1] with this stdin/env; prints its stdout, then a line with its ru_maxrss (KiB).
+_LAUNCHER = """
+import os, sys
+r, w = os.pipe()
+pid = os.posix_spawn(sys.argv[1], [sys.argv[1]], os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_CLOSE, r)])
+os.close(w)
+out = b""
+while chunk := os.read(r, 65536):
+    out += chunk
+_, status, ru = os.wait4(pid, 0)
+code = os.waitstatus_to_exitcode(status)
+sys.stdout.buffer.write(out + b"\\n" + str(ru.ru_maxrss).encode())
+sys.exit(code)
+"""
+
+
 def children_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
@@ -177,8 +193,7 @@ class Bench:
         return Proc(self.args.exe, self.env(command, cid, ns, mode), json.dumps(conf).encode(), self.errlog)
 
     def once(self, who: str, command: str, cid: str, ns: int, conf: dict[str, Any]) -> tuple[float, bytes]:
-        rc, out, wall, rss = self.start(who, command, cid, ns, conf).finish()
-        self.maxrss[who].append(rss)
+        rc, out, wall, _ = self.start(who, command, cid, ns, conf).finish()
         if rc != 0:
             self.failures.append(f"{who} {command} {cid}: exit {rc}: {out[:300]!r}")
         return wall, out
@@ -254,6 +269,26 @@ class Bench:
             for w in (whos if r % 2 == 0 else list(reversed(whos))):
                 out[w].append(fn(w, tag=str(r), **kw))
         return out
+
+    def peak_rss(self, who: str, n: int) -> None:
+        """ru_maxrss of ADD and DEL processes, exec'd from a small launcher.
+
+        A child's ru_maxrss includes the image it was forked from until exec; the bench
+        process is large, so a ~9 MiB ``python -IS`` launcher spawns the plugin instead.
+        The figure covers the plugin and the IPAM plugin it waits for (not the agent)."""
+        conf = self.ref_conf() if who == "reference" else self.dra_conf()
+        exe = f"{REF_DIR}/macvlan" if who == "reference" else self.args.exe
+        mode = "local" if who == "cni-dra-local" else ("agent" if who == "cni-dra" else "-")
+        for i in range(n):
+            cid = f"mem{who[:3]}{who[-3:]}{i}"
+            for command in ("ADD", "DEL"):
+                env = self.env(command, cid, 2, mode)
+                proc = subprocess.run([self.args.python, "-IS", "-c", _LAUNCHER, exe], input=json.dumps(conf).encode(),
+                                      env=env, capture_output=True, cwd="/", check=False)
+                if proc.returncode != 0:
+                    self.failures.append(f"{who} {command} (memory): {proc.stdout[-300:]!r}")
+                    continue
+                self.maxrss[who].append(int(proc.stdout.rsplit(b"\n", 1)[-1]))
 
     def check(self, who: str, n: int, tag: str = "") -> dict[str, Any]:
         conf = self.ref_conf() if who == "reference" else self.dra_conf()
@@ -351,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         results["scale"] = scale
         if args.local_pairs:
             results["local"] = bench.add_del("cni-dra-local", args.local_pairs, tag="l")
+        for who in ("reference", "cni-dra") + (("cni-dra-local",) if args.local_pairs else ()):
+            bench.peak_rss(who, 3)
         results["memory_kib"] = {
             "plugin_peak_rss": {w: max(v) for w, v in bench.maxrss.items() if v},
             "agent": bench.agent.rss_kib(),
