@@ -89,34 +89,41 @@ class Proc:
 class Agent:
     """``python -m cni_dra.fastpath.server`` as a child; CPU read from /proc (ticks)."""
 
-    def __init__(self, python: str, socket_path: str, errlog: Any, pythonpath: str = "") -> None:
+    def __init__(self, python: str, socket_path: str, errlog: Any, pythonpath: str = "", workers: int = 0) -> None:
         self.socket_path = socket_path
         env = dict(os.environ)
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
         self.p = subprocess.Popen(
-            [python, "-m", "cni_dra.fastpath.server", "--socket", socket_path, "--cwd", "/"],
+            [python, "-m", "cni_dra.fastpath.server", "--socket", socket_path, "--cwd", "/"]
+            + (["--workers", str(workers)] if workers else []),
             stdout=subprocess.PIPE, stderr=errlog, cwd="/", env=env,
         )
         assert self.p.stdout is not None
         line = self.p.stdout.readline().decode()
         if not line.startswith("ready"):
             raise RuntimeError(f"agent did not start: {line!r}")
+        self.pids = [self.p.pid]
 
     def cpu_s(self) -> float:
-        """User+system CPU of the agent and its reaped children (IPAM plugins), seconds."""
-        with open(f"/proc/{self.p.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        # fields[0] is state (field 3); utime..cstime are fields 14..17
-        return sum(int(x) for x in fields[11:15]) / CLK_TCK
+        """User+system CPU of the agent processes and their reaped children (IPAM plugins), seconds."""
+        total = 0
+        for pid in self.pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            # fields[0] is state (field 3); utime..cstime are fields 14..17
+            total += sum(int(x) for x in fields[11:15])
+        return total / CLK_TCK
 
     def rss_kib(self) -> dict[str, int]:
-        out = {}
-        with open(f"/proc/{self.p.pid}/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    out[key] = int(value.split()[0])
+        """VmRSS and VmHWM (peak), summed over the agent's processes."""
+        out = {"VmRSS": 0, "VmHWM": 0, "processes": len(self.pids)}
+        for pid in self.pids:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key in ("VmRSS", "VmHWM"):
+                        out[key] += int(value.split()[0])
         return out
 
     def stop(self) -> None:
@@ -216,7 +223,7 @@ class Bench:
                                       "default": "1M", "validRange": {"min": "1M", "step": "1M"}}}}}]},
         }))
         agent_dir = self.work / "agent"
-        self.agent = Agent(self.args.python, str(agent_dir / "agent.sock"), self.errlog, self.args.pythonpath)
+        self.agent = Agent(self.args.python, str(agent_dir / "agent.sock"), self.errlog, self.args.pythonpath, self.args.agent_workers)
 
     def teardown(self) -> None:
         if self.agent is not None:
@@ -337,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exe", default=DRA_EXE)
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the agent")
     parser.add_argument("--pythonpath", default="", help="PYTHONPATH of the agent (a work tree instead of the install)")
+    parser.add_argument("--agent-workers", type=int, default=0, help="worker threads of the agent (0: its default)")
     parser.add_argument("--pairs", type=int, default=30, help="ADD+DEL pairs per plugin")
     parser.add_argument("--checks", type=int, default=30)
     parser.add_argument("--concurrency", type=int, default=200)

@@ -30,6 +30,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 from cni_dra.fastpath.client import MAX_MESSAGE_BYTES, caller_identity, decode_frames, encode_frames
@@ -130,8 +131,13 @@ class FastpathServer:
         from cni_dra.cni import run
 
         out = io.StringIO()
+        t0, c0 = time.perf_counter(), time.thread_time()
         code = run(environ, stdin, out)
         self.served += 1
+        log.debug(
+            "fastpath: %s exit %d in %.1f ms (%.1f ms CPU in this thread)", environ.get("CNI_COMMAND"), code,
+            (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3,
+        )
         return f"ok {code}".encode(), out.getvalue().encode()
 
     def _decline(self, reason: str) -> tuple[bytes, bytes]:
@@ -243,10 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     from cni_dra.fastpath.client import DEFAULT_SOCKET
 
     path = os.path.abspath(args.socket or DEFAULT_SOCKET)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("cni_dra").setLevel(args.log_level.upper())  # not pyroute2's debug chatter
     os.chdir(args.cwd)
-    server = start_fastpath(path, workers=args.workers)
     done = threading.Event()
+    server = start_fastpath(path, workers=args.workers)
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     print(f"ready {path}", flush=True)
