@@ -184,6 +184,10 @@ def start_fastpath(socket_path: str, *, warm: bool = True, workers: int = DEFAUL
     closed to group and others, else ``PermissionError``); a stale socket file is replaced;
     the socket is 0600. ``warm``: import the ADD/DEL path (pydantic, pyroute2, filelock) now
     rather than on the first request. Call ``.stop()`` on the handle to close it.
+
+    The hosting process must share the node's mount and network namespaces and root, and
+    run with working directory ``/`` (where runtimes run plugins): requests from callers
+    that differ in any of these are declined (they then run in-process).
     Raises ``OSError`` when the socket cannot be bound.
     """
     socket_path = os.path.abspath(socket_path)
