@@ -175,7 +175,7 @@ class Bench:
     def dra_conf(self, state: str = "state") -> dict[str, Any]:
         return {
             "cniVersion": "1.0.0", "name": "bench-dra", "type": "cni-dra", "mode": "bridge",
-            "stateDir": str(self.work / state), "inventory": str(self.work / "slice.json"),
+            "stateDir": str(self.work / state), "inventory": str(self.work / "slice.yaml"),
             "capacity": {"requests": {"bandwidth": "1M"}},
             "ipam": {"type": "host-local", "dataDir": str(self.work / f"ipam-{state}"), "ranges": [[{"subnet": "10.241.0.0/16"}]]},
         }
@@ -214,7 +214,9 @@ class Bench:
         for i in range(self.args.concurrency):
             sh_quiet("ip", "netns", "del", f"{NS_PREFIX}{i}")
             sh("ip", "netns", "add", f"{NS_PREFIX}{i}")
-        (self.work / "slice.json").write_text(json.dumps({
+        import yaml  # the documented inventory format (conf/resourceslice.yaml)
+
+        (self.work / "slice.yaml").write_text(yaml.safe_dump({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "bench"},
             "spec": {"driver": DRIVER, "nodeName": "bench", "pool": {"name": "bench", "generation": 1, "resourceSliceCount": 1},
                      "devices": [{"name": "nic-a", "allowMultipleAllocations": True,
