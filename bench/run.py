@@ -272,6 +272,49 @@ class Bench:
                 "add_median_s": statistics.median(adds), "del_median_s": statistics.median(dels),
                 "cpu_per_add_del_s": cpu / n}
 
+    def _cpu(self, who: str) -> float:
+        return children_cpu_s() + (self.agent.cpu_s() if who == "cni-dra" else 0.0)
+
+    def interleaved_add_del(self, whos: list[str], n: int) -> dict[str, dict[str, Any]]:
+        """ADD then DEL ``n`` times per plugin, alternating plugins pair by pair (the order
+        flips every pair) so that both see the same machine load."""
+        acc: dict[str, dict[str, Any]] = {w: {"adds": [], "dels": [], "cpu": 0.0} for w in whos}
+        for i in range(n):
+            for w in whos if i % 2 == 0 else whos[::-1]:
+                conf = self.ref_conf() if w == "reference" else self.dra_conf()
+                cpu0 = self._cpu(w)
+                a, _ = self.once(w, "ADD", f"ad{w[:3]}{i}", 0, conf)
+                d, _ = self.once(w, "DEL", f"ad{w[:3]}{i}", 0, conf)
+                acc[w]["cpu"] += self._cpu(w) - cpu0
+                acc[w]["adds"].append(a)
+                acc[w]["dels"].append(d)
+        out = {}
+        for w, x in acc.items():
+            pairs = [a + d for a, d in zip(x["adds"], x["dels"])]
+            out[w] = {"n": n, "median_s": statistics.median(pairs), "p95_s": pct(pairs, 0.95),
+                      "add_median_s": statistics.median(x["adds"]), "del_median_s": statistics.median(x["dels"]),
+                      "cpu_s": x["cpu"] / n, "pairs_s": pairs}
+        return out
+
+    def interleaved_check(self, whos: list[str], n: int) -> dict[str, dict[str, Any]]:
+        """One attachment per plugin, then ``n`` CHECKs each, alternating one by one."""
+        confs, walls = {}, {w: [] for w in whos}
+        for w in whos:
+            conf = self.ref_conf() if w == "reference" else self.dra_conf()
+            _, out = self.once(w, "ADD", f"ck{w[:3]}", 1 + whos.index(w), conf)
+            try:
+                confs[w] = (conf, {**conf, "prevResult": json.loads(out)})
+            except ValueError:
+                confs[w] = (conf, None)
+        for i in range(n):
+            for w in whos if i % 2 == 0 else whos[::-1]:
+                if confs[w][1] is not None:
+                    walls[w].append(self.once(w, "CHECK", f"ck{w[:3]}", 1 + whos.index(w), confs[w][1])[0])
+        for w in whos:
+            self.once(w, "DEL", f"ck{w[:3]}", 1 + whos.index(w), confs[w][0])
+        return {w: {"n": len(v), "median_s": statistics.median(v) if v else float("nan"), "p95_s": pct(v, 0.95)}
+                for w, v in walls.items()}
+
     def alternate(self, fn, whos: list[str], rounds: int, **kw: Any) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {w: [] for w in whos}
         for r in range(rounds):
@@ -298,23 +341,6 @@ class Bench:
                     self.failures.append(f"{who} {command} (memory): {proc.stdout[-300:]!r}")
                     continue
                 self.maxrss[who].append(int(proc.stdout.rsplit(b"\n", 1)[-1]))
-
-    def check(self, who: str, n: int, tag: str = "") -> dict[str, Any]:
-        conf = self.ref_conf() if who == "reference" else self.dra_conf()
-        cid = f"ck{tag}{who[:3]}"
-        _, out = self.once(who, "ADD", cid, 1, conf)
-        walls = []
-        try:
-            prev = json.loads(out)
-        except ValueError:
-            prev = None
-        if prev is not None:
-            conf_check = {**conf, "prevResult": prev}
-            for _ in range(n):
-                w, _ = self.once(who, "CHECK", cid, 1, conf_check)
-                walls.append(w)
-        self.once(who, "DEL", cid, 1, conf)
-        return {"n": len(walls), "median_s": statistics.median(walls) if walls else float("nan"), "p95_s": pct(walls, 0.95)}
 
     def concurrent(self, who: str, tag: str = "") -> dict[str, Any]:
         conf = self.ref_conf() if who == "reference" else self.dra_conf()
@@ -374,15 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         # warm-up (page cache, agent first request), not recorded
         bench.add_del("reference", 2, tag="w")
         bench.add_del("cni-dra", 2, tag="w")
-        rounds = 3
-        per = max(1, args.pairs // rounds)
-        ad = bench.alternate(lambda w, tag: bench.add_del(w, per, tag=tag), ["reference", "cni-dra"], rounds)
-        results["add_del"] = {w: {"median_s": summarize(r, "add_del_median_s"), "p95_s": max(x["add_del_p95_s"] for x in r),
-                                  "add_median_s": summarize(r, "add_median_s"), "del_median_s": summarize(r, "del_median_s"),
-                                  "cpu_s": summarize(r, "cpu_per_add_del_s"), "runs": r} for w, r in ad.items()}
+        whos = ["reference", "cni-dra"]
+        results["add_del"] = bench.interleaved_add_del(whos, args.pairs)
         print("bench: add_del done", file=sys.stderr)
-        ck = bench.alternate(lambda w, tag: bench.check(w, max(1, args.checks // rounds), tag=tag), ["reference", "cni-dra"], rounds)
-        results["check"] = {w: {"median_s": summarize(r, "median_s"), "p95_s": max(x["p95_s"] for x in r), "runs": r} for w, r in ck.items()}
+        results["check"] = bench.interleaved_check(whos, args.checks)
         print("bench: check done", file=sys.stderr)
         cc = bench.alternate(lambda w, tag: bench.concurrent(w, tag=tag), ["reference", "cni-dra"], args.rounds)
         results["concurrent"] = {w: {k: summarize(r, k) for k in ("wall_s", "cpu_s", "add_wall_s", "del_wall_s")} | {"pods": args.concurrency, "runs": r}
