@@ -43,7 +43,8 @@ def _start_agent(sock: str) -> subprocess.Popen[bytes]:
         proc.kill()
         proc.wait()
         err = proc.stderr.read().decode() if proc.stderr else ""
-        raise RuntimeError(f"agent did not start: {line!r} {err}")
+        _stop(proc)
+        raise RuntimeError(f"agent did not start (is this work tree installed? make install): {line!r} {err}")
     return proc
 
 
