@@ -194,3 +194,25 @@ def test_executable_template_runs_without_site():
     text = (ROOT / "scripts" / "cni-dra.in").read_text()
     assert text.splitlines()[0] == "#!@PYTHON@ -IS"
     assert "@PURELIB@" in text
+
+
+def test_a_failing_request_does_not_cost_a_worker(tmp_path, monkeypatch):
+    """An unexpected error in one request closes that connection (the client falls back)
+    and leaves the worker serving the next ones."""
+    server = start_fastpath(str(tmp_path / "w" / "fp.sock"), warm=False, workers=1)
+    try:
+        calls = []
+        original = server._answer
+
+        def flaky(request):
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("boom")
+            return original(request)
+
+        monkeypatch.setattr(server, "_answer", flaky)
+        assert ask_agent({b"CNI_COMMAND": b"VERSION"}, b"{}", server.socket_path) is None
+        answer = ask_agent({b"CNI_COMMAND": b"VERSION"}, b'{"cniVersion": "1.0.0"}', server.socket_path, timeout_s=10)
+        assert answer is not None and answer[0] == 0
+    finally:
+        server.stop()

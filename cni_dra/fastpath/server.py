@@ -55,6 +55,7 @@ class FastpathServer:
     _queue: queue.SimpleQueue[socket.socket | None] = field(default_factory=queue.SimpleQueue)
     _workers: list[threading.Thread] = field(default_factory=list)
     _stopped: threading.Event = field(default_factory=threading.Event)
+    _count_lock: threading.Lock = field(default_factory=threading.Lock)
     served: int = 0
     declined: int = 0
 
@@ -109,6 +110,8 @@ class FastpathServer:
                 conn.sendall(encode_frames(status, stdout))
             except OSError as exc:
                 log.warning("fastpath: connection failed: %s", exc)
+            except Exception:  # noqa: BLE001 - keep the worker; the client sees EOF and runs it in-process
+                log.exception("fastpath: internal error; the caller falls back to in-process")
 
     def _answer(self, request: bytes | None) -> tuple[bytes, bytes]:
         if request is None:
@@ -133,7 +136,8 @@ class FastpathServer:
         out = io.StringIO()
         t0, c0 = time.perf_counter(), time.thread_time()
         code = run(environ, stdin, out)
-        self.served += 1
+        with self._count_lock:
+            self.served += 1
         log.debug(
             "fastpath: %s exit %d in %.1f ms (%.1f ms CPU in this thread)", environ.get("CNI_COMMAND"), code,
             (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3,
@@ -142,7 +146,8 @@ class FastpathServer:
 
     def _decline(self, reason: str) -> tuple[bytes, bytes]:
         log.info("fastpath: declined: %s", reason)
-        self.declined += 1
+        with self._count_lock:
+            self.declined += 1
         return f"declined {reason}".encode(), b""
 
 
