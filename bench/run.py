@@ -410,13 +410,24 @@ def main(argv: list[str] | None = None) -> int:
                                  for w, r in cc.items()}
         print("bench: concurrent done", file=sys.stderr)
         agent_rss_steady = bench.agent.rss_kib()  # before the 10,000-attachment states pass through it
-        scale = {}
-        for count in [int(x) for x in args.scale.split(",") if x]:
+        counts = [int(x) for x in args.scale.split(",") if x]
+        for count in counts:
             bench.seed(f"state-{count}", count)
             bench.add_del("cni-dra", 1, state=f"state-{count}", tag=f"sw{count}")
-            scale[str(count)] = bench.add_del("cni-dra", args.scale_pairs, state=f"state-{count}", tag=f"s{count}")
-            print(f"bench: scale {count} done", file=sys.stderr)
-        results["scale"] = scale
+        # pair by pair across the state sizes (order flipped each time): same load for all
+        runs: dict[int, list[dict[str, Any]]] = {c: [] for c in counts}
+        for i in range(args.scale_pairs):
+            for count in counts if i % 2 == 0 else counts[::-1]:
+                runs[count].append(bench.add_del("cni-dra", 1, state=f"state-{count}", tag=f"s{count}-{i}"))
+        results["scale"] = {
+            str(c): {"n": len(r), "add_del_median_s": statistics.median(x["add_del_median_s"] for x in r),
+                     "add_del_p95_s": pct([x["add_del_median_s"] for x in r], 0.95),
+                     "add_median_s": statistics.median(x["add_median_s"] for x in r),
+                     "del_median_s": statistics.median(x["del_median_s"] for x in r),
+                     "cpu_per_add_del_s": statistics.mean(x["cpu_per_add_del_s"] for x in r)}
+            for c, r in runs.items()
+        }
+        print("bench: scale done", file=sys.stderr)
         if args.local_pairs:
             results["local"] = bench.add_del("cni-dra-local", args.local_pairs, tag="l")
         for who in ("reference", "cni-dra") + (("cni-dra-local",) if args.local_pairs else ()):
