@@ -206,7 +206,27 @@ class Bench:
         return wall, out
 
     # -- setup -------------------------------------------------------------------
+    def exe_fingerprint(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(Path(self.args.exe).read_bytes()).hexdigest()
+
+    def check_exe_is_thin_client(self) -> None:
+        """``CNI_DRA_AGENT=require`` with no agent must fail with code 11; an executable that
+        answers instead is not the fast-path client (an older install)."""
+        env = {"PATH": PATH_ENV, "CNI_COMMAND": "VERSION", "CNI_DRA_AGENT": "require",
+               "CNI_DRA_AGENT_SOCKET": str(self.work / "no-agent.sock")}
+        proc = subprocess.run([self.args.exe], input=b'{"cniVersion": "1.0.0"}', env=env, capture_output=True, cwd="/")
+        try:
+            code = json.loads(proc.stdout).get("code")
+        except ValueError:
+            code = None
+        if code != 11:
+            raise RuntimeError(f"{self.args.exe} is not the cni-dra fast-path client (make install from this tree)")
+
     def setup(self) -> None:
+        self.check_exe_is_thin_client()
+        self.fingerprint = self.exe_fingerprint()
         sh_quiet("ip", "link", "del", PARENT)
         sh("ip", "link", "add", PARENT, "type", "veth", "peer", "name", PARENT + "p")
         sh("ip", "link", "set", PARENT, "up")
@@ -395,7 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(work, args)
     results: dict[str, Any] = {}
     try:
-        bench.setup()
+        try:
+            bench.setup()
+        except RuntimeError as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+            return 2
         print(f"bench: work dir {work}, agent pid {bench.agent.p.pid}", file=sys.stderr)
         # warm-up (page cache, agent first request), not recorded
         bench.add_del("reference", 2, tag="w")
@@ -438,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
             "agent_after_scale": bench.agent.rss_kib(),
         }
     finally:
+        if getattr(bench, "fingerprint", None) and bench.exe_fingerprint() != bench.fingerprint:
+            bench.failures.insert(0, f"{args.exe} was replaced during the run (another install?): results are not valid")
         bench.teardown()
         shutil.rmtree(work, ignore_errors=True)
     results["failures"] = bench.failures
