@@ -23,6 +23,7 @@ help:
 	@echo "make test     install what tests need, run tests/ then netns_tests/ (root)"
 	@echo "make install  apt deps + venv + $(CNI_BIN)/cni-dra + reference plugins on $(CNI_BIN)"
 	@echo "make lint     import-linter layer contracts (.importlinter), shellcheck"
+	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
 	@echo "make clean    remove build leftovers from the work tree"
 
 deps:
@@ -70,8 +71,10 @@ lint: venv
 	@if command -v shellcheck >/dev/null; then shellcheck scripts/demo.sh scripts/install.sh scripts/pytest-run scripts/uml-run .ci/run; \
 	 else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
+# Side by side with the reference macvlan + host-local (installed by `install`);
+# table on stdout, everything in bench/results.json. BENCH_FLAGS: see bench/run.py --help.
 bench: install
-	@echo "bench: not written yet (a later issue measures ADD/DEL latency against the reference macvlan)"
+	@$(PY) bench/run.py --exe $(CNI_BIN)/cni-dra $(BENCH_FLAGS)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis

@@ -85,10 +85,10 @@ def run(environ: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
         return 1
 
 
-def main() -> int:
-    """Process entry: real env, stdin and stdout."""
+def main(stdin: bytes | None = None) -> int:
+    """Process entry: real env, stdin (unless already read and given as bytes) and stdout."""
     _setup_logging(os.environ)
-    data = sys.stdin.buffer.read() if os.environ.get("CNI_COMMAND") != "VERSION" or not sys.stdin.isatty() else b""
+    data = stdin if stdin is not None else sys.stdin.buffer.read() if os.environ.get("CNI_COMMAND") != "VERSION" or not sys.stdin.isatty() else b""
     code = run(os.environ, data, sys.stdout)
     sys.stdout.flush()
     return code

@@ -129,7 +129,9 @@ do_package() {
     "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation --force-reinstall "$tmp"
     mkdir -p "$CNI_BIN_DIR"
     # Write then rename: a runtime may exec the plugin while we replace it.
-    sed "s|@PYTHON@|$VENV/bin/python|" "$SRC/scripts/cni-dra.in" >"$CNI_BIN_DIR/.cni-dra.tmp"
+    local purelib
+    purelib=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    sed -e "s|@PYTHON@|$VENV/bin/python|" -e "s|@PURELIB@|$purelib|" "$SRC/scripts/cni-dra.in" >"$CNI_BIN_DIR/.cni-dra.tmp"
     chmod 0755 "$CNI_BIN_DIR/.cni-dra.tmp"
     mv -f "$CNI_BIN_DIR/.cni-dra.tmp" "$CNI_BIN_DIR/cni-dra"
     rm -rf "$tmp"

@@ -184,7 +184,17 @@ def test_fastpath_service_started_when_installed(env, monkeypatch):
     assert made["svc"].events == ["start", "stop"]
 
 
-def test_no_fastpath_no_extra_service(env):
+def test_agent_runs_the_fast_path_service(env, tmp_path, monkeypatch):
+    import os
+    import stat
+
     server, short, inv = env
-    assert "cni_dra.fastpath" not in sys.modules
-    assert extra_services(config(short, inv, server)) == []
+    sock = str(tmp_path / "fp" / "agent.sock")
+    monkeypatch.setenv("CNI_DRA_AGENT_SOCKET", sock)
+    (svc,) = extra_services(config(short, inv, server))
+    svc.start()
+    try:
+        assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    finally:
+        svc.stop()
+    assert not os.path.exists(sock)

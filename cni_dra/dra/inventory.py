@@ -87,7 +87,7 @@ def parse_inventory(text: str, source: str = "<inventory>") -> ResourceSlice:
         import yaml  # lazy: only YAML inventories pay for it
 
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: ~10x less CPU
         except yaml.YAMLError as exc:
             raise InventoryError(f"failed to load inventory {source}: invalid YAML: {exc}", str(exc)) from exc
     if not isinstance(data, dict):

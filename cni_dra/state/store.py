@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from cni_dra.state.models import SCHEMA_VERSION, NodeState
 __all__ = ["StateStore", "STATE_FILE", "LOCK_FILE"]
 
 STATE_FILE = "state.json"
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
 LOCK_FILE = "state.lock"
 
 
@@ -52,7 +55,24 @@ class StateStore:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the state lock (bounded wait). Raises TryAgainLaterError (11), StateError (5)."""
+        """Hold the state lock (bounded wait). Raises TryAgainLaterError (11), StateError (5).
+
+        Threads of one process (the agent) first queue on an in-process lock per lock file,
+        blocking instead of polling the file lock, then take the file lock as processes do."""
+        with _THREAD_LOCKS_GUARD:
+            tlock = _THREAD_LOCKS.setdefault(str(self.lock_path), threading.Lock())
+        if not tlock.acquire(timeout=self.lock_timeout_s):
+            raise TryAgainLaterError(
+                f"failed to lock state {self.lock_path}: still held by another thread after {self.lock_timeout_s:g}s"
+            )
+        try:
+            with self._file_locked():
+                yield
+        finally:
+            tlock.release()
+
+    @contextlib.contextmanager
+    def _file_locked(self) -> Iterator[None]:
         from filelock import FileLock, Timeout
 
         self._ensure_dir()

@@ -1,0 +1,308 @@
+"""The agent side of the fast path: serve plugin invocations from warm imports.
+
+:func:`start_fastpath` listens on a unix socket (the file 0600, in a directory 0700, both
+owned by the agent's euid) and runs each request in one of a few worker threads: exactly
+:func:`cni_dra.cni.run` on the caller's environment and stdin, so the agent decides nothing
+the plugin would not decide itself on the same input. Network namespace switches are per
+thread (:mod:`cni_dra.netlink.netns`); the state file lock serialises agent threads with
+each other and with in-process invocations.
+
+A request is *declined* (the client then runs it in-process) when:
+
+* the peer's uid (``SO_PEERCRED``) is not the agent's euid (the connection is just closed);
+* the caller's mount namespace, network namespace or root directory differ from the
+  agent's, or its working directory does: paths in the input could then name other objects;
+* the request is malformed or larger than :data:`~cni_dra.fastpath.client.MAX_MESSAGE_BYTES`.
+
+Wire format: :mod:`cni_dra.fastpath.client`. Logging goes through the ``cni_dra`` logger of
+the hosting process (``CNI_DRA_LOG_FILE`` of a request is not honoured).
+
+Run standalone (tests, ``make bench``): ``python -m cni_dra.fastpath.server --socket PATH``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import queue
+import socket
+import stat
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+from cni_dra.fastpath.client import (
+    DEFAULT_SOCKET,
+    MAX_MESSAGE_BYTES,
+    caller_identity,
+    decode_frames,
+    encode_frames,
+)
+
+__all__ = ["DEFAULT_WORKERS", "AgentService", "FastpathServer", "agent_service", "start_fastpath", "main"]
+
+log = logging.getLogger("cni_dra.fastpath")
+
+_REQUEST_READ_TIMEOUT_S = 30.0
+
+DEFAULT_WORKERS = 8
+"""Worker threads of :func:`start_fastpath` (invocations served at once)."""
+
+
+@dataclass
+class FastpathServer:
+    """A running fast-path listener; :meth:`stop` closes it and removes the socket file."""
+
+    socket_path: str
+    _sock: socket.socket
+    _thread: threading.Thread | None = None
+    _queue: queue.SimpleQueue[socket.socket | None] = field(default_factory=queue.SimpleQueue)
+    _workers: list[threading.Thread] = field(default_factory=list)
+    _stopped: threading.Event = field(default_factory=threading.Event)
+    _count_lock: threading.Lock = field(default_factory=threading.Lock)
+    served: int = 0
+    declined: int = 0
+
+    def stop(self) -> None:
+        """Stop accepting (in-flight requests finish in their threads); remove the socket file."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for _ in self._workers:
+            self._queue.put(None)
+        try:
+            if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
+                os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+
+    def _serve(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                if self._stopped.is_set():
+                    return
+                continue
+            self._queue.put(conn)
+
+    def _work(self) -> None:
+        while True:
+            conn = self._queue.get()
+            if conn is None:
+                return
+            self._handle(conn)
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+                if uid != os.geteuid():
+                    log.warning("fastpath: refused connection from pid %d uid %d", pid, uid)
+                    return
+                conn.settimeout(_REQUEST_READ_TIMEOUT_S)
+                request = _recv_all(conn)
+                status, stdout = self._answer(request)
+                conn.settimeout(None)
+                conn.sendall(encode_frames(status, stdout))
+            except OSError as exc:
+                log.warning("fastpath: connection failed: %s", exc)
+            except Exception:  # noqa: BLE001 - keep the worker; the client sees EOF and runs it in-process
+                log.exception("fastpath: internal error; the caller falls back to in-process")
+
+    def _answer(self, request: bytes | None) -> tuple[bytes, bytes]:
+        if request is None:
+            return self._decline("request too large")
+        try:
+            ident, cwd, env_block, stdin = decode_frames(request, 4)
+            environ = {}
+            for item in env_block.split(b"\0") if env_block else []:
+                key, sep, value = item.partition(b"=")
+                if not sep:
+                    raise ValueError("environment entry without '='")
+                environ[os.fsdecode(key)] = os.fsdecode(value)
+        except ValueError as exc:
+            return self._decline(f"malformed request: {exc}")
+        mine = caller_identity()
+        if ident != mine:
+            return self._decline(f"caller sees {ident.decode(errors='replace')}, agent {mine.decode()}")
+        if os.fsdecode(cwd) != os.getcwd():
+            return self._decline("caller's working directory differs from the agent's")
+        from cni_dra.cni import run
+
+        out = io.StringIO()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        code = run(environ, stdin, out)
+        with self._count_lock:
+            self.served += 1
+        log.debug(
+            "fastpath: %s exit %d in %.1f ms (%.1f ms CPU in this thread)", environ.get("CNI_COMMAND"), code,
+            (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3,
+        )
+        return f"ok {code}".encode(), out.getvalue().encode()
+
+    def _decline(self, reason: str) -> tuple[bytes, bytes]:
+        log.info("fastpath: declined: %s", reason)
+        with self._count_lock:
+            self.declined += 1
+        return f"declined {reason}".encode(), b""
+
+
+def _recv_all(conn: socket.socket) -> bytes | None:
+    chunks, size = [], 0
+    while True:
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_MESSAGE_BYTES:
+            return None
+        chunks.append(chunk)
+
+
+def _prepare_dir(directory: str) -> None:
+    """Create ``directory`` 0700, or check an existing one: ours and not open to others."""
+    try:
+        os.mkdir(directory, 0o700)
+        return
+    except FileExistsError:
+        pass
+    st = os.stat(directory)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise PermissionError(
+            f"failed to start fastpath: directory {directory} must be owned by uid {os.geteuid()} "
+            f"and closed to group and others (mode {stat.S_IMODE(st.st_mode):o})"
+        )
+
+
+def start_fastpath(socket_path: str, *, warm: bool = True, workers: int = DEFAULT_WORKERS) -> FastpathServer:
+    """Listen on ``socket_path`` and serve plugin invocations in ``workers`` threads; returns the handle.
+
+    Connections beyond ``workers`` wait in a queue (the kernel backlog, then in-process):
+    a few threads finish a burst of 200 ADDs sooner than 200 threads contending for the
+    GIL and the state lock.
+
+    The parent directory is created 0700 (an existing one must be owned by our euid and
+    closed to group and others, else ``PermissionError``); a stale socket file is replaced;
+    the socket is 0600. ``warm``: import the ADD/DEL path (pydantic, pyroute2, filelock) now
+    rather than on the first request. Call ``.stop()`` on the handle to close it.
+
+    The hosting process must share the node's mount and network namespaces and root, and
+    run with working directory ``/`` (where runtimes run plugins): requests from callers
+    that differ in any of these are declined (they then run in-process).
+    Raises ``OSError`` when the socket cannot be bound.
+    """
+    socket_path = os.path.abspath(socket_path)
+    _prepare_dir(os.path.dirname(socket_path))
+    try:
+        if stat.S_ISSOCK(os.lstat(socket_path).st_mode):
+            os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    if warm:
+        _warm_imports()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(socket_path)
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    os.chmod(socket_path, 0o600)
+    sock.listen(1024)
+    server = FastpathServer(socket_path=socket_path, _sock=sock)
+    for i in range(max(1, workers)):
+        worker = threading.Thread(target=server._work, name=f"cni-dra-fastpath-{i}", daemon=True)
+        worker.start()
+        server._workers.append(worker)
+    server._thread = threading.Thread(target=server._serve, name="cni-dra-fastpath-accept", daemon=True)
+    server._thread.start()
+    return server
+
+
+class AgentService:
+    """The fast path as a service of ``cni-dra agent`` (``start()``/``stop()``).
+
+    ``socket_path``: where the thin client looks (``CNI_DRA_AGENT_SOCKET``, default
+    :data:`~cni_dra.fastpath.client.DEFAULT_SOCKET`). The agent must run in the host's
+    mount and network namespaces with working directory ``/``, else requests are declined
+    and the client works in-process (correct, slower).
+    """
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self._server: FastpathServer | None = None
+
+    def start(self) -> None:
+        self._server = start_fastpath(self.socket_path)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+
+
+def agent_service(*, state_dir: str, inventory: str) -> AgentService:
+    """Factory the agent calls (``state_dir``/``inventory`` come from each invocation's config)."""
+    del state_dir, inventory
+    return AgentService(os.environ.get("CNI_DRA_AGENT_SOCKET", DEFAULT_SOCKET))
+
+
+def _warm_imports() -> None:
+    """Import everything an ADD/DEL touches, so the first request does not pay for it."""
+    import cni_dra.cni  # noqa: F401
+    import cni_dra.dra.inventory  # noqa: F401
+    import cni_dra.ipam  # noqa: F401
+    import cni_dra.netlink.links as links
+    import cni_dra.protocol.config  # noqa: F401
+    import cni_dra.verbs.add  # noqa: F401
+    import cni_dra.verbs.check  # noqa: F401
+    import cni_dra.verbs.delete  # noqa: F401
+
+    links.host_link("lo")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cni_dra.fastpath.server --socket PATH``: serve until SIGTERM/SIGINT.
+
+    Changes to ``--cwd`` (default ``/``, where a runtime usually runs plugins; requests from
+    another working directory are declined) first. Prints ``ready <socket>`` on stdout once
+    listening.
+    """
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(prog="python -m cni_dra.fastpath.server")
+    parser.add_argument("--socket", default=None, help="socket path (default: the client's default)")
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="invocations served at once")
+    parser.add_argument("--cwd", default="/", help="working directory of the agent (default /)")
+    parser.add_argument("--log-level", default=os.environ.get("CNI_DRA_LOG_LEVEL", "WARNING"))
+    args = parser.parse_args(argv)
+    from cni_dra.fastpath.client import DEFAULT_SOCKET
+
+    path = os.path.abspath(args.socket or DEFAULT_SOCKET)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("cni_dra").setLevel(args.log_level.upper())  # not pyroute2's debug chatter
+    os.chdir(args.cwd)
+    done = threading.Event()
+    server = start_fastpath(path, workers=args.workers)
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    print(f"ready {path}", flush=True)
+    done.wait()
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

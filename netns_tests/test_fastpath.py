@@ -1,0 +1,223 @@
+"""The installed executable on both paths: served by the agent, and in-process.
+
+``agent``: the invocation carries ``CNI_DRA_AGENT=require`` (the client never falls back, so
+a success proves the agent ran it); ``local``: ``CNI_DRA_AGENT=off`` (in-process). The agent
+is ``python -I -m cni_dra.fastpath.server`` from the same venv as the executable. Also: both
+paths at once against one state never over-commit a NIC, and a killed agent (stale socket)
+makes the plugin fall back to in-process work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cni_dra.netlink.links import host_link, link_in_netns
+from netns_tests.runner import CNI_EXE, run_plugin
+
+DRIVER = "net.cni-dra.dev"
+PATHS = ["agent", "local"]
+
+
+def _venv_python() -> str:
+    """The interpreter named in the installed executable's shebang."""
+    first = Path(CNI_EXE).read_text().splitlines()[0]
+    return first[2:].split()[0]
+
+
+def _start_agent(sock: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [_venv_python(), "-I", "-m", "cni_dra.fastpath.server", "--socket", sock, "--cwd", os.getcwd()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if not line.startswith("ready"):
+        proc.kill()
+        proc.wait()
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        _stop(proc)
+        raise RuntimeError(f"agent did not start (is this work tree installed? make install): {line!r} {err}")
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream:
+            stream.close()
+
+
+@pytest.fixture(scope="module")
+def agent_socket(tmp_path_factory):
+    sock = str(tmp_path_factory.mktemp("fastpath") / "agent" / "agent.sock")
+    proc = _start_agent(sock)
+    try:
+        yield sock
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+def node(tmp_path, make_parent_nic, agent_socket):
+    """Two 10G stand-in NICs; state, IPAM data and inventory under tmp_path."""
+    names = sorted([make_parent_nic(), make_parent_nic()])
+    devices = [
+        {"name": dev, "allowMultipleAllocations": True, "attributes": {"ifName": {"string": ifname}},
+         "capacity": {"bandwidth": {"value": "10G", "requestPolicy": {
+             "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}}}
+        for dev, ifname in zip(("nic-a", "nic-b"), names)
+    ]
+    inventory = tmp_path / "slice.json"
+    inventory.write_text(json.dumps({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
+        "spec": {"driver": DRIVER, "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices},
+    }))
+
+    class Node:
+        parents = dict(zip(("nic-a", "nic-b"), names))
+        state_dir = tmp_path / "state"
+        ipam_dir = tmp_path / "ipam"
+        socket = agent_socket
+
+        def conf(self, bandwidth: str = "1G", **kw) -> dict:
+            c = {"cniVersion": "1.0.0", "name": "fpnet", "type": "cni-dra", "stateDir": str(self.state_dir),
+                 "inventory": str(inventory), "capacity": {"requests": {"bandwidth": bandwidth}},
+                 "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir), "ranges": [[{"subnet": "198.51.100.0/24"}]]}}
+            c.update(kw)
+            return c
+
+        def env(self, path: str) -> dict[str, str]:
+            return {"CNI_DRA_AGENT": "require" if path == "agent" else "off", "CNI_DRA_AGENT_SOCKET": self.socket}
+
+        def state(self) -> dict:
+            p = self.state_dir / "state.json"
+            return json.loads(p.read_text()) if p.exists() else {"attachments": []}
+
+        def ipam_reservations(self) -> list[str]:
+            d = self.ipam_dir / "fpnet"
+            return sorted(p.name for p in d.iterdir() if p.name[0].isdigit()) if d.exists() else []
+
+    return Node()
+
+
+def _plugin(node, path, command, conf, netns, cid, ifname="eth0"):
+    pod = str(uuid.uuid5(uuid.NAMESPACE_URL, cid))
+    args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p-{cid[:6]};K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={pod}"
+    return run_plugin(command, conf, container_id=cid, netns=netns, ifname=ifname, cni_args=args, extra_env=node.env(path))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_add_check_del(node, make_netns, path):
+    ns, cid = make_netns(), uuid.uuid4().hex
+    conf = node.conf("2G")
+    code, out, err = _plugin(node, path, "ADD", conf, ns, cid)
+    assert code == 0, (out, err)
+    link = link_in_netns(ns, "eth0")
+    assert link is not None and link.kind == "macvlan"
+    assert link.parent_index == host_link(node.parents["nic-a"]).index
+    assert out["interfaces"][0]["mac"] == link.mac and out["ips"][0]["address"] in link.addresses
+    (att,) = node.state()["attachments"]
+    assert (att["containerID"], att["device"], att["phase"]) == (cid, "nic-a", "ready")
+    assert node.ipam_reservations() == [out["ips"][0]["address"].split("/")[0]]
+
+    code, out2, err = _plugin(node, path, "CHECK", {**conf, "prevResult": out}, ns, cid)
+    assert code == 0 and out2 is None, (out2, err)
+
+    for _ in range(2):  # DEL is idempotent on both paths
+        code, out3, err = _plugin(node, path, "DEL", conf, ns, cid)
+        assert code == 0, (out3, err)
+        assert link_in_netns(ns, "eth0") is None
+        assert node.state()["attachments"] == [] and node.ipam_reservations() == []
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_no_capacity_error_json(node, make_netns, path):
+    ns = make_netns()
+    code, out, err = _plugin(node, path, "ADD", node.conf("20G"), ns, uuid.uuid4().hex)
+    assert code == 1 and out["code"] == 100 and out["cniVersion"] == "1.0.0", (out, err)
+    assert "nic-a" in out["msg"] and "nic-b" in out["msg"]
+    assert link_in_netns(ns, "eth0") is None
+    assert node.state()["attachments"] == [] and node.ipam_reservations() == []
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_check_reports_a_removed_link(node, make_netns, path):
+    ns, cid = make_netns(), uuid.uuid4().hex
+    conf = node.conf()
+    code, out, err = _plugin(node, path, "ADD", conf, ns, cid)
+    assert code == 0, (out, err)
+    from pyroute2 import IPRoute
+
+    with IPRoute(netns=ns) as ipr:
+        ipr.link("del", index=ipr.link_lookup(ifname="eth0")[0])
+    code, out2, err = _plugin(node, path, "CHECK", {**conf, "prevResult": out}, ns, cid)
+    assert code == 1 and out2["code"] == 105, (out2, err)
+    code, _, err = _plugin(node, path, "DEL", conf, ns, cid)
+    assert code == 0, err
+
+
+def test_both_paths_at_once_never_overcommit(node, make_netns):
+    """8 concurrent ADDs of 4G, alternating agent and in-process, on 2 x 10G: exactly 4 fit."""
+    jobs = [(PATHS[i % 2], make_netns(), f"c{i}{uuid.uuid4().hex[:8]}") for i in range(8)]
+    conf = node.conf("4G")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda j: _plugin(node, j[0], "ADD", conf, j[1], j[2]), jobs))
+    ok = [j for j, r in zip(jobs, results) if r[0] == 0]
+    refused = [r for r in results if r[0] != 0]
+    assert len(ok) == 4, results
+    assert all(r[1]["code"] == 100 for r in refused), refused
+    per_device: dict[str, int] = {}
+    for att in node.state()["attachments"]:
+        per_device[att["device"]] = per_device.get(att["device"], 0) + 1
+    assert per_device == {"nic-a": 2, "nic-b": 2}
+    assert all(link_in_netns(ns, "eth0") is not None for _, ns, _ in ok)
+    for path, ns, cid in jobs:
+        code, _, err = _plugin(node, path, "DEL", conf, ns, cid)
+        assert code == 0, err
+    assert node.state()["attachments"] == []
+
+
+def test_killed_agent_falls_back_to_in_process(node, make_netns, tmp_path):
+    sock = str(tmp_path / "dead" / "agent.sock")
+    proc = _start_agent(sock)
+    proc.kill()
+    proc.wait()
+    _stop(proc)
+    assert os.path.exists(sock)  # stale socket left behind: connect is refused
+    ns, cid = make_netns(), uuid.uuid4().hex
+    env = {"CNI_DRA_AGENT_SOCKET": sock}
+    code, out, err = run_plugin("ADD", node.conf(), container_id=cid, netns=ns, ifname="eth0", extra_env=env)
+    assert code == 0, (out, err)
+    assert link_in_netns(ns, "eth0") is not None
+    code, _, err = run_plugin("DEL", node.conf(), container_id=cid, netns=ns, ifname="eth0", extra_env=env)
+    assert code == 0, err
+    assert node.state()["attachments"] == []
+
+
+def test_agent_from_another_mount_namespace_is_declined(node, make_netns):
+    """A plugin in another mount namespace (unshare -m) is declined: require fails with 11."""
+    ns, cid = make_netns(), uuid.uuid4().hex
+    env = {**os.environ, "CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": ns, "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/opt/cni/bin", "CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": node.socket}
+    proc = subprocess.run(["unshare", "-m", CNI_EXE], input=json.dumps(node.conf()).encode(), env=env,
+                          capture_output=True, timeout=60, check=False)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["code"] == 11, (out, proc.stderr)
+    assert node.state()["attachments"] == [] and link_in_netns(ns, "eth0") is None
+
+
