@@ -44,7 +44,7 @@ def test_round_trip_keeps_attachments_and_claims(tmp_path):
     assert again.find("net1", "c1", "eth0").consumedCapacity == {"bandwidth": Quantity.parse("4000M")}
     assert again.claims["pod"][0]["metadata"]["uid"] == "u1"
     raw = json.loads((tmp_path / "state.json").read_text())
-    assert raw["schemaVersion"] == 1
+    assert raw["schemaVersion"] == 2
     assert raw["attachments"][0]["consumedCapacity"] == {"bandwidth": "4G"}
 
 

@@ -207,3 +207,7 @@ _register_allocate()
 
 from cni_dra.cli.agent import agent  # noqa: E402 - the node agent (issue 5)
 cli.add_command(agent)
+
+
+from cni_dra.cli.state import state as _state  # noqa: E402 - registered after the group exists
+cli.add_command(_state)

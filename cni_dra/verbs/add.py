@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from cni_dra.faults import fault_point
 from cni_dra.errors import (
     AttachmentExistsError,
     ClaimError,
@@ -255,6 +256,9 @@ def cmd_add(inv: Invocation) -> Result:
     """Run ADD for ``inv``; returns the CNI result (newest schema). See module docstring."""
     from cni_dra import ipam
     from cni_dra.netlink import links
+    from cni_dra.state.models import STEP_IPAM, STEP_LINK
+    from cni_dra.state.store import current_owner
+    from cni_dra.verbs.recover import record_step, recover_pending
 
     env, conf = inv.env, inv.conf
     if not conf.ipam_type and not version_at_least(conf.cniVersion, "0.3.0"):
@@ -269,6 +273,7 @@ def cmd_add(inv: Invocation) -> Result:
             f"failed to add {env.ifname} for container {env.container_id}: the dhcp IPAM daemon socket {sock} "
             "is absent (is the reference dhcp daemon running?)"
         )
+    recover_pending(inv)  # stale intents of crashed ADD/DEL, attachments lost in a reboot
     slice_ = inv.inventory
     undo: list[Callable[[], None]] = []
     key = (conf.name, env.container_id, env.ifname)
@@ -281,7 +286,7 @@ def cmd_add(inv: Invocation) -> Result:
                 if existing.phase == "ready" and existing.result and existing.netns == (env.netns or ""):
                     log.info("ADD repeated for %s: returning the recorded result", key)
                     return parse_result(existing.result, "1.1.0")
-                if existing.phase == "adding":
+                if existing.phase != "ready":
                     raise TryAgainLaterError(
                         f"failed to add {env.ifname} for container {env.container_id}: an ADD of the same "
                         "attachment is still in progress"
@@ -299,7 +304,9 @@ def cmd_add(inv: Invocation) -> Result:
                 )
             if conf.mac is not None:
                 _refuse_duplicate_mac(conf.mac, att, parent, state)
+            att.owner = current_owner()  # intent record: recovery undoes it if this process dies
             state.attachments.append(att)
+        fault_point("add:reserved")
 
         def release_capacity() -> None:
             with inv.store.transaction() as st:
@@ -319,12 +326,18 @@ def cmd_add(inv: Invocation) -> Result:
             )
         undo.append(lambda: links.delete_link(env.netns, env.ifname))
         _announce(env.netns, env.ifname)
+        fault_point("add:link-created")
+        record_step(inv, STEP_LINK)
+        fault_point("add:link-recorded")
         # 3. IPAM
         ipam_result: Result | None = None
         if conf.ipam_type:
             with ipam_codes():
                 ipam_result = ipam.ipam_add(conf.ipam_type, inv.raw, inv.environ, env.path)
             undo.append(lambda: ipam.ipam_del(conf.ipam_type, inv.raw, inv.environ, env.path))
+            fault_point("add:ipam-done")
+            record_step(inv, STEP_IPAM)
+            fault_point("add:ipam-recorded")
             links.configure_interface(
                 env.netns,
                 env.ifname,
@@ -347,6 +360,8 @@ def cmd_add(inv: Invocation) -> Result:
             recorded.result = _result_dict(result)
             if recorded.claim is not None:  # claim mode: the agent writes it into the claim's status
                 state.statusUpdates.append(claim_status_record(recorded))
+            recorded.owner, recorded.steps = None, []
+        fault_point("add:ready")
         return result
     except BaseException as failure:
         for step in reversed(undo):

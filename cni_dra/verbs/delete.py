@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from cni_dra.faults import fault_point
 from cni_dra.verbs.common import Invocation, ipam_codes
 
 __all__ = ["cmd_del"]
@@ -28,7 +29,10 @@ def cmd_del(inv: Invocation) -> None:
 
     env, conf = inv.env, inv.conf
     key = (conf.name, env.container_id, env.ifname)
-    att = inv.store.read().find(*key)
+    from cni_dra.verbs.recover import begin_delete
+
+    att = begin_delete(inv)  # recovery, then the "deleting" intent; None if absent or state unreadable
+    fault_point("del:intent")
     if env.netns and netns_exists(env.netns):
         if is_host_netns(env.netns):
             log.warning("DEL %s: CNI_NETNS %s is the host namespace; no link is touched", key, env.netns)
@@ -36,11 +40,13 @@ def cmd_del(inv: Invocation) -> None:
             links.delete_link(env.netns, env.ifname)
         else:
             log.warning("DEL %s: no attachment recorded and %s is not a cni-dra link; left alone", key, env.ifname)
+    fault_point("del:link-deleted")
     ipam_type = conf.ipam_type or (att.ipamType if att else None)
     if ipam_type:
         raw = inv.raw if conf.ipam_type else (att.ipamConf or "").encode()
         with ipam_codes():
             ipam.ipam_del(ipam_type, raw, inv.environ, env.path)
+    fault_point("del:ipam-released")
     if att is not None:
         with inv.store.transaction() as state:
             state.remove(*key)

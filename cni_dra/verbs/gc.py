@@ -28,7 +28,10 @@ def cmd_gc(inv: Invocation) -> None:
     from cni_dra.netlink import links
     from cni_dra.netlink.netns import is_host_netns, netns_exists
 
+    from cni_dra.verbs.recover import recover_pending
+
     conf = inv.conf
+    recover_pending(inv)  # stale intents and attachments lost in a reboot, before judging the rest
     valid = conf.valid_attachments
     keep = {(a.get("containerID"), a.get("ifname")) for a in valid}
     stale = [a for a in inv.store.read().attachments if a.network == conf.name and (a.containerID, a.ifname) not in keep]

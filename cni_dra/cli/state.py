@@ -1,0 +1,92 @@
+"""``cni-dra state recover|repair``: the operator's tools for the node state file.
+
+* ``recover``: finish or undo the intents of crashed ADD/DEL runs and release attachments
+  lost in a reboot (what every ADD, DEL and GC also does first);
+* ``repair``: rebuild an unreadable ``state.json`` from its backup plus the live links.
+
+Both print one line per change and exit 0, or 1 when something could not be done (listed).
+See README "Failure modes".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from cni_dra.protocol.config import DEFAULT_INVENTORY, DEFAULT_STATE_DIR
+
+__all__ = ["state"]
+
+
+@click.group()
+def state() -> None:
+    """The node state file: crash recovery and repair."""
+
+
+_STATE_DIR = click.option(
+    "--state-dir", envvar="CNI_DRA_STATE_DIR", default=DEFAULT_STATE_DIR, show_default=True,
+    help="Directory of the node state (the plugin config's stateDir).",
+)
+_CNI_PATH = click.option(
+    "--cni-path", envvar="CNI_PATH", default="/opt/cni/bin", show_default=True,
+    help="Where the IPAM plugins are (':'-separated, like CNI_PATH).",
+)
+_JSON = click.option("--json", "as_json", is_flag=True, envvar="CNI_DRA_JSON", help="Print {changes, errors} as JSON.")
+
+
+def _print(report, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+    if as_json:
+        click.echo(json.dumps({"changes": report.changes, "errors": report.errors}, indent=2))
+    else:
+        for line in report.changes:
+            click.echo(line)
+        for line in report.errors:
+            click.echo(f"error: {line}", err=True)
+        if not report.changes and not report.errors:
+            click.echo("nothing to do")
+    if report.errors:
+        raise SystemExit(1)
+
+
+def _cni_path(value: str) -> list[str]:
+    return [p for p in value.split(":") if p]
+
+
+@state.command("recover")
+@_STATE_DIR
+@_CNI_PATH
+@_JSON
+def recover_cmd(state_dir: str, cni_path: str, as_json: bool) -> None:
+    """Finish or undo interrupted ADD/DEL runs; release attachments of a previous boot whose netns is gone."""
+    from cni_dra.state import StateStore
+    from cni_dra.verbs.recover import recover
+
+    report = recover(StateStore(state_dir), environ=dict(os.environ), cni_path=_cni_path(cni_path))
+    _print(report, as_json)
+
+
+@state.command("repair")
+@_STATE_DIR
+@_CNI_PATH
+@click.option("--inventory", envvar="CNI_DRA_INVENTORY", default=DEFAULT_INVENTORY, show_default=True,
+              help="The node's ResourceSlice (its NICs are searched for untracked links).")
+@_JSON
+def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> None:
+    """Rebuild an unreadable state file from its backup plus the live links, reporting each change."""
+    from cni_dra.errors import CniError
+    from cni_dra.state import StateStore
+    from cni_dra.verbs.recover import repair
+
+    parents: list[str] = []
+    try:
+        from cni_dra.dra.inventory import load_inventory
+        from cni_dra.dra.models import device_attribute
+
+        slice_ = load_inventory(inventory)
+        parents = [str(device_attribute(d, "ifName", slice_.spec.driver)) for d in slice_.spec.devices]
+    except CniError as exc:
+        click.echo(f"warning: inventory not used ({exc.msg}); untracked links are not searched", err=True)
+    report = repair(StateStore(state_dir), environ=dict(os.environ), cni_path=_cni_path(cni_path), parents=parents)
+    _print(report, as_json)

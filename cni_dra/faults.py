@@ -1,0 +1,56 @@
+"""Fault injection for crash-safety tests: kill this process with SIGKILL at a named step.
+
+A fault point fires only when both are true:
+
+* the environment variable :data:`FAULT_ENV` (``CNI_DRA_FAULT``) lists its name
+  (comma-separated), and
+* the test switch :data:`SWITCH_FILE` exists as a regular file owned by root (or by the
+  user running the plugin), not a symlink. Only the node's root can create it; a runtime or
+  a pod that controls the plugin's environment alone cannot make a plugin kill itself.
+
+Named points (ADD, DEL, state writes): see :data:`FAULT_POINTS`. Stdlib only; costs one
+dictionary lookup when ``CNI_DRA_FAULT`` is unset.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+
+__all__ = ["FAULT_ENV", "SWITCH_FILE", "FAULT_POINTS", "fault_point"]
+
+FAULT_ENV = "CNI_DRA_FAULT"
+SWITCH_FILE = "/run/cni-dra/test-faults-enabled"
+
+FAULT_POINTS: tuple[str, ...] = (
+    "add:reserved",  # attachment recorded as "adding" (capacity charged), nothing else done
+    "add:link-created",  # link exists in the pod netns, not yet recorded as a step
+    "add:link-recorded",  # step "link" recorded
+    "add:ipam-done",  # IPAM ADD returned, not yet recorded
+    "add:ipam-recorded",  # step "ipam" recorded, addresses not configured yet
+    "add:ready",  # attachment "ready" with its result, result not printed yet
+    "del:intent",  # attachment marked "deleting", nothing removed yet
+    "del:link-deleted",  # link gone, IPAM still reserved
+    "del:ipam-released",  # IPAM released, attachment still in state
+    "state:tmp-written",  # new state in the temp file, not renamed yet
+    "state:renamed",  # new state renamed into place, directory not fsync'ed yet
+)
+"""Every fault point, in the order an ADD then a DEL passes them."""
+
+
+def _switch_on() -> bool:
+    try:
+        st = os.lstat(SWITCH_FILE)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid())
+
+
+def fault_point(name: str) -> None:
+    """Kill this process with SIGKILL here if fault ``name`` is armed (see module docstring)."""
+    wanted = os.environ.get(FAULT_ENV)
+    if not wanted or name not in wanted.split(","):
+        return
+    if _switch_on():
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,326 @@
+"""Crash recovery and repair of the node state: stale intents, reboots, corrupt files.
+
+Intent records (:mod:`cni_dra.state.models`): ADD records its attachment as ``adding`` with
+its owner process before the first side effect and appends a step after each
+(:data:`~cni_dra.state.models.STEP_LINK`, :data:`~cni_dra.state.models.STEP_IPAM`); DEL marks
+it ``deleting`` before its first. An intent whose owner process is dead is *stale*.
+
+:func:`recover` (run at the start of ADD, DEL and GC, and by ``cni-dra state recover``):
+
+1. under the lock, take over every stale intent (owner := this process, so a concurrent
+   recovery leaves it alone) and, when the kernel boot id differs from the recorded one
+   (a reboot), every attachment of the previous boot whose netns is gone (as ``deleting``);
+   prepared claims stay: the kubelet prepares them again after a reboot;
+2. outside the lock, per attachment and per step: ``adding`` is undone (the link is deleted
+   when the step says it was made, or when a link of that name sits on the recorded parent;
+   IPAM is released when its step was reached), ``deleting`` is finished (link, IPAM);
+3. under the lock, drop the attachment, releasing its capacity.
+
+The runtime never saw a result for an ``adding`` attachment, so undoing is right; it will
+retry the ADD or send DEL. Errors on one attachment are logged and leave it for the next
+recovery; the others proceed.
+
+:func:`repair` (``cni-dra state repair``) rebuilds an unreadable state file from the last
+good backup plus the live links and reports every change.
+
+Source: CNI spec 1.1.0 "DEL" (must succeed when things are already gone), "GC"; KEP-5075
+(capacity is charged until released). Errors: StateError (5), TryAgainLaterError (11).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cni_dra.errors import CniError, StateError, TryAgainLaterError
+from cni_dra.state import Attachment, NodeState, StateStore
+from cni_dra.state.models import STEP_IPAM, STEP_LINK, Owner
+from cni_dra.state.store import boot_id, current_owner, owner_alive
+from cni_dra.verbs.common import Invocation
+
+__all__ = ["RecoveryReport", "recover", "recover_pending", "record_step", "begin_delete", "repair"]
+
+log = logging.getLogger("cni_dra.recover")
+
+
+@dataclass
+class RecoveryReport:
+    """What :func:`recover` or :func:`repair` did: one human-readable line per change in
+    ``changes``, one per failure in ``errors`` (those attachments stay for the next run)."""
+
+    changes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _same_owner(a: Owner | None, b: Owner) -> bool:
+    return a is not None and (a.pid, a.start, a.boot) == (b.pid, b.start, b.boot)
+
+
+def _netns_usable(path: str) -> bool:
+    """True when ``path`` is a live netns other than the host's (errors count as unusable)."""
+    from cni_dra.netlink.netns import is_host_netns, netns_exists
+
+    if not path:
+        return False
+    try:
+        return netns_exists(path) and not is_host_netns(path)
+    except CniError:
+        return False
+
+
+def _netns_gone(path: str) -> bool:
+    from cni_dra.netlink.netns import netns_exists
+
+    if not path:
+        return True
+    try:
+        return not netns_exists(path)
+    except CniError:
+        return False  # exists but is odd: not ours to judge gone
+
+
+def _ipam_release(att: Attachment, environ: Mapping[str, str], cni_path: Sequence[str] | None) -> bool:
+    from cni_dra import ipam
+
+    if not (att.ipamType and att.ipamConf):
+        return False
+    env = dict(environ) | {"CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns}
+    if cni_path:
+        env["CNI_PATH"] = ":".join(cni_path)
+    ipam.ipam_del(att.ipamType, att.ipamConf.encode(), env, list(cni_path) if cni_path else None)
+    return True
+
+
+def _undo(att: Attachment, environ: Mapping[str, str], cni_path: Sequence[str] | None) -> str:
+    """Undo (``adding``) or finish (``deleting``, ``ready``) one attachment's side effects."""
+    from cni_dra.netlink import links
+
+    done = []
+    finishing = att.phase != "adding"
+    if _netns_usable(att.netns):
+        remove = finishing or STEP_LINK in att.steps
+        if not remove:  # crashed between creating the link and recording it?
+            parent = links.host_parent_of(att.netns, att.ifname)
+            remove = parent is not None and parent.name == att.ifName
+        if remove and links.delete_link(att.netns, att.ifname):
+            done.append(f"link {att.ifname} deleted in {att.netns}")
+    if finishing or STEP_LINK in att.steps or STEP_IPAM in att.steps:
+        if _ipam_release(att, environ, cni_path):
+            done.append(f"IPAM {att.ipamType} released")
+    done.append(f"{_charge(att)} on {att.device} released")
+    return "; ".join(done)
+
+
+def _charge(att: Attachment) -> str:
+    return ",".join(f"{k} {v}" for k, v in sorted(att.consumedCapacity.items())) or "no capacity"
+
+
+def _describe(att: Attachment) -> str:
+    return f"attachment {att.network}/{att.containerID}/{att.ifname} ({att.phase}, steps {att.steps or '-'})"
+
+
+def recover(
+    store: StateStore, *, environ: Mapping[str, str], cni_path: Sequence[str] | None = None
+) -> RecoveryReport:
+    """Finish or undo stale intents and release attachments lost in a reboot (module docstring).
+
+    ``environ``: base environment for IPAM plugins (CNI_PATH from ``cni_path`` when given).
+    Returns the report. Raises StateError (5) for an unreadable state file and
+    TryAgainLaterError (11) on lock timeout; per-attachment failures go to ``errors``.
+    """
+    report = RecoveryReport()
+    me = current_owner()
+    boot = boot_id()
+    work: list[Attachment] = []
+    with store.transaction() as st:
+        rebooted = st.bootID is not None and st.bootID != boot
+        for att in st.attachments:
+            if att.phase in ("adding", "deleting"):
+                if owner_alive(att.owner):
+                    continue
+                why = "its process died"
+            elif rebooted and _netns_gone(att.netns):
+                att.phase = "deleting"
+                why = "the node rebooted and its netns is gone"
+            else:
+                continue
+            att.owner = me
+            work.append(att.model_copy(deep=True))
+            report.changes.append(f"{_describe(att)}: {why}")
+        if st.bootID != boot:
+            if rebooted:
+                report.changes.append(f"boot id changed from {st.bootID} to {boot}")
+            st.bootID = boot
+    for att in work:
+        try:
+            what = _undo(att, environ, cni_path)
+        except CniError as exc:
+            report.errors.append(f"{_describe(att)}: {exc.msg}")
+            log.error("recovery of %s failed: %s", att.key, exc.msg)
+            continue
+        with store.transaction() as st:
+            cur = st.find(*att.key)
+            if cur is not None and _same_owner(cur.owner, me):
+                st.remove(*att.key)
+        report.changes.append(f"{_describe(att)}: {what}")
+        log.warning("recovered %s: %s", att.key, what)
+    return report
+
+
+def recover_pending(inv: Invocation) -> RecoveryReport:
+    """:func:`recover` for a plugin invocation (start of ADD, DEL, GC). Raises as :func:`recover`."""
+    return recover(inv.store, environ=inv.environ, cni_path=inv.env.path)
+
+
+def record_step(inv: Invocation, step: str) -> None:
+    """Append ``step`` to the intent of this invocation's attachment (under the lock)."""
+    key = (inv.conf.name, inv.env.container_id, inv.env.ifname)
+    with inv.store.transaction() as st:
+        att = st.find(*key)
+        if att is not None and step not in att.steps:
+            att.steps.append(step)
+
+
+def begin_delete(inv: Invocation) -> Attachment | None:
+    """Start of DEL: recovery, then mark the attachment ``deleting`` (the intent) and return it.
+
+    Returns None when the attachment is not in state, or when the state file is unreadable:
+    DEL then still removes the link and releases IPAM from the runtime's config (logged).
+    Raises TryAgainLaterError (11) while an ADD of the same attachment is in flight or the
+    lock times out.
+    """
+    key = (inv.conf.name, inv.env.container_id, inv.env.ifname)
+    try:
+        recover_pending(inv)
+        with inv.store.transaction() as st:
+            att = st.find(*key)
+            if att is None:
+                return None
+            if att.phase == "adding" and owner_alive(att.owner):
+                raise TryAgainLaterError(
+                    f"failed to delete {inv.env.ifname} for container {inv.env.container_id}: an ADD of "
+                    "the same attachment is still in progress"
+                )
+            att.phase = "deleting"
+            att.owner = current_owner()
+            return att.model_copy(deep=True)
+    except StateError as exc:
+        log.error("DEL %s: %s; removing the link and releasing IPAM from the runtime's config only", key, exc.msg)
+        return None
+
+
+def _live_links(state: NodeState) -> dict[tuple[str, str], str]:
+    """(netns, ifname) → host parent name for each attachment whose link is alive."""
+    from cni_dra.netlink import links
+
+    out = {}
+    for att in state.attachments:
+        if not _netns_usable(att.netns):
+            continue
+        try:
+            parent = links.host_parent_of(att.netns, att.ifname)
+        except CniError:
+            continue
+        if parent is not None:
+            out[(att.netns, att.ifname)] = parent.name
+    return out
+
+
+def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[str]:
+    """Macvlan/ipvlan links in ``/var/run/netns/*`` on an inventory NIC that no attachment names."""
+    import os
+
+    from cni_dra.netlink import links
+    from cni_dra.netlink.netns import in_netns
+
+    found = []
+    try:
+        names = sorted(os.listdir("/var/run/netns"))
+    except OSError:
+        return found
+    for name in names:
+        path = f"/var/run/netns/{name}"
+        if not _netns_usable(path):
+            continue
+        try:
+            with in_netns(path):
+                kids = [li.name for li in links.list_host_links() if li.kind in ("macvlan", "ipvlan")]
+            for kid in kids:
+                if (path, kid) in known:
+                    continue
+                parent = links.host_parent_of(path, kid)
+                if parent is not None and parent.name in parents:
+                    found.append(f"{kid} in {path} on {parent.name}")
+        except CniError:
+            continue
+    return found
+
+
+def repair(
+    store: StateStore,
+    *,
+    environ: Mapping[str, str],
+    cni_path: Sequence[str] | None = None,
+    parents: Sequence[str] = (),
+) -> RecoveryReport:
+    """Rebuild the state file from the last good backup plus the live links (``cni-dra state repair``).
+
+    * an unreadable ``state.json`` is moved aside (``state.json.corrupt-<unix s>``);
+    * the base is the current file if it reads fine, else the backup, else an empty state
+      (then prepared claims are lost: the kubelet prepares them again on its next sync);
+    * every attachment whose link is gone is dropped and its IPAM released; ``ready`` ones
+      with a live link on their recorded parent stay; in-flight intents with a live owner stay;
+      stale intents are undone as :func:`recover` does;
+    * macvlan/ipvlan links in ``/var/run/netns/*`` on one of ``parents`` (inventory NICs)
+      that no attachment names are reported (not charged: their key is unknown).
+
+    Returns the report. Raises StateError (5) when the directory cannot be written,
+    TryAgainLaterError (11) on lock timeout.
+    """
+    report = RecoveryReport()
+    with store.replace() as view:
+        if view.current is not None:
+            base = view.current
+        elif view.error is None:
+            report.changes.append("no state file: nothing to repair")
+            return report
+        else:
+            report.changes.append(f"state unreadable: {view.error.msg.split(';')[0]}")
+            if view.aside is not None:
+                report.changes.append(f"moved the unreadable {store.path.name} to {view.aside.name}")
+            if view.backup is not None:
+                base = view.backup
+                report.changes.append(
+                    f"restored {len(base.attachments)} attachment(s) and "
+                    f"{sum(map(len, base.claims.values()))} prepared claim(s) from {store.backup_path.name}"
+                )
+            else:
+                why = view.backup_error.msg if view.backup_error else "no backup"
+                report.changes.append(f"{why}: starting from an empty state (prepared claims are lost; "
+                                      "the kubelet prepares them again)")
+                base = NodeState()
+        live = _live_links(base)
+        keep = []
+        for att in base.attachments:
+            if att.phase != "ready" and owner_alive(att.owner):
+                keep.append(att)
+                continue
+            parent = live.get((att.netns, att.ifname))
+            if att.phase == "ready" and parent == att.ifName:
+                keep.append(att)
+                continue
+            try:
+                what = _undo(att, environ, cni_path)
+            except CniError as exc:
+                report.errors.append(f"{_describe(att)}: {exc.msg}; kept")
+                keep.append(att)
+                continue
+            report.changes.append(f"dropped {_describe(att)}: link not live; {what}")
+        base.attachments = keep
+        base.bootID = boot_id()
+        for line in _untracked_links(set(live), set(parents)):
+            report.changes.append(f"untracked link {line}: not charged (no attachment names it); "
+                                  "its pod's DEL or GC removes it")
+        view.write(base)
+    return report
