@@ -99,6 +99,9 @@ def _device_if_name(device: Any, driver: str) -> str:
     return value
 
 
+_DOWN = frozenset({"DOWN", "LOWERLAYERDOWN", "NOTPRESENT"})  # RFC 2863 operstates that carry no traffic
+
+
 def _describe(requests: dict[str, Quantity]) -> str:
     if not requests:
         return "the default capacity"
@@ -197,6 +200,8 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
         link = host_links.get(if_name)
         if link is None:
             skipped.append(f"{d.name}: interface {if_name} does not exist")
+        elif not link.admin_up or link.operstate in _DOWN:  # carries no traffic: skipped, named
+            skipped.append(f"{d.name}: interface {if_name} is down")
         elif conf.mtu is not None and conf.mtu > link.mtu:
             skipped.append(f"{d.name}: MTU {link.mtu} of {if_name} is below the configured mtu {conf.mtu}")
         else:

@@ -269,9 +269,10 @@ def repair(
     * an unreadable ``state.json`` is moved aside (``state.json.corrupt-<unix s>``);
     * the base is the current file if it reads fine, else the backup, else an empty state
       (then prepared claims are lost: the kubelet prepares them again on its next sync);
-    * every attachment whose link is gone is dropped and its IPAM released; ``ready`` ones
-      with a live link on their recorded parent stay; in-flight intents with a live owner stay;
-      stale intents are undone as :func:`recover` does;
+    * every attachment whose link is gone is dropped and its IPAM released; ``ready`` and
+      ``adding`` ones with a live link on their recorded parent stay (as ``ready``: the backup
+      is one write behind, so an ``adding`` there may have completed); in-flight intents with a
+      live owner stay; ``deleting`` ones are finished;
     * macvlan/ipvlan links in ``/var/run/netns/*`` on one of ``parents`` (inventory NICs)
       that no attachment names are reported (not charged: their key is unknown).
 
@@ -307,7 +308,10 @@ def repair(
                 keep.append(att)
                 continue
             parent = live.get((att.netns, att.ifname))
-            if att.phase == "ready" and parent == att.ifName:
+            if att.phase != "deleting" and parent == att.ifName:
+                if att.phase == "adding":  # the backup is one write behind: the ADD may have completed
+                    report.changes.append(f"kept {_describe(att)} as ready: its link is live on {parent}")
+                    att.phase, att.owner, att.steps = "ready", None, []
                 keep.append(att)
                 continue
             try:

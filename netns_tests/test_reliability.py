@@ -1,0 +1,460 @@
+"""Issue 6 in real namespaces: crash at every step, corrupt state, reboots, host netns, retries.
+
+Every case runs the installed plugin as a runtime does and then judges, independently of
+the plugin's own report: the exit code and CNI error code, the state file (decoded with its
+checksum), the links in the pod namespaces (pyroute2), and the host-local IPAM files.
+
+Fault injection: ``CNI_DRA_FAULT=<step>`` makes the plugin SIGKILL itself at that step, but
+only while the switch file ``/run/cni-dra/test-faults-enabled`` exists (fixture
+``faults_on``). A killed plugin exits -9 with nothing on stdout, as after an OOM kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cni_dra.faults import SWITCH_FILE
+from cni_dra.netlink.links import host_link, host_link_by_index, link_in_netns
+from cni_dra.quantity import Quantity
+from cni_dra.state.models import NodeState
+from cni_dra.state.store import decode_state, encode_state
+from netns_tests.conftest import remove_netns
+from netns_tests.runner import cni_dra_cli, run_plugin
+
+DRIVER = "net.cni-dra.dev"
+NET = "relnet"
+KILLED = -signal.SIGKILL
+
+
+class Node:
+    """Stand-in NICs (10G each) in an inventory; state, IPAM data, inventory under a tmp dir."""
+
+    def __init__(self, tmp_path: Path, nics: list[str], bandwidth: str = "10G") -> None:
+        self.parents = dict(zip((f"nic-{c}" for c in "abcdefgh"), sorted(nics)))
+        self.state_dir = tmp_path / "state"
+        self.ipam_dir = tmp_path / "ipam"
+        self.inventory = tmp_path / "slice.json"
+        self.capacity = Quantity.parse(bandwidth)
+        devices = [
+            {
+                "name": dev, "allowMultipleAllocations": True,
+                "attributes": {"ifName": {"string": ifname}},
+                "capacity": {"bandwidth": {"value": bandwidth, "requestPolicy": {
+                    "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}},
+            }
+            for dev, ifname in self.parents.items()
+        ]
+        self.inventory.write_text(json.dumps({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
+            "spec": {"driver": DRIVER, "nodeName": "n",
+                     "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1}, "devices": devices},
+        }))
+
+    def conf(self, bandwidth: str | None = "1G", **kw) -> dict:
+        c = {
+            "cniVersion": "1.0.0", "name": NET, "type": "cni-dra",
+            "stateDir": str(self.state_dir), "inventory": str(self.inventory),
+            "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
+                     "ranges": [[{"subnet": "198.51.100.0/24"}]]},
+        }
+        if bandwidth:
+            c["capacity"] = {"requests": {"bandwidth": bandwidth}}
+        c.update(kw)
+        return c
+
+    # -- independent views -------------------------------------------------------------
+    def state(self) -> NodeState:
+        path = self.state_dir / "state.json"
+        return decode_state(path.read_bytes()) if path.exists() else NodeState()
+
+    def attachments(self) -> dict[str, str]:
+        """containerID → phase."""
+        return {a.containerID: a.phase for a in self.state().attachments}
+
+    def consumed(self) -> dict[str, Quantity]:
+        return self.state().consumed_by_device(DRIVER, "n")
+
+    def ipam(self) -> dict[str, str]:
+        """host-local reservations: IP → container ID (the file's first line)."""
+        d = self.ipam_dir / NET
+        if not d.exists():
+            return {}
+        return {p.name: p.read_text().splitlines()[0] for p in d.iterdir() if p.name[0].isdigit()}
+
+    def write_state(self, state: NodeState) -> None:
+        (self.state_dir / "state.json").write_bytes(encode_state(state))
+
+
+@pytest.fixture
+def node(tmp_path, make_parent_nic) -> Node:
+    return Node(tmp_path, [make_parent_nic(), make_parent_nic()])
+
+
+@pytest.fixture
+def faults_on():
+    """The test switch that lets CNI_DRA_FAULT act (removed afterwards if we made it)."""
+    made = not os.path.exists(SWITCH_FILE)
+    os.makedirs(os.path.dirname(SWITCH_FILE), mode=0o700, exist_ok=True)
+    Path(SWITCH_FILE).touch(mode=0o600)
+    try:
+        yield
+    finally:
+        if made:
+            Path(SWITCH_FILE).unlink(missing_ok=True)
+
+
+def args(pod: str) -> str:
+    return f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID=c;K8S_POD_UID=uid-{pod}"
+
+
+def add(node: Node, netns: str, cid: str, conf: dict | None = None, ifname: str = "eth0", fault: str | None = None):
+    return run_plugin("ADD", conf or node.conf(), container_id=cid, netns=netns, ifname=ifname, cni_args=args(cid),
+                      extra_env={"CNI_DRA_FAULT": fault} if fault else None)
+
+
+def delete(node: Node, netns: str, cid: str, conf: dict | None = None, ifname: str = "eth0", fault: str | None = None):
+    return run_plugin("DEL", conf or node.conf(), container_id=cid, netns=netns, ifname=ifname, cni_args=args(cid),
+                      extra_env={"CNI_DRA_FAULT": fault} if fault else None)
+
+
+def recover(node: Node) -> tuple[int, dict]:
+    proc = cni_dra_cli("state", "recover", "--state-dir", str(node.state_dir), "--cni-path", "/opt/cni/bin", "--json")
+    return proc.returncode, json.loads(proc.stdout or "{}")
+
+
+def parent_of(netns: str, ifname: str = "eth0") -> str | None:
+    link = link_in_netns(netns, ifname)
+    if link is None:
+        return None
+    parent = host_link_by_index(link.parent_index)
+    return parent.name if parent else None
+
+
+# -- 1. kill at every step ------------------------------------------------------------------
+ADD_STEPS_UNDONE = ["add:reserved", "add:link-created", "add:link-recorded", "add:ipam-done", "add:ipam-recorded"]
+
+
+@pytest.mark.parametrize("step", ADD_STEPS_UNDONE + ["add:ready", "state:tmp-written", "state:renamed"])
+def test_add_killed_at_step_then_recovered(node, make_netns, faults_on, step):
+    ns_a, ns_b = make_netns(), make_netns()
+    code, out, err = add(node, ns_a, "pod-a")
+    assert code == 0, (out, err)
+    ip_a = out["ips"][0]["address"].split("/")[0]
+
+    code, out, err = add(node, ns_b, "pod-b", conf=node.conf("2G"), fault=step)
+    assert code == KILLED and out is None, (code, out, err)
+
+    code, report = recover(node)
+    assert code == 0, report
+    # "state:*" faults fire at the first state write of this ADD: the reservation itself
+    # (tmp-written: never renamed into place; renamed: in place, then killed).
+    completed = step == "add:ready"
+    if completed:
+        assert node.attachments() == {"pod-a": "ready", "pod-b": "ready"}
+        assert parent_of(ns_b) is not None
+        assert sorted(node.ipam().values()) == ["pod-a", "pod-b"]
+        assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("3G")
+        assert report["changes"] == []
+    else:
+        assert node.attachments() == {"pod-a": "ready"}, report
+        assert link_in_netns(ns_b, "eth0") is None
+        assert node.ipam() == {ip_a: "pod-a"}
+        assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("1G")
+        # tmp-written: the reservation never landed, nothing to recover; otherwise a stale intent
+        assert bool(report["changes"]) == (step != "state:tmp-written")
+    assert parent_of(ns_a) == node.parents["nic-a"]  # the completed attachment is untouched
+
+    # the runtime retries the ADD: it works (or returns the recorded result) with one link, one charge
+    code, out, err = add(node, ns_b, "pod-b", conf=node.conf("2G"))
+    assert code == 0, (out, err)
+    assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("3G")
+    assert sorted(node.ipam().values()) == ["pod-a", "pod-b"]
+    for ns, cid in ((ns_b, "pod-b"), (ns_a, "pod-a")):
+        code, out, err = delete(node, ns, cid)
+        assert code == 0, (out, err)
+    assert node.attachments() == {} and node.ipam() == {}
+
+
+@pytest.mark.parametrize("step", ["del:intent", "del:link-deleted", "del:ipam-released", "state:tmp-written"])
+@pytest.mark.parametrize("recovery", ["cli", "next-add"])
+def test_del_killed_at_step_then_recovered(node, make_netns, faults_on, step, recovery):
+    ns_a, ns_b, ns_c = make_netns(), make_netns(), make_netns()
+    for ns, cid in ((ns_a, "pod-a"), (ns_b, "pod-b")):
+        code, out, err = add(node, ns, cid)
+        assert code == 0, (out, err)
+    ip_a = next(ip for ip, c in node.ipam().items() if c == "pod-a")
+
+    code, out, err = delete(node, ns_b, "pod-b", fault=step)
+    assert code == KILLED and out is None, (code, out, err)
+
+    if recovery == "cli":
+        code, report = recover(node)
+        assert code == 0, report
+        expect = {"pod-a": "ready"}
+        # state:tmp-written is the "deleting" intent never renamed into place: nothing is
+        # stale, pod-b stays attached until the runtime's DEL retry below.
+        if step == "state:tmp-written":
+            expect["pod-b"] = "ready"
+    else:
+        code, out, err = add(node, ns_c, "pod-c")
+        assert code == 0, (out, err)
+        expect = {"pod-a": "ready", "pod-c": "ready"}
+        if step == "state:tmp-written":
+            expect["pod-b"] = "ready"
+    assert node.attachments() == expect
+    if "pod-b" not in expect:
+        assert link_in_netns(ns_b, "eth0") is None
+        assert "pod-b" not in node.ipam().values()
+    assert node.ipam()[ip_a] == "pod-a" and parent_of(ns_a) is not None
+
+    # the runtime's DEL retry succeeds whatever is left
+    code, out, err = delete(node, ns_b, "pod-b")
+    assert code == 0, (out, err)
+    assert link_in_netns(ns_b, "eth0") is None and "pod-b" not in node.ipam().values()
+    assert "pod-b" not in node.attachments()
+    consumed = node.consumed()["nic-a"]["bandwidth"]
+    assert consumed == Quantity.parse("2G" if recovery == "next-add" else "1G")
+
+
+def test_fault_env_alone_does_nothing(node, make_netns):
+    """Without the switch file the variable is ignored: a runtime's environment cannot kill the plugin."""
+    if os.path.exists(SWITCH_FILE):
+        pytest.skip("switch file present (another fault test runs in parallel)")
+    ns = make_netns()
+    code, out, err = add(node, ns, "pod-a", fault="add:reserved")
+    assert code == 0, (out, err)
+    assert node.attachments() == {"pod-a": "ready"}
+    assert delete(node, ns, "pod-a")[0] == 0
+
+
+# -- 2. state integrity ---------------------------------------------------------------------
+def _corrupt(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "bad-checksum":
+        assert b'"1G"' in data
+        path.write_bytes(data.replace(b'"1G"', b'"9G"', 1))  # still valid JSON, books changed
+    else:  # pragma: no cover
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["empty", "truncated", "bad-checksum"])
+def test_corrupt_state_fails_closed_and_repair_rebuilds(node, make_netns, how):
+    ns_a, ns_b, ns_c = make_netns(), make_netns(), make_netns()
+    for ns, cid in ((ns_a, "pod-a"), (ns_b, "pod-b")):
+        code, out, err = add(node, ns, cid)
+        assert code == 0, (out, err)
+    state_file = node.state_dir / "state.json"
+    _corrupt(state_file, how)
+    corrupt_bytes = state_file.read_bytes()
+    ipam_before = node.ipam()
+
+    # ADD fails closed: code 5, no link, no IPAM, the file untouched
+    code, out, err = add(node, ns_c, "pod-c")
+    assert code == 1 and out["code"] == 5, (out, err)
+    assert "corrupt" in out["msg"] and "state repair" in out["msg"]
+    assert link_in_netns(ns_c, "eth0") is None and node.ipam() == ipam_before
+    assert state_file.read_bytes() == corrupt_bytes
+
+    # DEL still removes the link and releases the IPAM it can identify (the runtime's config)
+    code, out, err = delete(node, ns_a, "pod-a")
+    assert code == 0, (out, err)
+    assert link_in_netns(ns_a, "eth0") is None
+    assert sorted(node.ipam().values()) == ["pod-b"]
+    assert state_file.read_bytes() == corrupt_bytes
+
+    # repair: from the backup plus live links; pod-a's link is gone, pod-b's is live
+    proc = cni_dra_cli("state", "repair", "--state-dir", str(node.state_dir), "--inventory", str(node.inventory),
+                       "--cni-path", "/opt/cni/bin", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    text = "\n".join(report["changes"])
+    assert "moved the unreadable state.json" in text and "from state.json.bak" in text
+    assert "dropped attachment relnet/pod-a/eth0" in text
+    assert node.attachments() == {"pod-b": "ready"}
+    assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("1G")
+    assert [p.name for p in node.state_dir.iterdir() if p.name.startswith("state.json.corrupt-")]
+    # and the node works again
+    code, out, err = add(node, ns_c, "pod-c")
+    assert code == 0, (out, err)
+    for ns, cid in ((ns_b, "pod-b"), (ns_c, "pod-c")):
+        assert delete(node, ns, cid)[0] == 0
+    assert node.attachments() == {} and node.ipam() == {}
+
+
+def test_old_schema_state_is_migrated(node, make_netns):
+    ns = make_netns()
+    node.state_dir.mkdir(mode=0o700)
+    claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "status": {"allocation": {"devices": {
+        "results": [{"request": "net", "driver": DRIVER, "pool": "n", "device": "nic-b",
+                     "consumedCapacity": {"bandwidth": "3G"}, "shareID": "4a5b"}]}}}}
+    (node.state_dir / "state.json").write_text(json.dumps({"schemaVersion": 1, "claims": {"other": [claim]},
+                                                           "attachments": []}))
+    code, out, err = add(node, ns, "pod-a")
+    assert code == 0, (out, err)
+    st = node.state()
+    assert st.schemaVersion == 2 and st.claims["other"][0]["metadata"]["uid"] == "cu"
+    # the migrated claim still counts: best-fit puts pod-a on nic-b (7G left) next to it
+    assert node.consumed() == {"nic-b": {"bandwidth": Quantity.parse("4G")}}
+    assert delete(node, ns, "pod-a")[0] == 0
+
+
+# -- 3. reboots -----------------------------------------------------------------------------
+def test_reboot_releases_attachments_whose_netns_is_gone(node, make_netns):
+    ns_a, ns_b, ns_c = make_netns(), make_netns(), make_netns()
+    for ns, cid in ((ns_a, "pod-a"), (ns_b, "pod-b")):
+        code, out, err = add(node, ns, cid)
+        assert code == 0, (out, err)
+    st = node.state()
+    claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "status": {"allocation": {"devices": {
+        "results": [{"request": "net", "driver": DRIVER, "pool": "n", "device": "nic-b",
+                     "consumedCapacity": {"bandwidth": "3G"}, "shareID": "4a5b"}]}}}}
+    st.claims["prepared-pod"] = [claim]
+    st.bootID = "00000000-0000-0000-0000-000000000000"  # the state was last reconciled in another boot
+    node.write_state(st)
+    remove_netns(ns_a)  # pod-a's namespace did not survive the "reboot"
+
+    code, out, err = add(node, ns_c, "pod-c")  # first use after the reboot
+    assert code == 0, (out, err)
+    st = node.state()
+    assert {a.containerID for a in st.attachments} == {"pod-b", "pod-c"}
+    assert st.claims["prepared-pod"][0]["metadata"]["uid"] == "cu"  # prepared claims stay
+    assert st.bootID == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert sorted(node.ipam().values()) == ["pod-b", "pod-c"]  # pod-a's address released
+    # pod-a's 1G is free again; best-fit put pod-c next to the prepared claim on nic-b
+    assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("1G")},
+                               "nic-b": {"bandwidth": Quantity.parse("4G")}}
+    for ns, cid in ((ns_b, "pod-b"), (ns_c, "pod-c")):
+        assert delete(node, ns, cid)[0] == 0
+
+
+# -- 4. locking -----------------------------------------------------------------------------
+def test_lock_held_gives_code_11_and_nothing_written(node, make_netns):
+    import fcntl
+
+    ns = make_netns()
+    code, out, err = add(node, ns, "pod-a")
+    assert code == 0
+    before = (node.state_dir / "state.json").read_bytes()
+    ns2 = make_netns()
+    fd = os.open(node.state_dir / "state.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        code, out, err = add(node, ns2, "pod-b", conf=node.conf(lockTimeoutSeconds=0.5))
+        assert code == 1 and out["code"] == 11, (out, err)
+        assert "still held" in out["msg"]
+        assert (node.state_dir / "state.json").read_bytes() == before
+        assert link_in_netns(ns2, "eth0") is None and list(node.ipam().values()) == ["pod-a"]
+    finally:
+        os.close(fd)
+    assert delete(node, ns, "pod-a")[0] == 0
+
+
+# -- 5. namespaces --------------------------------------------------------------------------
+def test_host_netns_refused_on_add_and_del_touches_no_host_link(node, make_netns):
+    host_ns = f"/proc/{os.getpid()}/ns/net"
+    peer = node.parents["nic-b"] + "p"  # a host link; the name is valid for a pod interface too
+    code, out, err = add(node, host_ns, "pod-h", ifname="eth0")
+    assert code == 1 and out["code"] == 4, (out, err)
+    assert "host network namespace" in out["msg"]
+    assert node.attachments() == {} and node.ipam() == {}
+    assert host_link("eth0") is None or host_link("eth0").kind != "macvlan"
+
+    # a host link already named like CNI_IFNAME does not break ADD (the link is made in the pod netns)
+    ns = make_netns()
+    code, out, err = add(node, ns, "pod-a", ifname=peer)
+    assert code == 0, (out, err)
+    assert link_in_netns(ns, peer).kind == "macvlan"
+    peer_index = host_link(peer).index
+
+    # DEL aimed at the host netns: releases state and IPAM, leaves the host link alone
+    code, out, err = delete(node, host_ns, "pod-a", ifname=peer)
+    assert code == 0, (out, err)
+    assert host_link(peer) is not None and host_link(peer).index == peer_index
+    assert node.attachments() == {} and node.ipam() == {}
+    assert delete(node, ns, "pod-a", ifname=peer)[0] == 0  # the runtime's real DEL
+
+
+def test_path_that_is_not_a_netns_is_refused(node, tmp_path):
+    bogus = tmp_path / "not-a-netns"
+    bogus.write_text("x")
+    code, out, err = add(node, str(bogus), "pod-a")
+    assert code == 1 and out["code"] == 4, (out, err)
+    assert "not a network namespace" in out["msg"]
+    assert node.attachments() == {} and node.ipam() == {}
+
+
+# -- 6. parent NIC trouble ------------------------------------------------------------------
+def test_down_or_missing_nic_is_skipped_and_named(tmp_path, make_parent_nic, make_netns):
+    from netns_tests.conftest import _iproute, delete_host_link
+
+    nics = sorted([make_parent_nic(), make_parent_nic()])
+    node = Node(tmp_path, nics)
+    with _iproute() as ipr:
+        ipr.link("set", index=ipr.link_lookup(ifname=nics[0])[0], state="down")
+    ns1, ns2 = make_netns(), make_netns()
+    code, out, err = add(node, ns1, "pod-a", conf=node.conf("6G"))
+    assert code == 0, (out, err)
+    assert parent_of(ns1) == nics[1]  # nic-a (lower name, best-fit tie) is down: skipped
+    delete_host_link(nics[1])  # nic-b vanishes under pod-a
+    code, out, err = add(node, ns2, "pod-b", conf=node.conf("1G"))
+    assert code == 1 and out["code"] == 100, (out, err)
+    assert f"nic-a: interface {nics[0]} is down" in out["msg"]
+    assert f"nic-b: interface {nics[1]} does not exist" in out["msg"]
+    code, out, err = delete(node, ns1, "pod-a")  # DEL is not blocked by the missing parent
+    assert code == 0, (out, err)
+    assert node.attachments() == {} and node.ipam() == {}
+
+
+# -- 8. runtime retries ---------------------------------------------------------------------
+def test_repeated_add_returns_same_result_and_id_reuse_after_del(node, make_netns):
+    ns = make_netns()
+    code, first, err = add(node, ns, "pod-a", conf=node.conf("2G"))
+    assert code == 0, (first, err)
+    code, again, err = add(node, ns, "pod-a", conf=node.conf("2G"))
+    assert code == 0 and again == first, (again, err)
+    assert len(node.state().attachments) == 1 and len(node.ipam()) == 1
+    assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("2G")
+
+    ns2 = make_netns()  # same attachment key, another netns: a clear error, nothing charged
+    code, out, err = add(node, ns2, "pod-a", conf=node.conf("2G"))
+    assert code == 1 and out["code"] == 104 and "already attached" in out["msg"], (out, err)
+    assert link_in_netns(ns2, "eth0") is None and len(node.ipam()) == 1
+
+    assert delete(node, ns, "pod-a")[0] == 0
+    code, out, err = add(node, ns2, "pod-a", conf=node.conf("2G"))  # container ID reused after DEL
+    assert code == 0, (out, err)
+    assert node.attachments() == {"pod-a": "ready"} and parent_of(ns2) is not None
+    assert delete(node, ns2, "pod-a")[0] == 0
+    assert node.attachments() == {} and node.ipam() == {}
+
+
+def test_state_files_are_private(node, make_netns):
+    import stat
+
+    ns = make_netns()
+    assert add(node, ns, "pod-a")[0] == 0
+    assert add(node, ns, "pod-a", ifname="eth1")[0] == 0  # a second write creates the backup
+    assert stat.S_IMODE(os.stat(node.state_dir).st_mode) == 0o700
+    for name in ("state.json", "state.json.bak", "state.lock"):
+        st = os.stat(node.state_dir / name)
+        assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o600, 0), name
+    for ifname in ("eth0", "eth1"):
+        assert delete(node, ns, "pod-a", ifname=ifname)[0] == 0
+
+
+def test_cli_recover_on_clean_state_does_nothing(node):
+    code, report = recover(node)
+    assert code == 0 and report == {"changes": [], "errors": []}
+
+
+_ = uuid  # container IDs are fixed names here; uuid kept for ad-hoc debugging
