@@ -14,9 +14,10 @@ over ``state.json``; the directory is fsync'ed. A crash leaves either the old or
 file, never a mix, and never no file.
 
 The lock is held only around a read-modify-write (:meth:`StateStore.transaction`), never
-while an IPAM plugin or netlink call runs. It is an ``flock(2)`` on ``state.lock`` (via
-filelock, which opens it with ``O_NOFOLLOW``; a symlink there is refused before that), so
-the kernel releases it when its holder dies. A wait longer than the timeout raises
+while an IPAM plugin or netlink call runs. It is an ``flock(2)`` on ``state.lock``, opened
+with ``O_NOFOLLOW`` (the symlink attack filelock < 3.20.1 had is closed by construction), so
+the kernel releases it when its holder dies; waiters block in the kernel (no polling), so
+none starves when hundreds of plugins start at once. A wait longer than the timeout raises
 :class:`~cni_dra.errors.TryAgainLaterError` (CNI code 11) with nothing written.
 
 A file that cannot be decoded, fails its checksum, or is missing while a backup exists
@@ -27,10 +28,13 @@ state repair`` (:mod:`cni_dra.verbs.recover`) rebuilds it.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import re
+import signal
 import stat
 import threading
 import time
@@ -153,6 +157,49 @@ def owner_alive(owner: Owner | None) -> bool:
     return start is not None and start == owner.start
 
 
+class _LockWaitExpired(Exception):
+    pass
+
+
+def _on_alarm(signum: int, frame: object) -> None:
+    raise _LockWaitExpired
+
+
+def _flock(fd: int, timeout_s: float) -> bool:
+    """``flock(fd, LOCK_EX)`` waiting at most ``timeout_s``; False when it timed out."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    except OSError as exc:
+        raise StateError(f"failed to lock state: {exc.strerror}") from exc
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, timeout_s)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            return True
+        except _LockWaitExpired:
+            return False
+        finally:
+            signal.signal(signal.SIGALRM, previous)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
 class StateStore:
     """Read and update ``<state_dir>/state.json`` under ``<state_dir>/state.lock``.
 
@@ -193,32 +240,32 @@ class StateStore:
 
     @contextlib.contextmanager
     def _file_locked(self) -> Iterator[None]:
-        from filelock import FileLock, Timeout
-
+        """``flock(2)`` on ``state.lock``, opened with ``O_NOFOLLOW`` (a symlink planted there is
+        refused, never followed). In the main thread the wait blocks in the kernel (waiters are
+        woken on release, so none starves while 200 plugins queue) and a ``SIGALRM`` timer
+        bounds it; other threads poll. The kernel drops the lock when its holder dies.
+        """
         self._ensure_dir()
         try:
-            st = os.lstat(self.lock_path)
-        except FileNotFoundError:
-            pass
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StateError(f"failed to lock state {self.lock_path}: it is a symlink (refused)") from exc
             raise StateError(f"failed to lock state {self.lock_path}: {exc.strerror}") from exc
-        else:
-            if not stat.S_ISREG(st.st_mode):
-                raise StateError(f"failed to lock state {self.lock_path}: not a regular file (a symlink is refused)")
-        lock = FileLock(str(self.lock_path), timeout=self.lock_timeout_s, mode=0o600)
         try:
-            lock.acquire()
-        except Timeout as exc:
-            raise TryAgainLaterError(
-                f"failed to lock state {self.lock_path}: still held by another process after "
-                f"{self.lock_timeout_s:g}s"
-            ) from exc
-        except OSError as exc:
-            raise StateError(f"failed to lock state {self.lock_path}: {exc}") from exc
-        try:
-            yield
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StateError(f"failed to lock state {self.lock_path}: not a regular file")
+            if not _flock(fd, self.lock_timeout_s):
+                raise TryAgainLaterError(
+                    f"failed to lock state {self.lock_path}: still held by another process after "
+                    f"{self.lock_timeout_s:g}s"
+                )
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            lock.release()
+            os.close(fd)
 
     # -- reading and writing ---------------------------------------------------------------
     def _read_unlocked(self) -> NodeState:
@@ -273,6 +320,11 @@ class StateStore:
                 with contextlib.suppress(OSError):
                     t.unlink()
             raise StateError(f"failed to write state {self.path}: {exc.strerror}") from exc
+
+    def peek(self) -> NodeState:
+        """A snapshot read without the lock: safe because writes replace the file atomically,
+        but stale at once; for fast "anything to do?" checks only. Raises StateError (5)."""
+        return self._read_unlocked()
 
     def read(self) -> NodeState:
         """A snapshot of the state, read under the lock (a missing state directory reads as

@@ -120,6 +120,12 @@ def _describe(att: Attachment) -> str:
     return f"attachment {att.network}/{att.containerID}/{att.ifname} ({att.phase}, steps {att.steps or '-'})"
 
 
+def _anything_to_do(st: NodeState, boot: str) -> bool:
+    if st.bootID != boot:
+        return True
+    return any(a.phase != "ready" and not owner_alive(a.owner) for a in st.attachments)
+
+
 def recover(
     store: StateStore, *, environ: Mapping[str, str], cni_path: Sequence[str] | None = None
 ) -> RecoveryReport:
@@ -130,8 +136,10 @@ def recover(
     TryAgainLaterError (11) on lock timeout; per-attachment failures go to ``errors``.
     """
     report = RecoveryReport()
-    me = current_owner()
     boot = boot_id()
+    if not _anything_to_do(store.peek(), boot):  # the common case costs no lock
+        return report
+    me = current_owner()
     work: list[Attachment] = []
     with store.transaction() as st:
         rebooted = st.bootID is not None and st.bootID != boot
