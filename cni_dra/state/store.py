@@ -312,6 +312,10 @@ class StateStore:
             if backup and self.path.exists():
                 os.link(self.path, bak_tmp)
                 os.replace(bak_tmp, self.backup_path)
+                # rename(2) does nothing when both names are links to one inode (no change since
+                # the last backup): drop the extra name.
+                with contextlib.suppress(FileNotFoundError):
+                    bak_tmp.unlink()
             os.replace(tmp, self.path)
             fault_point("state:renamed")
             self._fsync_dir()
