@@ -458,3 +458,39 @@ def test_cli_recover_on_clean_state_does_nothing(node):
 
 
 _ = uuid  # container IDs are fixed names here; uuid kept for ad-hoc debugging
+
+
+def test_temp_link_names_are_random_and_a_collision_is_retried(make_netns, make_parent_nic, monkeypatch):
+    """In-process: the first temporary name is already taken in the pod netns; ADD's link
+    creation picks another and leaves the squatter alone."""
+    from pyroute2 import IPRoute
+
+    from cni_dra.netlink import links
+
+    names = {links._temp_name() for _ in range(50)}
+    assert len(names) == 50 and all(n.startswith(links.TEMP_NAME_PREFIX) and len(n) <= 15 for n in names)
+    ns, parent = make_netns(), make_parent_nic()
+    squatter = links.TEMP_NAME_PREFIX + "0000000000"
+    with IPRoute(netns=ns) as ipr:
+        ipr.link("add", ifname=squatter, kind="veth", peer="sq-peer")
+    handed = iter([squatter, links.TEMP_NAME_PREFIX + "1111111111"])
+    monkeypatch.setattr(links, "_temp_name", lambda: next(handed))
+    info = links.create_macvlan(parent=parent, netns=ns, ifname="eth0")
+    assert info.name == "eth0" and info.kind == "macvlan"
+    assert link_in_netns(ns, squatter) is not None and link_in_netns(ns, squatter).kind == "veth"
+    assert next(handed, None) is None  # both names were asked for
+
+
+def test_gc_recovers_a_crashed_add(node, make_netns, faults_on):
+    ns_a, ns_b = make_netns(), make_netns()
+    assert add(node, ns_a, "pod-a")[0] == 0
+    code, out, err = add(node, ns_b, "pod-b", fault="add:ipam-recorded")
+    assert code == KILLED, (code, out, err)
+    assert node.attachments() == {"pod-a": "ready", "pod-b": "adding"}
+    gc_conf = node.conf() | {"cniVersion": "1.1.0", "cni.dev/valid-attachments": [
+        {"containerID": "pod-a", "ifname": "eth0"}, {"containerID": "pod-b", "ifname": "eth0"}]}
+    code, out, err = run_plugin("GC", gc_conf, container_id="", netns="", ifname="", cni_args=None)
+    assert code == 0, (out, err)
+    assert node.attachments() == {"pod-a": "ready"}  # pod-b is "valid" but its ADD died: undone
+    assert link_in_netns(ns_b, "eth0") is None and list(node.ipam().values()) == ["pod-a"]
+    assert delete(node, ns_a, "pod-a")[0] == 0

@@ -158,3 +158,59 @@ def test_inventory_parser_raises_only_cni_errors(text):
         parse_inventory(text, "fuzz.yaml")
     except CniError as exc:
         assert exc.code == 7, exc
+
+
+def test_oversize_stdin_is_refused_without_reading_it_all():
+    """A process given 64 MiB on stdin answers code 6 after reading just over 1 MiB."""
+    import subprocess
+    import sys
+
+    from cni_dra.protocol.config import MAX_CONFIG_BYTES
+
+    assert MAX_CONFIG_BYTES == 1 << 20  # cni.main reads at most this + 1
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/nonexistent", "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/nonexistent", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from cni_dra.cni import main; sys.exit(main())"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import contextlib
+
+    chunk = b" " * (1 << 20)
+    stopped_reading = False
+    try:
+        for _ in range(64):
+            proc.stdin.write(chunk)
+    except BrokenPipeError:
+        stopped_reading = True  # the plugin stopped after 1 MiB + 1 and exited
+    finally:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+    out = proc.stdout.read()
+    proc.stdout.close()
+    assert proc.wait(30) == 1
+    doc = json.loads(out)
+    assert doc["code"] == 6 and "larger than" in doc["msg"]
+    assert stopped_reading
+
+
+def test_no_shell_is_ever_invoked():
+    """No module runs a shell: no shell=True, os.system, os.popen, or /bin/sh in an argv."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "cni_dra"
+    bad = []
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                for kw in node.keywords:
+                    if kw.arg == "shell" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
+                        bad.append(f"{path}:{node.lineno} shell=")
+                fn = node.func
+                if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id == "os" \
+                        and fn.attr in ("system", "popen", "execl", "execlp", "spawnl", "spawnlp"):
+                    bad.append(f"{path}:{node.lineno} os.{fn.attr}")
+            if isinstance(node, ast.Constant) and node.value in ("/bin/sh", "/bin/bash", "sh -c"):
+                bad.append(f"{path}:{node.lineno} {node.value}")
+    assert bad == []
