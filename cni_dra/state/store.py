@@ -292,6 +292,8 @@ class StateStore:
     def _write_unlocked(self, state: NodeState, *, backup: bool = True) -> None:
         """Atomically replace the file; ``backup``: keep the current file as ``state.json.bak``
         (only when the current file was verified in this transaction)."""
+        if state.bootID is None:  # a new or migrated state is written in this boot
+            state.bootID = boot_id()
         data = encode_state(state)
         tmp = self.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
         bak_tmp = self.dir / f".{BACKUP_FILE}.{os.getpid()}.tmp"

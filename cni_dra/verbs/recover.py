@@ -137,6 +137,8 @@ def recover(
     """
     report = RecoveryReport()
     boot = boot_id()
+    if not (store.path.exists() or store.backup_path.exists()):
+        return report  # no state yet: nothing to recover, and nothing is created
     if not _anything_to_do(store.peek(), boot):  # the common case costs no lock
         return report
     me = current_owner()
