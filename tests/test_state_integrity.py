@@ -301,3 +301,18 @@ def test_symlinked_switch_does_not_arm(tmp_path, monkeypatch):
     os.symlink(tmp_path / "real", tmp_path / "switch")
     monkeypatch.setattr(faults, "SWITCH_FILE", str(tmp_path / "switch"))
     assert not faults._switch_on()
+
+
+def test_recovered_claim_mode_add_leaves_a_failure_record_for_the_agent(tmp_path):
+    from cni_dra.state import ClaimRef
+
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.bootID = boot_id()
+        s.attachments.append(_att("crashed", phase="adding", owner=_dead_owner(),
+                                  claim=ClaimRef(namespace="ns", name="c", uid="cu", request="net")))
+    recover(store, environ={})
+    got = store.read()
+    assert got.attachments == []
+    (rec,) = got.statusUpdates
+    assert rec["ready"] is False and rec["claim"]["uid"] == "cu" and "interrupted" in rec["message"]

@@ -173,6 +173,11 @@ def recover(
             cur = st.find(*att.key)
             if cur is not None and _same_owner(cur.owner, me):
                 st.remove(*att.key)
+        if att.phase == "adding" and att.claim is not None:  # claim mode: the agent reports it on the claim
+            from cni_dra.state.claim_status import record_add_failure
+
+            record_add_failure(store, att, TryAgainLaterError(
+                f"the ADD of {att.ifname} for container {att.containerID} was interrupted (its process died); undone"))
         report.changes.append(f"{_describe(att)}: {what}")
         log.warning("recovered %s: %s", att.key, what)
     return report
