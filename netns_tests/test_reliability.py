@@ -494,3 +494,27 @@ def test_gc_recovers_a_crashed_add(node, make_netns, faults_on):
     assert node.attachments() == {"pod-a": "ready"}  # pod-b is "valid" but its ADD died: undone
     assert link_in_netns(ns_b, "eth0") is None and list(node.ipam().values()) == ["pod-a"]
     assert delete(node, ns_a, "pod-a")[0] == 0
+
+
+def test_repair_reports_links_no_attachment_names(node, make_netns):
+    """A macvlan on an inventory NIC in a netns the state does not know is listed, not charged."""
+    from pyroute2 import IPRoute
+
+    ns_a, ns_x = make_netns(), make_netns()
+    assert add(node, ns_a, "pod-a")[0] == 0
+    with IPRoute() as ipr:
+        (parent,) = ipr.link_lookup(ifname=node.parents["nic-b"])
+        fd = os.open(ns_x, os.O_RDONLY)
+        try:
+            ipr.link("add", ifname="stray0", kind="macvlan", link=parent, macvlan_mode="bridge", net_ns_fd=fd)
+        finally:
+            os.close(fd)
+    _corrupt(node.state_dir / "state.json", "truncated")
+    proc = cni_dra_cli("state", "repair", "--state-dir", str(node.state_dir), "--inventory", str(node.inventory),
+                       "--cni-path", "/opt/cni/bin", "--json")
+    assert proc.returncode == 0, proc.stderr
+    changes = json.loads(proc.stdout)["changes"]
+    assert any(c.startswith(f"untracked link stray0 in {ns_x} on {node.parents['nic-b']}") for c in changes), changes
+    assert not any("untracked link eth0" in c for c in changes)  # pod-a's link is tracked
+    assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("1G")}}
+    assert delete(node, ns_a, "pod-a")[0] == 0
