@@ -15,6 +15,8 @@ import json
 import os
 import tempfile
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -160,7 +162,11 @@ def test_inventory_parser_raises_only_cni_errors(text):
         assert exc.code == 7, exc
 
 
-def test_oversize_stdin_is_refused_without_reading_it_all():
+@pytest.mark.parametrize("entry", [
+    "from cni_dra.cni import main",
+    "from cni_dra.fastpath.client import main",  # what /opt/cni/bin/cni-dra runs (agent off: in-process)
+])
+def test_oversize_stdin_is_refused_without_reading_it_all(entry):
     """A process given 64 MiB on stdin answers code 6 after reading just over 1 MiB."""
     import subprocess
     import sys
@@ -169,8 +175,8 @@ def test_oversize_stdin_is_refused_without_reading_it_all():
 
     assert MAX_CONFIG_BYTES == 1 << 20  # cni.main reads at most this + 1
     env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/nonexistent", "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/nonexistent", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from cni_dra.cni import main; sys.exit(main())"],
+           "CNI_PATH": "/nonexistent", "PATH": "/usr/bin:/bin", "CNI_DRA_AGENT": "off"}
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys; {entry}; sys.exit(main())"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import contextlib

@@ -183,13 +183,15 @@ def ask_agent(
         return None
 
 
-def _read_fd(fd: int) -> bytes:
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 16)
+def _read_fd(fd: int, limit: int = (1 << 20) + 1) -> bytes:
+    chunks, size = [], 0
+    while size < limit:  # past MAX_CONFIG_BYTES the config is refused (code 6): stop reading
+        chunk = os.read(fd, min(1 << 16, limit - size))
         if not chunk:
-            return b"".join(chunks)
+            break
         chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _write_fd(fd: int, data: bytes) -> None:

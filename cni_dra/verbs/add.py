@@ -200,7 +200,7 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
         link = host_links.get(if_name)
         if link is None:
             skipped.append(f"{d.name}: interface {if_name} does not exist")
-        elif not link.admin_up or link.operstate in _DOWN:  # carries no traffic: skipped, named
+        elif not getattr(link, "admin_up", True) or getattr(link, "operstate", "UP") in _DOWN:  # no traffic: skipped
             skipped.append(f"{d.name}: interface {if_name} is down")
         elif conf.mtu is not None and conf.mtu > link.mtu:
             skipped.append(f"{d.name}: MTU {link.mtu} of {if_name} is below the configured mtu {conf.mtu}")
