@@ -110,10 +110,13 @@ def test_add_in_progress_is_code_11(bed: Bed) -> None:
     netns = bed.make_netns()
     conf = bed.conf("1.1.0", "l2")
     assert bed.run("ADD", conf, netns, cid="c1")[0] == 0
+    from cni_dra.state.store import current_owner, decode_state, encode_state
+
     state_file = bed.state_dir / "state.json"
-    state = json.loads(state_file.read_text())
-    state["attachments"][0]["phase"] = "adding"
-    state_file.write_text(json.dumps(state))
+    state = decode_state(state_file.read_bytes())  # checksummed file (issue 6)
+    state.attachments[0].phase = "adding"
+    state.attachments[0].owner = current_owner()  # a live process holds the intent
+    state_file.write_bytes(encode_state(state))
     code, out, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 1 and out["code"] == 11, (out, err)
     assert "in progress" in out["msg"]

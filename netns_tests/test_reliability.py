@@ -113,14 +113,19 @@ def args(pod: str) -> str:
     return f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID=c;K8S_POD_UID=uid-{pod}"
 
 
+def _fault_env(fault: str | None) -> dict[str, str] | None:
+    # In-process (not in a resident agent): the fault must kill the plugin process itself.
+    return {"CNI_DRA_FAULT": fault, "CNI_DRA_AGENT": "off"} if fault else None
+
+
 def add(node: Node, netns: str, cid: str, conf: dict | None = None, ifname: str = "eth0", fault: str | None = None):
     return run_plugin("ADD", conf or node.conf(), container_id=cid, netns=netns, ifname=ifname, cni_args=args(cid),
-                      extra_env={"CNI_DRA_FAULT": fault} if fault else None)
+                      extra_env=_fault_env(fault))
 
 
 def delete(node: Node, netns: str, cid: str, conf: dict | None = None, ifname: str = "eth0", fault: str | None = None):
     return run_plugin("DEL", conf or node.conf(), container_id=cid, netns=netns, ifname=ifname, cni_args=args(cid),
-                      extra_env={"CNI_DRA_FAULT": fault} if fault else None)
+                      extra_env=_fault_env(fault))
 
 
 def recover(node: Node) -> tuple[int, dict]:
