@@ -3,7 +3,7 @@
 This module is what ``/opt/cni/bin/cni-dra`` imports first (the interpreter runs with
 ``-I -S``: no ``site``, no third-party packages). It imports only C-level standard modules
 (``_socket``, ``os``), so a plugin invocation served by the agent costs about one bare
-interpreter start-up instead of ~350 ms of pyroute2/pydantic/filelock imports.
+interpreter start-up instead of ~350 ms of pyroute2/pydantic imports.
 
 Flow of :func:`main` for a CNI invocation (``CNI_COMMAND`` set; CNI spec 1.1.0 section 2):
 

@@ -193,7 +193,7 @@ def start_fastpath(socket_path: str, *, warm: bool = True, workers: int = DEFAUL
 
     The parent directory is created 0700 (an existing one must be owned by our euid and
     closed to group and others, else ``PermissionError``); a stale socket file is replaced;
-    the socket is 0600. ``warm``: import the ADD/DEL path (pydantic, pyroute2, filelock) now
+    the socket is 0600. ``warm``: import the ADD/DEL path (pydantic, pyroute2) now
     rather than on the first request. Call ``.stop()`` on the handle to close it.
 
     The hosting process must share the node's mount and network namespaces and root, and
