@@ -25,7 +25,7 @@ from cni_dra.quantity import Quantity
 from cni_dra.state.models import NodeState
 from cni_dra.state.store import decode_state, encode_state
 from netns_tests.conftest import remove_netns
-from netns_tests.runner import cni_dra_cli, run_plugin
+from netns_tests.runner import CNI_PATH, cni_dra_cli, run_plugin
 
 DRIVER = "net.cni-dra.dev"
 NET = "relnet"
@@ -129,7 +129,7 @@ def delete(node: Node, netns: str, cid: str, conf: dict | None = None, ifname: s
 
 
 def recover(node: Node) -> tuple[int, dict]:
-    proc = cni_dra_cli("state", "recover", "--state-dir", str(node.state_dir), "--cni-path", "/opt/cni/bin", "--json")
+    proc = cni_dra_cli("state", "recover", "--state-dir", str(node.state_dir), "--cni-path", CNI_PATH, "--json")
     return proc.returncode, json.loads(proc.stdout or "{}")
 
 
@@ -279,7 +279,7 @@ def test_corrupt_state_fails_closed_and_repair_rebuilds(node, make_netns, how):
 
     # repair: from the backup plus live links; pod-a's link is gone, pod-b's is live
     proc = cni_dra_cli("state", "repair", "--state-dir", str(node.state_dir), "--inventory", str(node.inventory),
-                       "--cni-path", "/opt/cni/bin", "--json")
+                       "--cni-path", CNI_PATH, "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     text = "\n".join(report["changes"])
@@ -501,8 +501,10 @@ def test_gc_recovers_a_crashed_add(node, make_netns, faults_on):
     assert delete(node, ns_a, "pod-a")[0] == 0
 
 
-def test_repair_reports_links_no_attachment_names(node, make_netns):
-    """A macvlan on an inventory NIC in a netns the state does not know is listed, not charged."""
+def test_repair_charges_links_no_attachment_names(node, make_netns):
+    """A macvlan on an inventory NIC in a netns the state does not know is charged with its
+    NIC's whole capacity (its share is unknown), so the NIC is never promised twice; the
+    pod's DEL (same netns and ifname) releases the placeholder."""
     from pyroute2 import IPRoute
 
     ns_a, ns_x = make_netns(), make_netns()
@@ -516,10 +518,20 @@ def test_repair_reports_links_no_attachment_names(node, make_netns):
             os.close(fd)
     _corrupt(node.state_dir / "state.json", "truncated")
     proc = cni_dra_cli("state", "repair", "--state-dir", str(node.state_dir), "--inventory", str(node.inventory),
-                       "--cni-path", "/opt/cni/bin", "--json")
+                       "--cni-path", CNI_PATH, "--json")
     assert proc.returncode == 0, proc.stderr
     changes = json.loads(proc.stdout)["changes"]
-    assert any(c.startswith(f"untracked link stray0 in {ns_x} on {node.parents['nic-b']}") for c in changes), changes
+    assert any(c.startswith(f"untracked link stray0 in {ns_x} on {node.parents['nic-b']}: charged the whole")
+               for c in changes), changes
     assert not any("untracked link eth0" in c for c in changes)  # pod-a's link is tracked
-    assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("1G")}}
+    assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("1G")},
+                               "nic-b": {"bandwidth": Quantity.parse("10G")}}
+    # nic-b is full until the stray link's pod is deleted: a new 1G pod goes to nic-a
+    ns_c = make_netns()
+    assert add(node, ns_c, "pod-c")[0] == 0
+    assert node.state().find(NET, "pod-c", "eth0").device == "nic-a"
+    code, out, err = delete(node, ns_x, "pod-x", ifname="stray0")
+    assert code == 0, (out, err)
+    assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("2G")}}
     assert delete(node, ns_a, "pod-a")[0] == 0
+    assert delete(node, ns_c, "pod-c")[0] == 0

@@ -80,6 +80,7 @@ def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> 
     from cni_dra.verbs.recover import repair
 
     parents: list[str] = []
+    slice_ = None
     try:
         from cni_dra.dra.inventory import load_inventory
         from cni_dra.dra.models import device_attribute
@@ -88,5 +89,6 @@ def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> 
         parents = [str(device_attribute(d, "ifName", slice_.spec.driver)) for d in slice_.spec.devices]
     except CniError as exc:
         click.echo(f"warning: inventory not used ({exc.msg}); untracked links are not searched", err=True)
-    report = repair(StateStore(state_dir), environ=dict(os.environ), cni_path=_cni_path(cni_path), parents=parents)
+    report = repair(StateStore(state_dir), environ=dict(os.environ), cni_path=_cni_path(cni_path), parents=parents,
+                    slice_=slice_)
     _print(report, as_json)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 from cni_dra.errors import CniError, StateError, TryAgainLaterError
@@ -211,6 +212,13 @@ def begin_delete(inv: Invocation) -> Attachment | None:
         with inv.store.transaction() as st:
             att = st.find(*key)
             if att is None:
+                # A placeholder that ``state repair`` made for this pod's untracked link.
+                for placeholder in st.attachments:
+                    if (placeholder.network == REPAIR_NETWORK and placeholder.netns == (inv.env.netns or "")
+                            and placeholder.ifname == inv.env.ifname and inv.env.netns):
+                        st.attachments.remove(placeholder)
+                        log.info("DEL %s: released the repair placeholder of %s", key, placeholder.ifname)
+                        break
                 return None
             if att.phase == "adding" and owner_alive(att.owner):
                 raise TryAgainLaterError(
@@ -242,8 +250,13 @@ def _live_links(state: NodeState) -> dict[tuple[str, str], str]:
     return out
 
 
-def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[str]:
-    """Macvlan/ipvlan links in ``/var/run/netns/*`` on an inventory NIC that no attachment names."""
+REPAIR_NETWORK = "cni-dra-repair"
+"""Network name of the placeholder attachments ``state repair`` makes for untracked live links."""
+
+
+def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[tuple[str, str, str, str]]:
+    """Macvlan/ipvlan links in ``/var/run/netns/*`` on an inventory NIC that no attachment
+    names: (netns path, link name, link kind, parent host name)."""
     import os
 
     from cni_dra.netlink import links
@@ -260,13 +273,13 @@ def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[str
             continue
         try:
             with in_netns(path):
-                kids = [li.name for li in links.list_host_links() if li.kind in ("macvlan", "ipvlan")]
-            for kid in kids:
+                kids = [(li.name, li.kind) for li in links.list_host_links() if li.kind in ("macvlan", "ipvlan")]
+            for kid, kind in kids:
                 if (path, kid) in known:
                     continue
                 parent = links.host_parent_of(path, kid)
                 if parent is not None and parent.name in parents:
-                    found.append(f"{kid} in {path} on {parent.name}")
+                    found.append((path, kid, str(kind), parent.name))
         except CniError:
             continue
     return found
@@ -278,6 +291,7 @@ def repair(
     environ: Mapping[str, str],
     cni_path: Sequence[str] | None = None,
     parents: Sequence[str] = (),
+    slice_: Any = None,
 ) -> RecoveryReport:
     """Rebuild the state file from the last good backup plus the live links (``cni-dra state repair``).
 
@@ -289,7 +303,11 @@ def repair(
       is one write behind, so an ``adding`` there may have completed); in-flight intents with a
       live owner stay; ``deleting`` ones are finished;
     * macvlan/ipvlan links in ``/var/run/netns/*`` on one of ``parents`` (inventory NICs)
-      that no attachment names are reported (not charged: their key is unknown).
+      that no attachment names are charged with their device's WHOLE capacity (their share
+      is unknown; charging less could promise the NIC twice) as a placeholder attachment of
+      network :data:`REPAIR_NETWORK`, which the pod's DEL (same netns and ifname) releases.
+      ``slice_`` (the inventory ResourceSlice) maps parents to devices; without it they
+      are only reported.
 
     Returns the report. Raises StateError (5) when the directory cannot be written,
     TryAgainLaterError (11) on lock timeout.
@@ -338,8 +356,26 @@ def repair(
             report.changes.append(f"dropped {_describe(att)}: link not live; {what}")
         base.attachments = keep
         base.bootID = boot_id()
-        for line in _untracked_links(set(live), set(parents)):
-            report.changes.append(f"untracked link {line}: not charged (no attachment names it); "
-                                  "its pod's DEL or GC removes it")
+        by_parent = {}
+        if slice_ is not None:
+            from cni_dra.dra.models import device_attribute
+
+            by_parent = {device_attribute(d, "ifName", slice_.spec.driver): d for d in slice_.spec.devices}
+        for netns, kid, kind, parent_name in _untracked_links(set(live), set(parents)):
+            device = by_parent.get(parent_name)
+            where = f"{kid} in {netns} on {parent_name}"
+            if device is None:
+                report.changes.append(f"untracked link {where}: not charged (no inventory device for it)")
+                continue
+            base.attachments.append(Attachment(
+                network=REPAIR_NETWORK, containerID=f"repair-{netns.rsplit('/', 1)[-1]}"[:128], ifname=kid,
+                netns=netns, driver=slice_.spec.driver, pool=slice_.spec.pool.name, device=device.name,
+                ifName=parent_name, linkType=kind, phase="ready",
+                consumedCapacity={k: c.value for k, c in device.capacity.items()},
+            ))
+            report.changes.append(
+                f"untracked link {where}: charged the whole capacity of device {device.name} "
+                "(its share is unknown) until its pod's DEL"
+            )
         view.write(base)
     return report
