@@ -42,7 +42,7 @@ hash_files() {
 
 package_sources() {
     (cd "$SRC" && find cni_dra -name __pycache__ -prune -o -type f ! -name '*.pyc' -print
-     echo pyproject.toml; echo README.md; echo scripts/cni-dra.in; echo scripts/install.sh)
+     echo pyproject.toml; echo setup.py; echo README.md; echo scripts/cni-dra.in; echo scripts/install.sh)
 }
 
 missing_apt_packages() {

@@ -1,8 +1,10 @@
-"""The kubelet's gRPC APIs, compiled at import time from the ``.proto`` files in
-``cni_dra/k8s/proto/`` (written from the published APIs; no generated code is committed).
+"""The kubelet's gRPC APIs, from the ``.proto`` files in ``cni_dra/k8s/proto/`` (written
+from the published APIs; no generated code is committed).
 
-``grpc.protos_and_services`` runs grpc_tools' protoc in memory (about 0.1 s for all four
-files) the first time a module is asked for; the result is cached for the process.
+An installed cni-dra carries modules generated at build time (``setup.py`` runs
+grpcio-tools' protoc in ``build_py``: ``cni_dra/k8s/proto/<name>_pb2.py`` and
+``<name>_pb2_grpc.py``). A source tree without them (unit tests run from a checkout)
+compiles the same files in memory with ``grpc.protos_and_services`` on first use.
 Both the agent (servers) and the tests (client stubs, as the kubelet uses them) load the
 same modules through :func:`load`.
 
@@ -35,6 +37,15 @@ def load(name: str) -> tuple[ModuleType, ModuleType]:
     """
     if name not in PROTOS:
         raise KeyError(name)
+    import importlib
+
+    try:
+        return (
+            importlib.import_module(f"cni_dra.k8s.proto.{name}_pb2"),
+            importlib.import_module(f"cni_dra.k8s.proto.{name}_pb2_grpc"),
+        )
+    except ImportError:
+        pass  # a source checkout: compile in memory
     import grpc
 
     if str(_ROOT) not in sys.path:  # the proto path is resolved against sys.path
