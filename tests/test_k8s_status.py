@@ -187,3 +187,35 @@ def test_second_share_keeps_the_first_and_a_deleted_share_goes(world):
     n = len(server.requests_for("PATCH", r".*/status"))
     assert writer.sync() is None  # nothing more to say
     assert len(server.requests_for("PATCH", r".*/status")) == n
+
+
+def test_share_deleted_across_an_agent_restart_leaves_the_claim(world):
+    """A restarted agent does not know what it applied before: it applies each claim the
+    node holds once, so a share DEL'd after (or while) it was down leaves the claim status."""
+    server, claim, store, writer, clock, _ = world
+    uid = claim["metadata"]["uid"]
+    with store.transaction() as st:
+        st.claims["pod-a"] = [claim]
+    add_ready(store, uid)
+    writer.sync()
+    assert len(server.claims[("default", "c1")]["status"]["devices"]) == 1
+    # the agent restarts; the pod is deleted while it is down
+    with store.transaction() as st:
+        st.remove("net", "c1", "net1")
+    restarted = StatusWriter(writer.api, store, field_manager=DRIVER, clock=clock)
+    restarted.sync()
+    assert server.claims[("default", "c1")]["status"]["devices"] == []
+
+
+def test_restarted_agent_notices_a_later_del(world):
+    server, claim, store, writer, clock, _ = world
+    uid = claim["metadata"]["uid"]
+    add_ready(store, uid)
+    writer.sync()
+    restarted = StatusWriter(writer.api, store, field_manager=DRIVER, clock=clock)
+    restarted.sync()  # converges: the share is still there
+    assert len(server.claims[("default", "c1")]["status"]["devices"]) == 1
+    with store.transaction() as st:  # DEL after the restart
+        st.remove("net", "c1", "net1")
+    restarted.sync()
+    assert server.claims[("default", "c1")]["status"]["devices"] == []

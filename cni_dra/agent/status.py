@@ -118,7 +118,9 @@ class StatusWriter:
         self._attempts: dict[str, int] = {}
         self._due: dict[str, float] = {}
         # claim UID -> (claim ref, keys of its ready shares when last applied)
-        self._applied: dict[str, tuple[dict[str, str], frozenset[tuple[Any, ...]]]] = {}
+        # (None: unknown since a restart, so the claim is applied once to converge)
+        self._applied: dict[str, tuple[dict[str, str], frozenset[tuple[Any, ...]] | None]] = {}
+        self._seeded = False
 
     def pending(self) -> int:
         """How many records wait in the state."""
@@ -130,6 +132,8 @@ class StatusWriter:
         entry must go). Returns the seconds until the next retry is due, or None when
         nothing waits. Raises StateError (5) / TryAgainLaterError (11) only for the state."""
         state = self.store.read()
+        if not self._seeded:
+            self._seed(state)
         claims: dict[str, dict[str, str]] = {}
         groups: dict[str, list[dict[str, Any]]] = {}
         for rec in state.statusUpdates:
@@ -176,6 +180,24 @@ class StatusWriter:
             with self.store.transaction() as st:
                 st.statusUpdates = [r for r in st.statusUpdates if r.get("id") not in done]
         return min(waits) if waits else None
+
+    def _seed(self, state: Any) -> None:
+        """After a (re)start, what this writer applied before is unknown: a share DEL'd while
+        the agent was down, or after it restarted, would stay in the claim's status. So every
+        claim this node holds (claim-mode attachments and prepared claims of this driver) is
+        applied once with its current set of ready shares."""
+        for att in state.attachments:
+            if att.claim is not None and att.claim.uid and att.driver == self.field_manager:
+                ref = {"namespace": att.claim.namespace, "name": att.claim.name, "uid": att.claim.uid}
+                self._applied.setdefault(att.claim.uid, (ref, None))
+        for claims in state.claims.values():
+            for claim in claims:
+                meta = claim.get("metadata") or {}
+                results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+                if meta.get("uid") and any(r.get("driver") == self.field_manager for r in results):
+                    ref = {"namespace": meta.get("namespace", ""), "name": meta.get("name", ""), "uid": meta["uid"]}
+                    self._applied.setdefault(meta["uid"], (ref, None))
+        self._seeded = True
 
     def _apply(self, claim: dict[str, str], state: Any, records: list[dict[str, Any]]) -> str:
         body = claim_status_body(claim, state, records)
