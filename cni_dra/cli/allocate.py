@@ -11,7 +11,15 @@ Output (JSON or YAML) is a list, one entry per claim::
 
     [{"claim": "ns/name", "allocation": {...status.allocation...}},
      {"claim": "ns/other", "error": "claim ... cannot be allocated: ...",
-      "reasons": {"<request>": "<device>: <why>; ..."}}]
+      "reasons": {"<request>": "<device>: <why>; ..." or "fits alone on <devices>",
+                  "claim": "requests a and b fit alone but not together: <constraint or capacity>"}}]
+
+``reasons`` has an entry per request: each device's rejection when the request is
+tried on its own against the node's usage, or the devices it fits alone; when every
+request fits alone, ``claim`` names the requests that fail together and the
+constraint, shared capacity or dedicated device that makes them fail. stderr gives
+one ``NoCapacityError: claim ... cannot be allocated:`` line per claim, then one
+indented line per entry.
 
 Exit status: 0 when every claim fits, 1 when one does not, 2 on bad input (the
 error is printed as ``Type: message`` on stderr).
@@ -143,7 +151,10 @@ def make_allocate_command(
         if not ok:
             for e in entries:
                 if "error" in e:
-                    click.echo(f"NoCapacityError: {e['error']}", err=True)
+                    # One line per request (and one for the combination), not only the claim.
+                    click.echo(f"NoCapacityError: claim {e['claim']} cannot be allocated:", err=True)
+                    for req, why in e["reasons"].items():
+                        click.echo(f"  {'claim' if req == 'claim' else 'request ' + req}: {why}", err=True)
             sys.exit(1)
 
     return allocate
