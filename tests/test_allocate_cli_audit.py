@@ -167,3 +167,117 @@ def test_cli_allocate_state_does_not_wait_for_the_lock(tmp_path: Path) -> None:
     (res,) = json.loads(r.stdout)[0]["allocation"]["devices"]["results"]
     assert res["consumedCapacity"] == {"bw": "2G"}
     assert sorted(os.listdir(state)) == before
+
+
+# -- 1. a reason per request -----------------------------------------------------------------
+
+
+def _alloc(devices: list[dict[str, Any]], claim: dict[str, Any], consumed: dict[str, dict[str, str]] | None = None) -> Any:
+    from cni_dra.allocator import NodeUsage, allocate_claim
+    from cni_dra.dra.models import ResourceClaim
+
+    sl = ResourceSlice.model_validate(_slice(devices))
+    usage = NodeUsage.from_consumed(
+        {d: {k: Quantity.parse(v) for k, v in caps.items()} for d, caps in (consumed or {}).items()}, sl.spec.devices)
+    n = iter(range(1, 1000))
+    return allocate_claim(ResourceClaim.model_validate(claim), sl, usage, lambda: f"00000000-0000-4000-8000-{next(n):012d}")
+
+
+def test_each_request_gets_its_device_rejections() -> None:
+    from cni_dra.allocator import ClaimNoFit
+
+    devs = [_dev("eth-a", "10G", numa="0"), _dev("eth-b", "10G", shared=False, numa="1"),
+            _dev("eth-c", "10G", shared=False, numa="2")]
+    claim = _claim(_req("a", "12G"), _req("b", "4G", sel='device.attributes["gpu.example.com"].numa == "1"'))
+    got = _alloc(devs, claim, consumed={"eth-b": {"bw": "1"}})
+    assert isinstance(got, ClaimNoFit)
+    assert got.reasons == {
+        "a": "eth-a: remaining bw 10G < 12G; eth-b: held by a dedicated allocation; eth-c: capacity bw 10G < 12G requested",
+        "b": "eth-a: does not match selectors; eth-b: held by a dedicated allocation; eth-c: does not match selectors",
+    }
+
+
+def test_combined_shared_capacity_is_named() -> None:
+    from cni_dra.allocator import ClaimNoFit
+
+    got = _alloc([_dev("eth-a", "10G")], _claim(_req("a", "5G"), _req("b", "5G")), consumed={"eth-a": {"bw": "2G"}})
+    assert isinstance(got, ClaimNoFit)
+    assert got.reasons == {
+        "a": "fits alone on eth-a",
+        "b": "fits alone on eth-a",
+        "claim": "requests a and b fit alone but not together: combined bw 12G > 10G on eth-a (2G in use + a 5G + b 5G)",
+    }
+
+
+def test_distinct_attribute_is_named_and_a_bystander_request_is_left_out() -> None:
+    from cni_dra.allocator import ClaimNoFit
+
+    devs = [_dev("eth-a", "10G", numa="0"), _dev("eth-b", "10G", numa="0"), _dev("eth-c", "10G", numa="1")]
+    claim = _claim(_req("a", "1G", sel='device.attributes["gpu.example.com"].numa == "0"'),
+                   _req("b", "1G", sel='device.attributes["gpu.example.com"].numa == "0"'),
+                   _req("c", "1G"),
+                   constraints=[{"requests": ["a", "b"], "distinctAttribute": "gpu.example.com/numa"}])
+    got = _alloc(devs, claim)
+    assert isinstance(got, ClaimNoFit)
+    assert got.reasons["c"] == "fits alone on eth-a, eth-b, eth-c"
+    assert got.reasons["claim"] == (
+        'requests a and b fit alone but not together: distinctAttribute gpu.example.com/numa '
+        '(a can use eth-a="0", eth-b="0"; b can use eth-a="0", eth-b="0")'
+    )
+
+
+def test_cli_stderr_has_a_line_per_request(tmp_path: Path) -> None:
+    inv = _write(tmp_path, "slice.json", _slice([_dev("eth-a", "10G")]))
+    c = _write(tmp_path, "c.json", _claim(_req("a", "6G"), _req("b", "6G")))
+    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c], env={})
+    assert r.exit_code == 1
+    assert r.stderr.splitlines() == [
+        "NoCapacityError: claim ns/c cannot be allocated:",
+        "  request a: fits alone on eth-a",
+        "  request b: fits alone on eth-a",
+        "  claim: requests a and b fit alone but not together: combined bw 12G > 10G on eth-a (a 6G + b 6G)",
+    ]
+    assert json.loads(r.stdout)[0]["reasons"]["claim"].startswith("requests a and b fit alone but not together")
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    n = draw(st.integers(min_value=1, max_value=3))
+    devices = [_dev(f"d{i}", str(draw(st.integers(1, 8))), shared=draw(st.booleans()), grp=draw(st.sampled_from("xy")))
+               for i in range(n)]
+    k = draw(st.integers(min_value=2, max_value=3))
+    requests = [_req(f"r{i}", str(draw(st.integers(1, 6)))) for i in range(k)]
+    constraints = []
+    if draw(st.booleans()):
+        constraints.append({draw(st.sampled_from(["matchAttribute", "distinctAttribute"])): "gpu.example.com/grp"})
+    return devices, _claim(*requests, constraints=constraints)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_cases())
+def test_reasons_cover_every_request_and_name_a_failing_subset(case: tuple[list[dict[str, Any]], dict[str, Any]]) -> None:
+    """Every request gets an entry; "fits alone" exactly when its one-request claim fits;
+    when all fit alone, the requests named together fail as a claim of their own."""
+    import re
+
+    from cni_dra.allocator import ClaimNoFit
+
+    devices, claim = case
+    got = _alloc(devices, claim)
+    if not isinstance(got, ClaimNoFit):
+        return
+    requests = claim["spec"]["devices"]["requests"]
+    constraints = claim["spec"]["devices"].get("constraints")
+    alone = {r["name"]: not isinstance(_alloc(devices, _claim(r, constraints=constraints)), ClaimNoFit) for r in requests}
+    for r in requests:
+        assert r["name"] in got.reasons
+        assert got.reasons[r["name"]].startswith("fits alone") == alone[r["name"]]
+    if all(alone.values()):
+        m = re.match(r"requests (.+) fit alone but not together: ", got.reasons["claim"])
+        assert m is not None, got.reasons
+        named = re.findall(r"r\d", m.group(1))
+        assert len(named) >= 2
+        subset = [r for r in requests if r["name"] in named]
+        assert isinstance(_alloc(devices, _claim(*subset, constraints=constraints)), ClaimNoFit)
+    else:
+        assert "claim" not in got.reasons
