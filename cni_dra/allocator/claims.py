@@ -33,6 +33,8 @@ structured parameters, KEP-4816 prioritized list, KEP-5075 consumable capacity):
   stops the claim, as upstream.
 * ``shareID``s are drawn from ``share_id`` only for the final solution, in result order.
 * A claim may hold at most 32 results (``AllocationResultsMaxSize``).
+* When a claim does not fit, :class:`ClaimNoFit` gives a reason per request and, when
+  each fits alone, what makes the combination fail (see :func:`allocate_claim`).
 """
 
 from __future__ import annotations
@@ -631,7 +633,12 @@ def allocate_claim(
     ``policy`` orders candidates (``first-fit``, ``best-fit``, ``least-allocated``),
     ``classes`` optionally maps DeviceClass names to their CEL selectors (None:
     ``deviceClassName`` is not checked). Raises nothing for unsatisfiable or invalid
-    claims: those return :class:`ClaimNoFit` with a reason per request.
+    claims: those return :class:`ClaimNoFit` with a reason per request (each device's
+    rejection when the request is tried alone on the node, or ``fits alone on ...``)
+    and, when every request fits alone, a ``claim`` entry naming a minimal set of
+    requests that fails together and the constraint, shared capacity or dedicated
+    device that makes it fail. The diagnosis re-runs the bounded search a few times
+    per request and constraint, only on failure.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown selection policy {policy!r}")
