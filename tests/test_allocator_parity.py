@@ -173,13 +173,13 @@ CASES: list[Case] = [
     Case("dedicated-in-consumed-file-is-held", [D("d", "10G", shared=False)], [C(R("r"))],
          [NoFitExpect("held by a dedicated allocation")], consumed={"d": {"c": "10G"}}),
     Case("one-claim-two-requests-one-dedicated-device", [D("d", 2, shared=False)], [C(R("a"), R("b"))],
-         [NoFitExpect("no combination")]),
+         [NoFitExpect("requests a and b fit alone but not together: d is dedicated (one allocation at a time): a and b compete for it")]),
     Case("one-claim-two-requests-two-dedicated-devices", [D("d1", 2, shared=False), D("d2", 2, shared=False)],
          [C(R("a"), R("b"))], [[("a", "d1", None), ("b", "d2", None)]]),
     Case("shared-device-serves-two-requests", [D("d", 4, R224)], [C(R("a", {"c": 2}), R("b", {"c": 2}))],
          [[("a", "d", {"c": "2"}), ("b", "d", {"c": "2"})]]),
     Case("same-claim-requests-accumulate", [D("d", 4)], [C(R("a", {"c": 2}), R("b", {"c": 3}))],
-         [NoFitExpect("no combination")]),
+         [NoFitExpect("requests a and b fit alone but not together: combined c 5 > 4 on d (a 2 + b 3)")]),
     # --- count and All ---------------------------------------------------------------------
     Case("count-3-on-one-shared-device", [D("d", 3)], [C(R("r", {"c": 1}, count=3))],
          [[("r", "d", {"c": "1"})] * 3]),
@@ -221,7 +221,7 @@ CASES: list[Case] = [
          [D("d1", 10, attrs={"numa": 1}), D("d2", 10, attrs={"numa": "1"}, shared=False)],
          [C(R("a", sel=['device.allowMultipleAllocations']), R("b", sel=['!device.allowMultipleAllocations']),
             constraints=[{"matchAttribute": "drv/numa"}])],
-         [NoFitExpect("no combination")]),
+         [NoFitExpect('matchAttribute drv/numa (a can use d1=1; b can use d2="1")')]),
     Case("constraint-only-for-listed-requests",
          [D("d1", 10, attrs={"grp": "x"}), D("d2", 10, attrs={"grp": "y"})],
          [C(R("a", {"c": 1}), R("b", {"c": 1}), R("c", {"c": 1}),
@@ -234,7 +234,7 @@ CASES: list[Case] = [
     Case("distinct-no-second-device",
          [D("d1", 10)],
          [C(R("a", {"c": 1}), R("b", {"c": 1}), constraints=[{"distinctAttribute": "drv/ifName"}])],
-         [NoFitExpect("no combination")]),
+         [NoFitExpect('fit alone but not together: distinctAttribute drv/ifName (a can use d1="if-d1"; b can use d1="if-d1")')]),
     # --- CEL selectors ---------------------------------------------------------------------
     Case("cel-attribute-selects", [D("a", "10G", attrs={"speed": 10}), D("b", "10G", attrs={"speed": 25})],
          [C(R("r", {"c": "1G"}, sel=['device.attributes["drv"].speed >= 25']))], [[("r", "b", {"c": "1G"})]]),
@@ -263,7 +263,7 @@ CASES: list[Case] = [
     Case("all-with-count-invalid", [D("d", "10G")], [C(R("r", count=2, mode="All"))], [NoFitExpect("count must not be set")]),
     Case("unknown-constraint-request", [D("d", "10G")],
          [C(R("r"), constraints=[{"requests": ["x"], "matchAttribute": "drv/ifName"}])], [NoFitExpect("unknown request x")]),
-    Case("too-many-results", [D("d", "100")], [C(R("r", {"c": 1}, count=33))], [NoFitExpect("no combination")]),
+    Case("too-many-results", [D("d", "100")], [C(R("r", {"c": 1}, count=33))], [NoFitExpect("request r: needs 33 results, a claim holds at most 32")]),
 ]
 
 

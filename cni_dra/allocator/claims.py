@@ -33,6 +33,8 @@ structured parameters, KEP-4816 prioritized list, KEP-5075 consumable capacity):
   stops the claim, as upstream.
 * ``shareID``s are drawn from ``share_id`` only for the final solution, in result order.
 * A claim may hold at most 32 results (``AllocationResultsMaxSize``).
+* When a claim does not fit, :class:`ClaimNoFit` gives a reason per request and, when
+  each fits alone, what makes the combination fail (see :func:`allocate_claim`).
 """
 
 from __future__ import annotations
@@ -224,6 +226,8 @@ class _Search:
         usage: NodeUsage,
         policy: Policy,
         max_steps: int,
+        constraints: Sequence[Any] | None = None,
+        selectable_cache: dict[tuple[str, str], bool] | None = None,
     ) -> None:
         self.driver = slice_.spec.driver
         self.devices = sorted(slice_.spec.devices, key=lambda d: d.name)
@@ -231,12 +235,12 @@ class _Search:
         self.policy = policy
         self.max_steps = max_steps
         self.steps = 0
-        self.constraints = claim.spec.devices.constraints
+        self.constraints = list(claim.spec.devices.constraints if constraints is None else constraints)
         self.constraint_values: list[list[DeviceAttribute]] = [[] for _ in self.constraints]
         self.alloc_consumed: dict[str, dict[str, Quantity]] = {}
         self.alloc_dedicated: set[str] = set()
         self.picks: list[_Pick] = []
-        self._selectable: dict[tuple[str, str], bool] = {}
+        self._selectable: dict[tuple[str, str], bool] = {} if selectable_cache is None else selectable_cache
 
     # -- per-device checks ------------------------------------------------------------
 
@@ -389,47 +393,227 @@ class _Search:
                 self.undo()
         return False
 
-    # -- diagnostics ------------------------------------------------------------------
+def _names(names: Sequence[str]) -> str:
+    """``a`` / ``a and b`` / ``a, b and c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
-    def explain(self, requests: list[list[_Req]]) -> dict[str, str]:
-        """Per request, why no device serves it on its own; else a combination message."""
-        self.picks.clear()
-        self.alloc_consumed.clear()
-        self.alloc_dedicated.clear()
-        self.constraint_values = [[] for _ in self.constraints]
+
+def _attr_text(attr: DeviceAttribute | None) -> str:
+    if attr is None:
+        return "(none)"
+    if attr.string_value is not None:
+        return f'"{attr.string_value}"'
+    if attr.version_value is not None:
+        return f"version {attr.version_value}"
+    v = attr.value
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+class _Explain:
+    """Why a claim does not fit, request by request (the search failed).
+
+    Each request is first tried on its own against the node's usage (alternatives in
+    order): one that does not fit gets each device's rejection (selectors, in use,
+    capacity) plus, when every device would take one allocation, what stops the request
+    as a whole (count, results limit, a constraint). When every request fits alone, a
+    minimal set of requests that fails together is found by deletion, then a minimal set
+    of constraints under which that set still fails; the ``claim`` entry names them, or,
+    when the set fails without constraints, the shared capacity or dedicated devices they
+    compete for. Pure, like the search: each probe is a fresh bounded :class:`_Search`.
+    """
+
+    def __init__(
+        self,
+        claim: ResourceClaim,
+        slice_: ResourceSlice,
+        usage: NodeUsage,
+        policy: Policy,
+        max_steps: int,
+        requests: list[list[_Req]],
+        cache: dict[tuple[str, str], bool],
+    ) -> None:
+        self.claim, self.slice_, self.usage, self.policy, self.max_steps = claim, slice_, usage, policy, max_steps
+        self.requests = [alts for alts in requests if alts]
+        self.cache = cache
+        self.constraints = list(claim.spec.devices.constraints)
+        self.driver = slice_.spec.driver
+        self.probe = _Search(claim, slice_, usage, policy, max_steps, selectable_cache=cache)
+        self.devices = self.probe.devices
+
+    def fits(self, requests: list[list[_Req]], constraint_idx: Sequence[int]) -> bool:
+        search = _Search(self.claim, self.slice_, self.usage, self.policy, self.max_steps,
+                         [self.constraints[i] for i in constraint_idx], self.cache)
+        return search.solve(requests, 0)
+
+    def device_reasons(self, req: _Req) -> dict[str, str]:
+        """Device name → why it cannot take one allocation of ``req`` on the node as it is."""
         out: dict[str, str] = {}
-        for alts in requests:
-            parts: list[str] = []
-            served = False
-            for req in alts:
-                per_device: dict[str, str] = {}
-                for d in self.devices:
-                    if not self.selectable(req, d):
-                        per_device[d.name] = "does not match selectors"
-                        continue
-                    why = self.in_use(d, req) or self.consumption(req, d)[1]
-                    if why is not None:
-                        per_device[d.name] = why
-                fitting = [d for d in self.devices if d.name not in per_device]
-                matching = [d for d in self.devices if self.selectable(req, d)]
-                if req.all_mode:
-                    ok = bool(matching) and len(fitting) == len(matching)
-                else:
-                    ok = any(d.shared for d in fitting) or len(fitting) >= req.count
-                if ok:
-                    served = True
-                    break
-                detail = "; ".join(f"{n}: {w}" for n, w in sorted(per_device.items()))
-                if not req.all_mode and req.count > 1 and len(fitting) < req.count:
-                    shortfall = f"needs {req.count} devices, {len(fitting)} available"
-                    detail = f"{detail}; {shortfall}" if detail else shortfall
-                detail = detail or "no devices"
-                prefix = f"{req.name}: " if len(alts) > 1 else ""
-                parts.append(prefix + detail)
-            if not served and alts:
-                out[alts[0].base] = " | ".join(parts)
-        if not out:
-            out["claim"] = "no combination of devices satisfies all requests and constraints together"
+        for d in self.devices:
+            if not self.probe.selectable(req, d):
+                out[d.name] = "does not match selectors"
+                continue
+            why = self.probe.in_use(d, req) or self.probe.consumption(req, d)[1]
+            if why is not None:
+                out[d.name] = why
+        return out
+
+    def minimal_constraints(self, requests: list[list[_Req]]) -> list[int]:
+        keep = list(range(len(self.constraints)))
+        for i in list(keep):
+            trial = [k for k in keep if k != i]
+            if not self.fits(requests, trial):
+                keep = trial
+        return keep
+
+    @staticmethod
+    def _applies(constraint: Any, req: _Req) -> bool:
+        return not constraint.requests or req.base in constraint.requests or req.name in constraint.requests
+
+    def describe_constraints(self, idx: Sequence[int], reqs: Sequence[_Req]) -> str:
+        parts = []
+        for i in idx:
+            c = self.constraints[i]
+            kind = "matchAttribute" if c.match_attribute is not None else "distinctAttribute"
+            attr = c.match_attribute or c.distinct_attribute or ""
+            per_req = []
+            for req in reqs:
+                if not self._applies(c, req):
+                    continue
+                rejected = self.device_reasons(req)
+                vals = [
+                    f"{d.name}={_attr_text(lookup_device_attribute(d, attr, self.driver))}"
+                    for d in self.devices
+                    if d.name not in rejected
+                ]
+                per_req.append(f"{req.name} can use {', '.join(vals) or 'no device'}")
+            parts.append(f"{kind} {attr} ({'; '.join(per_req)})")
+        return " and ".join(parts)
+
+    def _results_needed(self, req: _Req) -> int:
+        return sum(1 for d in self.devices if self.probe.selectable(req, d)) if req.all_mode else req.count
+
+    def _room(self, req: _Req, device: Device) -> int | None:
+        """How many allocations of ``req`` ``device`` still takes (None: unbounded)."""
+        if req.admin_access:
+            return None
+        if not device.shared:
+            return 1
+        cons = device_consumption(device, req.capacity, self.driver)
+        if isinstance(cons, NoFit):
+            return 0
+        node = self.usage.consumed_on(device.name)
+        room: int | None = None
+        for key, amount in cons.items():
+            if amount.sign() <= 0:
+                continue
+            left = (device.capacity[key].value - node.get(key, _ZERO)).nanos // amount.nanos
+            room = left if room is None else min(room, left)
+        return room
+
+    def sharing_conflicts(self, reqs: Sequence[_Req]) -> list[str]:
+        """Results limit, dedicated devices and shared capacities ``reqs`` compete for."""
+        msgs = []
+        needed = sum(self._results_needed(r) for r in reqs)
+        if needed > MAX_RESULTS:
+            msgs.append(f"together they need {needed} results, a claim holds at most {MAX_RESULTS}")
+        rejected = {r.name: self.device_reasons(r) for r in reqs}
+        for d in self.devices:
+            users = [r for r in reqs if d.name not in rejected[r.name] and not r.admin_access]
+            if len(users) < 2:
+                continue
+            if not d.shared:
+                msgs.append(f"{d.name} is dedicated (one allocation at a time): {_names([u.name for u in users])} compete for it")
+                continue
+            node = self.usage.consumed_on(d.name)
+            cons = [(u, device_consumption(d, u.capacity, self.driver)) for u in users]
+            for key in sorted(d.capacity):
+                amounts = [(u, c.get(key, _ZERO)) for u, c in cons if isinstance(c, dict)]
+                total = node.get(key, _ZERO)
+                for _, a in amounts:
+                    total = total + a
+                value = d.capacity[key].value
+                if total > value:
+                    terms = ([f"{node[key]} in use"] if not node.get(key, _ZERO).is_zero() else [])
+                    terms += [f"{u.name} {a}" for u, a in amounts]
+                    msgs.append(f"combined {key} {total} > {value} on {d.name} ({' + '.join(terms)})")
+        return msgs
+
+    def describe_sharing(self, reqs: Sequence[_Req]) -> str:
+        msgs = self.sharing_conflicts(reqs)
+        if not msgs:
+            rejected = {r.name: self.device_reasons(r) for r in reqs}
+            cands = "; ".join(
+                f"{r.name} on {', '.join(d.name for d in self.devices if d.name not in rejected[r.name]) or 'no device'}"
+                for r in reqs
+            )
+            msgs.append(f"the devices cannot serve them all at once ({cands})")
+        return " / ".join(msgs)
+
+    def solo_failure(self, req: _Req) -> str:
+        per = self.device_reasons(req)
+        parts = [f"{n}: {w}" for n, w in sorted(per.items())]
+        fitting = [d for d in self.devices if d.name not in per]
+        matching = [d for d in self.devices if self.probe.selectable(req, d)]
+        if not self.devices:
+            parts.append("no devices")
+        elif req.all_mode and not matching:
+            parts.append("allocationMode All needs at least one matching device")
+        elif fitting and (not req.all_mode or len(fitting) == len(matching)):
+            # Every device it needs takes one allocation: the request as a whole fails.
+            needed = self._results_needed(req)
+            if needed > MAX_RESULTS:
+                parts.append(f"needs {needed} results, a claim holds at most {MAX_RESULTS}")
+            elif self.fits([[req]], []):
+                idx = self.minimal_constraints([[req]])
+                parts.append("constraint " + self.describe_constraints(idx, [req]))
+            elif not req.all_mode and not any(d.shared for d in fitting):
+                parts.append(f"needs {req.count} devices, {len(fitting)} available")
+            else:
+                rooms = [(d.name, self._room(req, d)) for d in fitting]
+                text = ", ".join(f"{n} {'unbounded' if k is None else k}" for n, k in rooms)
+                parts.append(f"needs {needed} allocations, room for: {text}")
+        return "; ".join(parts) or "no devices"
+
+    def reasons(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        everything = list(range(len(self.constraints)))
+        try:
+            solo: list[_Req | None] = []
+            for alts in self.requests:
+                alt = next((a for a in alts if self.fits([[a]], everything)), None)
+                solo.append(alt)
+                if alt is None:
+                    out[alts[0].base] = " | ".join(
+                        (f"{a.name}: " if len(alts) > 1 else "") + self.solo_failure(a) for a in alts
+                    )
+                    continue
+                per = self.device_reasons(alt)
+                fitting = [d.name for d in self.devices if d.name not in per]
+                text = f"fits alone{' as ' + alt.name if len(alts) > 1 else ''} on {', '.join(fitting)}"
+                if per:
+                    text += " (" + "; ".join(f"{n}: {w}" for n, w in sorted(per.items())) + ")"
+                out[alts[0].base] = text
+            if any(a is None for a in solo):
+                return out
+            chosen = list(range(len(self.requests)))
+            for i in list(chosen):
+                trial = [k for k in chosen if k != i]
+                if trial and not self.fits([self.requests[k] for k in trial], everything):
+                    chosen = trial
+            cs = self.minimal_constraints([self.requests[k] for k in chosen])
+            reqs = [solo[k] for k in chosen]
+            names = _names([self.requests[k][0].base for k in chosen])
+            if cs:  # constraints make it fail; name what they compete for too, if anything
+                why = " / ".join([self.describe_constraints(cs, reqs), *self.sharing_conflicts(reqs)])  # type: ignore[arg-type]
+            else:
+                why = self.describe_sharing(reqs)  # type: ignore[arg-type]
+            head = f"requests {names} fit alone but not together" if len(chosen) > 1 else f"request {names} does not fit"
+            out["claim"] = f"{head}: {why}"
+        except _Abort as exc:
+            out["claim"] = (
+                "no combination of devices satisfies all requests and constraints together "
+                f"(diagnosis stopped: {exc.reason})"
+            )
         return out
 
 
@@ -449,7 +633,12 @@ def allocate_claim(
     ``policy`` orders candidates (``first-fit``, ``best-fit``, ``least-allocated``),
     ``classes`` optionally maps DeviceClass names to their CEL selectors (None:
     ``deviceClassName`` is not checked). Raises nothing for unsatisfiable or invalid
-    claims: those return :class:`ClaimNoFit` with a reason per request.
+    claims: those return :class:`ClaimNoFit` with a reason per request (each device's
+    rejection when the request is tried alone on the node, or ``fits alone on ...``)
+    and, when every request fits alone, a ``claim`` entry naming a minimal set of
+    requests that fails together and the constraint, shared capacity or dedicated
+    device that makes it fail. The diagnosis re-runs the bounded search a few times
+    per request and constraint, only on failure.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown selection policy {policy!r}")
@@ -458,7 +647,7 @@ def allocate_claim(
         requests = _expand(claim, classes)
         search = _Search(claim, slice_, usage, policy, max_steps)
         if not search.solve(requests, 0):
-            return ClaimNoFit(cid, search.explain(requests))
+            return ClaimNoFit(cid, _Explain(claim, slice_, usage, policy, max_steps, requests, search._selectable).reasons())
     except _Abort as exc:
         return ClaimNoFit(cid, {"claim": exc.reason})
     results = []

@@ -187,13 +187,15 @@ def inventory_discover(interfaces: tuple[str, ...], default_bandwidth: str, driv
 
 # -- allocate (dry run, issue 3) -----------------------------------------------------------
 def _state_usage(state_dir: str) -> Any:
-    """``allocate --state``: what the node state charges per device of the inventory's pool."""
+    """``allocate --state``: what the node state charges per device of the inventory's pool.
+
+    A dry run: a lock-free snapshot (``peek``), so nothing, not even state.lock, is created."""
     from cni_dra.dra.inventory import load_inventory
     from cni_dra.state import StateStore
 
-    slice_ = load_inventory(click.get_current_context().params["inventory"])
+    slice_ = load_inventory(click.get_current_context().params["inventory"], plugin_rules=False)
     devices = {d.name: d for d in slice_.spec.devices}
-    return StateStore(state_dir).read().consumed_by_device(slice_.spec.driver, slice_.spec.pool.name, devices)
+    return StateStore(state_dir).peek().consumed_by_device(slice_.spec.driver, slice_.spec.pool.name, devices)
 
 
 def _register_allocate() -> None:

@@ -3,13 +3,23 @@
 Prints, per claim and in the order given, the resource.k8s.io/v1 ``status.allocation``
 the claim would get (``devices.results[]`` with request, driver, pool, device,
 consumedCapacity, shareID) or why it does not fit, request by request. Claims are
-allocated in order, each seeing what the earlier ones consumed. Nothing is written.
+allocated in order, each seeing what the earlier ones consumed. Nothing is written or
+created: ``--state`` reads a lock-free snapshot (``StateStore.peek``). The inventory is
+checked with the API server's rules only (not cni-dra's ``ifName`` rule).
 
 Output (JSON or YAML) is a list, one entry per claim::
 
     [{"claim": "ns/name", "allocation": {...status.allocation...}},
      {"claim": "ns/other", "error": "claim ... cannot be allocated: ...",
-      "reasons": {"<request>": "<device>: <why>; ..."}}]
+      "reasons": {"<request>": "<device>: <why>; ..." or "fits alone on <devices>",
+                  "claim": "requests a and b fit alone but not together: <constraint or capacity>"}}]
+
+``reasons`` has an entry per request: each device's rejection when the request is
+tried on its own against the node's usage, or the devices it fits alone; when every
+request fits alone, ``claim`` names the requests that fail together and the
+constraint, shared capacity or dedicated device that makes them fail. stderr gives
+one ``NoCapacityError: claim ... cannot be allocated:`` line per claim, then one
+indented line per entry.
 
 Exit status: 0 when every claim fits, 1 when one does not, 2 on bad input (the
 error is printed as ``Type: message`` on stderr).
@@ -106,11 +116,14 @@ def make_allocate_command(
 
     @click.command("allocate")
     @click.option("--inventory", "inventory", required=True, envvar="CNI_DRA_INVENTORY",
-                  help="ResourceSlice file (YAML or JSON) listing the node's NICs.")
+                  help="ResourceSlice file (YAML or JSON) listing the node's devices; checked with the "
+                       "API server's rules only, so a slice of another driver (no ifName) is accepted.")
     @click.option("--claim", "claim_paths", multiple=True, required=True, envvar="CNI_DRA_CLAIM",
                   help="ResourceClaim file; repeat to allocate several claims in order.")
     @click.option("--state", "state", default=None, envvar="CNI_DRA_STATE_DIR",
-                  help="Node state directory: start from what is allocated there.")
+                  help="Node state directory: start from what is allocated there. Read-only: a "
+                       "snapshot of state.json taken without the state lock (nothing is created, "
+                       "not even state.lock), so a concurrent ADD/DEL may make it stale at once.")
     @click.option("--consumed", "consumed", default=None, envvar="CNI_DRA_CONSUMED",
                   help='JSON/YAML file {"<device>": {"<capacity>": "<quantity>"}} of what is consumed.')
     @click.option("--policy", type=click.Choice(list(POLICIES)), default="first-fit", show_default=True,
@@ -127,7 +140,7 @@ def make_allocate_command(
     ) -> None:
         """Print the status.allocation each CLAIM would get on this node (dry run)."""
         try:
-            slice_ = load_inventory(inventory)
+            slice_ = load_inventory(inventory, plugin_rules=False)
             claims = [c for path in claim_paths for c in load_claims(path)]
             usage = _usage(slice_, state, consumed, state_reader)
             entries, ok = run_allocate(slice_, claims, usage, share_id, policy)
@@ -138,7 +151,10 @@ def make_allocate_command(
         if not ok:
             for e in entries:
                 if "error" in e:
-                    click.echo(f"NoCapacityError: {e['error']}", err=True)
+                    # One line per request (and one for the combination), not only the claim.
+                    click.echo(f"NoCapacityError: claim {e['claim']} cannot be allocated:", err=True)
+                    for req, why in e["reasons"].items():
+                        click.echo(f"  {'claim' if req == 'claim' else 'request ' + req}: {why}", err=True)
             sys.exit(1)
 
     return allocate

@@ -2,8 +2,10 @@
 
 :func:`load_inventory` reads and validates it; :func:`validate_slice` applies the
 rules the API server applies to a ResourceSlice (k8s.io/kubernetes
-pkg/apis/resource/validation, KEP-5075 for capacities) plus cni-dra's own: every
-device names its host interface in the ``ifName`` attribute, once per node.
+pkg/apis/resource/validation, KEP-5075 for capacities) plus, unless
+``plugin_rules=False``, cni-dra's own: every device names its host interface in the
+``ifName`` attribute, once per node (``cni-dra allocate`` checks slices of any driver
+with the API server's rules only).
 """
 
 from __future__ import annotations
@@ -50,11 +52,12 @@ _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
 
 
-def load_inventory(path: str) -> ResourceSlice:
+def load_inventory(path: str, *, plugin_rules: bool = True) -> ResourceSlice:
     """Read, parse and validate the ResourceSlice at ``path`` (JSON, or YAML otherwise).
 
     JSON is recognised by a ``.json`` suffix or a leading ``{``; anything else is
-    parsed as YAML (PyYAML is imported only then).
+    parsed as YAML (PyYAML is imported only then). ``plugin_rules``: as for
+    :func:`validate_slice`.
 
     Raises :class:`~cni_dra.errors.IOFailureError` (code 5) when the file cannot be
     read, :class:`~cni_dra.errors.InventoryError` (code 7) when it is not a valid
@@ -69,11 +72,13 @@ def load_inventory(path: str) -> ResourceSlice:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InventoryError(f"failed to load inventory {path}: not UTF-8 text", str(exc)) from exc
-    return parse_inventory(text, source=path)
+    return parse_inventory(text, source=path, plugin_rules=plugin_rules)
 
 
-def parse_inventory(text: str, source: str = "<inventory>") -> ResourceSlice:
+def parse_inventory(text: str, source: str = "<inventory>", *, plugin_rules: bool = True) -> ResourceSlice:
     """Parse and validate a ResourceSlice from JSON or YAML ``text``.
+
+    ``plugin_rules``: as for :func:`validate_slice`.
 
     Raises :class:`~cni_dra.errors.InventoryError` (code 7).
     """
@@ -102,7 +107,7 @@ def parse_inventory(text: str, source: str = "<inventory>") -> ResourceSlice:
             f"failed to load inventory {source}: {_describe_validation_error(exc, data)}", str(exc)
         ) from exc
     try:
-        validate_slice(slice_)
+        validate_slice(slice_, plugin_rules=plugin_rules)
     except InventoryError as exc:
         raise InventoryError(f"failed to load inventory {source}: {exc.msg}", exc.details) from exc
     return slice_
@@ -133,17 +138,22 @@ def slice_to_dict(slice_: ResourceSlice) -> dict[str, Any]:
     return to_api(slice_)
 
 
-def validate_slice(slice_: ResourceSlice) -> None:
+def validate_slice(slice_: ResourceSlice, *, plugin_rules: bool = True) -> None:
     """Apply the inventory rules; raise :class:`~cni_dra.errors.InventoryError` (code 7).
+
+    ``plugin_rules`` (default True): also apply cni-dra's plugin rule (every device has
+    a non-empty string ``ifName`` attribute, unique on the node), as the plugin and
+    ``cni-dra status`` need; False applies only the API server's rules, so a slice of
+    another driver validates (``cni-dra allocate``).
 
     The message lists every problem found, each naming device, field and rule.
     """
-    problems = list(_slice_problems(slice_))
+    problems = list(_slice_problems(slice_, plugin_rules))
     if problems:
         raise InventoryError("invalid ResourceSlice: " + "; ".join(problems))
 
 
-def _slice_problems(slice_: ResourceSlice) -> Iterable[str]:
+def _slice_problems(slice_: ResourceSlice, plugin_rules: bool) -> Iterable[str]:
     spec = slice_.spec
     driver = spec.driver
     if len(driver) > 63 or not _DNS_SUBDOMAIN.fullmatch(driver):
@@ -166,6 +176,8 @@ def _slice_problems(slice_: ResourceSlice) -> Iterable[str]:
             yield f"device {device.name}: name: duplicate device name"
         seen_names.add(device.name)
         yield from (f"device {device.name}: {p}" for p in device_problems(device, driver))
+        if not plugin_rules:
+            continue
         ifname = device_attribute(device, IFNAME_ATTRIBUTE, driver)
         if ifname is None:
             yield f"device {device.name}: attributes.{IFNAME_ATTRIBUTE}: required attribute missing"
