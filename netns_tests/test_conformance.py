@@ -19,6 +19,8 @@ from netns_tests.test_conformance_bed import (
     CHECK_VERSIONS,
     IPAM_KINDS,
     RICH_VERSIONS,
+    V4_SUBNET,
+    V6_SUBNET,
     VERSIONS,
     Bed,
     addr_flags,
@@ -124,27 +126,56 @@ def test_add_check_status_del(bed: Bed, version: str, ipam: str) -> None:
     assert bed.ipam_reservations() == []
 
 
-@pytest.mark.parametrize("ipam", ["host-local-v4", "host-local-dual", "static"])
+def _in(cidr: str, subnet: str) -> bool:
+    return ipaddress.ip_interface(cidr).network == ipaddress.ip_network(subnet)
+
+
+@pytest.mark.parametrize("ipam", ["host-local-v4", "host-local-v6", "host-local-dual", "static"])
 @pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
 def test_old_versions_use_the_ip4_ip6_shape(bed: Bed, version: str, ipam: str) -> None:
+    """CNI 0.1.0/0.2.0 "Result": ``{"cniVersion", "ip4"?: {"ip", "gateway"?, "routes"?},
+    "ip6"?: {...}, "dns"?}`` -- one object per family, no ``interfaces``/``ips``. The
+    gateways below are host-local's documented default (the subnet's first address) and
+    the configured static ones; the routes are the configured ones of that family."""
     netns = bed.make_netns()
     conf = bed.conf(version, ipam)
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     link = link_in_netns(netns, "eth0")
-    assert set(res) <= {"cniVersion", "ip4", "ip6", "dns"}
+    assert link is not None and link["kind"] == "macvlan"
+    assert res.pop("dns", {}) == {}  # optional; nothing configured
+    families = {"host-local-v4": {"ip4"}, "host-local-v6": {"ip6"}, "host-local-dual": {"ip4", "ip6"},
+                "static": {"ip4"}}[ipam]
+    assert set(res) == {"cniVersion"} | families
     assert res["cniVersion"] == version
-    assert res["ip4"]["ip"] in link["ipv4"]
-    if ipam == "host-local-dual":
-        assert res["ip6"]["ip"] in link["ipv6"]
-    else:
-        assert "ip6" not in res
     if ipam == "static":
+        assert res["ip4"] == {"ip": "198.51.100.77/24", "gateway": "198.51.100.1",
+                              "routes": [{"dst": "203.0.113.0/24", "gw": "198.51.100.1"}]}
+    elif ipam == "host-local-v4":
+        assert set(res["ip4"]) == {"ip", "gateway", "routes"} and _in(res["ip4"]["ip"], V4_SUBNET)
         assert res["ip4"]["gateway"] == "198.51.100.1"
-        assert res["ip4"]["routes"] == [{"dst": "203.0.113.0/24", "gw": "198.51.100.1"}]
-    code, out, err = bed.run("DEL", conf, netns, cid="c1")
-    assert code == 0, (out, err)
-    assert link_in_netns(netns, "eth0") is None and bed.attachments() == []
+        assert res["ip4"]["routes"] == [{"dst": "203.0.113.0/24"}]
+    else:
+        if "ip4" in families:
+            assert set(res["ip4"]) == {"ip", "gateway"} and _in(res["ip4"]["ip"], V4_SUBNET)
+            assert res["ip4"]["gateway"] == "198.51.100.1"
+        assert set(res["ip6"]) == {"ip", "gateway"} and _in(res["ip6"]["ip"], V6_SUBNET)
+        assert res["ip6"]["gateway"] == "2001:db8:4::1"
+        assert not addr_flags(netns, "eth0")[res["ip6"]["ip"]] & IFA_F_TENTATIVE
+    # the addresses are on the link, and nothing else is
+    assert link["ipv4"] == ([res["ip4"]["ip"]] if "ip4" in res else [])
+    assert link["ipv6"] == ([res["ip6"]["ip"]] if "ip6" in res else [])
+    if ipam.startswith("host-local"):
+        assert len(bed.ipam_reservations()) == len(families)
+    assert bed.attachments() == [("c1", "eth0")]
+
+    for _ in range(2):  # DEL, then DEL again: both succeed, nothing is printed
+        code, out, err = bed.run("DEL", conf, netns, cid="c1")
+        assert (code, out) == (0, None), (out, err)
+    assert [n for n, _ in links_named(netns)] == ["lo"]
+    assert not [n for n, _ in links_named() if n.startswith("cdra")]
+    assert bed.attachments() == [] and bed.ipam_reservations() == []
+    assert bed.status()["devices"][0]["consumed"]["bandwidth"] == "0"
 
 
 @pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
