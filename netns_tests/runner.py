@@ -19,9 +19,11 @@ import json
 import os
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "write_shared_nic_inventory",
     "CNI_EXE",
     "CNI_PATH",
     "K8S_CNI_ARGS",
@@ -202,3 +204,25 @@ def link_in_netns(netns: str, ifname: str) -> dict[str, Any] | None:
         "ipv4": ipv4,
         "ipv6": ipv6,
     }
+
+
+def write_shared_nic_inventory(path: Path, parents: dict[str, str], bandwidth: str = "10G",
+                               driver: str = "net.cni-dra.dev") -> Path:
+    """Write a resource.k8s.io/v1 ResourceSlice (pool and node ``n``) to ``path``: one shared
+    device per ``parents`` entry (device name → host ifName), ``bandwidth`` each, with the
+    demo's requestPolicy (default 1G, validRange min 100M step 100M). Returns ``path``."""
+    devices = [
+        {
+            "name": dev, "allowMultipleAllocations": True,
+            "attributes": {"ifName": {"string": ifname}},
+            "capacity": {"bandwidth": {"value": bandwidth, "requestPolicy": {
+                "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}},
+        }
+        for dev, ifname in parents.items()
+    ]
+    path.write_text(json.dumps({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
+        "spec": {"driver": driver, "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices},
+    }))
+    return path

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cni_dra.netlink.links import host_link, link_in_netns
-from netns_tests.runner import CNI_EXE, run_plugin
+from netns_tests.runner import CNI_EXE, run_plugin, write_shared_nic_inventory
 
 DRIVER = "net.cni-dra.dev"
 PATHS = ["agent", "local"]
@@ -75,18 +75,7 @@ def agent_socket(tmp_path_factory):
 def node(tmp_path, make_parent_nic, agent_socket):
     """Two 10G stand-in NICs; state, IPAM data and inventory under tmp_path."""
     names = sorted([make_parent_nic(), make_parent_nic()])
-    devices = [
-        {"name": dev, "allowMultipleAllocations": True, "attributes": {"ifName": {"string": ifname}},
-         "capacity": {"bandwidth": {"value": "10G", "requestPolicy": {
-             "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}}}
-        for dev, ifname in zip(("nic-a", "nic-b"), names)
-    ]
-    inventory = tmp_path / "slice.json"
-    inventory.write_text(json.dumps({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
-        "spec": {"driver": DRIVER, "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
-                 "devices": devices},
-    }))
+    inventory = write_shared_nic_inventory(tmp_path / "slice.json", dict(zip(("nic-a", "nic-b"), names)))
 
     class Node:
         parents = dict(zip(("nic-a", "nic-b"), names))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cni_dra.netlink.links import host_link, link_in_netns
-from netns_tests.runner import CNI_EXE, CNI_PATH, cni_dra_status, run_plugin
+from netns_tests.runner import CNI_EXE, CNI_PATH, cni_dra_status, run_plugin, write_shared_nic_inventory
 
 DRIVER = "net.cni-dra.dev"
 
@@ -25,20 +25,7 @@ def node(tmp_path, make_parent_nic):
     """Two 10G stand-in NICs in an inventory; state, IPAM data and inventory under tmp_path."""
     nics = [make_parent_nic(), make_parent_nic()]
     names = sorted(nics)
-    devices = []
-    for dev, ifname in zip(("nic-a", "nic-b"), names):
-        devices.append({
-            "name": dev, "allowMultipleAllocations": True,
-            "attributes": {"ifName": {"string": ifname}},
-            "capacity": {"bandwidth": {"value": "10G", "requestPolicy": {
-                "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}},
-        })
-    inventory = tmp_path / "slice.json"
-    inventory.write_text(json.dumps({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
-        "spec": {"driver": DRIVER, "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
-                 "devices": devices},
-    }))
+    inventory = write_shared_nic_inventory(tmp_path / "slice.json", dict(zip(("nic-a", "nic-b"), names)))
 
     class Node:
         parents = dict(zip(("nic-a", "nic-b"), names))

@@ -25,7 +25,7 @@ from cni_dra.quantity import Quantity
 from cni_dra.state.models import NodeState
 from cni_dra.state.store import decode_state, encode_state
 from netns_tests.conftest import remove_netns
-from netns_tests.runner import CNI_PATH, cni_dra_cli, run_plugin
+from netns_tests.runner import CNI_PATH, cni_dra_cli, run_plugin, write_shared_nic_inventory
 
 DRIVER = "net.cni-dra.dev"
 NET = "relnet"
@@ -41,20 +41,7 @@ class Node:
         self.ipam_dir = tmp_path / "ipam"
         self.inventory = tmp_path / "slice.json"
         self.capacity = Quantity.parse(bandwidth)
-        devices = [
-            {
-                "name": dev, "allowMultipleAllocations": True,
-                "attributes": {"ifName": {"string": ifname}},
-                "capacity": {"bandwidth": {"value": bandwidth, "requestPolicy": {
-                    "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}},
-            }
-            for dev, ifname in self.parents.items()
-        ]
-        self.inventory.write_text(json.dumps({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
-            "spec": {"driver": DRIVER, "nodeName": "n",
-                     "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1}, "devices": devices},
-        }))
+        write_shared_nic_inventory(self.inventory, self.parents, bandwidth)
 
     def conf(self, bandwidth: str | None = "1G", **kw) -> dict:
         c = {
