@@ -33,8 +33,8 @@ FAULT_POINTS: tuple[str, ...] = (
     "del:intent",  # attachment marked "deleting", nothing removed yet
     "del:link-deleted",  # link gone, IPAM still reserved
     "del:ipam-released",  # IPAM released, attachment still in state
-    "state:tmp-written",  # new state in the temp file, not renamed yet
-    "state:renamed",  # new state renamed into place, directory not fsync'ed yet
+    "state:tmp-written",  # new state not committed yet: a temp snapshot not renamed, or half a journal record
+    "state:renamed",  # new state committed, not yet synced: snapshot renamed (dir not fsync'ed), or record whole
 )
 """Every fault point, in the order an ADD then a DEL passes them."""
 

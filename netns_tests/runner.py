@@ -45,7 +45,9 @@ K8S_CNI_ARGS = (
 )
 # A runtime's environment is its own; keep ours minimal and explicit so that
 # nothing from the test process (PYTHONPATH, a venv) leaks into the plugin.
-_BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+# CNI_DRA_STATE_VERIFY=1: every state commit of the plugin is re-read from scratch and
+# compared with memory (cni_dra.state.store), so a change the journal missed fails the test.
+_BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "CNI_DRA_STATE_VERIFY": "1"}
 _TIMEOUT_S = 60
 
 

@@ -113,7 +113,9 @@ class Node:
                                                 infra_container_id="ctr-1"))
 
     def state(self) -> dict:
-        return json.loads((self.state_dir / "state.json").read_text())
+        from cni_dra.state import StateStore
+
+        return StateStore(self.state_dir).read_files().model_dump(mode="json")  # snapshot + journal
 
     def close(self) -> None:
         for proc in self.procs:

@@ -110,10 +110,11 @@ def test_add_in_progress_is_code_11(bed: Bed) -> None:
     netns = bed.make_netns()
     conf = bed.conf("1.1.0", "l2")
     assert bed.run("ADD", conf, netns, cid="c1")[0] == 0
-    from cni_dra.state.store import current_owner, decode_state, encode_state
+    from cni_dra.state import StateStore
+    from cni_dra.state.store import current_owner, encode_state
 
     state_file = bed.state_dir / "state.json"
-    state = decode_state(state_file.read_bytes())  # checksummed file (issue 6)
+    state = StateStore(bed.state_dir).read_files()  # snapshot + journal; written back as a snapshot
     state.attachments[0].phase = "adding"
     state.attachments[0].owner = current_owner()  # a live process holds the intent
     state_file.write_bytes(encode_state(state))
@@ -203,7 +204,9 @@ def test_cni_args_empty_segments_and_first_equals(bed: Bed) -> None:
     rc, out, err = bed.run("ADD", bed.conf("1.1.0", "l2"), netns, cid="c1", cni_args=args)
     assert rc == 0, (out, err)
     assert link_in_netns(netns, "eth0")["mac"] == "c2:11:22:33:44:88"
-    recorded = json.loads((bed.state_dir / "state.json").read_text())["attachments"][0]
+    from cni_dra.state import StateStore
+
+    recorded = StateStore(bed.state_dir).read_files().model_dump(mode="json")["attachments"][0]
     assert recorded["podName"] == "a=b"  # split at the first '=' only
 
 

@@ -94,8 +94,9 @@ def node(tmp_path, make_parent_nic, agent_socket):
             return {"CNI_DRA_AGENT": "require" if path == "agent" else "off", "CNI_DRA_AGENT_SOCKET": self.socket}
 
         def state(self) -> dict:
-            p = self.state_dir / "state.json"
-            return json.loads(p.read_text()) if p.exists() else {"attachments": []}
+            from cni_dra.state import StateStore
+
+            return StateStore(self.state_dir).read_files().model_dump(mode="json")  # snapshot + journal
 
         def ipam_reservations(self) -> list[str]:
             d = self.ipam_dir / "fpnet"

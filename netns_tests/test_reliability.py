@@ -22,8 +22,8 @@ import pytest
 from cni_dra.faults import SWITCH_FILE
 from cni_dra.netlink.links import host_link, host_link_by_index, link_in_netns
 from cni_dra.quantity import Quantity
-from cni_dra.state.models import NodeState
-from cni_dra.state.store import decode_state, encode_state
+from cni_dra.state.models import SCHEMA_VERSION, NodeState
+from cni_dra.state.store import StateStore, encode_state
 from netns_tests.conftest import remove_netns
 from netns_tests.runner import CNI_PATH, cni_dra_cli, run_plugin, write_shared_nic_inventory
 
@@ -57,8 +57,7 @@ class Node:
 
     # -- independent views -------------------------------------------------------------
     def state(self) -> NodeState:
-        path = self.state_dir / "state.json"
-        return decode_state(path.read_bytes()) if path.exists() else NodeState()
+        return StateStore(self.state_dir).read_files()  # snapshot + journal, as a new process reads them
 
     def attachments(self) -> dict[str, str]:
         """containerID → phase."""
@@ -294,7 +293,7 @@ def test_old_schema_state_is_migrated(node, make_netns):
     code, out, err = add(node, ns, "pod-a")
     assert code == 0, (out, err)
     st = node.state()
-    assert st.schemaVersion == 2 and st.claims["other"][0]["metadata"]["uid"] == "cu"
+    assert st.schemaVersion == SCHEMA_VERSION and st.claims["other"][0]["metadata"]["uid"] == "cu"
     # the migrated claim still counts: best-fit puts pod-a on nic-b (7G left) next to it
     assert node.consumed() == {"nic-b": {"bandwidth": Quantity.parse("4G")}}
     assert delete(node, ns, "pod-a")[0] == 0

@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from cni_dra.netlink.links import host_link_by_index, link_in_netns
 from cni_dra.quantity import Quantity
 from cni_dra.state import StateStore
-from cni_dra.state.store import decode_state
 from netns_tests import runner
 from netns_tests.test_reliability import DRIVER, Node, args
 
@@ -49,9 +48,9 @@ class Checker(threading.Thread):
         path = self.node.state_dir / "state.json"
         while not self.stop.is_set():
             with store.locked():
-                data = path.read_bytes() if path.exists() else None
-            if data is not None:
-                consumed = decode_state(data).consumed_by_device(DRIVER, "n")
+                state = store.read_files() if path.exists() else None  # snapshot + journal
+            if state is not None:
+                consumed = state.consumed_by_device(DRIVER, "n")
                 for dev, caps in consumed.items():
                     bw = caps.get("bandwidth", Quantity.ZERO)
                     if dev not in self.max_seen or bw > self.max_seen[dev]:

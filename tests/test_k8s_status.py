@@ -3,6 +3,8 @@ the ResourceClaim's status.devices[] on the local API stand-in."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from cni_dra.agent.status import StatusWriter, claim_status_body
@@ -82,9 +84,9 @@ def world(tmp_path):
         api.close()
 
 
-def add_ready(store, uid):
+def add_ready(store, uid, **kw):
     with store.transaction() as st:
-        att = attachment(uid)
+        att = attachment(uid, **kw)
         st.attachments.append(att)
         st.statusUpdates.append(claim_status_record(att))
 
@@ -137,7 +139,7 @@ def test_failure_record_becomes_ready_false(world):
 
 def test_gone_or_replaced_claims_drop_their_records(world):
     server, claim, store, writer, _, outcomes = world
-    add_ready(store, "not-the-uid")  # claim re-created under the same name
+    add_ready(store, "not-the-uid", containerID="c0")  # claim re-created under the same name
     add_ready(store, claim["metadata"]["uid"])
     with server.lock:
         del server.claims[("default", "c1")]  # ... and now deleted
@@ -195,7 +197,7 @@ def test_share_deleted_across_an_agent_restart_leaves_the_claim(world):
     server, claim, store, writer, clock, _ = world
     uid = claim["metadata"]["uid"]
     with store.transaction() as st:
-        st.claims["pod-a"] = [claim]
+        st.claims["pod-a"] = [copy.deepcopy(claim)]  # the state's own copy, as a decoded request is
     add_ready(store, uid)
     writer.sync()
     assert len(server.claims[("default", "c1")]["status"]["devices"]) == 1

@@ -11,7 +11,7 @@ import pytest
 
 from cni_dra.errors import StateError, TryAgainLaterError
 from cni_dra.quantity import Quantity
-from cni_dra.state import Attachment, NodeState, StateStore
+from cni_dra.state import SCHEMA_VERSION, Attachment, NodeState, StateStore
 
 
 def _att(cid: str, device: str, bw: str, **kw) -> Attachment:
@@ -43,8 +43,8 @@ def test_round_trip_keeps_attachments_and_claims(tmp_path):
     again = store.read()
     assert again.find("net1", "c1", "eth0").consumedCapacity == {"bandwidth": Quantity.parse("4000M")}
     assert again.claims["pod"][0]["metadata"]["uid"] == "u1"
-    raw = json.loads((tmp_path / "state.json").read_text())
-    assert raw["schemaVersion"] == 2
+    raw = json.loads((tmp_path / "state.json").read_text())  # the first commit writes the snapshot
+    assert raw["schemaVersion"] == SCHEMA_VERSION == 3
     assert raw["attachments"][0]["consumedCapacity"] == {"bandwidth": "4G"}
 
 
@@ -69,8 +69,8 @@ def test_failed_transaction_writes_nothing(tmp_path):
 
 
 def test_write_is_atomic_replace(tmp_path):
-    """The file is replaced by rename: a reader holding the old inode sees the old bytes whole."""
-    store = StateStore(tmp_path)
+    """A snapshot is replaced by rename: a reader holding the old inode sees the old bytes whole."""
+    store = StateStore(tmp_path, journal_limit_bytes=0)  # every commit writes a snapshot
     with store.transaction() as st:
         st.attachments.append(_att("c1", "eth-a", "1G"))
     old_inode = os.stat(tmp_path / "state.json").st_ino

@@ -115,7 +115,7 @@ def test_missing_file_with_a_backup_is_not_empty(tmp_path):
 
 
 # -- migration -----------------------------------------------------------------------------
-def test_schema_1_file_is_migrated_and_rewritten_as_2(tmp_path):
+def test_schema_1_file_is_migrated_and_rewritten_as_current(tmp_path):
     v1 = {"schemaVersion": 1, "claims": {"pod": [_claim("u")]},
           "attachments": [{"network": "net", "containerID": "c1", "ifname": "eth0", "driver": "d", "pool": "p",
                            "device": "nic-a", "ifName": "eth9", "consumedCapacity": {"bandwidth": "2G"},
@@ -123,13 +123,14 @@ def test_schema_1_file_is_migrated_and_rewritten_as_2(tmp_path):
     (tmp_path / "state.json").write_text(json.dumps(v1))
     store = StateStore(tmp_path)
     got = store.read()
-    assert got.schemaVersion == 2 and got.bootID is None
+    assert got.schemaVersion == SCHEMA_VERSION and got.bootID is None
     assert got.find("net", "c1", "eth0").consumedCapacity == {"bandwidth": Quantity.parse("2G")}
     with store.transaction() as s:
         s.bootID = "x"
-    raw = json.loads((tmp_path / "state.json").read_bytes())
-    assert raw["schemaVersion"] == 2 and raw["checksum"].startswith("sha256:")
-    assert json.loads((tmp_path / "state.json.bak").read_bytes()) == v1  # the old file is the backup
+    raw = json.loads((tmp_path / "state.json").read_bytes())  # no journal in a schema-1 file: a new snapshot
+    assert raw["schemaVersion"] == SCHEMA_VERSION and raw["checksum"].startswith("sha256:")
+    assert raw["journal"]["seq"] == 0 and raw["bootID"] == "x"
+    assert (tmp_path / "state.json.bak").read_bytes() == (tmp_path / "state.json").read_bytes()
 
 
 def test_newer_schema_is_refused():
@@ -141,19 +142,21 @@ def test_newer_schema_is_refused():
 
 
 # -- atomic writes and backup --------------------------------------------------------------
-def test_each_write_keeps_the_previous_good_file_as_backup(tmp_path):
+def test_each_snapshot_is_written_twice_and_the_backup_takes_the_journal(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
         s.attachments.append(_att("c1"))
     first = (tmp_path / "state.json").read_bytes()
-    with store.transaction() as s:
-        s.attachments.append(_att("c2"))
     assert (tmp_path / "state.json.bak").read_bytes() == first
-    assert [a.containerID for a in store.read_backup().attachments] == ["c1"]
+    with store.transaction() as s:  # journaled: the snapshot and its copy stay
+        s.attachments.append(_att("c2"))
+    assert (tmp_path / "state.json").read_bytes() == first == (tmp_path / "state.json.bak").read_bytes()
+    (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damage the snapshot: the copy + journal still hold all
+    assert [a.containerID for a in store.read_backup().attachments] == ["c1", "c2"]
 
 
 def test_crash_before_rename_leaves_old_file_and_leftover_is_cleaned(tmp_path, monkeypatch):
-    store = StateStore(tmp_path)
+    store = StateStore(tmp_path, journal_limit_bytes=0)  # every commit writes a snapshot
     with store.transaction() as s:
         s.attachments.append(_att("c1"))
     before = (tmp_path / "state.json").read_bytes()
@@ -263,8 +266,9 @@ def test_repair_restores_backup_and_drops_dead_attachments(tmp_path):
     report = repair(store, environ={})
     text = "\n".join(report.changes)
     assert "moved the unreadable state.json to state.json.corrupt-" in text
-    assert "restored 1 attachment(s) and 1 prepared claim(s) from state.json.bak" in text
-    assert "dropped attachment net/c1/eth0" in text  # no live link (no netns)
+    # the backup is the snapshot's second copy, and the journal (c2) applies to it
+    assert "restored 2 attachment(s) and 1 prepared claim(s) from state.json.bak" in text
+    assert "dropped attachment net/c1/eth0" in text and "dropped attachment net/c2/eth0" in text  # no live link
     got = store.read()
     assert got.attachments == [] and got.claims == {"pod": [_claim("u")]}
     assert len(list(tmp_path.glob("state.json.corrupt-*"))) == 1

@@ -152,12 +152,10 @@ class Agent:
         finally:
             self.shutdown()
 
-    def _state_stamp(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(os.path.join(self.cfg.state_dir, "state.json"))
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_ino)
+    def _state_stamp(self) -> Any:
+        from cni_dra.state import StateStore
+
+        return StateStore(self.cfg.state_dir).change_stamp()  # snapshot and journal
 
     def _loop(self, stop: threading.Event) -> None:
         next_publish = 0.0

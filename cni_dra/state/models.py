@@ -1,12 +1,13 @@
 """Schema of the node-local state file (``<stateDir>/state.json``).
 
-Shape (schemaVersion 2)::
+Shape (schemaVersion 3)::
 
     {
-      "schemaVersion": 2,
+      "schemaVersion": 3,
       "bootID": "<kernel boot id when the state was last reconciled>",
       "claims": {"<pod UID>": [<resource.k8s.io/v1 ResourceClaim as the API server returns it>, ...]},
       "attachments": [<Attachment>, ...],
+      "journal": {"id": "<hex>", "seq": N},  # added by the store: changes since are journaled
       "checksum": "sha256:<hex>"          # added by the store, see cni_dra.state.store
     }
 
@@ -32,13 +33,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cni_dra.quantity import Quantity, QuantityField
 
 __all__ = [
     "SCHEMA_VERSION",
     "STEP_LINK",
+    "TOUCHED",
     "STEP_IPAM",
     "MIGRATIONS",
     "ClaimRef",
@@ -48,7 +50,7 @@ __all__ = [
     "migrate",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 STEP_LINK = "link"
 """Intent step: the pod's link was created in its netns."""
@@ -111,6 +113,116 @@ class Attachment(BaseModel):
         """(network name, container ID, ifname): the CNI attachment key."""
         return (self.network, self.containerID, self.ifname)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        TOUCHED[id(self)] = self  # the store journals what a transaction assigned
+
+
+TOUCHED: dict[int, Attachment] = {}
+"""Attachments whose fields were assigned since the store last looked (id → object).
+
+The store (:mod:`cni_dra.state.store`) journals a transaction's changes instead of
+rewriting the whole file, so it must know which attachments changed: assigning a field
+registers the attachment here. Change an attachment by assigning its fields
+(``att.steps = [*att.steps, step]``), never by mutating a field's value in place."""
+
+
+class AttachmentList(list):  # type: ignore[type-arg]
+    """``NodeState.attachments``: a list that indexes its attachments by key and logs, since
+    :meth:`begin`, what was appended and removed (``events``) and whether anything else
+    changed its order (``reordered``: insert, item assignment, slice deletion, sort,
+    reverse). The store turns the log into journal ops in O(change) instead of comparing
+    the whole list. An attachment's key fields must not be reassigned while it is listed.
+    """
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__(items)
+        self.events: list[tuple[bool, Attachment]] = []  # (added?, attachment), in order
+        self.reordered = False
+        self._index: dict[tuple[str, str, str], Attachment] | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copies start with a fresh log and index
+        return (AttachmentList, (list(self),))
+
+    def begin(self) -> None:
+        """Start a new log (the store calls this when a transaction starts)."""
+        self.events = []
+        self.reordered = False
+
+    def index(self) -> dict[tuple[str, str, str], Attachment]:
+        """Key → attachment (built on first use, then kept up to date)."""
+        if self._index is None:
+            self._index = {a.key: a for a in self}
+        return self._index
+
+    def _added(self, att: Attachment) -> None:
+        self.events.append((True, att))
+        if self._index is not None:
+            self._index[att.key] = att
+
+    def _dropped(self, att: Attachment) -> None:
+        self.events.append((False, att))
+        if self._index is not None and self._index.get(att.key) is att:
+            del self._index[att.key]
+
+    def _messed(self) -> None:
+        self.reordered = True
+        self._index = None
+
+    def append(self, att: Attachment) -> None:
+        super().append(att)
+        self._added(att)
+
+    def extend(self, items: Any) -> None:
+        for att in list(items):
+            self.append(att)
+
+    def __iadd__(self, items: Any) -> AttachmentList:
+        self.extend(items)
+        return self
+
+    def pop(self, i: int = -1) -> Attachment:
+        att = super().pop(i)
+        self._dropped(att)
+        return att
+
+    def remove(self, att: Attachment) -> None:
+        for i, cur in enumerate(self):
+            if cur is att:
+                self.pop(i)
+                return
+        self.pop(super().index(att))
+
+    def clear(self) -> None:
+        for att in list(self):
+            self._dropped(att)
+        super().clear()
+
+    def insert(self, i: Any, att: Any) -> None:
+        super().insert(i, att)
+        self._messed()
+
+    def __setitem__(self, i: Any, value: Any) -> None:
+        super().__setitem__(i, value)
+        self._messed()
+
+    def __delitem__(self, i: Any) -> None:
+        super().__delitem__(i)
+        self._messed()
+
+    def __imul__(self, n: Any) -> AttachmentList:
+        super().__imul__(n)
+        self._messed()
+        return self
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        super().sort(*args, **kwargs)
+        self._messed()
+
+    def reverse(self) -> None:
+        super().reverse()
+        self._messed()
+
 
 class NodeState(BaseModel):
     """The whole state file. See module docstring for the shape."""
@@ -120,23 +232,31 @@ class NodeState(BaseModel):
     schemaVersion: int = SCHEMA_VERSION
     bootID: str | None = None
     claims: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
-    attachments: list[Attachment] = Field(default_factory=list)
+    attachments: list[Attachment] = Field(default_factory=list)  # an AttachmentList once validated
     # ResourceClaim status records left by ADD for the agent (cni_dra.state.claim_status)
     statusUpdates: list[dict[str, Any]] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _track_attachments(self) -> NodeState:
+        if type(self.attachments) is not AttachmentList:
+            self.__dict__["attachments"] = AttachmentList(self.attachments)
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "attachments" and type(value) is not AttachmentList:
+            value = AttachmentList(value)
+        super().__setattr__(name, value)
+
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
-        """The attachment with that key, or None."""
-        for att in self.attachments:
-            if att.network == network and att.containerID == container_id and att.ifname == ifname:
-                return att
-        return None
+        """The attachment with that key, or None (an index lookup)."""
+        return self.attachments.index().get((network, container_id, ifname))
 
     def remove(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """Remove and return the attachment with that key (None when absent)."""
-        for i, att in enumerate(self.attachments):
-            if att.key == (network, container_id, ifname):
-                return self.attachments.pop(i)
-        return None
+        att = self.find(network, container_id, ifname)
+        if att is not None:
+            self.attachments.remove(att)
+        return att
 
     def consumed_by_device(
         self, driver: str, pool: str, devices: Mapping[str, Any] | None = None
@@ -156,11 +276,27 @@ class NodeState(BaseModel):
             for name, amount in consumed.items():
                 slot[name] = slot[name] + amount if name in slot else amount
 
+        # Attachments: summed as integers (nano-units), one Quantity per device and name at the end.
+        sums: dict[str, dict[str, int]] = {}
+        formats: dict[tuple[str, str], Any] = {}
         used_shares: set[tuple[str, str, str | None]] = set()
+        with_claims = bool(self.claims)  # shares in use matter only against prepared claims
         for att in self.attachments:
             if att.driver == driver and att.pool == pool:
-                charge(att.device, att.consumedCapacity)
-                used_shares.add((att.device, att.claim.uid if att.claim else "", att.shareID))
+                slot_n = sums.get(att.device)
+                if slot_n is None:
+                    slot_n = sums[att.device] = {}
+                for name, amount in att.consumedCapacity.items():
+                    if type(amount) is not Quantity:  # assigned unvalidated (a string)
+                        amount = Quantity.parse(amount)
+                    n = slot_n.get(name, 0)
+                    if n == 0:  # as Quantity.__add__: a zero sum takes the addend's format
+                        formats[(att.device, name)] = amount.format
+                    slot_n[name] = n + amount.nanos
+                if with_claims:
+                    used_shares.add((att.device, att.claim.uid if att.claim else "", att.shareID))
+        for device, slot_n in sums.items():
+            out[device] = {name: Quantity.from_nanos(n, formats[(device, name)]) for name, n in slot_n.items()}
         for claims in self.claims.values():
             for claim in claims:
                 uid = (claim.get("metadata") or {}).get("uid", "")
@@ -195,7 +331,15 @@ def _v1_to_v2(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-MIGRATIONS: dict[int, Any] = {1: _v1_to_v2}
+def _v2_to_v3(obj: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2 → 3: the state may continue in a journal (``state.journal``, named by the
+    file's ``journal`` key, see :mod:`cni_dra.state.store`); a schema-2 file has none."""
+    out = dict(obj)
+    out["schemaVersion"] = 3
+    return out
+
+
+MIGRATIONS: dict[int, Any] = {1: _v1_to_v2, 2: _v2_to_v3}
 """``{from version: function(raw dict) -> raw dict of version + 1}``."""
 
 

@@ -195,7 +195,7 @@ def record_step(inv: Invocation, step: str) -> None:
     with inv.store.transaction() as st:
         att = st.find(*key)
         if att is not None and step not in att.steps:
-            att.steps.append(step)
+            att.steps = [*att.steps, step]  # assigned, so the store journals it
 
 
 def begin_delete(inv: Invocation) -> Attachment | None:
@@ -316,6 +316,12 @@ def repair(
     with store.replace() as view:
         if view.current is not None:
             base = view.current
+            if view.error is not None:  # the snapshot is good, its journal is not
+                report.changes.append(f"state unreadable: {view.error.msg.split(';')[0]}")
+                report.changes.append(
+                    f"kept {store.path.name} and the journal records before the bad one; moved the journal to "
+                    f"{view.journal_aside.name if view.journal_aside else '-'}"
+                )
         elif view.error is None:
             report.changes.append("no state file: nothing to repair")
             return report

@@ -1,0 +1,272 @@
+"""The state journal: commits cost what they change, readers rebuild snapshot + records.
+
+Source of the rules: cni_dra/state/store.py module docstring (torn last record ignored,
+bad record before others is corruption, stale journal ignored, compaction, cache)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cni_dra.errors import StateError
+from cni_dra.quantity import Quantity
+from cni_dra.state import Attachment, NodeState, StateStore
+from cni_dra.state import store as store_mod
+from cni_dra.state.store import JOURNAL_FILE, encode_state
+from cni_dra.verbs.recover import repair
+
+
+def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
+    return Attachment(
+        network="net", containerID=cid, ifname="eth0", driver="d", pool="p", device="nic-a",
+        ifName="eth9", consumedCapacity={"bandwidth": Quantity.parse(bw)}, phase="ready", **kw,
+    )
+
+
+def _fresh(path) -> NodeState:
+    """The state as a new process reads it (no cache)."""
+    store_mod._CACHE.clear()
+    return StateStore(path).read()
+
+
+def _ids(state: NodeState) -> list[str]:
+    return [a.containerID for a in state.attachments]
+
+
+def test_a_commit_appends_one_record_and_leaves_the_snapshot(tmp_path):
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    snapshot = (tmp_path / "state.json").read_bytes()
+    with store.transaction() as s:
+        s.find("net", "c1", "eth0").phase = "deleting"
+        s.attachments.append(_att("c2"))
+    assert (tmp_path / "state.json").read_bytes() == snapshot
+    lines = (tmp_path / JOURNAL_FILE).read_bytes().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["seq"] == 1 and record["j"] == json.loads(snapshot)["journal"]["id"]
+    assert [list(op) for op in record["ops"]] == [["put"], ["put"]]
+    got = _fresh(tmp_path)
+    assert _ids(got) == ["c1", "c2"] and got.find("net", "c1", "eth0").phase == "deleting"
+
+
+def test_removal_claims_status_and_boot_id_are_journaled(tmp_path):
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments += [_att("c1"), _att("c2"), _att("c3")]
+        s.claims["pod-a"] = [{"metadata": {"uid": "u1"}}]
+    with store.transaction() as s:
+        s.remove("net", "c2", "eth0")
+        s.claims["pod-a"].append({"metadata": {"uid": "u2"}})  # in place: the list's items changed
+        s.claims["pod-b"] = [{"metadata": {"uid": "u3"}}]
+        s.statusUpdates.append({"claim": {"uid": "u1"}, "ready": True})
+        s.bootID = "boot-2"
+    assert (tmp_path / JOURNAL_FILE).exists()
+    got = _fresh(tmp_path)
+    assert _ids(got) == ["c1", "c3"]
+    assert [c["metadata"]["uid"] for c in got.claims["pod-a"]] == ["u1", "u2"]
+    assert got.claims["pod-b"] == [{"metadata": {"uid": "u3"}}]
+    assert got.statusUpdates == [{"claim": {"uid": "u1"}, "ready": True}] and got.bootID == "boot-2"
+    with store.transaction() as s:
+        del s.claims["pod-a"]
+        s.statusUpdates.clear()
+    got = _fresh(tmp_path)
+    assert set(got.claims) == {"pod-b"} and got.statusUpdates == []
+
+
+def test_a_torn_last_record_is_ignored_then_cut_off(tmp_path):
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    with store.transaction() as s:
+        s.attachments.append(_att("c2"))
+    journal = tmp_path / JOURNAL_FILE
+    good = journal.read_bytes()
+    with open(journal, "ab") as f:  # a writer died halfway through its append
+        f.write(b'{"j":"x","seq":2,"ops":[{"put":{"netw')
+    assert _ids(_fresh(tmp_path)) == ["c1", "c2"]
+    with StateStore(tmp_path).transaction() as s:
+        s.attachments.append(_att("c3"))
+    data = journal.read_bytes()
+    assert data.startswith(good) and data.count(b"\n") == 2  # the torn bytes are gone
+    assert _ids(_fresh(tmp_path)) == ["c1", "c2", "c3"]
+
+
+def test_a_bad_record_before_good_ones_is_corruption_and_repair_keeps_the_good_prefix(tmp_path):
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    for cid in ("c2", "c3"):
+        with store.transaction() as s:
+            s.attachments.append(_att(cid))
+    journal = tmp_path / JOURNAL_FILE
+    first, second = journal.read_bytes().splitlines(keepends=True)
+    journal.write_bytes(first + second.replace(b'"c3"', b'"c4"'))  # checksum no longer matches, then...
+    with open(journal, "ab") as f:
+        f.write(first)  # ...a well-formed line after it: not a torn tail
+    with pytest.raises(StateError, match="journal is corrupt") as err:
+        _fresh(tmp_path)
+    assert err.value.code == 5
+    report = repair(StateStore(tmp_path), environ={})
+    text = "\n".join(report.changes)
+    assert "journal records before the bad one" in text
+    assert list(tmp_path.glob(f"{JOURNAL_FILE}.corrupt-*"))
+    assert _ids(_fresh(tmp_path)) == []  # c1/c2 dropped by repair: no live link (no netns)
+
+
+def test_a_journal_of_another_snapshot_is_ignored(tmp_path):
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    with store.transaction() as s:
+        s.attachments.append(_att("c2"))
+    # someone writes a snapshot of their own (no journal reference): the journal is stale
+    (tmp_path / "state.json").write_bytes(encode_state(NodeState(attachments=[_att("x")])))
+    assert _ids(_fresh(tmp_path)) == ["x"]
+    with StateStore(tmp_path).transaction() as s:
+        s.attachments.append(_att("y"))
+    assert _ids(_fresh(tmp_path)) == ["x", "y"]
+
+
+def test_the_journal_is_folded_into_a_new_snapshot_past_its_limit(tmp_path):
+    store = StateStore(tmp_path, journal_limit_bytes=2000)
+    with store.transaction() as s:
+        s.attachments.append(_att("c0"))
+    first = json.loads((tmp_path / "state.json").read_bytes())["journal"]["id"]
+    i = 0
+    while json.loads((tmp_path / "state.json").read_bytes())["journal"]["id"] == first:
+        i += 1
+        with store.transaction() as s:
+            s.attachments.append(_att(f"c{i}"))
+        assert i < 50, "never compacted"
+    assert not (tmp_path / JOURNAL_FILE).exists()
+    snap = json.loads((tmp_path / "state.json").read_bytes())
+    assert [a["containerID"] for a in snap["attachments"]] == [f"c{k}" for k in range(i + 1)]
+    assert (tmp_path / "state.json.bak").read_bytes() == (tmp_path / "state.json").read_bytes()
+
+
+def _other_process_adds(path: str, cid: str) -> None:
+    store_mod._CACHE.clear()
+    with StateStore(path).transaction() as s:
+        s.attachments.append(_att(cid))
+
+
+def test_a_cached_reader_sees_what_another_process_appended(tmp_path):
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    with store.transaction() as s:
+        s.attachments.append(_att("c2"))
+    assert _ids(store.read()) == ["c1", "c2"]  # now cached in this process
+    proc = multiprocessing.get_context("fork").Process(target=_other_process_adds, args=(str(tmp_path), "c3"))
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert _ids(store.read()) == ["c1", "c2", "c3"]
+
+
+def test_a_change_outside_a_transaction_does_not_survive_in_the_cache(tmp_path):
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    store.read().attachments[0].phase = "deleting"  # read() is read-only; this breaks the contract
+    with store.transaction() as s:
+        assert s.attachments[0].phase == "ready"  # the disk's view, not the mutated cache
+
+
+def test_failed_transaction_leaves_memory_and_disk_as_they_were(tmp_path):
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    with pytest.raises(RuntimeError):
+        with store.transaction() as s:
+            s.attachments[0].phase = "deleting"
+            s.attachments.append(_att("c2"))
+            raise RuntimeError("boom")
+    got = store.read()
+    assert _ids(got) == ["c1"] and got.attachments[0].phase == "ready"
+
+
+def test_verify_mode_catches_a_change_made_in_place(tmp_path, monkeypatch):
+    monkeypatch.setenv("CNI_DRA_STATE_VERIFY", "1")
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    with pytest.raises(StateError, match="does not reproduce"):
+        with store.transaction() as s:
+            s.attachments[0].steps.append("link")  # not an assignment: invisible to the journal
+            s.bootID = "other"  # something visible, so a record is written
+
+
+# -- property: any sequence of transactions reads back the same from scratch ---------------
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 7)),
+        st.tuples(st.just("del"), st.integers(0, 7)),
+        st.tuples(st.just("phase"), st.integers(0, 7)),
+        st.tuples(st.just("claim"), st.integers(0, 3)),
+        st.tuples(st.just("unclaim"), st.integers(0, 3)),
+        st.tuples(st.just("status"), st.integers(0, 3)),
+        st.tuples(st.just("boot"), st.integers(0, 3)),
+        st.tuples(st.just("fail"), st.integers(0, 7)),
+        st.tuples(st.just("reorder"), st.integers(0, 7)),
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_ops, min_size=1, max_size=12), st.sampled_from([0, 600, 1 << 20]))
+def test_any_sequence_of_transactions_reads_back_from_scratch(tmp_path_factory, transactions, limit):
+    path = tmp_path_factory.mktemp("journal")
+    store = StateStore(path, journal_limit_bytes=limit)
+    for ops in transactions:
+        fails = any(op == "fail" for op, _ in ops)
+        try:
+            with store.transaction() as s:
+                for op, n in ops:
+                    cid = f"c{n}"
+                    att = s.find("net", cid, "eth0")
+                    if op == "add" and att is None:
+                        s.attachments.append(_att(cid))
+                    elif op == "del" and att is not None:
+                        s.remove("net", cid, "eth0")
+                    elif op == "phase" and att is not None:
+                        att.phase = "deleting" if att.phase == "ready" else "ready"
+                    elif op == "claim":
+                        s.claims.setdefault(f"pod{n}", []).append({"metadata": {"uid": f"u{len(s.claims)}"}})
+                    elif op == "unclaim":
+                        s.claims.pop(f"pod{n}", None)
+                    elif op == "status":
+                        s.statusUpdates.append({"n": n})
+                    elif op == "boot":
+                        s.bootID = f"b{n}"
+                    elif op == "reorder" and len(s.attachments) > 1:
+                        s.attachments.reverse()
+                if fails:
+                    raise RuntimeError("rolled back")
+        except RuntimeError:
+            pass
+        in_memory = store.read().model_dump(mode="json")  # this process's cached state
+        assert _fresh(path).model_dump(mode="json") == in_memory
+
+
+def test_the_change_stamp_moves_with_a_journaled_commit(tmp_path):
+    """The agent's status writer wakes on this stamp; a commit that only appends to the
+    journal leaves state.json untouched, so the stamp must cover the journal too."""
+    store = StateStore(tmp_path)
+    assert store.change_stamp() is None
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    before = store.change_stamp()
+    snapshot = (tmp_path / "state.json").read_bytes()
+    with store.transaction() as s:
+        s.statusUpdates.append({"claim": {"uid": "u"}})
+    assert (tmp_path / "state.json").read_bytes() == snapshot
+    assert store.change_stamp() != before
