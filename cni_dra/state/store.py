@@ -206,23 +206,24 @@ def _ident(st: os.stat_result) -> tuple[int, int, int, int]:
 
 def _apply(state: NodeState, records: list[list[Any]]) -> None:
     """Apply the ops of journal records, in order, to ``state`` (ValueError/ValidationError
-    when malformed). Attachments are found through a key index built once per call."""
-    atts: list[Attachment | None] = list(state.attachments)
-    index = {a.key: i for i, a in enumerate(state.attachments)}
+    when malformed). O(records): a put of a listed key updates that attachment in place
+    (its position and identity stay), a new key is appended, a del unlists by identity."""
+    atts = state.attachments
+    index = atts.index()
     for ops in records:
         for op in ops:
             if "put" in op:
                 att = Attachment.model_validate(op["put"])
-                i = index.get(att.key)
-                if i is None:
-                    index[att.key] = len(atts)
+                cur = index.get(att.key)
+                if cur is None:
                     atts.append(att)
-                else:
-                    atts[i] = att
+                else:  # same object, new fields: no TOUCHED entry, the list's order unchanged
+                    cur.__dict__.update(att.__dict__)
+                    cur.__pydantic_fields_set__ = set(att.__pydantic_fields_set__)
             elif "del" in op:
-                i = index.pop(tuple(op["del"]), None)
-                if i is not None:
-                    atts[i] = None
+                cur = index.get(tuple(op["del"]))
+                if cur is not None:
+                    atts.remove(cur)
             elif "claims" in op:
                 if op["value"] is None:
                     state.claims.pop(op["claims"], None)
@@ -234,7 +235,6 @@ def _apply(state: NodeState, records: list[list[Any]]) -> None:
                 state.bootID = op["bootID"]
             else:
                 raise ValueError(f"unknown op {sorted(op)}")
-    state.attachments = [a for a in atts if a is not None]
 
 
 def boot_id() -> str:
