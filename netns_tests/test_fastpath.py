@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -27,9 +28,15 @@ PATHS = ["agent", "local"]
 
 
 def _venv_python() -> str:
-    """The interpreter named in the installed executable's shebang."""
-    first = Path(CNI_EXE).read_text().splitlines()[0]
-    return first[2:].split()[0]
+    """The interpreter of the installed Python executable: the shebang of CNI_EXE, or of the
+    script the compiled thin client falls back to (named in the binary after
+    ``cni-dra-python-exe=``, see scripts/cni-dra-client.c)."""
+    data = Path(CNI_EXE).read_bytes()
+    if not data.startswith(b"#!"):
+        match = re.search(rb"cni-dra-python-exe=([^\0]+)\0", data)
+        assert match, f"{CNI_EXE} is neither a script nor the compiled thin client"
+        data = Path(os.fsdecode(match.group(1))).read_bytes()
+    return os.fsdecode(data.splitlines()[0][2:].split()[0])
 
 
 def _start_agent(sock: str) -> subprocess.Popen[bytes]:
