@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -27,9 +28,15 @@ PATHS = ["agent", "local"]
 
 
 def _venv_python() -> str:
-    """The interpreter named in the installed executable's shebang."""
-    first = Path(CNI_EXE).read_text().splitlines()[0]
-    return first[2:].split()[0]
+    """The interpreter of the installed Python executable: the shebang of CNI_EXE, or of the
+    script the compiled thin client falls back to (named in the binary after
+    ``cni-dra-python-exe=``, see scripts/cni-dra-client.c)."""
+    data = Path(CNI_EXE).read_bytes()
+    if not data.startswith(b"#!"):
+        match = re.search(rb"cni-dra-python-exe=([^\0]+)\0", data)
+        assert match, f"{CNI_EXE} is neither a script nor the compiled thin client"
+        data = Path(os.fsdecode(match.group(1))).read_bytes()
+    return os.fsdecode(data.splitlines()[0][2:].split()[0])
 
 
 def _start_agent(sock: str) -> subprocess.Popen[bytes]:
@@ -211,3 +218,60 @@ def test_agent_from_another_mount_namespace_is_declined(node, make_netns):
     assert node.state()["attachments"] == [] and link_in_netns(ns, "eth0") is None
 
 
+
+
+@pytest.fixture
+def declining_agent(tmp_path):
+    """A fake agent that records each request's stdin and declines it."""
+    import socket
+    import threading
+
+    from cni_dra.fastpath.client import decode_frames, encode_frames
+
+    d = tmp_path / "declining"
+    d.mkdir(mode=0o700)
+    path = str(d / "fp.sock")
+    stdins: list[bytes] = []
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while chunk := conn.recv(1 << 16):
+                    data += chunk
+                stdins.append(decode_frames(data, 4)[3])
+                conn.sendall(encode_frames(b"declined test agent", b""))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path, stdins
+    finally:
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        thread.join(timeout=5)
+
+
+def test_declined_invocation_runs_in_process_on_identical_stdin(node, make_netns, declining_agent):
+    """A config above a pipe buffer (> 64 KiB): whatever the executable read before the agent
+    declined reaches the in-process run unchanged (the compiled client execs the Python one)."""
+    path, stdins = declining_agent
+    ns, cid = make_netns(), uuid.uuid4().hex
+    conf = node.conf(args={"pad": "x" * (200 << 10)})
+    env = {"CNI_DRA_AGENT_SOCKET": path}
+    code, out, err = run_plugin("ADD", conf, container_id=cid, netns=ns, ifname="eth0", extra_env=env)
+    assert code == 0, (out, err)
+    assert link_in_netns(ns, "eth0") is not None
+    (att,) = node.state()["attachments"]
+    assert att["containerID"] == cid and att["phase"] == "ready"
+    assert stdins and all(s == stdins[0] and json.loads(s) == conf for s in stdins)
+    code, _, err = run_plugin("DEL", conf, container_id=cid, netns=ns, ifname="eth0", extra_env=env)
+    assert code == 0, err
+    assert link_in_netns(ns, "eth0") is None and node.state()["attachments"] == []

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Install cni-dra on this node, idempotently. Called by the Makefile:
 #
-#   scripts/install.sh deps      apt packages (iproute2, reference CNI plugins, venv, Go, libcni source)
+#   scripts/install.sh deps      apt packages (iproute2, reference CNI plugins, venv, Go, libcni source, C compiler)
 #   scripts/install.sh venv      /opt/cni-dra/venv from Debian's /usr/bin/python3 + runtime and test deps
 #   scripts/install.sh package   the project, non-editable, into the venv + /opt/cni/bin/cni-dra
+#                                (the compiled thin client; the Python executable it falls back
+#                                to is $VENV/libexec/cni-dra)
 #   scripts/install.sh plugins   reference plugins from /usr/lib/cni reachable on CNI_PATH=/opt/cni/bin
 #   scripts/install.sh all       all of the above, in that order
 #
@@ -17,7 +19,7 @@ VENV=${CNI_DRA_VENV:-$PREFIX/venv}
 CNI_BIN_DIR=${CNI_BIN_DIR:-/opt/cni/bin}
 REF_PLUGIN_DIR=${CNI_REF_PLUGIN_DIR:-/usr/lib/cni}
 SYSTEM_PYTHON=/usr/bin/python3
-APT_PACKAGES=(iproute2 containernetworking-plugins python3-venv golang-go golang-github-appc-cni-dev)
+APT_PACKAGES=(iproute2 containernetworking-plugins python3-venv golang-go golang-github-appc-cni-dev gcc libc6-dev)
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
@@ -42,7 +44,8 @@ hash_files() {
 
 package_sources() {
     (cd "$SRC" && find cni_dra -name __pycache__ -prune -o -type f ! -name '*.pyc' -print
-     echo pyproject.toml; echo setup.py; echo README.md; echo scripts/cni-dra.in; echo scripts/install.sh)
+     echo pyproject.toml; echo setup.py; echo README.md; echo scripts/cni-dra.in; echo scripts/cni-dra-client.c
+     echo scripts/install.sh)
 }
 
 missing_apt_packages() {
@@ -113,11 +116,23 @@ do_venv() {
     stamp_set venv "$want"
 }
 
+# The plugin executable: scripts/cni-dra-client.c compiled into $2, with the Python
+# executable it execs when the agent does not answer ($1) baked in. Status 2 without a
+# C compiler or when the path cannot be baked in (a C string literal); a failing compile
+# fails the install.
+build_client() {
+    local py_exe=$1 out=$2
+    command -v cc >/dev/null || return 2
+    [[ $py_exe != *[\\\"]* ]] || return 2
+    cc -O2 -Wall -Wextra -Werror -DCNI_DRA_PYTHON_EXE="\"$py_exe\"" \
+        -o "$out" "$SRC/scripts/cni-dra-client.c" || exit 1
+}
+
 do_package() {
     local want files
     mapfile -t files < <(package_sources)
-    want=$( (echo "$VENV $CNI_BIN_DIR"; hash_files "${files[@]}") | sha256sum | cut -d' ' -f1)
-    if stamp_ok package "$want" && [[ -x $CNI_BIN_DIR/cni-dra ]]; then
+    want=$( (echo "$VENV $CNI_BIN_DIR $(command -v cc || true)"; hash_files "${files[@]}") | sha256sum | cut -d' ' -f1)
+    if stamp_ok package "$want" && [[ -x $CNI_BIN_DIR/cni-dra && -x $VENV/libexec/cni-dra ]]; then
         return 0
     fi
     say "installing cni-dra (non-editable) into $VENV"
@@ -127,11 +142,21 @@ do_package() {
     local tmp=$BUILD_TMP
     (cd "$SRC" && tar -cf - --exclude=__pycache__ --exclude='*.pyc' "${files[@]}") | tar -xf - -C "$tmp"
     "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation --force-reinstall "$tmp"
-    mkdir -p "$CNI_BIN_DIR"
-    # Write then rename: a runtime may exec the plugin while we replace it.
-    local purelib
+    mkdir -p "$CNI_BIN_DIR" "$VENV/libexec"
+    # Write then rename: a runtime may exec the plugin while we replace it. The Python
+    # executable goes first: the compiled client execs it.
+    local purelib py_exe=$VENV/libexec/cni-dra
     purelib=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-    sed -e "s|@PYTHON@|$VENV/bin/python|" -e "s|@PURELIB@|$purelib|" "$SRC/scripts/cni-dra.in" >"$CNI_BIN_DIR/.cni-dra.tmp"
+    sed -e "s|@PYTHON@|$VENV/bin/python|" -e "s|@PURELIB@|$purelib|" "$SRC/scripts/cni-dra.in" >"$py_exe.tmp"
+    chmod 0755 "$py_exe.tmp"
+    mv -f "$py_exe.tmp" "$py_exe"
+    if build_client "$py_exe" "$CNI_BIN_DIR/.cni-dra.tmp"; then
+        say "$CNI_BIN_DIR/cni-dra: compiled thin client (falls back to $py_exe)"
+    else
+        say "$CNI_BIN_DIR/cni-dra: no C compiler (cc) usable: installing the Python executable itself" \
+            "(each invocation then pays a Python start-up)"
+        cp "$py_exe" "$CNI_BIN_DIR/.cni-dra.tmp"
+    fi
     chmod 0755 "$CNI_BIN_DIR/.cni-dra.tmp"
     mv -f "$CNI_BIN_DIR/.cni-dra.tmp" "$CNI_BIN_DIR/cni-dra"
     rm -rf "$tmp"

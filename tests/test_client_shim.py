@@ -1,0 +1,371 @@
+"""The compiled thin client (scripts/cni-dra-client.c), built into tmp with ``cc``.
+
+It must speak the wire format of :mod:`cni_dra.fastpath.client` to the agent, print the
+agent's answer only when it is ``ok <code>``, and in every other case exec the Python
+executable with the same argv, environment and stdin. Two builds: one whose fallback is
+the real Python executable (scripts/cni-dra.in, running this work tree), one whose fallback
+is a recorder script that saves what it received. A fake agent (a unix-socket server in a
+thread speaking :func:`encode_frames`/:func:`decode_frames`) plays the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cni_dra.fastpath.client import MAX_MESSAGE_BYTES, caller_identity, decode_frames, encode_frames
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "scripts" / "cni-dra-client.c"
+CC = shutil.which("cc")
+STDIN_LIMIT = (1 << 20) + 1  # client.py _read_fd
+BASE_ENV = {"PATH": "/usr/bin:/bin"}
+
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build scripts/cni-dra-client.c")
+
+
+def _build(out: Path, python_exe: str) -> str:
+    subprocess.run(
+        [CC, "-O2", "-Wall", "-Wextra", "-Werror", f'-DCNI_DRA_PYTHON_EXE="{python_exe}"', "-o", str(out), str(SOURCE)],
+        check=True, capture_output=True,
+    )
+    return str(out)
+
+
+@dataclass
+class Builds:
+    real: str  # falls back to the Python executable of this work tree
+    python: str  # that Python executable itself
+    recording: str  # falls back to the recorder
+    record_dir: Path
+
+    def recorded(self) -> dict[str, object] | None:
+        """What the recorder received (argv[1:], environment, stdin), None if it did not run."""
+        if not (self.record_dir / "stdin").exists():
+            return None
+        env = {}
+        for item in (self.record_dir / "env").read_bytes().split(b"\0"):
+            if item:
+                k, _, v = item.partition(b"=")
+                env[k.decode()] = v.decode()
+        return {
+            "argv": (self.record_dir / "argv").read_bytes().split(b"\0")[:-1],
+            "env": env,
+            "stdin": (self.record_dir / "stdin").read_bytes(),
+        }
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> Builds:
+    d = tmp_path_factory.mktemp("shim")
+    (d / "libexec").mkdir()
+    python = d / "libexec" / "cni-dra"  # the CLI's program name is its file name, as installed
+    template = (ROOT / "scripts" / "cni-dra.in").read_text()
+    python.write_text(template.replace("@PYTHON@", sys.executable).replace("@PURELIB@", str(ROOT)))
+    python.chmod(0o755)
+    rec_dir = d / "rec"
+    recorder = d / "recorder"
+    # env -0 would add nothing of its own; the unset drops what sh exports by itself.
+    recorder.write_text(
+        "#!/bin/sh\n"
+        f"cat > '{rec_dir}/stdin'\n"
+        f"printf '%s\\0' \"$@\" > '{rec_dir}/argv'\n"
+        f"unset PWD OLDPWD SHLVL _; env -0 > '{rec_dir}/env'\n"
+        "echo fallback-ran\n"
+    )
+    recorder.chmod(0o755)
+    return Builds(
+        real=_build(d / "cni-dra", str(python)), python=str(python),
+        recording=_build(d / "cni-dra-rec", str(recorder)), record_dir=rec_dir,
+    )
+
+
+@pytest.fixture
+def rec(builds) -> Iterator[Builds]:
+    builds.record_dir.mkdir()
+    try:
+        yield builds
+    finally:
+        shutil.rmtree(builds.record_dir)
+
+
+@dataclass
+class FakeAgent:
+    """A unix-socket server answering each request with ``answer(request frames)``."""
+
+    path: str
+    answer: Callable[[list[bytes]], bytes | None]
+    requests: list[list[bytes]] = field(default_factory=list)
+    connections: int = 0
+
+
+@pytest.fixture
+def fake_agent(tmp_path) -> Iterator[Callable[..., FakeAgent]]:
+    servers: list[tuple[socket.socket, threading.Thread]] = []
+
+    def start(answer: Callable[[list[bytes]], bytes | None]) -> FakeAgent:
+        d = tmp_path / f"agent{len(servers)}"
+        d.mkdir(mode=0o700)
+        os.chmod(d, 0o700)
+        agent = FakeAgent(str(d / "fp.sock"), answer)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(agent.path)
+        sock.listen(8)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    return
+                with conn:
+                    agent.connections += 1
+                    data = b""
+                    while chunk := conn.recv(1 << 16):
+                        data += chunk
+                    frames = decode_frames(data, 4)
+                    agent.requests.append(frames)
+                    reply = agent.answer(frames)
+                    try:
+                        if reply is not None:
+                            conn.sendall(reply)
+                    except BrokenPipeError:  # the client gave up waiting (timeout test)
+                        pass
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        servers.append((sock, thread))
+        return agent
+
+    try:
+        yield start
+    finally:
+        for sock, thread in servers:
+            sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+            thread.join(timeout=5)
+
+
+def _run(exe: str, env: dict[str, str], stdin: bytes | int = b"", args: tuple[str, ...] = ()) -> tuple[int, bytes]:
+    kw = {"input": stdin} if isinstance(stdin, bytes) else {"stdin": stdin}
+    proc = subprocess.run([exe, *args], env={**BASE_ENV, **env}, capture_output=True, timeout=60, check=False, **kw)
+    return proc.returncode, proc.stdout
+
+
+def _big_config() -> bytes:
+    """A VERSION input over a pipe buffer (64 KiB), under the 1 MiB limit."""
+    doc = json.dumps({"cniVersion": "0.4.0", "name": "n", "type": "cni-dra", "pad": "x" * (300 << 10)}).encode()
+    assert 64 << 10 < len(doc) < 1 << 20
+    return doc
+
+
+ABSENT = {"CNI_DRA_AGENT_SOCKET": "/nonexistent/cni-dra-test/agent.sock"}
+CASES = [
+    ({"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "0.4.0"}'),
+    ({"CNI_COMMAND": "ADD"}, b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra"}'),
+    ({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
+     b"not json"),
+    ({"CNI_COMMAND": "VERSION"}, b"x" * (2 << 20)),  # above the limit: code 6 either way
+]
+
+
+@pytest.mark.parametrize("env,stdin", CASES)
+def test_without_agent_the_answer_is_the_python_executables(builds, env, stdin):
+    expected = _run(builds.python, {**env, **ABSENT}, stdin)
+    assert expected[1]  # the Python executable printed a CNI result or error
+    assert _run(builds.real, {**env, **ABSENT}, stdin) == expected
+
+
+def test_ok_answer_is_printed_exactly_with_its_exit_code(rec, fake_agent):
+    agent = fake_agent(lambda frames: encode_frames(b"ok 3", b'{"some": "stdout"}\n'))
+    env = {"CNI_COMMAND": "DEL", "CNI_DRA_AGENT_SOCKET": agent.path, "X": "a=b"}
+    assert _run(rec.recording, env, b'{"cniVersion": "1.1.0"}', args=("arg1",)) == (3, b'{"some": "stdout"}\n')
+    assert rec.recorded() is None
+    ((ident, cwd, env_block, stdin),) = agent.requests
+    assert ident == caller_identity() and cwd == os.fsencode(os.getcwd()) and stdin == b'{"cniVersion": "1.1.0"}'
+    assert sorted(env_block.split(b"\0")) == sorted(f"{k}={v}".encode() for k, v in {**BASE_ENV, **env}.items())
+
+
+def test_agent_stdout_above_a_pipe_buffer_is_written_whole(rec, fake_agent):
+    out = b"y" * (1 << 20)
+    agent = fake_agent(lambda frames: encode_frames(b"ok 0", out))
+    assert _run(rec.recording, {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path}) == (0, out)
+
+
+ANSWERS = {
+    "declined": lambda frames: encode_frames(b"declined caller sees another namespace", b""),
+    "closed": lambda frames: None,
+    "bad magic": lambda frames: b"CNIDRA-FP2\n" + encode_frames(b"ok 0", b"x")[11:],
+    "trailing bytes": lambda frames: encode_frames(b"ok 0", b"x") + b"!",
+    "truncated": lambda frames: encode_frames(b"ok 0", b"xyz")[:-1],
+    "not an int": lambda frames: encode_frames(b"ok zero", b"x"),
+    "too large": lambda frames: encode_frames(b"ok 0", b"z" * MAX_MESSAGE_BYTES),
+}
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_any_answer_but_ok_execs_python_with_identical_input(rec, fake_agent, answer):
+    agent = fake_agent(ANSWERS[answer])
+    env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path, "CNI_ARGS": "K=V;A=B"}
+    stdin = _big_config()
+    assert _run(rec.recording, env, stdin, args=("one", "two words")) == (0, b"fallback-ran\n")
+    assert rec.recorded() == {"argv": [b"one", b"two words"], "env": {**BASE_ENV, **env}, "stdin": stdin}
+    assert agent.connections == 1
+
+
+def test_declined_then_python_answers_in_process(builds, fake_agent):
+    agent = fake_agent(ANSWERS["declined"])
+    env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": agent.path}
+    stdin = _big_config()
+    expected = _run(builds.python, {**env, **ABSENT}, stdin)
+    assert json.loads(expected[1])["cniVersion"] == "0.4.0"
+    assert _run(builds.real, env, stdin) == expected
+    assert agent.connections == 2  # the shim, then the Python client once more
+
+
+def test_stdin_is_read_up_to_the_limit_and_passed_on(rec, fake_agent):
+    agent = fake_agent(ANSWERS["declined"])
+    stdin = bytes(range(256)) * ((2 << 20) // 256)
+    _run(rec.recording, {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path}, stdin)
+    assert agent.requests[0][3] == stdin[:STDIN_LIMIT]
+    recorded = rec.recorded()
+    assert recorded is not None and recorded["stdin"] == stdin[:STDIN_LIMIT]
+
+
+def test_no_answer_within_the_timeout_execs_python(rec, fake_agent):
+    release = threading.Event()
+
+    def stall(frames):
+        release.wait(30)
+        return encode_frames(b"ok 0", b"late")
+
+    agent = fake_agent(stall)
+    try:
+        env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path, "CNI_DRA_AGENT_TIMEOUT": "0.3"}
+        assert _run(rec.recording, env, b"{}") == (0, b"fallback-ran\n")
+    finally:
+        release.set()
+    recorded = rec.recorded()
+    assert recorded is not None and recorded["stdin"] == b"{}"
+
+
+@pytest.mark.parametrize("env", [{}, {"CNI_COMMAND": ""}, {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT": "off"}])
+def test_cli_and_agent_off_never_ask_the_agent(rec, fake_agent, env):
+    agent = fake_agent(ANSWERS["declined"])
+    full = {**env, "CNI_DRA_AGENT_SOCKET": agent.path}
+    assert _run(rec.recording, full, b"input", args=("--version",)) == (0, b"fallback-ran\n")
+    assert rec.recorded() == {"argv": [b"--version"], "env": {**BASE_ENV, **full}, "stdin": b"input"}
+    assert agent.connections == 0
+
+
+def test_cli_version_runs_the_operator_cli(builds):
+    code, out = _run(builds.real, {}, args=("--version",))
+    assert code == 0 and out.startswith(b"cni-dra, version ")
+    assert (code, out) == _run(builds.python, {}, args=("--version",))
+
+
+def test_version_on_a_tty_reads_nothing(rec, fake_agent):
+    agent = fake_agent(lambda frames: encode_frames(b"ok 0", b"v"))
+    primary, secondary = pty.openpty()
+    try:
+        assert _run(rec.recording, {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": agent.path}, secondary) == (0, b"v")
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    assert agent.requests[0][3] == b""
+
+
+def test_require_without_agent_fails_with_code_11(builds, tmp_path):
+    env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": str(tmp_path / "x.sock")}
+    code, out = _run(builds.real, env, b'{"cniVersion": "1.0.0"}')
+    doc = json.loads(out)
+    assert code == 1 and doc["code"] == 11 and doc["cniVersion"] == "1.0.0"
+
+
+def test_socket_in_a_directory_others_can_write_is_not_used(rec, fake_agent):
+    agent = fake_agent(lambda frames: encode_frames(b"ok 0", b"agent"))
+    os.chmod(os.path.dirname(agent.path), 0o770)
+    assert _run(rec.recording, {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path}) == (0, b"fallback-ran\n")
+    assert agent.connections == 0
+
+
+def test_a_file_that_is_no_socket_is_not_used(rec, tmp_path):
+    d = tmp_path / "d"
+    d.mkdir(mode=0o700)
+    (d / "fp.sock").write_text("")
+    env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": str(d / "fp.sock")}
+    assert _run(rec.recording, env) == (0, b"fallback-ran\n")
+
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another uid")
+
+
+@root_only
+@pytest.mark.parametrize("what", ["socket", "directory"])
+def test_socket_or_directory_of_another_uid_is_not_used(rec, fake_agent, what):
+    agent = fake_agent(lambda frames: encode_frames(b"ok 0", b"agent"))
+    os.chown(agent.path if what == "socket" else os.path.dirname(agent.path), 65534, -1)
+    assert _run(rec.recording, {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path}) == (0, b"fallback-ran\n")
+    assert agent.connections == 0
+
+
+@root_only
+def test_listener_of_another_uid_is_not_used(rec, tmp_path):
+    """The socket file is ours but the process behind it is not (SO_PEERCRED): no request sent."""
+    open_dir = Path(tempfile.mkdtemp(prefix="cni-dra-shim-"))  # tmp_path is closed to that uid
+    os.chmod(open_dir, 0o777)
+    answer = encode_frames(b"ok 0", b"agent")  # a valid answer: only SO_PEERCRED stops it
+    code = (
+        "import socket, sys; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8); print('ready', flush=True)\n"
+        "while True:\n c, _ = s.accept()\n while c.recv(1 << 16): pass\n"
+        f" c.sendall({answer!r}); c.close()\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", code, str(open_dir / "fp.sock")], user=65534,
+                              stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"ready\n"
+        private = tmp_path / "private"
+        private.mkdir(mode=0o700)
+        os.rename(open_dir / "fp.sock", private / "fp.sock")
+        os.chown(private / "fp.sock", 0, 0)
+        env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": str(private / "fp.sock")}
+        assert _run(rec.recording, env, b"{}") == (0, b"fallback-ran\n")
+    finally:
+        server.kill()
+        server.wait()
+        assert server.stdout is not None
+        server.stdout.close()
+        shutil.rmtree(open_dir)
+
+
+def test_environment_sent_keeps_the_first_of_duplicate_keys(rec, fake_agent):
+    """As os.environb (and getenv): the first ``KEY=`` entry of the process environment wins."""
+    agent = fake_agent(lambda frames: encode_frames(b"ok 0", b"ok"))
+    envp = [b"CNI_COMMAND=ADD", b"DUP=first", b"DUP=second", b"NOEQUALS", f"CNI_DRA_AGENT_SOCKET={agent.path}".encode()]
+    code = (
+        "import ctypes, sys; libc = ctypes.CDLL(None); arr = lambda xs: (ctypes.c_char_p * (len(xs) + 1))(*xs, None)\n"
+        f"libc.execve({rec.recording.encode()!r}, arr([b'cni-dra']), arr({envp!r})); sys.exit(99)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], input=b"", capture_output=True, timeout=60, check=False)
+    assert (proc.returncode, proc.stdout) == (0, b"ok")
+    assert agent.requests[0][2].split(b"\0") == [envp[0], envp[1], envp[4]]
+
+
+def test_failing_exec_prints_cni_error_json(tmp_path):
+    exe = _build(tmp_path / "cni-dra", str(tmp_path / "missing" / "cni-dra"))
+    code, out = _run(exe, {"CNI_COMMAND": "ADD", **ABSENT}, b"{}")
+    doc = json.loads(out)
+    assert code == 1 and doc["code"] == 999 and doc["cniVersion"] == "1.1.0"
+    assert str(tmp_path / "missing" / "cni-dra") in doc["msg"] and "No such file" in doc["msg"]
