@@ -103,7 +103,9 @@ class Agent:
         line = self.p.stdout.readline().decode()
         if not line.startswith("ready"):
             raise RuntimeError(f"agent did not start: {line!r}")
-        self.pids = [self.p.pid]
+        # "ready <socket> pids=<agent>,<worker process>,...": CPU and memory count them all
+        pids = [w for w in line.split() if w.startswith("pids=")]
+        self.pids = [int(p) for p in pids[0][5:].split(",")] if pids else [self.p.pid]
 
     def cpu_s(self) -> float:
         """User+system CPU of the agent processes and their reaped children (IPAM plugins), seconds."""

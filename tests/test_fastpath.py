@@ -216,3 +216,50 @@ def test_a_failing_request_does_not_cost_a_worker(tmp_path, monkeypatch):
         assert answer is not None and answer[0] == 0
     finally:
         server.stop()
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_worker_processes_serve_while_the_agent_cannot_and_leave_with_it(tmp_path):
+    """``--processes 2``: a second process accepts on the same socket (a burst uses two
+    CPUs), answers while the agent process is stopped, and exits when the agent dies."""
+    import signal
+
+    sock = tmp_path / "a" / "fp.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cni_dra.fastpath.server", "--socket", str(sock), "--processes", "2",
+         "--workers", "1", "--cwd", os.getcwd()],
+        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        line = proc.stdout.readline().decode()
+        pids = [int(p) for p in line.split("pids=")[1].split(",")]
+        assert len(pids) == 2 and pids[0] == proc.pid
+        env = {b"CNI_COMMAND": b"VERSION", b"PATH": os.environb.get(b"PATH", b"/usr/bin:/bin")}
+        os.kill(proc.pid, signal.SIGSTOP)  # the agent process cannot accept: only its worker can
+        try:
+            for _ in range(3):
+                answer = ask_agent(env, b'{"cniVersion": "1.0.0"}', str(sock), timeout_s=30)
+                assert answer is not None and answer[0] == 0
+                assert "1.1.0" in json.loads(answer[1])["supportedVersions"]
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()  # the agent dies without stopping anything
+        proc.wait(10)
+        assert _gone(pids[1], within_s=30), "worker process outlived the agent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()

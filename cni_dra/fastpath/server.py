@@ -29,6 +29,8 @@ import queue
 import socket
 import stat
 import struct
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,14 +43,28 @@ from cni_dra.fastpath.client import (
     encode_frames,
 )
 
-__all__ = ["DEFAULT_WORKERS", "AgentService", "FastpathServer", "agent_service", "start_fastpath", "main"]
+__all__ = [
+    "DEFAULT_WORKERS",
+    "DEFAULT_PROCESSES",
+    "AgentService",
+    "FastpathServer",
+    "agent_service",
+    "start_fastpath",
+    "main",
+]
 
 log = logging.getLogger("cni_dra.fastpath")
 
 _REQUEST_READ_TIMEOUT_S = 30.0
 
 DEFAULT_WORKERS = 8
-"""Worker threads of :func:`start_fastpath` (invocations served at once)."""
+"""Worker threads of :func:`start_fastpath` (invocations served at once), per process."""
+
+DEFAULT_PROCESSES = max(1, min(os.cpu_count() or 1, 4))
+"""Processes accepting on the socket for ``cni-dra agent`` (one per CPU, at most 4): the
+Python work of one invocation holds the GIL, so one process serves a burst on one CPU.
+Worker processes share the listening socket; the state lock and each process's cache
+(validated by file identity) keep them coherent."""
 
 
 @dataclass
@@ -62,14 +78,33 @@ class FastpathServer:
     _workers: list[threading.Thread] = field(default_factory=list)
     _stopped: threading.Event = field(default_factory=threading.Event)
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
+    _children: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _lifeline: int | None = None  # write end of the pipe worker processes watch
+    _owns_path: bool = True
     served: int = 0
     declined: int = 0
 
+    @property
+    def pids(self) -> list[int]:
+        """This process and its worker processes (counts ``served``/``declined`` are this
+        process's own)."""
+        return [os.getpid()] + [p.pid for p in self._children]
+
     def stop(self) -> None:
-        """Stop accepting (in-flight requests finish in their threads); remove the socket file."""
+        """Stop accepting (in-flight requests finish in their threads); stop the worker
+        processes (they finish theirs first, at most 30 s); remove the socket file."""
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self._lifeline is not None:
+            os.close(self._lifeline)  # EOF: the worker processes stop accepting and exit
+            self._lifeline = None
+        for child in self._children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -79,6 +114,8 @@ class FastpathServer:
             self._thread.join(timeout=5)
         for _ in self._workers:
             self._queue.put(None)
+        if not self._owns_path:
+            return
         try:
             if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
                 os.unlink(self.socket_path)
@@ -92,6 +129,7 @@ class FastpathServer:
             except OSError:
                 if self._stopped.is_set():
                     return
+                time.sleep(0.05)  # e.g. the shared socket was shut down by the agent
                 continue
             self._queue.put(conn)
 
@@ -184,8 +222,15 @@ def _prepare_dir(directory: str) -> None:
         )
 
 
-def start_fastpath(socket_path: str, *, warm: bool = True, workers: int = DEFAULT_WORKERS) -> FastpathServer:
+def start_fastpath(
+    socket_path: str, *, warm: bool = True, workers: int = DEFAULT_WORKERS, processes: int = 1
+) -> FastpathServer:
     """Listen on ``socket_path`` and serve plugin invocations in ``workers`` threads; returns the handle.
+
+    ``processes`` > 1: that many processes accept on the socket, this one and
+    ``processes - 1`` worker processes (the same interpreter and package, started now,
+    each with ``workers`` threads), so a burst uses more than one CPU. They exit when
+    this process stops the server or dies (a pipe they watch closes).
 
     Connections beyond ``workers`` wait in a queue (the kernel backlog, then in-process):
     a few threads finish a burst of 200 ADDs sooner than 200 threads contending for the
@@ -222,13 +267,70 @@ def start_fastpath(socket_path: str, *, warm: bool = True, workers: int = DEFAUL
     os.chmod(socket_path, 0o600)
     sock.listen(1024)
     server = FastpathServer(socket_path=socket_path, _sock=sock)
+    if processes > 1:
+        _spawn_worker_processes(server, processes - 1, workers)
+    _run_threads(server, workers)
+    return server
+
+
+def _run_threads(server: FastpathServer, workers: int) -> None:
     for i in range(max(1, workers)):
         worker = threading.Thread(target=server._work, name=f"cni-dra-fastpath-{i}", daemon=True)
         worker.start()
         server._workers.append(worker)
     server._thread = threading.Thread(target=server._serve, name="cni-dra-fastpath-accept", daemon=True)
     server._thread.start()
-    return server
+
+
+def _spawn_worker_processes(server: FastpathServer, count: int, workers: int) -> None:
+    """Start ``count`` processes accepting on ``server``'s socket (:func:`_worker_process_main`)."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = (
+        f"import sys; sys.path.insert(0, {package_root!r}); "
+        "from cni_dra.fastpath.server import _worker_process_main as m; raise SystemExit(m(sys.argv[1:]))"
+    )
+    rfd, wfd = os.pipe()
+    listen_fd = server._sock.fileno()
+    try:
+        for _ in range(count):
+            server._children.append(subprocess.Popen(
+                [sys.executable, "-c", code, str(listen_fd), str(rfd), str(workers), server.socket_path],
+                pass_fds=(listen_fd, rfd), stdin=subprocess.DEVNULL, cwd=os.getcwd(),
+            ))
+    finally:
+        os.close(rfd)
+    server._lifeline = wfd
+    os.set_inheritable(wfd, False)
+
+
+def _worker_process_main(argv: list[str]) -> int:
+    """A worker process: accept on the inherited listening socket until the agent's pipe
+    closes (it stopped or died) or SIGTERM; in-flight requests finish first."""
+    import signal
+
+    listen_fd, lifeline, workers, path = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("cni_dra").setLevel(os.environ.get("CNI_DRA_LOG_LEVEL", "WARNING").upper())
+    _warm_imports()
+    server = FastpathServer(socket_path=path, _sock=socket.socket(fileno=listen_fd), _owns_path=False)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+
+    def watch() -> None:
+        while os.read(lifeline, 64):
+            pass
+        done.set()
+
+    threading.Thread(target=watch, name="cni-dra-fastpath-lifeline", daemon=True).start()
+    _run_threads(server, workers)
+    while not done.wait(1.0):  # a timeout keeps the main thread responsive to SIGTERM
+        pass
+    server._stopped.set()  # stop accepting; the socket stays open for the agent
+    for _ in server._workers:
+        server._queue.put(None)
+    for worker in server._workers:
+        worker.join(timeout=30)
+    return 0
 
 
 class AgentService:
@@ -245,7 +347,7 @@ class AgentService:
         self._server: FastpathServer | None = None
 
     def start(self) -> None:
-        self._server = start_fastpath(self.socket_path)
+        self._server = start_fastpath(self.socket_path, processes=DEFAULT_PROCESSES)
 
     def stop(self) -> None:
         if self._server is not None:
@@ -276,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m cni_dra.fastpath.server --socket PATH``: serve until SIGTERM/SIGINT.
 
     Changes to ``--cwd`` (default ``/``, where a runtime usually runs plugins; requests from
-    another working directory are declined) first. Prints ``ready <socket>`` on stdout once
+    another working directory are declined) first. Prints ``ready <socket> pids=<pid>,...`` (this process, then its worker processes) on stdout once
     listening.
     """
     import argparse
@@ -284,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m cni_dra.fastpath.server")
     parser.add_argument("--socket", default=None, help="socket path (default: the client's default)")
-    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="invocations served at once")
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="invocations served at once, per process")
+    parser.add_argument("--processes", type=int, default=DEFAULT_PROCESSES, help="processes accepting on the socket")
     parser.add_argument("--cwd", default="/", help="working directory of the agent (default /)")
     parser.add_argument("--log-level", default=os.environ.get("CNI_DRA_LOG_LEVEL", "WARNING"))
     args = parser.parse_args(argv)
@@ -295,10 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("cni_dra").setLevel(args.log_level.upper())  # not pyroute2's debug chatter
     os.chdir(args.cwd)
     done = threading.Event()
-    server = start_fastpath(path, workers=args.workers)
+    server = start_fastpath(path, workers=args.workers, processes=args.processes)
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    print(f"ready {path}", flush=True)
+    print(f"ready {path} pids={','.join(map(str, server.pids))}", flush=True)
     done.wait()
     server.stop()
     return 0
