@@ -270,3 +270,32 @@ def test_the_change_stamp_moves_with_a_journaled_commit(tmp_path):
         s.statusUpdates.append({"claim": {"uid": "u"}})
     assert (tmp_path / "state.json").read_bytes() == snapshot
     assert store.change_stamp() != before
+
+
+def test_replaying_another_process_records_keeps_the_cache(tmp_path, monkeypatch):
+    """Records replayed from the journal update this process's cached state without
+    making it look changed outside a transaction (which would force a full re-read)."""
+    monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)  # verify mode re-reads on purpose
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    store.read()  # cached here
+    proc = multiprocessing.get_context("fork").Process(target=_phase_elsewhere, args=(str(tmp_path),))
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0
+    reads = []
+    real = store_mod._decode_snapshot
+    monkeypatch.setattr(store_mod, "_decode_snapshot", lambda *a, **k: reads.append(1) or real(*a, **k))
+    with store.transaction() as s:  # replays the other process's record, then commits its own
+        assert s.find("net", "c1", "eth0").phase == "deleting"
+        s.bootID = "b"
+    with store.transaction() as s:
+        s.bootID = "c"
+    assert reads == []  # the snapshot was never parsed again
+
+
+def _phase_elsewhere(path: str) -> None:
+    store_mod._CACHE.clear()
+    with StateStore(path).transaction() as s:
+        s.find("net", "c1", "eth0").phase = "deleting"

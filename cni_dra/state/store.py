@@ -219,7 +219,7 @@ def _apply(state: NodeState, records: list[list[Any]]) -> None:
                     atts.append(att)
                 else:  # same object, new fields: no TOUCHED entry, the list's order unchanged
                     cur.__dict__.update(att.__dict__)
-                    cur.__pydantic_fields_set__ = set(att.__pydantic_fields_set__)
+                    object.__setattr__(cur, "__pydantic_fields_set__", set(att.__pydantic_fields_set__))
             elif "del" in op:
                 cur = index.get(tuple(op["del"]))
                 if cur is not None:
