@@ -320,3 +320,29 @@ def test_recovered_claim_mode_add_leaves_a_failure_record_for_the_agent(tmp_path
     assert got.attachments == []
     (rec,) = got.statusUpdates
     assert rec["ready"] is False and rec["claim"]["uid"] == "cu" and "interrupted" in rec["message"]
+
+
+def test_recover_releases_ipam_of_a_previous_boot_intent_whatever_its_steps(tmp_path):
+    """Intent steps are journaled without fsync (record_step): after a kernel crash an ADD's
+    "ipam" step may be lost though host-local kept the address, so an intent whose owner ran
+    in an earlier boot gets an IPAM DEL anyway; one of this boot with no step does not."""
+    log = tmp_path / "ipam.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    plugin = bin_dir / "fake-ipam"
+    plugin.write_text(f'#!/bin/sh\necho "$CNI_COMMAND $CNI_CONTAINERID" >> {log}\n')
+    plugin.chmod(0o755)
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "net", "ipam": {"type": "fake-ipam"}})
+    me = current_owner()
+    store = StateStore(tmp_path / "state")
+    with store.transaction() as s:
+        s.bootID = boot_id()
+        s.attachments += [
+            _att("this-boot", phase="adding", owner=_dead_owner(), ipamType="fake-ipam", ipamConf=conf),
+            _att("earlier-boot", phase="adding", owner=Owner(pid=me.pid, start=me.start, boot="earlier"),
+                 ipamType="fake-ipam", ipamConf=conf),
+        ]
+    report = recover(store, environ={"PATH": "/usr/bin:/bin"}, cni_path=[str(bin_dir)])
+    assert report.errors == []
+    assert store.read().attachments == []
+    assert log.read_text().split("\n")[:-1] == ["DEL earlier-boot"]

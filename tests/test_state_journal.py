@@ -299,3 +299,21 @@ def _phase_elsewhere(path: str) -> None:
     store_mod._CACHE.clear()
     with StateStore(path).transaction() as s:
         s.find("net", "c1", "eth0").phase = "deleting"
+
+
+def test_a_non_durable_commit_is_appended_without_fdatasync(tmp_path, monkeypatch):
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    with store.transaction() as s:  # the journal file exists from here on
+        s.bootID = "b0"
+    synced = []
+    real = os.fdatasync
+    monkeypatch.setattr(store_mod.os, "fdatasync", lambda fd: synced.append(fd) or real(fd))
+    with store.transaction(durable=False) as s:
+        s.find("net", "c1", "eth0").steps = ["link"]
+    assert synced == []
+    with store.transaction() as s:
+        s.bootID = "b1"
+    assert len(synced) == 1  # a durable commit syncs the file, the earlier record with it
+    assert _fresh(tmp_path).find("net", "c1", "eth0").steps == ["link"]

@@ -680,8 +680,9 @@ class StateStore:
             raise StateError(f"failed to write state {self.path}: {exc.strerror}") from exc
         _CACHE[key] = _Cached(_ident(st), len(data), jid, seq, None, 0, False, 0, state)
 
-    def _append(self, entry: _Cached, ops: list[bytes]) -> None:
-        """Commit ``ops`` (encoded) as the next journal record of ``entry`` (fdatasync'ed).
+    def _append(self, entry: _Cached, ops: list[bytes], durable: bool = True) -> None:
+        """Commit ``ops`` (encoded) as the next journal record of ``entry`` (fdatasync'ed
+        when ``durable``).
         Raises StateError (5); on failure the cache entry is dropped by the caller."""
         seq = entry.seq + 1
         head = b'{"j":' + json.dumps(entry.jid).encode() + b',"seq":' + str(seq).encode() + b',"ops":['
@@ -701,7 +702,8 @@ class StateStore:
             fault_point("state:tmp-written")  # half a record: torn, never committed
             os.pwrite(fd, record[half:], end + half)
             fault_point("state:renamed")  # whole record, not yet synced
-            os.fdatasync(fd)
+            if durable or created:
+                os.fdatasync(fd)
             if created:
                 self._fsync_dir()
         except OSError as exc:
@@ -714,11 +716,16 @@ class StateStore:
         entry.j_stale = False
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[NodeState]:
+    def transaction(self, *, durable: bool = True) -> Iterator[NodeState]:
         """Read-modify-write under the lock: yields the state; commits it when the block exits
         normally and the state changed (one journal record, or a new snapshot); writes
         nothing when it raises. Raises StateError (5) for a corrupt file or a failed write,
-        TryAgainLaterError (11) on lock timeout."""
+        TryAgainLaterError (11) on lock timeout.
+
+        ``durable=False``: a journal record is appended but not ``fdatasync``'ed (the next
+        durable commit flushes it). It survives the death of the process (the kernel holds
+        it), not a kernel crash; for records that recovery can do without after a reboot
+        (intent steps: :func:`cni_dra.verbs.recover.record_step`)."""
         key = str(self.path)
         with self.locked():
             state = self._read_unlocked()
@@ -736,14 +743,14 @@ class StateStore:
                     _CACHE.pop(key, None)
                     TOUCHED.clear()
             try:
-                self._commit(state, before)
+                self._commit(state, before, durable)
             except BaseException:
                 _CACHE.pop(key, None)
                 raise
             finally:
                 TOUCHED.clear()
 
-    def _commit(self, state: NodeState, before: _Before) -> None:
+    def _commit(self, state: NodeState, before: _Before, durable: bool = True) -> None:
         key = str(self.path)
         entry = _CACHE.get(key)
         ops = before.ops(state)
@@ -759,7 +766,7 @@ class StateStore:
         ):
             self._write_unlocked(state)
         else:
-            self._append(entry, ops)
+            self._append(entry, ops, durable)
             if entry.j_end > max(self.journal_limit_bytes, entry.snap_size):
                 self._write_unlocked(state)
         if os.environ.get(VERIFY_ENV) == "1":

@@ -93,7 +93,9 @@ def _ipam_release(att: Attachment, environ: Mapping[str, str], cni_path: Sequenc
     return True
 
 
-def _undo(att: Attachment, environ: Mapping[str, str], cni_path: Sequence[str] | None) -> str:
+def _undo(
+    att: Attachment, environ: Mapping[str, str], cni_path: Sequence[str] | None, *, earlier_boot: bool = False
+) -> str:
     """Undo (``adding``) or finish (``deleting``, ``ready``) one attachment's side effects."""
     from cni_dra.netlink import links
 
@@ -106,7 +108,10 @@ def _undo(att: Attachment, environ: Mapping[str, str], cni_path: Sequence[str] |
             remove = parent is not None and parent.name == att.ifName
         if remove and links.delete_link(att.netns, att.ifname):
             done.append(f"link {att.ifname} deleted in {att.netns}")
-    if finishing or STEP_LINK in att.steps or STEP_IPAM in att.steps:
+    # ``earlier_boot``: the intent's owner ran in an earlier boot, so its last step records
+    # may be lost (they are not fsync'ed, see record_step): release IPAM anyway; an IPAM DEL
+    # of nothing is a no-op.
+    if finishing or STEP_LINK in att.steps or STEP_IPAM in att.steps or earlier_boot:
         if _ipam_release(att, environ, cni_path):
             done.append(f"IPAM {att.ipamType} released")
     done.append(f"{_charge(att)} on {att.device} released")
@@ -143,7 +148,7 @@ def recover(
     if not _anything_to_do(store.peek(), boot):  # the common case costs no lock
         return report
     me = current_owner()
-    work: list[Attachment] = []
+    work: list[tuple[Attachment, bool]] = []  # (copy, its owner ran in an earlier boot)
     with store.transaction() as st:
         rebooted = st.bootID is not None and st.bootID != boot
         for att in st.attachments:
@@ -156,16 +161,17 @@ def recover(
                 why = "the node rebooted and its netns is gone"
             else:
                 continue
+            earlier = att.owner is not None and bool(att.owner.boot) and att.owner.boot != boot
             att.owner = me
-            work.append(att.model_copy(deep=True))
+            work.append((att.model_copy(deep=True), earlier))
             report.changes.append(f"{_describe(att)}: {why}")
         if st.bootID != boot:
             if rebooted:
                 report.changes.append(f"boot id changed from {st.bootID} to {boot}")
             st.bootID = boot
-    for att in work:
+    for att, earlier in work:
         try:
-            what = _undo(att, environ, cni_path)
+            what = _undo(att, environ, cni_path, earlier_boot=earlier)
         except CniError as exc:
             report.errors.append(f"{_describe(att)}: {exc.msg}")
             log.error("recovery of %s failed: %s", att.key, exc.msg)
@@ -192,7 +198,9 @@ def recover_pending(inv: Invocation) -> RecoveryReport:
 def record_step(inv: Invocation, step: str) -> None:
     """Append ``step`` to the intent of this invocation's attachment (under the lock)."""
     key = (inv.conf.name, inv.env.container_id, inv.env.ifname)
-    with inv.store.transaction() as st:
+    # Not fsync'ed: the record outlives this process (a crash), and after a kernel crash the
+    # reboot rule of _undo releases IPAM of a previous boot's intent whatever its steps say.
+    with inv.store.transaction(durable=False) as st:
         att = st.find(*key)
         if att is not None and step not in att.steps:
             att.steps = [*att.steps, step]  # assigned, so the store journals it
@@ -354,7 +362,8 @@ def repair(
                 keep.append(att)
                 continue
             try:
-                what = _undo(att, environ, cni_path)
+                earlier = att.owner is not None and bool(att.owner.boot) and att.owner.boot != boot_id()
+                what = _undo(att, environ, cni_path, earlier_boot=earlier)
             except CniError as exc:
                 report.errors.append(f"{_describe(att)}: {exc.msg}; kept")
                 keep.append(att)
