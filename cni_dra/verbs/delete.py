@@ -1,9 +1,15 @@
-"""DEL: remove the link, release IPAM, then release the capacity.
+"""DEL: remove the link and release IPAM, then release the capacity.
 
 Source: CNI spec 1.1.0 "DEL: Remove container from network" — DEL must succeed when the
 attachment is already gone, when CNI_NETNS is empty or no longer exists, and (cni-dra)
 when the parent NIC is gone. Capacity is released last, so a DEL that fails halfway (the
 runtime retries it) never frees capacity whose link or IP is still held.
+
+The IPAM plugin's DEL runs in a thread while this one deletes the link: the two do not
+depend on each other (the reference macvlan plugin releases IPAM first, then deletes the
+link), and the kernel takes most of a DEL's time unregistering the link. Both are waited
+for before the capacity is released; a link error is raised first, with the IPAM error
+noted on it.
 
 Errors: IpamError (the IPAM plugin's code), NetlinkError (102), TryAgainLaterError (11),
 StateError (5).
@@ -12,6 +18,8 @@ StateError (5).
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 from cni_dra.faults import fault_point
 from cni_dra.verbs.common import Invocation, ipam_codes
@@ -33,23 +41,56 @@ def cmd_del(inv: Invocation) -> None:
 
     att = begin_delete(inv)  # recovery, then the "deleting" intent; None if absent or state unreadable
     fault_point("del:intent")
-    if env.netns and netns_exists(env.netns):
-        if is_host_netns(env.netns):
-            log.warning("DEL %s: CNI_NETNS %s is the host namespace; no link is touched", key, env.netns)
-        elif att is not None or _ours_without_record(inv):
-            links.delete_link(env.netns, env.ifname)
-        else:
-            log.warning("DEL %s: no attachment recorded and %s is not a cni-dra link; left alone", key, env.ifname)
-    fault_point("del:link-deleted")
     ipam_type = conf.ipam_type or (att.ipamType if att else None)
+    release = None
     if ipam_type:
         raw = inv.raw if conf.ipam_type else (att.ipamConf or "").encode()
-        with ipam_codes():
-            ipam.ipam_del(ipam_type, raw, inv.environ, env.path)
+        release = _Concurrently(lambda: ipam.ipam_del(ipam_type, raw, inv.environ, env.path))
+    try:
+        if env.netns and netns_exists(env.netns):
+            if is_host_netns(env.netns):
+                log.warning("DEL %s: CNI_NETNS %s is the host namespace; no link is touched", key, env.netns)
+            elif att is not None or _ours_without_record(inv):
+                links.delete_link(env.netns, env.ifname)
+            else:
+                log.warning("DEL %s: no attachment recorded and %s is not a cni-dra link; left alone", key, env.ifname)
+        fault_point("del:link-deleted")
+    except BaseException as exc:
+        if release is not None:
+            ipam_error = release.wait()
+            if ipam_error is not None:
+                exc.add_note(f"IPAM DEL failed as well: {ipam_error}")
+        raise
+    if release is not None:
+        ipam_error = release.wait()
+        if ipam_error is not None:
+            with ipam_codes():
+                raise ipam_error
     fault_point("del:ipam-released")
     if att is not None:
         with inv.store.transaction() as state:
             state.remove(*key)
+
+
+class _Concurrently:
+    """Run ``fn`` in a thread started now (in the calling thread's network namespace);
+    :meth:`wait` joins it and returns the exception it raised, or None."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="cni-dra-del-ipam", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> BaseException | None:
+        self._thread.join()
+        return self._error
 
 
 def _ours_without_record(inv: Invocation) -> bool:

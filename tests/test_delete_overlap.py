@@ -1,0 +1,67 @@
+"""DEL releases IPAM while the kernel deletes the link (cni_dra.verbs.delete docstring)."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+
+from cni_dra import ipam
+from cni_dra.cni import run
+from cni_dra.netlink import links, netns
+from cni_dra.state import Attachment, StateStore
+
+
+def _setup(tmp_path, monkeypatch, delete_link, ipam_del):
+    conf = {"cniVersion": "1.0.0", "name": "net", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
+            "inventory": str(tmp_path / "slice.yaml"), "ipam": {"type": "host-local", "subnet": "192.0.2.0/24"}}
+    with StateStore(tmp_path / "state").transaction() as s:
+        s.attachments.append(Attachment(
+            network="net", containerID="c1", ifname="eth0", netns="/var/run/netns/pod", driver="d", pool="p",
+            device="nic-a", ifName="eth9", consumedCapacity={"bandwidth": "1G"}, phase="ready",
+            ipamType="host-local", ipamConf=json.dumps(conf)))
+    monkeypatch.setattr(netns, "netns_exists", lambda path: True)
+    monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
+    monkeypatch.setattr(links, "delete_link", delete_link)
+    monkeypatch.setattr(ipam, "ipam_del", ipam_del)
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/bin:/bin"}
+    return env, json.dumps(conf).encode()
+
+
+def test_ipam_del_runs_while_the_link_is_deleted(tmp_path, monkeypatch):
+    started = threading.Event()
+    order: list[str] = []
+
+    def ipam_del(*args, **kwargs):
+        order.append("ipam")
+        started.set()
+
+    def delete_link(path, ifname):
+        # sequential code would call IPAM only after this returns: the wait would time out
+        order.append("link" if started.wait(10) else "link without IPAM running")
+        return True
+
+    env, stdin = _setup(tmp_path, monkeypatch, delete_link, ipam_del)
+    out = io.StringIO()
+    assert run(env, stdin, out) == 0, out.getvalue()
+    assert order == ["ipam", "link"]
+    assert StateStore(tmp_path / "state").read().attachments == []  # capacity released after both
+
+
+def test_a_failed_ipam_del_keeps_the_capacity_and_is_reported(tmp_path, monkeypatch):
+    from cni_dra.errors import IpamError
+
+    deleted = []
+
+    def ipam_del(*args, **kwargs):
+        raise IpamError("failed to delete IPAM host-local: disk full")
+
+    env, stdin = _setup(tmp_path, monkeypatch, lambda p, i: deleted.append(i) or True, ipam_del)
+    out = io.StringIO()
+    assert run(env, stdin, out) == 1
+    answer = json.loads(out.getvalue())
+    assert answer["code"] == IpamError.code and "disk full" in answer["msg"]
+    assert deleted == ["eth0"]  # the link went anyway
+    (att,) = StateStore(tmp_path / "state").read().attachments  # still charged: the runtime retries DEL
+    assert att.phase == "deleting"
