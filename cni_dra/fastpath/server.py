@@ -96,11 +96,14 @@ class FastpathServer:
             self._queue.put(conn)
 
     def _work(self) -> None:
-        while True:
-            conn = self._queue.get()
-            if conn is None:
-                return
-            self._handle(conn)
+        from cni_dra.netlink.links import keep_host_socket
+
+        with keep_host_socket():  # one host rtnetlink socket per worker, not one per request
+            while True:
+                conn = self._queue.get()
+                if conn is None:
+                    return
+                self._handle(conn)
 
     def _handle(self, conn: socket.socket) -> None:
         with conn:
