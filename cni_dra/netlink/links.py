@@ -24,9 +24,9 @@ Errors (CNI spec 1.1.0 "Error"; cni-dra codes in :mod:`cni_dra.errors`):
 
 from __future__ import annotations
 
+import atexit
 import errno
 import functools
-import atexit
 import ipaddress
 import os
 import re
@@ -213,7 +213,7 @@ def _iproute() -> Iterator[Any]:
 # the socket's event loop in a threading.local, so it can only be closed by its own thread:
 # other threads (short-lived ones) open one per call as before.
 _held = threading.local()
-_orphans: list[Any] = []  # sockets inherited by a forked child: never used nor closed there
+_orphans: list[Any] = []  # what a forked child inherited: kept, never used nor closed there
 
 
 class _HeldSocket:
@@ -235,9 +235,7 @@ def _drop_held() -> None:
 
 def _forget_after_fork() -> None:
     global _held
-    old = getattr(_held, "socket", None)
-    if old is not None:
-        _orphans.append(old)  # the parent still uses it; closing here would tear down shared state
+    _orphans.append(_held)  # the parent still uses its socket; closing it here would tear down shared state
     _held = threading.local()
 
 
