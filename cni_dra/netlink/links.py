@@ -9,6 +9,12 @@ Namespaces: "host" functions act in the namespace of the calling thread, which
 must be the host (node) namespace; container-side work always happens inside
 :func:`cni_dra.netlink.netns.in_netns_fd`, with a netlink socket opened there.
 
+Sockets: host-side calls of the main thread, and of threads inside
+:func:`keep_host_socket` (the fast-path workers), reuse one IPRoute per thread
+instead of opening one per call (see :func:`_host_iproute` for when it is not
+reused); a container-side socket lives only for the call that opened it, so
+cni-dra never keeps a pod's namespace alive.
+
 Errors (CNI spec 1.1.0 "Error"; cni-dra codes in :mod:`cni_dra.errors`):
 
 * :class:`~cni_dra.errors.NetlinkError` (102): a netlink request failed; the
