@@ -11,6 +11,7 @@ with the API server's rules only).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -59,20 +60,47 @@ def load_inventory(path: str, *, plugin_rules: bool = True) -> ResourceSlice:
     parsed as YAML (PyYAML is imported only then). ``plugin_rules``: as for
     :func:`validate_slice`.
 
+    A long-lived process (the agent's fast path) reads the same file on every ADD,
+    so the validated slice is kept per process, keyed by ``path``, ``plugin_rules``
+    and the file's identity and version as ``fstat(2)`` of the opened file reports
+    them (device, inode, size, mtime and ctime in ns): a file that was rewritten
+    (in place or replaced by a rename) is read again. A slice is cached only when
+    the file did not change while it was read; failures are never cached. The
+    slice is a frozen model, shared by callers.
+
     Raises :class:`~cni_dra.errors.IOFailureError` (code 5) when the file cannot be
     read, :class:`~cni_dra.errors.InventoryError` (code 7) when it is not a valid
     ResourceSlice; the message names the device and the field.
     """
     try:
         with open(path, "rb") as fh:
+            before = _file_version(os.fstat(fh.fileno()))
+            cached = _CACHE.get((path, plugin_rules))
+            if cached is not None and cached[0] == before:
+                return cached[1]
             raw = fh.read()
+            after = _file_version(os.fstat(fh.fileno()))
     except OSError as exc:
         raise IOFailureError(f"failed to read inventory {path}: {exc.strerror or exc}", str(exc)) from exc
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InventoryError(f"failed to load inventory {path}: not UTF-8 text", str(exc)) from exc
-    return parse_inventory(text, source=path, plugin_rules=plugin_rules)
+    slice_ = parse_inventory(text, source=path, plugin_rules=plugin_rules)
+    if before == after:
+        if len(_CACHE) >= _CACHE_ENTRIES:
+            _CACHE.clear()
+        _CACHE[(path, plugin_rules)] = (before, slice_)
+    return slice_
+
+
+_CACHE_ENTRIES = 16
+_CACHE: dict[tuple[str, bool], tuple[tuple[int, ...], ResourceSlice]] = {}
+
+
+def _file_version(st: os.stat_result) -> tuple[int, ...]:
+    """What changes when a file is replaced or rewritten: (dev, inode, size, mtime ns, ctime ns)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def parse_inventory(text: str, source: str = "<inventory>", *, plugin_rules: bool = True) -> ResourceSlice:

@@ -134,11 +134,19 @@ class FastpathServer:
             self._queue.put(conn)
 
     def _work(self) -> None:
-        while True:
-            conn = self._queue.get()
-            if conn is None:
-                return
-            self._handle(conn)
+        from cni_dra.errors import CniError
+        from cni_dra.netlink.links import host_link, keep_host_socket
+
+        with keep_host_socket():  # one host rtnetlink socket per worker, not one per request
+            try:
+                host_link("lo")  # open it now, not on the first request
+            except CniError as exc:
+                log.warning("fastpath: cannot open a host rtnetlink socket yet: %s", exc.msg)
+            while True:
+                conn = self._queue.get()
+                if conn is None:
+                    return
+                self._handle(conn)
 
     def _handle(self, conn: socket.socket) -> None:
         with conn:

@@ -9,6 +9,12 @@ Namespaces: "host" functions act in the namespace of the calling thread, which
 must be the host (node) namespace; container-side work always happens inside
 :func:`cni_dra.netlink.netns.in_netns_fd`, with a netlink socket opened there.
 
+Sockets: host-side calls of the main thread, and of threads inside
+:func:`keep_host_socket` (the fast-path workers), reuse one IPRoute per thread
+instead of opening one per call (see :func:`_host_iproute` for when it is not
+reused); a container-side socket lives only for the call that opened it, so
+cni-dra never keeps a pod's namespace alive.
+
 Errors (CNI spec 1.1.0 "Error"; cni-dra codes in :mod:`cni_dra.errors`):
 
 * :class:`~cni_dra.errors.NetlinkError` (102): a netlink request failed; the
@@ -24,11 +30,13 @@ Errors (CNI spec 1.1.0 "Error"; cni-dra codes in :mod:`cni_dra.errors`):
 
 from __future__ import annotations
 
+import atexit
 import errno
 import functools
 import ipaddress
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -44,7 +52,13 @@ from cni_dra.errors import (
     IOFailureError,
     NetlinkError,
 )
-from cni_dra.netlink.netns import current_netns_identity, in_netns_fd, netns_exists, open_netns
+from cni_dra.netlink.netns import (
+    current_netns_identity,
+    host_netns_identity,
+    in_netns_fd,
+    netns_exists,
+    open_netns,
+)
 
 __all__ = [
     "LinkInfo",
@@ -58,6 +72,7 @@ __all__ = [
     "list_host_links",
     "link_speed_bps",
     "link_kind_supported",
+    "keep_host_socket",
     "create_macvlan",
     "create_ipvlan",
     "delete_link",
@@ -198,6 +213,99 @@ def _iproute() -> Iterator[Any]:
         ipr.close()
 
 
+# One host-namespace socket kept per long-lived thread (the main thread, the fast-path
+# workers inside keep_host_socket()): opening an IPRoute costs an event loop and a socket
+# (~0.25-1 ms) and the agent serves every ADD/DEL from the same few threads. pyroute2 keeps
+# the socket's event loop in a threading.local, so it can only be closed by its own thread:
+# other threads (short-lived ones) open one per call as before.
+_held = threading.local()
+_orphans: list[Any] = []  # what a forked child inherited: kept, never used nor closed there
+
+
+class _HeldSocket:
+    __slots__ = ("ipr", "netns", "pid")
+
+    def __init__(self, ipr: Any, netns: tuple[int, int]) -> None:
+        self.ipr, self.netns, self.pid = ipr, netns, os.getpid()
+
+
+def _drop_held() -> None:
+    held = getattr(_held, "socket", None)
+    _held.socket = None
+    if held is not None and held.pid == os.getpid():
+        try:
+            held.ipr.close()
+        except Exception:  # noqa: BLE001 - a broken socket is being discarded anyway
+            pass
+
+
+def _forget_after_fork() -> None:
+    global _held
+    _orphans.append(_held)  # the parent still uses its socket; closing it here would tear down shared state
+    _held = threading.local()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+@contextmanager
+def keep_host_socket() -> Iterator[None]:
+    """Let the calling thread keep one host-namespace rtnetlink socket for the block.
+
+    For long-lived worker threads (the fast-path server wraps its worker loop in it):
+    host-side requests made by this thread in the block reuse one socket, opened on
+    first use and closed when the block ends (or after any error, then reopened). The
+    main thread keeps one without this (closed at interpreter exit). Nestable; raises
+    nothing itself.
+    """
+    depth = getattr(_held, "keep", 0)
+    _held.keep = depth + 1
+    try:
+        yield
+    finally:
+        _held.keep = depth
+        if depth == 0 and threading.current_thread() is not threading.main_thread():
+            _drop_held()
+
+
+def _close_main_socket() -> None:
+    if threading.current_thread() is threading.main_thread():
+        _drop_held()
+
+
+atexit.register(_close_main_socket)
+
+
+@contextmanager
+def _host_iproute() -> Iterator[Any]:
+    """An IPRoute in the calling thread's current netns, reused across calls when allowed.
+
+    The kept socket is used only by the thread that opened it, in the process that opened
+    it, and only while the thread is in the host namespace it was opened in (compared by
+    nsfs identity): a thread inside :func:`~cni_dra.netlink.netns.in_netns` gets a fresh
+    socket of that namespace, as before. Any exception raised in the block discards it.
+    """
+    if getattr(_held, "keep", 0) == 0 and threading.current_thread() is not threading.main_thread():
+        with _iproute() as ipr:
+            yield ipr
+        return
+    here = current_netns_identity()
+    if here != host_netns_identity():
+        with _iproute() as ipr:  # inside another netns: a socket of that one, for this call
+            yield ipr
+        return
+    held = getattr(_held, "socket", None)
+    if held is None or held.netns != here or held.pid != os.getpid():
+        with _translated("open rtnetlink socket"):
+            held = _HeldSocket(_pr().IPRoute(), here)
+        _held.socket = held
+    try:
+        yield held.ipr
+    except BaseException:
+        _drop_held()
+        raise
+
+
 @contextmanager
 def _netns_iproute(netns: str) -> Iterator[Any]:
     """Enter ``netns`` (codes 3/4 when it is missing/invalid) and open a socket there."""
@@ -327,21 +435,21 @@ def host_link(name: str) -> LinkInfo | None:
     Acts in the calling thread's namespace (the host). Raises NetlinkError (102)
     on other netlink failures.
     """
-    with _iproute() as ipr, _translated(f"get link {name}"):
+    with _host_iproute() as ipr, _translated(f"get link {name}"):
         msg = _get_link(ipr, ifname=name)
         return None if msg is None else _link_info(msg)
 
 
 def host_link_by_index(index: int) -> LinkInfo | None:
     """The host link with ifindex ``index``, or None. Raises NetlinkError (102)."""
-    with _iproute() as ipr, _translated(f"get link index {index}"):
+    with _host_iproute() as ipr, _translated(f"get link index {index}"):
         msg = _get_link(ipr, index=index)
         return None if msg is None else _link_info(msg)
 
 
 def list_host_links() -> list[LinkInfo]:
     """Every link of the host namespace, in ifindex order (without addresses)."""
-    with _iproute() as ipr, _translated("dump links"):
+    with _host_iproute() as ipr, _translated("dump links"):
         return sorted((_link_info(m) for m in ipr.link("dump")), key=lambda li: li.index)
 
 
@@ -378,7 +486,7 @@ def link_kind_supported(kind: str) -> bool:
     if kind not in ("macvlan", "ipvlan", "macvtap", "ipvtap"):
         raise ValueError(f"cannot probe link kind {kind!r} without side effects")
     name = _temp_name()
-    with _iproute() as ipr:
+    with _host_iproute() as ipr:
         try:
             ipr.link("add", ifname=name, kind=kind)
         except _pr().NetlinkError as exc:
@@ -409,6 +517,7 @@ def create_macvlan(
     mtu: int | None = None,
     mac: str | None = None,
     bcqueuelen: int | None = None,
+    parent_link: LinkInfo | None = None,
 ) -> LinkInfo:
     """Create a macvlan on host link ``parent`` as ``ifname`` in the netns ``netns``; set it up.
 
@@ -418,7 +527,9 @@ def create_macvlan(
     to ``ifname`` inside it and brought up. ``mtu`` is in bytes (default: the
     parent's), ``mac`` ``aa:bb:cc:dd:ee:ff`` (default: random from the kernel),
     ``bcqueuelen`` the broadcast queue length in packets (IFLA_MACVLAN_BC_QUEUE_LEN;
-    default: the kernel's, 1000). Returns the link as seen in ``netns``
+    default: the kernel's, 1000). ``parent_link``: the host link ``parent`` as the
+    caller already read it (:func:`host_link`); its index and MTU are used instead of
+    looking the parent up again. Returns the link as seen in ``netns``
     (``addresses`` None).
 
     On any failure after creation the link is deleted again, so nothing is
@@ -449,6 +560,7 @@ def create_macvlan(
         mtu=mtu,
         mac=mac,
         data=data,
+        parent_link=parent_link,
     )
 
 
@@ -460,6 +572,7 @@ def create_ipvlan(
     mode: str = "l2",
     flag: str = "bridge",
     mtu: int | None = None,
+    parent_link: LinkInfo | None = None,
 ) -> LinkInfo:
     """Create an ipvlan (``mode`` l2/l3/l3s, ``flag`` bridge/private/vepa) like :func:`create_macvlan`.
 
@@ -480,6 +593,7 @@ def create_ipvlan(
         mtu=mtu,
         mac=None,
         data={"ipvlan_mode": IPVLAN_MODES[mode], "ipvlan_flags": IPVLAN_FLAGS[flag]},
+        parent_link=parent_link,
     )
 
 
@@ -492,6 +606,7 @@ def _create_sublink(
     mtu: int | None,
     mac: str | None,
     data: dict[str, int],
+    parent_link: LinkInfo | None = None,
 ) -> LinkInfo:
     validate_ifname(ifname)
     if mac is not None:
@@ -503,7 +618,10 @@ def _create_sublink(
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) == current_netns_identity():
             raise InvalidEnvironmentError(f"failed to create {kind} {ifname}: netns {netns} is the host network namespace")
-        temp = _add_in_netns(kind=kind, parent=parent, fd=fd, netns=netns, ifname=ifname, mtu=mtu, mac=mac, data=data)
+        temp = _add_in_netns(
+            kind=kind, parent=parent, fd=fd, netns=netns, ifname=ifname, mtu=mtu, mac=mac, data=data,
+            parent_link=parent_link,
+        )
         with in_netns_fd(fd, netns), _iproute() as ipr:
             return _rename_and_up(ipr, kind=kind, temp=temp, ifname=ifname, netns=netns, parent=parent, mac=mac)
     finally:
@@ -520,17 +638,21 @@ def _add_in_netns(
     mtu: int | None,
     mac: str | None,
     data: dict[str, int],
+    parent_link: LinkInfo | None = None,
 ) -> str:
     """Create the link under a fresh temporary name directly in the netns ``fd``; return the name."""
     what = f"create {kind} {ifname} on {parent}"
-    with _iproute() as ipr, _translated(what):
-        parent_msg = _get_link(ipr, ifname=parent)
-        if parent_msg is None:
-            raise NetlinkError(f"failed to {what}: parent link {parent} not found")
-        parent_mtu = parent_msg.get_attr("IFLA_MTU")
+    with _host_iproute() as ipr, _translated(what):
+        if parent_link is not None and parent_link.name == parent:
+            parent_index, parent_mtu = parent_link.index, parent_link.mtu
+        else:
+            parent_msg = _get_link(ipr, ifname=parent)
+            if parent_msg is None:
+                raise NetlinkError(f"failed to {what}: parent link {parent} not found")
+            parent_index, parent_mtu = parent_msg["index"], parent_msg.get_attr("IFLA_MTU")
         if mtu is not None and parent_mtu is not None and mtu > parent_mtu:
             raise InvalidConfigError(f"failed to {what}: mtu {mtu} exceeds parent {parent} mtu {parent_mtu}")
-        spec = _link_add_spec(kind=kind, parent_index=parent_msg["index"], netns_fd=fd, data=data, mtu=mtu, mac=mac)
+        spec = _link_add_spec(kind=kind, parent_index=parent_index, netns_fd=fd, data=data, mtu=mtu, mac=mac)
         for _ in range(_TEMP_NAME_ATTEMPTS):
             temp = _temp_name()
             try:
@@ -569,7 +691,12 @@ def _link_add_spec(
 def _rename_and_up(
     ipr: Any, *, kind: str, temp: str, ifname: str, netns: str, parent: str = "", mac: str | None = None
 ) -> LinkInfo:
-    """Inside the netns: rename ``temp`` to ``ifname``, set it up, return it; delete it on failure."""
+    """Inside the netns: rename ``temp`` to ``ifname``, set it up, return it; delete it on failure.
+
+    Rename and up are one RTM_SETLINK (the kernel's do_setlink renames first, then
+    changes the flags; a failure stops there): EEXIST can only come from the rename,
+    EADDRINUSE only from opening the link.
+    """
     what = f"create {kind} {ifname} in netns {netns}"
     with _translated(what):
         msg = _get_link(ipr, ifname=temp)
@@ -578,16 +705,12 @@ def _rename_and_up(
     index = msg["index"]
     try:
         try:
-            ipr.link("set", index=index, ifname=ifname)
+            ipr.link("set", index=index, ifname=ifname, state="up")
         except _pr().NetlinkError as exc:
             if exc.code == errno.EEXIST:
                 raise InvalidEnvironmentError(
                     f"failed to {what}: interface {ifname} already exists", details=repr(exc)
                 ) from exc
-            raise
-        try:
-            ipr.link("set", index=index, state="up")
-        except _pr().NetlinkError as exc:
             if exc.code == errno.EADDRINUSE:
                 whose = f"MAC {mac}" if mac else "its MAC"
                 raise InvalidConfigError(
@@ -631,14 +754,16 @@ def delete_link(netns: str | None, ifname: str) -> bool:
     """
     what = f"delete link {ifname}" + (f" in netns {netns}" if netns else "")
     if netns is None:
-        with _iproute() as ipr, _translated(what):
+        with _host_iproute() as ipr, _translated(what):
             return _delete(ipr, ifname)
-    if not netns_exists(netns):
-        return False
     try:
         fd = open_netns(netns)
     except ContainerUnknownError:
-        return False  # vanished between the check and the open
+        return False
+    except InvalidEnvironmentError:
+        if not netns_exists(netns):  # the empty file left once the netns was unmounted
+            return False
+        raise
     try:
         with in_netns_fd(fd, netns), _iproute() as ipr, _translated(what):
             return _delete(ipr, ifname)
@@ -647,11 +772,9 @@ def delete_link(netns: str | None, ifname: str) -> bool:
 
 
 def _delete(ipr: Any, ifname: str) -> bool:
-    msg = _get_link(ipr, ifname=ifname)
-    if msg is None:
-        return False
+    # One RTM_DELLINK naming the link (IFLA_IFNAME); ENODEV: there is none.
     try:
-        ipr.link("del", index=msg["index"])
+        ipr.link("del", ifname=ifname)
     except _pr().NetlinkError as exc:
         if exc.code == errno.ENODEV:
             return False
@@ -715,7 +838,8 @@ def configure_interface(
     settle_timeout_s: float = 10.0,
     wait_ipv6: bool | None = None,
     nodad: bool = False,
-) -> LinkInfo:
+    describe: bool = True,
+) -> LinkInfo | None:
     """Apply an IPAM result to ``ifname`` in ``netns``: addresses, link up, IPv6 DAD, routes.
 
     ``addresses``: ``(CIDR, gateway)`` pairs from the result's ``ips`` (CNI spec
@@ -733,7 +857,9 @@ def configure_interface(
     behaviour above. ``nodad=True`` adds IPv6 addresses with IFA_F_NODAD (no
     DAD at all, nothing to wait for).
 
-    Returns the link with its addresses. Raises NetlinkError (102) naming the
+    Returns the link with its addresses (read back), or None with ``describe=False``
+    (saves two requests when the caller does not use it). A link that is already up
+    is not set up again. Raises NetlinkError (102) naming the
     address or route that failed, a duplicate IPv6 address (IFA_F_DADFAILED),
     DAD still running at the timeout, or a missing ``ifname``;
     InvalidConfigError (7) for unparsable CIDRs/gateways; codes 3/4 for the netns.
@@ -767,8 +893,9 @@ def configure_interface(
             with _translated(f"add address {iface} to {ifname}"), _exists_ok():
                 ipr.addr("add", index=index, address=str(iface.ip), prefixlen=iface.network.prefixlen, **extra)
         if up:
-            with _translated(f"set link {ifname} up"):
-                ipr.link("set", index=index, state="up")
+            if not msg["flags"] & _IFF_UP:
+                with _translated(f"set link {ifname} up"):
+                    ipr.link("set", index=index, state="up")
             v6 = {str(i) for i in parsed_addrs if i.version == 6}
             wait = v6_gateway if wait_ipv6 is None else wait_ipv6
             if wait and v6 and not nodad:
@@ -783,6 +910,8 @@ def configure_interface(
             label = f"add route {net}" + (f" via {gw_ip}" if gw_ip else "") + f" dev {ifname}"
             with _translated(label), _exists_ok():
                 ipr.route("add", **spec)
+        if not describe:
+            return None
         with _translated(f"get link {ifname} in netns {netns}"):
             got = _get_link(ipr, index=index)
             if got is None:

@@ -322,12 +322,12 @@ def cmd_add(inv: Invocation) -> Result:
         if conf.linkType == "ipvlan":
             link = links.create_ipvlan(
                 parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode,
-                flag=conf.ipvlanFlag or "bridge", mtu=conf.mtu,
+                flag=conf.ipvlanFlag or "bridge", mtu=conf.mtu, parent_link=parent,
             )
         else:
             link = links.create_macvlan(
                 parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode, mtu=conf.mtu,
-                mac=conf.mac, bcqueuelen=conf.bcqueuelen,
+                mac=conf.mac, bcqueuelen=conf.bcqueuelen, parent_link=parent,
             )
         undo.append(lambda: links.delete_link(env.netns, env.ifname))
         _announce(env.netns, env.ifname)
@@ -351,6 +351,7 @@ def cmd_add(inv: Invocation) -> Result:
                 wait_ipv6=True,
                 nodad=conf.nodad,
                 settle_timeout_s=conf.dadTimeoutSeconds,
+                describe=False,
             )
         result = _result_from(inv, link, ipam_result)
         # The runtime gets the result in the config's version; one that cannot be expressed

@@ -9,6 +9,10 @@ interface (prevResult ``sandbox``, else the state) must be CNI_NETNS by identity
 and inode of the namespace), not by path string: ``/run/netns/x`` and
 ``/var/run/netns/x`` are the same namespace.
 
+The IPAM plugin's CHECK (read-only, CNI spec) runs in a helper thread while the link is
+verified, so its exec overlaps the netlink work; a mismatch found here is still the error
+reported when both fail.
+
 Errors: InvalidConfigError (7) without prevResult, ContainerUnknownError (3) when the
 attachment is not in state, CheckFailedError (105) for a mismatch, IpamError.
 """
@@ -16,6 +20,8 @@ attachment is not in state, CheckFailedError (105) for a mismatch, IpamError.
 from __future__ import annotations
 
 import ipaddress
+import threading
+from typing import Any
 
 from cni_dra.errors import CheckFailedError, ContainerUnknownError, InvalidConfigError
 from cni_dra.protocol.results import parse_result
@@ -26,9 +32,6 @@ __all__ = ["cmd_check"]
 
 def cmd_check(inv: Invocation) -> None:
     """Run CHECK for ``inv``. See module docstring."""
-    from cni_dra import ipam
-    from cni_dra.netlink import links
-
     env, conf = inv.env, inv.conf
     if conf.prevResult is None:
         raise InvalidConfigError(f"invalid network config {conf.name!r}: CHECK requires prevResult")
@@ -38,6 +41,48 @@ def cmd_check(inv: Invocation) -> None:
     what = f"interface {env.ifname} of container {env.container_id}"
     if att is None or att.phase != "ready":
         raise ContainerUnknownError(f"failed to check {what}: no attachment on network {conf.name!r} in state")
+    ipam_check = _IpamCheck(inv) if conf.ipam_type else None
+    try:
+        _check_link(inv, att, prev, what)
+    finally:
+        if ipam_check is not None:
+            ipam_check.join()  # never leave the plugin running; our own error comes first
+    if ipam_check is not None:
+        ipam_check.raise_failure()
+
+
+class _IpamCheck:
+    """IPAM CHECK started in a helper thread (from the calling thread's namespace, the host)."""
+
+    def __init__(self, inv: Invocation) -> None:
+        self._inv = inv
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="cni-dra-ipam-check", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from cni_dra import ipam
+
+        inv = self._inv
+        try:
+            with ipam_codes():
+                ipam.ipam_check(inv.conf.ipam_type, inv.raw, inv.environ, inv.env.path)
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            self._failure = exc
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+
+def _check_link(inv: Invocation, att: Any, prev: Any, what: str) -> None:
+    """The link checks of :func:`cmd_check`; raises CheckFailedError (105)."""
+    from cni_dra.netlink import links
+
+    env, conf = inv.env, inv.conf
     link = links.link_in_netns(env.netns, env.ifname)
     if link is None:
         raise CheckFailedError(f"failed to check {what}: the link is not in netns {env.netns}")
@@ -66,9 +111,6 @@ def cmd_check(inv: Invocation) -> None:
             continue
         if ipaddress.ip_interface(ip.address) not in have:
             raise CheckFailedError(f"failed to check {what}: address {ip.address} is missing")
-    if conf.ipam_type:
-        with ipam_codes():
-            ipam.ipam_check(conf.ipam_type, inv.raw, inv.environ, env.path)
 
 
 def _same_netns(a: str, b: str) -> bool:
