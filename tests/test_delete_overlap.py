@@ -65,3 +65,21 @@ def test_a_failed_ipam_del_keeps_the_capacity_and_is_reported(tmp_path, monkeypa
     assert deleted == ["eth0"]  # the link went anyway
     (att,) = StateStore(tmp_path / "state").read().attachments  # still charged: the runtime retries DEL
     assert att.phase == "deleting"
+
+
+def test_dhcp_is_released_before_the_link_goes(tmp_path, monkeypatch):
+    """The dhcp daemon sends DHCPRELEASE through the pod's link: reference order."""
+    import time
+
+    order: list[str] = []
+
+    def slow_release(*args, **kwargs):
+        time.sleep(0.3)  # run concurrently, the link would go first
+        order.append("ipam")
+
+    env, stdin = _setup(tmp_path, monkeypatch, lambda p, i: order.append("link") or True, slow_release)
+    conf = json.loads(stdin)
+    conf["ipam"] = {"type": "dhcp"}
+    out = io.StringIO()
+    assert run(env, json.dumps(conf).encode(), out) == 0, out.getvalue()
+    assert order == ["ipam", "link"]

@@ -9,7 +9,8 @@ The IPAM plugin's DEL runs in a thread while this one deletes the link: the two 
 depend on each other (the reference macvlan plugin releases IPAM first, then deletes the
 link), and the kernel takes most of a DEL's time unregistering the link. Both are waited
 for before the capacity is released; a link error is raised first, with the IPAM error
-noted on it.
+noted on it. Except for ``dhcp``: its daemon sends the DHCPRELEASE through the pod's
+link, so its DEL finishes before the link goes, in the reference order.
 
 Errors: IpamError (the IPAM plugin's code), NetlinkError (102), TryAgainLaterError (11),
 StateError (5).
@@ -46,6 +47,12 @@ def cmd_del(inv: Invocation) -> None:
     if ipam_type:
         raw = inv.raw if conf.ipam_type else (att.ipamConf or "").encode()
         release = _Concurrently(lambda: ipam.ipam_del(ipam_type, raw, inv.environ, env.path))
+        if ipam_type == "dhcp":  # the release goes out through the link: before it is deleted
+            ipam_error = release.wait()
+            if ipam_error is not None:
+                with ipam_codes():
+                    raise ipam_error
+            release = None
     try:
         if env.netns and netns_exists(env.netns):
             if is_host_netns(env.netns):
