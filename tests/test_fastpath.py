@@ -247,14 +247,32 @@ def test_worker_processes_serve_while_the_agent_cannot_and_leave_with_it(tmp_pat
         pids = [int(p) for p in line.split("pids=")[1].split(",")]
         assert len(pids) == 2 and pids[0] == proc.pid
         env = {b"CNI_COMMAND": b"VERSION", b"PATH": os.environb.get(b"PATH", b"/usr/bin:/bin")}
-        os.kill(proc.pid, signal.SIGSTOP)  # the agent process cannot accept: only its worker can
+        # Stop the agent process: only its worker process can accept now. The agent's accept
+        # thread may already be the waiter the kernel wakes for the next connection (it then
+        # waits for SIGCONT), so three connections go at once: the others reach the worker.
+        import threading
+        import time
+
+        answers: list = []
+        os.kill(proc.pid, signal.SIGSTOP)
         try:
-            for _ in range(3):
-                answer = ask_agent(env, b'{"cniVersion": "1.0.0"}', str(sock), timeout_s=30)
-                assert answer is not None and answer[0] == 0
-                assert "1.1.0" in json.loads(answer[1])["supportedVersions"]
+            askers = [threading.Thread(target=lambda: answers.append(
+                ask_agent(env, b'{"cniVersion": "1.0.0"}', str(sock), timeout_s=60))) for _ in range(3)]
+            for t in askers:
+                t.start()
+            deadline = time.monotonic() + 30
+            while not answers and time.monotonic() < deadline:
+                time.sleep(0.05)
+            answered_while_stopped = bool(answers)
         finally:
             os.kill(proc.pid, signal.SIGCONT)
+        for t in askers:
+            t.join(60)
+        assert answered_while_stopped, "no answer while the agent process was stopped"
+        assert len(answers) == 3
+        for answer in answers:
+            assert answer is not None and answer[0] == 0
+            assert "1.1.0" in json.loads(answer[1])["supportedVersions"]
         proc.kill()  # the agent dies without stopping anything
         proc.wait(10)
         assert _gone(pids[1], within_s=30), "worker process outlived the agent"

@@ -51,7 +51,7 @@ from cni_dra.protocol.versions import version_at_least
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
 from cni_dra.state.claim_status import claim_status_record, record_add_failure
-from cni_dra.verbs.common import Invocation, claim_results_for, ipam_codes
+from cni_dra.verbs.common import Concurrently, Invocation, claim_results_for, ipam_codes
 from cni_dra.verbs.status import dhcp_socket_missing
 
 __all__ = ["cmd_add", "link_type_conflicts"]
@@ -318,7 +318,19 @@ def cmd_add(inv: Invocation) -> Result:
                 st.remove(*key)
 
         undo.append(release_capacity)
-        # 2. the link
+        # 2. IPAM starts now, in a thread: it does not need the link (except dhcp, whose
+        # daemon configures through it: that one runs after the link, in the reference order)
+        ipam_job: Concurrently | None = None
+        if conf.ipam_type and conf.ipam_type != "dhcp":
+            record_step(inv, STEP_IPAM)  # from here on recovery releases IPAM (a DEL of nothing is a no-op)
+            ipam_job = Concurrently(lambda: ipam.ipam_add(conf.ipam_type, inv.raw, inv.environ, env.path))
+
+            def release_ipam() -> None:
+                if ipam_job.wait()[1] is None:  # it allocated: give it back
+                    ipam.ipam_del(conf.ipam_type, inv.raw, inv.environ, env.path)
+
+            undo.append(release_ipam)
+        # 3. the link
         if conf.linkType == "ipvlan":
             link = links.create_ipvlan(
                 parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode,
@@ -334,15 +346,23 @@ def cmd_add(inv: Invocation) -> Result:
         fault_point("add:link-created")
         record_step(inv, STEP_LINK)
         fault_point("add:link-recorded")
-        # 3. IPAM
+        # 4. IPAM's answer, then addresses and routes on the link
         ipam_result: Result | None = None
-        if conf.ipam_type:
+        if ipam_job is not None:
+            ipam_result, error = ipam_job.wait()
+            if error is not None:
+                with ipam_codes():
+                    raise error
+            fault_point("add:ipam-done")
+            fault_point("add:ipam-recorded")
+        elif conf.ipam_type:  # dhcp
             with ipam_codes():
                 ipam_result = ipam.ipam_add(conf.ipam_type, inv.raw, inv.environ, env.path)
             undo.append(lambda: ipam.ipam_del(conf.ipam_type, inv.raw, inv.environ, env.path))
             fault_point("add:ipam-done")
             record_step(inv, STEP_IPAM)
             fault_point("add:ipam-recorded")
+        if ipam_result is not None:
             links.configure_interface(
                 env.netns,
                 env.ifname,
@@ -357,7 +377,7 @@ def cmd_add(inv: Invocation) -> Result:
         # The runtime gets the result in the config's version; one that cannot be expressed
         # there (0.1.0/0.2.0 without an IP) must fail here, while the undo steps still run.
         result_to_dict(result, conf.cniVersion)
-        # 4. done
+        # 5. done
         with inv.store.transaction() as state:
             recorded = state.find(*key)
             if recorded is None:  # pragma: no cover - only a concurrent GC/repair could do this

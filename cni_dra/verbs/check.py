@@ -20,12 +20,11 @@ attachment is not in state, CheckFailedError (105) for a mismatch, IpamError.
 from __future__ import annotations
 
 import ipaddress
-import threading
 from typing import Any
 
 from cni_dra.errors import CheckFailedError, ContainerUnknownError, InvalidConfigError
 from cni_dra.protocol.results import parse_result
-from cni_dra.verbs.common import Invocation, ipam_codes
+from cni_dra.verbs.common import Concurrently, Invocation, ipam_codes
 
 __all__ = ["cmd_check"]
 
@@ -41,41 +40,18 @@ def cmd_check(inv: Invocation) -> None:
     what = f"interface {env.ifname} of container {env.container_id}"
     if att is None or att.phase != "ready":
         raise ContainerUnknownError(f"failed to check {what}: no attachment on network {conf.name!r} in state")
-    ipam_check = _IpamCheck(inv) if conf.ipam_type else None
+    ipam_check = None
+    if conf.ipam_type:  # read-only: runs while the link is verified
+        from cni_dra import ipam
+
+        ipam_check = Concurrently(lambda: ipam.ipam_check(conf.ipam_type, inv.raw, inv.environ, env.path))
     try:
         _check_link(inv, att, prev, what)
     finally:
-        if ipam_check is not None:
-            ipam_check.join()  # never leave the plugin running; our own error comes first
-    if ipam_check is not None:
-        ipam_check.raise_failure()
-
-
-class _IpamCheck:
-    """IPAM CHECK started in a helper thread (from the calling thread's namespace, the host)."""
-
-    def __init__(self, inv: Invocation) -> None:
-        self._inv = inv
-        self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="cni-dra-ipam-check", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        from cni_dra import ipam
-
-        inv = self._inv
-        try:
-            with ipam_codes():
-                ipam.ipam_check(inv.conf.ipam_type, inv.raw, inv.environ, inv.env.path)
-        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
-            self._failure = exc
-
-    def join(self) -> None:
-        self._thread.join()
-
-    def raise_failure(self) -> None:
-        if self._failure is not None:
-            raise self._failure
+        failure = ipam_check.wait()[1] if ipam_check is not None else None  # never left running
+    if failure is not None:  # our own error, raised above, comes first
+        with ipam_codes():
+            raise failure
 
 
 def _check_link(inv: Invocation, att: Any, prev: Any, what: str) -> None:

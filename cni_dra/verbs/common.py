@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,7 +17,7 @@ from cni_dra.state import StateStore
 if TYPE_CHECKING:
     from cni_dra.dra.models import ResourceSlice
 
-__all__ = ["Invocation", "claim_results_for", "ipam_codes"]
+__all__ = ["Concurrently", "Invocation", "claim_results_for", "ipam_codes"]
 
 
 @dataclass
@@ -84,3 +85,31 @@ def ipam_codes() -> Iterator[None]:
         if exc.code == 999:
             exc.code = IpamError.code
         raise
+
+
+class Concurrently:
+    """Run ``fn()`` in a thread started now, while the caller does something else.
+
+    The thread starts in the caller's current network namespace (a thread inherits it), so
+    start it before entering a pod's netns. :meth:`wait` joins it and returns
+    ``(value, None)`` or ``(None, exception)``; always call it (an IPAM plugin must never
+    be left running). Used for the IPAM plugin's ADD, DEL and CHECK, which do not depend
+    on the pod's link (except ``dhcp``: the verbs run it in order).
+    """
+
+    def __init__(self, fn: Callable[[], Any], name: str = "cni-dra-ipam") -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def wait(self) -> tuple[Any, BaseException | None]:
+        self._thread.join()
+        return self._value, self._error

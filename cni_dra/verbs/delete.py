@@ -19,11 +19,9 @@ StateError (5).
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 
 from cni_dra.faults import fault_point
-from cni_dra.verbs.common import Invocation, ipam_codes
+from cni_dra.verbs.common import Concurrently, Invocation, ipam_codes
 
 __all__ = ["cmd_del"]
 
@@ -46,9 +44,9 @@ def cmd_del(inv: Invocation) -> None:
     release = None
     if ipam_type:
         raw = inv.raw if conf.ipam_type else (att.ipamConf or "").encode()
-        release = _Concurrently(lambda: ipam.ipam_del(ipam_type, raw, inv.environ, env.path))
+        release = Concurrently(lambda: ipam.ipam_del(ipam_type, raw, inv.environ, env.path))
         if ipam_type == "dhcp":  # the release goes out through the link: before it is deleted
-            ipam_error = release.wait()
+            ipam_error = release.wait()[1]
             if ipam_error is not None:
                 with ipam_codes():
                     raise ipam_error
@@ -64,12 +62,12 @@ def cmd_del(inv: Invocation) -> None:
         fault_point("del:link-deleted")
     except BaseException as exc:
         if release is not None:
-            ipam_error = release.wait()
+            ipam_error = release.wait()[1]
             if ipam_error is not None:
                 exc.add_note(f"IPAM DEL failed as well: {ipam_error}")
         raise
     if release is not None:
-        ipam_error = release.wait()
+        ipam_error = release.wait()[1]
         if ipam_error is not None:
             with ipam_codes():
                 raise ipam_error
@@ -77,27 +75,6 @@ def cmd_del(inv: Invocation) -> None:
     if att is not None:
         with inv.store.transaction() as state:
             state.remove(*key)
-
-
-class _Concurrently:
-    """Run ``fn`` in a thread started now (in the calling thread's network namespace);
-    :meth:`wait` joins it and returns the exception it raised, or None."""
-
-    def __init__(self, fn: Callable[[], object]) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, name="cni-dra-del-ipam", daemon=True)
-        self._thread.start()
-
-    def wait(self) -> BaseException | None:
-        self._thread.join()
-        return self._error
 
 
 def _ours_without_record(inv: Invocation) -> bool:
