@@ -20,6 +20,8 @@ def _setup(tmp_path, monkeypatch, delete_link, ipam_del):
             network="net", containerID="c1", ifname="eth0", netns="/var/run/netns/pod", driver="d", pool="p",
             device="nic-a", ifName="eth9", consumedCapacity={"bandwidth": "1G"}, phase="ready",
             ipamType="host-local", ipamConf=json.dumps(conf)))
+    with StateStore(tmp_path / "state").transaction() as s:  # a second commit: the journal exists
+        s.statusUpdates.append({"claim": {"uid": "other"}})
     monkeypatch.setattr(netns, "netns_exists", lambda path: True)
     monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
     monkeypatch.setattr(links, "delete_link", delete_link)
@@ -43,10 +45,15 @@ def test_ipam_del_runs_while_the_link_is_deleted(tmp_path, monkeypatch):
         return True
 
     env, stdin = _setup(tmp_path, monkeypatch, delete_link, ipam_del)
+    import os
+
+    synced = []
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(fd))
     out = io.StringIO()
     assert run(env, stdin, out) == 0, out.getvalue()
     assert order == ["ipam", "link"]
     assert StateStore(tmp_path / "state").read().attachments == []  # capacity released after both
+    assert synced == []  # DEL's records are not fsync'ed: a reboot releases what a crash loses
 
 
 def test_a_failed_ipam_del_keeps_the_capacity_and_is_reported(tmp_path, monkeypatch):

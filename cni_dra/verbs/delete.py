@@ -73,7 +73,7 @@ def cmd_del(inv: Invocation) -> None:
                 raise ipam_error
     fault_point("del:ipam-released")
     if att is not None:
-        with inv.store.transaction() as state:
+        with inv.store.transaction(durable=False) as state:  # see begin_delete: a reboot releases it
             state.remove(*key)
 
 

@@ -217,7 +217,10 @@ def begin_delete(inv: Invocation) -> Attachment | None:
     key = (inv.conf.name, inv.env.container_id, inv.env.ifname)
     try:
         recover_pending(inv)
-        with inv.store.transaction() as st:
+        # Not fsync'ed (nor is DEL's removal, cni_dra.verbs.delete): a DEL record lost in a
+        # kernel crash leaves the attachment charged until the first ADD/DEL/GC after the
+        # reboot, which releases every attachment of the previous boot whose netns is gone.
+        with inv.store.transaction(durable=False) as st:
             att = st.find(*key)
             if att is None:
                 # A placeholder that ``state repair`` made for this pod's untracked link.
