@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the agent")
     parser.add_argument("--pythonpath", default="", help="PYTHONPATH of the agent (a work tree instead of the install)")
     parser.add_argument("--agent-workers", type=int, default=0, help="worker threads of the agent (0: its default)")
-    parser.add_argument("--pairs", type=int, default=30, help="ADD+DEL pairs per plugin")
+    parser.add_argument("--pairs", type=int, default=100, help="ADD+DEL pairs per plugin")
     parser.add_argument("--checks", type=int, default=30)
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the concurrent batch per plugin")
