@@ -277,6 +277,19 @@ def owner_alive(owner: Owner | None) -> bool:
     return start is not None and start == owner.start
 
 
+def _write_synced(path: Path, data: bytes, flag: int) -> None:
+    """Create ``path`` (0600, never through a symlink; ``flag``: O_EXCL or O_TRUNC), write
+    ``data`` whole and fsync it. Raises OSError."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | flag, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _decode_record(line: bytes) -> dict[str, Any] | None:
     """One journal line, verified; None when torn, not JSON or failing its checksum."""
     m = _CHECKSUM_TAIL.search(line)
@@ -647,26 +660,12 @@ class StateStore:
             for leftover in self.dir.glob(f".{STATE_FILE}*.tmp"):
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _write_synced(tmp, data, os.O_EXCL)
             fault_point("state:tmp-written")
             os.replace(tmp, self.path)
             fault_point("state:renamed")
             if backup:  # a second copy: the journal applies to it too (read_backup)
-                fd = os.open(bak_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _write_synced(bak_tmp, data, os.O_TRUNC)
                 os.replace(bak_tmp, self.backup_path)
             self._fsync_dir()
             # The old journal is folded into the snapshot (and names another id from now on).
