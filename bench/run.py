@@ -537,7 +537,7 @@ def table(r: dict[str, Any]) -> str:
     lines = ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     lines.append("")
-    lines.append("acceptance: " + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in r["acceptance"].items()))
+    lines.append("acceptance (issue 7, on the medians above): " + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in r["acceptance"].items()))
     if r["failures"]:
         lines.append(f"{len(r['failures'])} failed invocations, first: {r['failures'][0]}")
     lines.append(f"elapsed {r['elapsed_s']:.0f} s on {r['machine']['nproc']} CPUs, load {r['machine']['load_avg_1m']:.2f}. "

@@ -281,3 +281,16 @@ def test_worker_processes_serve_while_the_agent_cannot_and_leave_with_it(tmp_pat
             proc.kill()
             proc.wait(10)
         proc.stdout.close()
+
+
+def test_require_says_why_the_agent_did_not_serve(agent, tmp_path):
+    """``CNI_DRA_AGENT=require``: the code 11 message names the reason (here the agent
+    declined a caller in another working directory)."""
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.fastpath.client import main; sys.exit(main())"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": "VERSION", "CNI_DRA_AGENT": "require",
+           "CNI_DRA_AGENT_SOCKET": agent.socket_path}
+    proc = subprocess.run([sys.executable, "-IS", "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,
+                          capture_output=True, cwd=tmp_path, check=False)
+    answer = json.loads(proc.stdout)
+    assert proc.returncode == 1 and answer["code"] == 11
+    assert "declined" in answer["msg"] and "working directory" in answer["msg"]

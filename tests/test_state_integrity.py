@@ -346,3 +346,27 @@ def test_recover_releases_ipam_of_a_previous_boot_intent_whatever_its_steps(tmp_
     assert report.errors == []
     assert store.read().attachments == []
     assert log.read_text().split("\n")[:-1] == ["DEL earlier-boot"]
+
+
+def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monkeypatch):
+    """After a bad journal line the "ready" record of an agent-served ADD may be lost while
+    the agent (the intent's owner) lives on: with its link live it is kept as ready, so its
+    DEL is not refused as "ADD in progress" for as long as the agent runs. An intent of a
+    live owner without a live link stays in flight."""
+    from cni_dra.verbs import recover as recover_mod
+
+    me = current_owner()
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments += [
+            _att("served", phase="adding", owner=me, netns="/var/run/netns/a"),
+            _att("in-flight", phase="adding", owner=me, netns="/var/run/netns/b"),
+        ]
+    (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damaged: repair takes the backup copy
+    monkeypatch.setattr(recover_mod, "_live_links", lambda base: {("/var/run/netns/a", "eth0"): "eth9"})
+    monkeypatch.setattr(recover_mod, "_untracked_links", lambda known, parents: [])
+    report = repair(store, environ={})
+    got = {a.containerID: a for a in store.read().attachments}
+    assert got["served"].phase == "ready" and got["served"].owner is None
+    assert got["in-flight"].phase == "adding" and got["in-flight"].owner == me
+    assert any("kept attachment net/served/eth0" in line and "as ready" in line for line in report.changes)

@@ -317,3 +317,24 @@ def test_a_non_durable_commit_is_appended_without_fdatasync(tmp_path, monkeypatc
         s.bootID = "b1"
     assert len(synced) == 1  # a durable commit syncs the file, the earlier record with it
     assert _fresh(tmp_path).find("net", "c1", "eth0").steps == ["link"]
+
+
+def test_a_same_size_edit_of_a_read_record_is_noticed_by_a_cached_reader(tmp_path, monkeypatch):
+    """A cached process must not keep trusting a journal someone damaged in place."""
+    import time
+
+    monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
+    store = StateStore(tmp_path)
+    with store.transaction() as s:
+        s.attachments.append(_att("c1"))
+    for cid in ("c2", "c3"):
+        with store.transaction() as s:
+            s.attachments.append(_att(cid))
+    store.read()  # cached, journal read to its end
+    journal = tmp_path / JOURNAL_FILE
+    data = journal.read_bytes()
+    time.sleep(0.01)  # a later mtime for sure
+    journal.write_bytes(data.replace(b'"c2"', b'"x2"', 1))  # same size, checksum now wrong
+    with pytest.raises(StateError, match="journal is corrupt"):
+        with store.transaction() as s:
+            s.bootID = "b"

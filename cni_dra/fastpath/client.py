@@ -127,6 +127,10 @@ def _socket_is_ours(path: str) -> bool:
     )
 
 
+last_refusal = ""
+"""Why the last :func:`ask_agent` call returned None (for the ``require`` error message)."""
+
+
 def ask_agent(
     environ: dict[bytes, bytes], stdin: bytes, socket_path: str, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> tuple[int, bytes] | None:
@@ -139,6 +143,8 @@ def ask_agent(
     """
     import _socket
 
+    global last_refusal
+    last_refusal = "no socket we trust there (absent, or not owned by us in a directory only we can write)"
     if not _socket_is_ours(socket_path):
         return None
     try:
@@ -148,7 +154,8 @@ def ask_agent(
             b"\0".join(k + b"=" + v for k, v in environ.items()),
             stdin,
         )
-    except OSError:
+    except OSError as exc:
+        last_refusal = f"cannot describe the caller: {exc}"
         return None
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
@@ -156,6 +163,7 @@ def ask_agent(
         sock.connect(socket_path)
         cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
         if int.from_bytes(cred[4:8], "little", signed=True) != os.geteuid():
+            last_refusal = "the listener runs as another uid"
             return None
         sock.settimeout(timeout_s)
         sock.sendall(request)
@@ -167,19 +175,23 @@ def ask_agent(
                 break
             size += len(chunk)
             if size > MAX_MESSAGE_BYTES:
+                last_refusal = "answer too large"
                 return None
             chunks.append(chunk)
         status, stdout = decode_frames(b"".join(chunks), 2)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        last_refusal = f"no whole answer: {exc or type(exc).__name__}"
         return None
     finally:
         sock.close()
     word, _, rest = status.partition(b" ")
     if word != b"ok":
+        last_refusal = status.decode(errors="replace")  # "declined <reason>"
         return None
     try:
         return int(rest), stdout
     except ValueError:
+        last_refusal = "malformed answer"
         return None
 
 
@@ -268,7 +280,7 @@ def _agent_required_error(stdin: bytes, path: str) -> int:
     _write_fd(1, json.dumps({
         "cniVersion": version,
         "code": 11,
-        "msg": f"failed to reach cni-dra agent at {path}: absent, declined or no answer "
+        "msg": f"failed to reach cni-dra agent at {path}: {last_refusal or 'absent, declined or no answer'} "
         "(CNI_DRA_AGENT=require forbids running in-process)",
     }).encode())
     return 1

@@ -37,6 +37,9 @@ Caching: a process keeps the state it last read or wrote, keyed by the snapshot'
 (inode, size, mtime, ctime) and the journal's (inode, end of the last record read), so the
 resident agent parses the snapshot once and then only the records other processes appended.
 A transaction changes the cached state in place; one that raises drops it from the cache.
+A journal of the same size with another mtime or ctime was edited in place and is read
+again whole; an edit of records already read, followed by appends of others, is found
+by any fresh reader (the CLI, an in-process plugin, a restarted agent), not by this cache.
 :meth:`StateStore.read` and :meth:`StateStore.peek` may return that shared object: treat it
 as read-only. The store knows what a transaction changed from the attachments it added,
 removed or assigned fields of (:data:`cni_dra.state.models.TOUCHED`), the identities of the
@@ -193,8 +196,9 @@ class _Cached:
     j_ident: tuple[int, int] | None  # state.journal (dev, ino) read from
     j_end: int  # offset after the last good record of journal ``jid``
     j_stale: bool  # the journal file holds records of another id (reset before appending)
-    j_size: int  # size of the journal file when last read
+    j_size: int  # size of the journal file when last read or written
     state: NodeState
+    j_times: tuple[int, int] = (0, 0)  # its (mtime_ns, ctime_ns) then: an edit in place changes them
 
 
 _CACHE: dict[str, _Cached] = {}
@@ -552,7 +556,9 @@ class StateStore:
             if entry.j_end and (ident != entry.j_ident or st.st_size < entry.j_end):
                 raise _Reload
             if ident == entry.j_ident and st.st_size == entry.j_size:
-                return None  # nothing appended since
+                if (st.st_mtime_ns, st.st_ctime_ns) == entry.j_times:
+                    return None  # nothing appended since
+                raise _Reload  # same size, written since: edited in place, read it all again
             start = entry.j_end
             data = os.pread(fd, st.st_size - start, start) if st.st_size > start else b""
         except OSError as exc:
@@ -596,6 +602,7 @@ class StateStore:
         entry.seq = seq
         entry.j_end = start + pos if not stale else 0
         entry.j_ident, entry.j_stale, entry.j_size = ident, stale, st.st_size
+        entry.j_times = (st.st_mtime_ns, st.st_ctime_ns)
         return error
 
     def change_stamp(self) -> tuple[Any, ...] | None:
@@ -703,6 +710,7 @@ class StateStore:
             fault_point("state:renamed")  # whole record, not yet synced
             if durable or created:
                 os.fdatasync(fd)
+            after = os.fstat(fd)
             if created:
                 self._fsync_dir()
         except OSError as exc:
@@ -712,6 +720,7 @@ class StateStore:
         entry.seq = seq
         entry.j_ident = (st.st_dev, st.st_ino)
         entry.j_end = entry.j_size = end + len(record)
+        entry.j_times = (after.st_mtime_ns, after.st_ctime_ns)
         entry.j_stale = False
 
     @contextlib.contextmanager

@@ -310,9 +310,10 @@ def repair(
     * the base is the current file if it reads fine, else the backup, else an empty state
       (then prepared claims are lost: the kubelet prepares them again on its next sync);
     * every attachment whose link is gone is dropped and its IPAM released; ``ready`` and
-      ``adding`` ones with a live link on their recorded parent stay (as ``ready``: the backup
-      is one write behind, so an ``adding`` there may have completed); in-flight intents with a
-      live owner stay; ``deleting`` ones are finished;
+      ``adding`` ones with a live link on their recorded parent stay (as ``ready``: the records
+      after a bad one are lost, so an ``adding`` there may have completed), whether or not
+      their owner still runs (a resident agent does); other in-flight intents with a live
+      owner stay; ``deleting`` ones are finished;
     * macvlan/ipvlan links in ``/var/run/netns/*`` on one of ``parents`` (inventory NICs)
       that no attachment names are charged with their device's WHOLE capacity (their share
       is unknown; charging less could promise the NIC twice) as a placeholder attachment of
@@ -354,10 +355,16 @@ def repair(
         live = _live_links(base)
         keep = []
         for att in base.attachments:
-            if att.phase != "ready" and owner_alive(att.owner):
+            parent = live.get((att.netns, att.ifname))
+            # An in-flight intent stays, unless it is an ADD whose link is live: the records
+            # past a bad journal line are lost, so its "ready" may have been among them, and
+            # its owner (a resident agent) lives on; it is kept as ready below, else its DEL
+            # would answer "ADD in progress" for as long as the agent runs.
+            if att.phase != "ready" and owner_alive(att.owner) and not (
+                att.phase == "adding" and parent == att.ifName
+            ):
                 keep.append(att)
                 continue
-            parent = live.get((att.netns, att.ifname))
             if att.phase != "deleting" and parent == att.ifName:
                 if att.phase == "adding":  # the backup is one write behind: the ADD may have completed
                     report.changes.append(f"kept {_describe(att)} as ready: its link is live on {parent}")
