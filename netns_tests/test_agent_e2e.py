@@ -87,8 +87,10 @@ class Node:
                 "--plugin-dir", f"{self.short}/plugins", "--registry-dir", f"{self.short}/registry",
                 "--metrics-address", f"127.0.0.1:{self.metrics_port}", "--resync-interval", "3600", *extra]
         with open(self.log, "a") as log:
+            # the fast-path socket in this test's directory, never the node's /run/cni-dra one
             proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+                                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                                         "CNI_DRA_AGENT_SOCKET": f"{self.short}/fastpath/agent.sock"})
         self.procs.append(proc)
         wait_for(lambda: Path(f"{self.short}/registry/{DRIVER}-reg.sock").is_socket() or proc.poll() is not None,
                  what="agent sockets")
