@@ -10,9 +10,11 @@ CNI code other than 999 (999 is what the entry point prints for a bug).
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -30,6 +32,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
 _TMP = tempfile.mkdtemp(prefix="cni-dra-fuzz-")
+atexit.register(shutil.rmtree, _TMP, True)  # the directory goes with the test run
 _STATE = os.path.join(_TMP, "state")
 _INVENTORY = os.path.join(_TMP, "no-inventory.yaml")
 _EMPTY_PATH = os.path.join(_TMP, "bin")
