@@ -121,6 +121,18 @@ def _seal(body: bytes) -> bytes:
     return body[:-1] + b',"checksum":"sha256:' + digest.encode() + b'"}\n'
 
 
+def _unseal(data: bytes) -> bytes | None:
+    """The inverse of :func:`_seal`: the body when ``data`` ends in its checksum, None when it
+    has none. Raises ValueError when the checksum does not match."""
+    m = _CHECKSUM_TAIL.search(data)
+    if m is None:
+        return None
+    body = data[: m.start()] + b"}"
+    if hashlib.sha256(body).hexdigest() != m.group(1).decode():
+        raise ValueError("checksum mismatch")
+    return body
+
+
 def encode_state(state: NodeState, journal: tuple[str, int] | None = None) -> bytes:
     """The snapshot bytes for ``state``: compact JSON ending in ``"checksum": "sha256:<hex>"``.
 
@@ -149,13 +161,11 @@ def _decode_snapshot(data: bytes, source: str = STATE_FILE) -> tuple[NodeState, 
             details,
         )
 
-    m = _CHECKSUM_TAIL.search(data)
-    if m is not None:
-        body = data[: m.start()] + b"}"
-        if hashlib.sha256(body).hexdigest() != m.group(1).decode():
-            raise corrupt("checksum mismatch")
-    else:
-        body = data
+    try:
+        sealed = _unseal(data)
+    except ValueError:
+        raise corrupt("checksum mismatch") from None
+    body = data if sealed is None else sealed
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -163,7 +173,7 @@ def _decode_snapshot(data: bytes, source: str = STATE_FILE) -> tuple[NodeState, 
     if not isinstance(obj, dict):
         raise corrupt("top level is not an object")
     version = obj.get("schemaVersion", 1)
-    if m is None and version != 1:
+    if sealed is None and version != 1:
         raise corrupt("checksum missing")
     if isinstance(version, int) and version > SCHEMA_VERSION:
         raise StateError(
@@ -193,12 +203,13 @@ class _Cached:
     snap_size: int
     jid: str | None  # journal id the snapshot names (None: no journal)
     seq: int  # last record applied
-    j_ident: tuple[int, int] | None  # state.journal (dev, ino) read from
-    j_end: int  # offset after the last good record of journal ``jid``
-    j_stale: bool  # the journal file holds records of another id (reset before appending)
-    j_size: int  # size of the journal file when last read or written
     state: NodeState
-    j_times: tuple[int, int] = (0, 0)  # its (mtime_ns, ctime_ns) then: an edit in place changes them
+    # the journal as last read or written (nothing read yet: the defaults)
+    j_ident: tuple[int, int] | None = None  # state.journal (dev, ino)
+    j_end: int = 0  # offset after the last good record of journal ``jid``
+    j_stale: bool = False  # the file holds records of another id (reset before appending)
+    j_size: int = 0  # its size
+    j_times: tuple[int, int] = (0, 0)  # its (mtime_ns, ctime_ns): an edit in place changes them
 
 
 _CACHE: dict[str, _Cached] = {}
@@ -206,6 +217,13 @@ _CACHE: dict[str, _Cached] = {}
 
 def _ident(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _decoded(data: bytes, source: str, ident: tuple[int, int, int, int] | None = None) -> _Cached:
+    """A cache entry for snapshot bytes ``data`` (its journal not read yet). Raises StateError (5)."""
+    state, journal = _decode_snapshot(data, source)
+    jid, seq = journal if journal is not None else (None, 0)
+    return _Cached(ident, len(data), jid, seq, state)
 
 
 def _apply(state: NodeState, records: list[list[Any]]) -> None:
@@ -296,19 +314,19 @@ def _write_synced(path: Path, data: bytes, flag: int) -> None:
 
 def _decode_record(line: bytes) -> dict[str, Any] | None:
     """One journal line, verified; None when torn, not JSON or failing its checksum."""
-    m = _CHECKSUM_TAIL.search(line)
-    if m is None:
-        return None
-    body = line[: m.start()] + b"}"
-    if hashlib.sha256(body).hexdigest() != m.group(1).decode():
-        return None
     try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        body = _unseal(line)
+        obj = json.loads(body) if body is not None else None
+    except (ValueError, UnicodeDecodeError):  # checksum mismatch, not JSON
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("ops"), list):
         return None
     return obj
+
+
+def _put_op(att: Attachment) -> bytes:
+    """The journal op that lists ``att`` (replacing the one with its key)."""
+    return b'{"put":' + att.model_dump_json(exclude_none=True).encode() + b"}"
 
 
 def _ids(items: list[Any]) -> tuple[int, ...]:
@@ -344,13 +362,13 @@ class _Before:
         for is_add, att in atts.events:
             if is_add:
                 added.add(id(att))
-                ops.append(b'{"put":' + att.model_dump_json(exclude_none=True).encode() + b"}")
+                ops.append(_put_op(att))
             else:
                 ops.append(b'{"del":' + json.dumps(list(att.key)).encode() + b"}")
         index = atts.index()  # added ones were serialised just now, with their later changes
         for att in list(TOUCHED.values()):
             if id(att) not in added and index.get(att.key) is att:
-                ops.append(b'{"put":' + att.model_dump_json(exclude_none=True).encode() + b"}")
+                ops.append(_put_op(att))
         for uid in self.claims.keys() | state.claims.keys():
             lst = state.claims.get(uid)
             now = (id(lst), _ids(lst)) if lst is not None else None
@@ -520,7 +538,7 @@ class StateStore:
                 ) from None
             if entry is not None and entry.snap_ident is None:
                 return entry
-            return _Cached(None, 0, None, 0, None, 0, False, 0, NodeState())
+            return _Cached(None, 0, None, 0, NodeState())
         except OSError as exc:
             raise StateError(f"failed to read state {self.path}: {exc.strerror}") from exc
         ident = _ident(st)
@@ -529,9 +547,7 @@ class StateStore:
                 data = self.path.read_bytes()
             except OSError as exc:
                 raise StateError(f"failed to read state {self.path}: {exc.strerror}") from exc
-            state, journal = _decode_snapshot(data, str(self.path))
-            jid, seq = journal if journal is not None else (None, 0)
-            entry = _Cached(ident, len(data), jid, seq, None, 0, False, 0, state)
+            entry = _decoded(data, str(self.path), ident)
         if entry.jid is not None:
             self._replay(entry)
         return entry
@@ -613,8 +629,7 @@ class StateStore:
         except OSError:
             return None
         try:
-            jst = os.stat(self.journal_path)
-            journal: tuple[int, int, int] | None = (jst.st_ino, jst.st_size, jst.st_mtime_ns)
+            journal: tuple[int, int, int, int] | None = _ident(os.stat(self.journal_path))
         except OSError:
             journal = None
         return (_ident(st), journal)
@@ -650,9 +665,9 @@ class StateStore:
         finally:
             os.close(dfd)
 
-    def _write_unlocked(self, state: NodeState, *, backup: bool = True) -> None:
+    def _write_unlocked(self, state: NodeState) -> None:
         """Write ``state`` as a new snapshot (with a new, empty journal) atomically, then a
-        second copy as ``state.json.bak`` (``backup``). Raises StateError (5)."""
+        second copy as ``state.json.bak``. Raises StateError (5)."""
         key = str(self.path)
         _CACHE.pop(key, None)  # re-established below once the files are in place
         if state.bootID is None:  # a new or migrated state is written in this boot
@@ -671,9 +686,9 @@ class StateStore:
             fault_point("state:tmp-written")
             os.replace(tmp, self.path)
             fault_point("state:renamed")
-            if backup:  # a second copy: the journal applies to it too (read_backup)
-                _write_synced(bak_tmp, data, os.O_TRUNC)
-                os.replace(bak_tmp, self.backup_path)
+            # a second copy: the journal applies to it too (read_backup)
+            _write_synced(bak_tmp, data, os.O_TRUNC)
+            os.replace(bak_tmp, self.backup_path)
             self._fsync_dir()
             # The old journal is folded into the snapshot (and names another id from now on).
             with contextlib.suppress(FileNotFoundError):
@@ -684,7 +699,7 @@ class StateStore:
                 with contextlib.suppress(OSError):
                     t.unlink()
             raise StateError(f"failed to write state {self.path}: {exc.strerror}") from exc
-        _CACHE[key] = _Cached(_ident(st), len(data), jid, seq, None, 0, False, 0, state)
+        _CACHE[key] = _Cached(_ident(st), len(data), jid, seq, state)
 
     def _append(self, entry: _Cached, ops: list[bytes], durable: bool = True) -> None:
         """Commit ``ops`` (encoded) as the next journal record of ``entry`` (fdatasync'ed
@@ -782,30 +797,27 @@ class StateStore:
 
     def _verify(self, state: NodeState) -> None:
         """``CNI_DRA_STATE_VERIFY=1``: the files, read from scratch, must equal ``state``."""
-        key = str(self.path)
-        cached = _CACHE.pop(key, None)
-        try:
-            fresh = self._refresh(None)
-        finally:
-            if cached is not None:
-                _CACHE[key] = cached
-        if fresh.state.model_dump(mode="json") != state.model_dump(mode="json"):
+        if self.read_files().model_dump(mode="json") != state.model_dump(mode="json"):
             raise StateError(
                 f"failed to write state {self.path}: the journal does not reproduce the state in memory "
                 "(a change made without assigning a field?)"
             )
 
     # -- repair --------------------------------------------------------------------------
+    def _with_good_records(self, data: bytes, source: str) -> NodeState:
+        """Snapshot bytes (``state.json`` or its copy) plus the journal's records before a bad
+        one (a bad one is reported by the main read). Raises StateError (5) for a bad snapshot."""
+        entry = _decoded(data, source)
+        if entry.jid is not None:
+            self._replay(entry, strict=False)
+        return entry.state
+
     def _read_snapshot_with_good_records(self) -> NodeState | None:
         """The snapshot plus the journal's records before a bad one; None if the snapshot is bad."""
         try:
-            data = self.path.read_bytes()
-            state, journal = _decode_snapshot(data, str(self.path))
+            return self._with_good_records(self.path.read_bytes(), str(self.path))
         except (OSError, StateError):
             return None
-        if journal is not None:
-            self._replay(_Cached(None, len(data), journal[0], journal[1], None, 0, False, 0, state), strict=False)
-        return state
 
     def _read_backup_unlocked(self) -> NodeState | None:
         try:
@@ -814,11 +826,7 @@ class StateStore:
             return None
         except OSError as exc:
             raise StateError(f"failed to read state backup {self.backup_path}: {exc.strerror}") from exc
-        state, journal = _decode_snapshot(data, str(self.backup_path))
-        if journal is not None:
-            entry = _Cached(None, len(data), journal[0], journal[1], None, 0, False, 0, state)
-            self._replay(entry, strict=False)  # the good records; a bad one is reported by the main read
-        return state
+        return self._with_good_records(data, str(self.backup_path))
 
     def read_backup(self) -> NodeState | None:
         """The backup (the second copy of the snapshot, plus its journal's good records),
@@ -836,11 +844,11 @@ class StateStore:
         with self.locked():
             _CACHE.pop(str(self.path), None)  # repair reads the files, not what this process remembers
             view = RepairView(self)
+            stamp = int(time.time())  # of the files moved aside
             try:
                 view.current = self._read_unlocked()
             except StateError as exc:
                 view.error = exc
-                stamp = int(time.time())
                 view.current = self._read_snapshot_with_good_records()
                 if view.current is None and self.path.exists():
                     view.aside = self.dir / f"{STATE_FILE}.corrupt-{stamp}"
@@ -852,7 +860,7 @@ class StateStore:
             if view.error is not None and self.journal_path.exists():
                 # kept for the operator (the backup took its good records first); the repaired
                 # snapshot starts a new journal
-                view.journal_aside = self.dir / f"{JOURNAL_FILE}.corrupt-{int(time.time())}"
+                view.journal_aside = self.dir / f"{JOURNAL_FILE}.corrupt-{stamp}"
                 os.replace(self.journal_path, view.journal_aside)
             yield view
 
