@@ -349,10 +349,8 @@ def cmd_add(inv: Invocation) -> Result:
         # 4. IPAM's answer, then addresses and routes on the link
         ipam_result: Result | None = None
         if ipam_job is not None:
-            ipam_result, error = ipam_job.wait()
-            if error is not None:
-                with ipam_codes():
-                    raise error
+            with ipam_codes():
+                ipam_result = ipam_job.result()
             fault_point("add:ipam-done")
             fault_point("add:ipam-recorded")
         elif conf.ipam_type:  # dhcp

@@ -92,7 +92,7 @@ class Concurrently:
 
     The thread starts in the caller's current network namespace (a thread inherits it), so
     start it before entering a pod's netns. :meth:`wait` joins it and returns
-    ``(value, None)`` or ``(None, exception)``; always call it (an IPAM plugin must never
+    ``(value, None)`` or ``(None, exception)``, :meth:`result` the value or raises; always call one (an IPAM plugin must never
     be left running). Used for the IPAM plugin's ADD, DEL and CHECK, which do not depend
     on the pod's link (except ``dhcp``: the verbs run it in order).
     """
@@ -113,3 +113,10 @@ class Concurrently:
     def wait(self) -> tuple[Any, BaseException | None]:
         self._thread.join()
         return self._value, self._error
+
+    def result(self) -> Any:
+        """:meth:`wait`, then ``fn``'s value, or its exception raised here."""
+        value, error = self.wait()
+        if error is not None:
+            raise error
+        return value

@@ -44,13 +44,11 @@ def cmd_del(inv: Invocation) -> None:
     release = None
     if ipam_type:
         raw = inv.raw if conf.ipam_type else (att.ipamConf or "").encode()
-        release = Concurrently(lambda: ipam.ipam_del(ipam_type, raw, inv.environ, env.path))
         if ipam_type == "dhcp":  # the release goes out through the link: before it is deleted
-            ipam_error = release.wait()[1]
-            if ipam_error is not None:
-                with ipam_codes():
-                    raise ipam_error
-            release = None
+            with ipam_codes():
+                ipam.ipam_del(ipam_type, raw, inv.environ, env.path)
+        else:
+            release = Concurrently(lambda: ipam.ipam_del(ipam_type, raw, inv.environ, env.path))
     try:
         if env.netns and netns_exists(env.netns):
             if is_host_netns(env.netns):
@@ -67,10 +65,8 @@ def cmd_del(inv: Invocation) -> None:
                 exc.add_note(f"IPAM DEL failed as well: {ipam_error}")
         raise
     if release is not None:
-        ipam_error = release.wait()[1]
-        if ipam_error is not None:
-            with ipam_codes():
-                raise ipam_error
+        with ipam_codes():
+            release.result()
     fault_point("del:ipam-released")
     if att is not None:
         with inv.store.transaction(durable=False) as state:  # see begin_delete: a reboot releases it
