@@ -15,6 +15,10 @@ PYTEST_FLAGS ?= $(if $(filter true,$(CI)),-p no:cacheprovider,)
 
 export CNI_DRA_VENV := $(VENV)
 export CNI_BIN_DIR  := $(CNI_BIN)
+# The netns tests run the plugin installed by this make (another VENV/CNI_BIN installs,
+# and tests, a second copy beside the first).
+export CNI_DRA_TEST_EXE      ?= $(CNI_BIN)/cni-dra
+export CNI_DRA_TEST_CNI_PATH ?= $(CNI_BIN)
 
 .PHONY: help deps venv install demo test unit netns lint bench clean ipvlan-uml
 
