@@ -14,9 +14,11 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
 
     Shape: ``{"devices": [{"name", "ifName", "capacity": {name: q}, "consumed": {...},
     "remaining": {...}}], "attachments": [{"podUID", "containerID", "ifname", "netns",
-    "device", "consumedCapacity": {...}, "shareID", ...}]}``; quantities are canonical
-    Kubernetes quantity strings (bandwidth in bits per second). ``consumed`` counts
-    attachments and prepared claim results not attached yet.
+    "device", "consumedCapacity": {...}, "consumedRecorded", "shareID", ...}]}``; quantities
+    are canonical Kubernetes quantity strings (bandwidth in bits per second). ``consumed``
+    counts attachments and prepared claim results not attached yet. An attachment's
+    ``consumedCapacity`` is what it is charged: its record, or, when the record names no
+    amount (``consumedRecorded`` false: an old state), its device's whole capacity.
     """
     from cni_dra.allocator import remaining
     from cni_dra.dra.inventory import load_inventory
@@ -26,7 +28,8 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
     slice_ = load_inventory(inventory)
     state = StateStore(state_dir).read()
     driver, pool = slice_.spec.driver, slice_.spec.pool.name
-    consumed = state.consumed_by_device(driver, pool, {d.name: d for d in slice_.spec.devices})
+    by_name = {d.name: d for d in slice_.spec.devices}
+    consumed = state.consumed_by_device(driver, pool, by_name)
     devices = []
     for d in sorted(slice_.spec.devices, key=lambda d: d.name):
         used = consumed.get(d.name, {})
@@ -52,7 +55,8 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
                 "netns": a.netns,
                 "device": a.device,
                 "ifName": a.ifName,
-                "consumedCapacity": {k: str(v) for k, v in sorted(a.consumedCapacity.items())},
+                "consumedCapacity": {k: str(v) for k, v in sorted(a.charged(by_name.get(a.device)).items())},
+                "consumedRecorded": bool(a.consumedCapacity),
                 "shareID": a.shareID,
                 "phase": a.phase,
                 "claim": a.claim.model_dump() if a.claim else None,

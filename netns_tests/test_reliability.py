@@ -66,6 +66,13 @@ class Node:
     def consumed(self) -> dict[str, Quantity]:
         return self.state().consumed_by_device(DRIVER, "n")
 
+    def consumed_with_inventory(self) -> dict[str, dict[str, Quantity]]:
+        """As ADD counts: a record without amounts holds its inventory device whole."""
+        from cni_dra.dra.inventory import load_inventory
+
+        devices = {d.name: d for d in load_inventory(str(self.inventory)).spec.devices}
+        return self.state().consumed_by_device(DRIVER, "n", devices)
+
     def ipam(self) -> dict[str, str]:
         """host-local reservations: IP → container ID (the file's first line)."""
         d = self.ipam_dir / NET
@@ -298,6 +305,30 @@ def test_old_schema_state_is_migrated(node, make_netns):
     assert node.consumed() == {"nic-b": {"bandwidth": Quantity.parse("4G")}}
     assert delete(node, ns, "pod-a")[0] == 0
 
+
+
+def test_old_schema_attachment_without_amounts_holds_its_whole_nic(node, make_netns):
+    """A schema-1 record without consumedCapacity is charged its NIC's whole capacity until
+    its DEL: later ADDs cannot put 11G on a 10G NIC."""
+    ns_old, ns_x, ns_y = make_netns(), make_netns(), make_netns()
+    node.state_dir.mkdir(mode=0o700)
+    old = {"network": NET, "containerID": "pod-old", "ifname": "eth0", "netns": ns_old, "podUID": "uid-pod-old",
+           "driver": DRIVER, "pool": "n", "device": "nic-a", "ifName": node.parents["nic-a"], "phase": "ready"}
+    (node.state_dir / "state.json").write_text(json.dumps({"schemaVersion": 1, "claims": {}, "attachments": [old]}))
+    code, out, err = add(node, ns_x, "pod-x", conf=node.conf("6G"))
+    assert code == 0, (out, err)
+    assert parent_of(ns_x) == node.parents["nic-b"]
+    code, out, err = add(node, ns_y, "pod-y", conf=node.conf("6G"))
+    assert code == 1 and out["code"] == 100, (out, err)
+    assert "nic-a: remaining bandwidth 0 < 6G" in out["msg"]
+    assert node.consumed_with_inventory()["nic-a"] == {"bandwidth": node.capacity}
+    assert delete(node, ns_old, "pod-old")[0] == 0  # its DEL releases the NIC
+    code, out, err = add(node, ns_y, "pod-y", conf=node.conf("6G"))
+    assert code == 0, (out, err)
+    assert parent_of(ns_y) == node.parents["nic-a"]
+    for ns, cid in ((ns_x, "pod-x"), (ns_y, "pod-y")):
+        assert delete(node, ns, cid)[0] == 0
+    assert node.attachments() == {} and node.ipam() == {}
 
 # -- 3. reboots -----------------------------------------------------------------------------
 def test_reboot_releases_attachments_whose_netns_is_gone(node, make_netns):

@@ -267,6 +267,66 @@ CASES: list[Case] = [
 ]
 
 
+# allocationMode All with capacity requests. Expected values by hand from upstream's rules
+# (see test_all_mode_with_capacity_requests).
+ALL_CAPACITY_CASES: list[Case] = [
+    # a device is left out of All when its capacity could not serve the request even idle
+    Case("all-skips-device-without-the-capacity", [D("a", 10), D("b", 10, cap_name="other")],
+         [C(R("r", {"c": 2}, mode="All"))], [[("r", "a", {"c": "2"})]]),
+    Case("all-skips-device-whose-total-is-too-small", [D("a", 10), D("b", 1)],
+         [C(R("r", {"c": 2}, mode="All"))], [[("r", "a", {"c": "2"})]]),
+    Case("all-skips-device-whose-policy-refuses", [D("a", 10), D("b", 10, R224)],
+         [C(R("r", {"c": 6}, mode="All"))], [[("r", "a", {"c": "6"})]]),
+    Case("all-skips-device-whose-rounded-amount-exceeds-total", [D("a", 10), D("b", 3, RANGE_STEP2)],
+         [C(R("r", {"c": 4}, mode="All"))], [[("r", "a", {"c": "4"})]]),
+    Case("all-skips-small-dedicated-device", [D("a", 10), D("d", 1, shared=False)],
+         [C(R("r", {"c": 2}, mode="All"))], [[("r", "a", {"c": "2"})]]),
+    Case("all-keeps-large-dedicated-device", [D("a", 10), D("d", 10, shared=False)],
+         [C(R("r", {"c": 2}, mode="All"))], [[("r", "a", {"c": "2"}), ("r", "d", None)]]),
+    Case("all-skips-by-capacity-counts-results-after-filter",
+         [D(f"d{i:02d}", 10) for i in range(32)] + [D("zz", 10, cap_name="other")],
+         [C(R("r", {"c": 1}, mode="All"))], [[("r", f"d{i:02d}", {"c": "1"}) for i in range(32)]]),
+    # ... but a device that could serve it and has not enough left fails the request
+    Case("all-fails-when-a-matching-device-has-too-little-left", [D("a", 10), D("b", 10)],
+         [C(R("r", {"c": 2}, mode="All"))], [NoFitExpect("request r: b: remaining c 1 < 2")], consumed={"b": {"c": "9"}}),
+    Case("all-skips-one-device-and-fails-on-another",
+         [D("a", 10), D("b", 10, cap_name="other"), D("c", 10)], [C(R("r", {"c": 2}, mode="All"))],
+         [NoFitExpect("request r: b: left out of All: no capacity c; c: remaining c 1 < 2")], consumed={"c": {"c": "9"}}),
+    Case("all-fails-on-a-device-an-earlier-claim-filled", [D("a", 10), D("b", 10)],
+         [C(R("r", {"c": 9})), C(R("every", {"c": 2}, mode="All"), name="second")],
+         [[("r", "a", {"c": "9"})], NoFitExpect("request every: a: remaining c 1 < 2")]),
+    Case("all-fails-on-a-held-dedicated-device", [D("a", 10), D("d", 10, shared=False)],
+         [C(R("r", {"c": 2}, mode="All"))], [NoFitExpect("request r: d: held by a dedicated allocation")],
+         consumed={"d": {"c": "10"}}),
+    # no device left after the capacity filter: the request does not fit (not an error)
+    Case("all-matches-no-device-after-capacity-filter", [D("a", 1), D("b", 10, cap_name="other")],
+         [C(R("r", {"c": 2}, mode="All"))],
+         [NoFitExpect("a: left out of All: capacity c 1 < 2; b: left out of All: no capacity c; "
+                      "allocationMode All needs at least one matching device that has the requested capacity")]),
+    Case("all-matching-no-device-falls-through-first-available", [D("a", 1)],
+         [C(FA("r", S("every", {"c": 2}, mode="All"), S("one", {"c": 1})))], [[("r/one", "a", {"c": "1"})]]),
+    # with a count request in the same claim
+    Case("count-then-all-share-devices", [D("a", 10), D("b", 10), D("x", 10, cap_name="other")],
+         [C(R("one", {"c": 4}), R("every", {"c": 4}, mode="All"))],
+         [[("one", "a", {"c": "4"}), ("every", "a", {"c": "4"}), ("every", "b", {"c": "4"})]]),
+    Case("count-leaves-too-little-for-all", [D("a", 10), D("b", 10)],
+         [C(R("one", {"c": 8}), R("every", {"c": 4}, mode="All"))],
+         [NoFitExpect("requests one and every fit alone but not together: combined c 12 > 10 on a (one 8 + every 4)")]),
+    Case("count-backtracks-to-a-device-all-skips", [D("a", 10), D("b", 5)],
+         [C(R("one", {"c": 5}), R("every", {"c": 6}, mode="All"))],
+         [[("one", "b", {"c": "5"}), ("every", "a", {"c": "6"})]]),
+    Case("all-then-count-on-the-skipped-device", [D("a", 4), D("b", 3)],
+         [C(R("every", {"c": 4}, mode="All"), R("one", {"c": 3}))],
+         [[("every", "a", {"c": "4"}), ("one", "b", {"c": "3"})]]),
+    Case("all-then-count-of-a-capacity-all-lacks", [D("a", 10), D("s", 10, cap_name="other")],
+         [C(R("every", {"c": 4}, mode="All"), R("one", {"other": 4}))],
+         [[("every", "a", {"c": "4"}), ("one", "s", {"other": "4"})]]),
+    Case("all-then-count-needs-a-full-device", [D("a", 10), D("b", 3)],
+         [C(R("every", {"c": 8}, mode="All"), R("one", {"c": 4}, count=2))],
+         [NoFitExpect("requests every and one fit alone but not together")]),
+]
+
+
 def _usage(case: Case, sl: ResourceSlice) -> NodeUsage:
     if case.usage is not None:
         return case.usage
@@ -281,6 +341,36 @@ def test_table_is_large_enough() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_parity(case: Case) -> None:
+    _check(case)
+
+
+@pytest.mark.parametrize("case", ALL_CAPACITY_CASES, ids=[c.id for c in ALL_CAPACITY_CASES])
+def test_all_mode_with_capacity_requests(case: Case) -> None:
+    """``allocationMode: All`` with capacity requests, as upstream's structured allocator.
+
+    Matched: k8s.io/dynamic-resource-allocation ``structured`` (the experimental and
+    incubating allocators, v0.37.0 and later, i.e. Kubernetes 1.37+). When a request asks
+    for All devices, ``validateDeviceRequest`` collects the devices that match its
+    selectors and passes each through ``CmpRequestOverCapacity`` against an EMPTY consumed
+    state: a device that lacks a requested capacity, whose requestPolicy refuses the
+    amount, or whose capacity value is below the (rounded) amount is skipped, i.e. the
+    capacity request filters like a selector on the device's totals (as the
+    ``CapacityRequirements`` API documentation says). What is in use is checked only when
+    ``allocateOne`` places each device of that set (``allocateDevice`` with must=true): a
+    device that could serve the request but has not enough left, after the node's
+    allocations and the earlier requests of the claim, fails the request, and the search
+    backtracks into the earlier requests. When the set is empty, ``allocateOne`` reports
+    the request unsatisfiable (no error; a ``firstAvailable`` moves on to its next
+    subrequest). The results limit (32) counts the set after the filter.
+
+    Kubernetes 1.35 and 1.36 measured the filter against the node's existing allocations
+    instead of an empty state, so a full device was silently left out of All; upstream
+    changed that in 1.37 to fail the request, and cni-dra follows the newer rule.
+    """
+    _check(case)
+
+
+def _check(case: Case) -> None:
     sl = slice_of(case.devices)
     claims = [ResourceClaim.model_validate(c) for c in case.claims]
     got = allocate_claims(claims, sl, _usage(case, sl), share_ids())
@@ -491,6 +581,16 @@ def test_cli_no_fit_exits_1_with_reasons(tmp_path: Path) -> None:
     assert "NoCapacityError: claim ns/claim cannot be allocated" in result.stderr
 
 
+def test_cli_all_mode_leaves_out_a_nic_without_room_even_when_idle(tmp_path: Path) -> None:
+    devices = [D("eth-a", "10G"), D("eth-b", "1G"), D("eth-c", "10G", cap_name="other")]
+    inv = _write(tmp_path, "slice.json", {"spec": {"driver": DRV, "nodeName": "node1", "pool": {"name": "node1"}, "devices": devices}})
+    c1 = _write(tmp_path, "c1.json", C(R("nic", {"c": "2G"}, mode="All")))
+    result = CliRunner().invoke(make_allocate_command(share_id=share_ids()), ["--inventory", inv, "--claim", c1])
+    assert result.exit_code == 0, result.output
+    results = json.loads(result.stdout)[0]["allocation"]["devices"]["results"]
+    assert [(r["device"], r["consumedCapacity"]) for r in results] == [("eth-a", {"c": "2G"})]
+
+
 def test_cli_state_reader_is_used(tmp_path: Path) -> None:
     inv = _write(tmp_path, "slice.json", {"spec": {"driver": DRV, "nodeName": "node1", "pool": {"name": "node1"}, "devices": [D("eth-a", "10G")]}})
     c1 = _write(tmp_path, "c1.json", C(R("nic", {"c": "8G"})))
@@ -544,3 +644,40 @@ def test_single_request_claim_agrees_with_select_device(devs: list[dict[str, Any
         assert res.devices.results[0].device == sel.device.name
         if sel.shared:
             assert res.devices.results[0].consumed_capacity == sel.consumed_capacity
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    devs=st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.integers(min_value=1, max_value=12)),  # capacity c (None: lacks it)
+            st.booleans(),  # shared
+            st.integers(min_value=0, max_value=12),  # already consumed (shared) / held (dedicated, when > 0)
+        ),
+        min_size=1, max_size=5,
+    ),
+    amount=st.integers(min_value=1, max_value=12),
+)
+def test_all_mode_takes_exactly_the_devices_that_could_serve_it(devs: list[tuple[int | None, bool, int]], amount: int) -> None:
+    """All = every device with capacity ``c`` ≥ the request (by total, whatever is in use);
+    it fits only when that set is non-empty and each of them can take its share now."""
+    raw, consumed = [], {}
+    for i, (value, shared, used) in enumerate(devs):
+        name = f"d{i}"
+        raw.append(D(name, value, shared=shared) if value is not None else D(name, shared=shared, caps={"other": {"value": 1}}))
+        if value is not None and used:
+            consumed[name] = {"c": str(min(used, value))}
+    sl = slice_of(raw)
+    usage = NodeUsage.from_consumed({d: {k: Quantity.parse(v) for k, v in c.items()} for d, c in consumed.items()}, sl.spec.devices)
+    res = allocate_claim(ResourceClaim.model_validate(C(R("r", {"c": amount}, mode="All"))), sl, usage, share_ids())
+    wanted, placeable = [], True
+    for i, (value, shared, used) in enumerate(devs):
+        if value is None or value < amount:
+            continue
+        wanted.append(f"d{i}")
+        placeable = placeable and ((min(used, value) + amount <= value) if shared else used == 0)
+    if wanted and placeable:
+        assert isinstance(res, AllocationResult), str(res)
+        assert [r.device for r in res.devices.results] == wanted
+    else:
+        assert isinstance(res, ClaimNoFit)

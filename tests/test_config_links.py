@@ -118,7 +118,8 @@ def test_malformed_mac_is_code_7(bad: str) -> None:
 
 def _att(device: str, link_type: str, cid: str = "c", pool: str = "n") -> Attachment:
     return Attachment(network="net1", containerID=cid, ifname="eth0", driver="net.cni-dra.dev", pool=pool,
-                      device=device, ifName=f"if-{device}", linkType=link_type, phase="ready")
+                      device=device, ifName=f"if-{device}", linkType=link_type, phase="ready",
+                      consumedCapacity={"bandwidth": "0"})  # recorded: an empty record holds the whole NIC
 
 
 def test_link_type_conflicts_names_devices_with_the_other_type() -> None:

@@ -8,9 +8,15 @@ structured parameters, KEP-4816 prioritized list, KEP-5075 consumable capacity):
 
 * Requests are allocated in claim order. ``exactly`` with ``allocationMode:
   ExactCount`` (the default) takes ``count`` devices (default 1); ``allocationMode:
-  All`` takes every device matching the request's selectors, needs at least one, and
-  fails when any of them cannot be allocated. ``firstAvailable`` tries its
-  subrequests in order; the result names ``<request>/<subrequest>``.
+  All`` takes every device that matches the request's selectors and whose capacity
+  could serve the request on an idle device (each requested capacity exists, its
+  requestPolicy admits the amount, the amount is within the capacity's value: the
+  capacity request filters like a selector on the totals), needs at least one such
+  device, and fails when any of them cannot be allocated now (held by a dedicated
+  allocation, not enough left after the node's usage and earlier requests, a
+  constraint). A device that is merely full is not left out: it fails the request.
+  ``firstAvailable`` tries its subrequests in order; the result names
+  ``<request>/<subrequest>``.
 * Shared devices (``allowMultipleAllocations: true``) can serve several requests and
   claims while their capacity lasts; each allocation consumes per KEP-5075 (see
   :mod:`cni_dra.allocator.capacity`), counting what the node has consumed and what
@@ -241,6 +247,7 @@ class _Search:
         self.alloc_dedicated: set[str] = set()
         self.picks: list[_Pick] = []
         self._selectable: dict[tuple[str, str], bool] = {} if selectable_cache is None else selectable_cache
+        self._all_devices: dict[str, list[Device]] = {}
 
     # -- per-device checks ------------------------------------------------------------
 
@@ -257,6 +264,34 @@ class _Search:
             else:
                 self._selectable[key] = True
         return self._selectable[key]
+
+    def static_misfit(self, req: _Req, device: Device) -> str | None:
+        """Why ``device`` could not serve one allocation of ``req`` even when idle, or None.
+
+        The capacity request read as a filter on the device's totals: a requested
+        capacity it lacks, an amount its requestPolicy refuses, or an amount (after
+        the policy's rounding) above the capacity's whole value.
+        """
+        cons = device_consumption(device, req.capacity, self.driver)
+        if isinstance(cons, NoFit):
+            return cons.reasons[device.name]
+        for key, amount in sorted(cons.items()):
+            value = device.capacity[key].value
+            if amount > value:
+                return f"capacity {key} {value} < {amount}"
+        return None
+
+    def all_devices(self, req: _Req) -> list[Device]:
+        """The devices an ``allocationMode: All`` request must take, in name order.
+
+        Those matching its selectors that pass :meth:`static_misfit`; what is in use
+        on them does not matter here (that is checked when each is placed).
+        """
+        if req.name not in self._all_devices:
+            self._all_devices[req.name] = [
+                d for d in self.devices if self.selectable(req, d) and self.static_misfit(req, d) is None
+            ]
+        return self._all_devices[req.name]
 
     def in_use(self, device: Device, req: _Req) -> str | None:
         if req.admin_access:
@@ -365,7 +400,7 @@ class _Search:
             return True
         for req in requests[ri]:
             if req.all_mode:
-                matching = [d for d in self.devices if self.selectable(req, d)]
+                matching = self.all_devices(req)
                 if not matching:
                     continue
                 placed = 0
@@ -452,6 +487,11 @@ class _Explain:
             if not self.probe.selectable(req, d):
                 out[d.name] = "does not match selectors"
                 continue
+            if req.all_mode:
+                static = self.probe.static_misfit(req, d)
+                if static is not None:
+                    out[d.name] = f"left out of All: {static}"
+                    continue
             why = self.probe.in_use(d, req) or self.probe.consumption(req, d)[1]
             if why is not None:
                 out[d.name] = why
@@ -490,7 +530,7 @@ class _Explain:
         return " and ".join(parts)
 
     def _results_needed(self, req: _Req) -> int:
-        return sum(1 for d in self.devices if self.probe.selectable(req, d)) if req.all_mode else req.count
+        return len(self.probe.all_devices(req)) if req.all_mode else req.count
 
     def _room(self, req: _Req, device: Device) -> int | None:
         """How many allocations of ``req`` ``device`` still takes (None: unbounded)."""
@@ -553,11 +593,12 @@ class _Explain:
         per = self.device_reasons(req)
         parts = [f"{n}: {w}" for n, w in sorted(per.items())]
         fitting = [d for d in self.devices if d.name not in per]
-        matching = [d for d in self.devices if self.probe.selectable(req, d)]
+        matching = self.probe.all_devices(req) if req.all_mode else []
         if not self.devices:
             parts.append("no devices")
         elif req.all_mode and not matching:
-            parts.append("allocationMode All needs at least one matching device")
+            parts.append("allocationMode All needs at least one matching device"
+                         + (" that has the requested capacity" if req.capacity else ""))
         elif fitting and (not req.all_mode or len(fitting) == len(matching)):
             # Every device it needs takes one allocation: the request as a whole fails.
             needed = self._results_needed(req)

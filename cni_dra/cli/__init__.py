@@ -74,9 +74,10 @@ def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None)
     rows = [("POD", "CONTAINER", "IFNAME", "DEVICE", "CONSUMED", "SHAREID", "PHASE")]
     for a in report["attachments"]:
         pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else (a["podUID"] or "-")
-        rows.append((pod, a["containerID"][:12], a["ifname"], a["device"],
-                     ",".join(f"{k}={v}" for k, v in a["consumedCapacity"].items()) or "-",
-                     a["shareID"] or "-", a["phase"]))
+        charged = ",".join(f"{k}={v}" for k, v in a["consumedCapacity"].items()) or "-"
+        if not a["consumedRecorded"]:
+            charged += " (not recorded: whole device)"
+        rows.append((pod, a["containerID"][:12], a["ifname"], a["device"], charged, a["shareID"] or "-", a["phase"]))
     _table(rows)
     if report["preparedClaims"]:
         click.echo("")

@@ -13,7 +13,10 @@ Shape (schemaVersion 3)::
 
 An attachment is one CNI attachment (network name, container ID, ifname: CNI spec 1.1.0
 "attachment") holding a share of one device: ``consumedCapacity`` (KEP-5075 allocation
-result; bandwidth in bits per second as Kubernetes quantities) and ``shareID``.
+result; bandwidth in bits per second as Kubernetes quantities) and ``shareID``. A record
+that names no amount (a schema-1 file could leave ``consumedCapacity`` out) holds its
+device's whole capacity, see :meth:`Attachment.charged`; so does a prepared claim result
+without ``consumedCapacity``.
 ``phase`` is ``adding`` from the capacity reservation until the link and IPAM are done,
 then ``ready``; an ``adding`` attachment is charged too, so capacity is never over-committed
 while an ADD is in flight. DEL sets ``deleting`` before its first side effect.
@@ -48,6 +51,7 @@ __all__ = [
     "Attachment",
     "NodeState",
     "migrate",
+    "whole_capacity",
 ]
 
 SCHEMA_VERSION = 3
@@ -113,9 +117,30 @@ class Attachment(BaseModel):
         """(network name, container ID, ifname): the CNI attachment key."""
         return (self.network, self.containerID, self.ifname)
 
+    def charged(self, device: Any | None) -> dict[str, Quantity]:
+        """What this attachment holds on ``device`` (the resource.k8s.io/v1 Device it names,
+        None when the inventory lacks it), as every sum of consumed capacity counts it.
+
+        Its ``consumedCapacity``; when that names no amount at all (a schema-1 record
+        without the key, or a claim result without ``consumedCapacity``) the device's whole
+        capacity: the share is unknown, charging less could promise the NIC twice (``cni-dra
+        state repair`` charges an untracked link the same way), and the pod's DEL releases
+        it. A device unknown to the inventory has nothing to charge.
+        """
+        if self.consumedCapacity:
+            return {k: v if type(v) is Quantity else Quantity.parse(v) for k, v in self.consumedCapacity.items()}
+        return whole_capacity(device)
+
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
         TOUCHED[id(self)] = self  # the store journals what a transaction assigned
+
+
+def whole_capacity(device: Any | None) -> dict[str, Quantity]:
+    """Every capacity of ``device`` (a resource.k8s.io/v1 Device, or None: nothing) at its full value."""
+    if device is None:
+        return {}
+    return {k: c.value for k, c in device.capacity.items()}
 
 
 TOUCHED: dict[int, Attachment] = {}
@@ -264,10 +289,14 @@ class NodeState(BaseModel):
         """Capacity charged per device of (driver, pool): device name → capacity name → amount.
 
         Counts every attachment (``adding`` and ``ready``) plus every prepared claim result of
-        that driver and pool that no attachment uses yet (the scheduler already granted it).
-        ``devices`` (name → resource.k8s.io/v1 Device) lets a result without
-        ``consumedCapacity`` on a dedicated device (KEP-5075: no allowMultipleAllocations)
-        hold that device's whole capacity.
+        that driver and pool that no attachment uses yet (the scheduler already granted it),
+        each exactly once. ``devices`` (name → resource.k8s.io/v1 Device; the ADD path, the
+        status report and ``allocate --state`` pass the inventory's) lets a record that names
+        no amount hold its device's whole capacity (:meth:`Attachment.charged`): an
+        attachment without ``consumedCapacity``, which then also covers the prepared results
+        of its claim on that device, and a claim result without ``consumedCapacity`` (on a
+        dedicated device, KEP-5075 records none). Without ``devices`` such records count
+        nothing.
         """
         out: dict[str, dict[str, Quantity]] = {}
 
@@ -280,13 +309,19 @@ class NodeState(BaseModel):
         sums: dict[str, dict[str, int]] = {}
         formats: dict[tuple[str, str], Any] = {}
         used_shares: set[tuple[str, str, str | None]] = set()
+        whole: set[tuple[str, str]] = set()  # (device, claim uid) held whole by an unrecorded attachment
         with_claims = bool(self.claims)  # shares in use matter only against prepared claims
         for att in self.attachments:
             if att.driver == driver and att.pool == pool:
                 slot_n = sums.get(att.device)
                 if slot_n is None:
                     slot_n = sums[att.device] = {}
-                for name, amount in att.consumedCapacity.items():
+                consumed = att.consumedCapacity
+                if not consumed:  # no amount recorded: the whole device (Attachment.charged)
+                    consumed = att.charged((devices or {}).get(att.device))
+                    if att.claim is not None:
+                        whole.add((att.device, att.claim.uid))
+                for name, amount in consumed.items():
                     if type(amount) is not Quantity:  # assigned unvalidated (a string)
                         amount = Quantity.parse(amount)
                     n = slot_n.get(name, 0)
@@ -304,13 +339,13 @@ class NodeState(BaseModel):
                     if res.get("driver") != driver or res.get("pool") != pool:
                         continue
                     key = (res.get("device", ""), uid, res.get("shareID"))
-                    if key in used_shares:
+                    if key in used_shares or key[:2] in whole:
                         continue
                     used_shares.add(key)  # the same claim prepared for two pods counts once
                     cc = res.get("consumedCapacity") or {}
                     device = (devices or {}).get(res.get("device", ""))
-                    if not cc and device is not None and not device.shared:
-                        charge(device.name, {k: c.value for k, c in device.capacity.items()})
+                    if not cc and device is not None:  # dedicated (none recorded), or unknown: whole
+                        charge(device.name, whole_capacity(device))
                         continue
                     charge(res.get("device", ""), {k: Quantity.parse(v) for k, v in cc.items()})
         return out
@@ -324,10 +359,22 @@ def _claim_results(claim: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _v1_to_v2(obj: dict[str, Any]) -> dict[str, Any]:
-    """Schema 1 → 2: adds ``bootID`` (unknown: None) and per-attachment intents (none)."""
+    """Schema 1 → 2: adds ``bootID`` (unknown: None) and per-attachment intents (none).
+
+    Schema 1 had no checksum and allowed an attachment without ``consumedCapacity`` (or
+    with ``null``): such a record keeps naming no amount, which every capacity sum reads
+    as the whole device (:meth:`Attachment.charged`), never as zero.
+    """
     out = dict(obj)
     out["schemaVersion"] = 2
     out.setdefault("bootID", None)
+    atts = out.get("attachments")
+    if isinstance(atts, list):
+        out["attachments"] = [
+            {k: v for k, v in a.items() if k != "consumedCapacity"}
+            if isinstance(a, dict) and a.get("consumedCapacity", {}) is None else a
+            for a in atts
+        ]
     return out
 
 

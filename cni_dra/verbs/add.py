@@ -51,6 +51,7 @@ from cni_dra.protocol.versions import version_at_least
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
 from cni_dra.state.claim_status import claim_status_record, record_add_failure
+from cni_dra.state.models import whole_capacity
 from cni_dra.verbs.common import Concurrently, Invocation, claim_results_for, ipam_codes
 from cni_dra.verbs.status import dhcp_socket_missing
 
@@ -164,14 +165,15 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
         if if_name not in host_links:
             raise ClaimError(f"failed to honour {where}: device {name}'s interface {if_name} does not exist")
         consumption = {k: Quantity.parse(v) for k, v in (res.get("consumedCapacity") or {}).items()}
-        if not device.shared:
-            # A dedicated device (KEP-5075: no allowMultipleAllocations) is held whole.
-            consumption = {k: c.value for k, c in device.capacity.items()}
+        if not device.shared or not consumption:
+            # A dedicated device (KEP-5075: no allowMultipleAllocations) is held whole; so is a
+            # shared one by a result that records no amount (its share is unknown).
+            consumption = whole_capacity(device)
         share_id = res.get("shareID")
         others = [a for a in state.attachments if a.driver == driver and a.pool == pool and a.device == name]
         on_node: dict[str, Quantity] = {}
         for a in others:
-            for k, v in a.consumedCapacity.items():
+            for k, v in a.charged(device).items():  # a record without amounts: the whole device
                 on_node[k] = on_node[k] + v if k in on_node else v
         mixed = link_type_conflicts(state.attachments, conf.linkType, driver, pool).get(name)
         if mixed:

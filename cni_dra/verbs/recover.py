@@ -119,7 +119,7 @@ def _undo(
 
 
 def _charge(att: Attachment) -> str:
-    return ",".join(f"{k} {v}" for k, v in sorted(att.consumedCapacity.items())) or "no capacity"
+    return ",".join(f"{k} {v}" for k, v in sorted(att.consumedCapacity.items())) or "the whole device (no amount recorded)"
 
 
 def _describe(att: Attachment) -> str:
