@@ -168,6 +168,34 @@ def test_check_reports_a_removed_link(node, make_netns, path):
     assert code == 0, err
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_relative_netns_is_refused_and_del_leaves_the_pod_intact(node, make_netns, path):
+    """A relative CNI_NETNS resolves against the plugin's working directory: an ADD from
+    one directory and a DEL from another would name different namespaces (the DEL then
+    released IP and capacity and left the link in the pod). Both paths refuse it with
+    code 4 on ADD and DEL and change nothing."""
+    ns, cid = make_netns(), uuid.uuid4().hex
+    conf = node.conf()
+    here = os.path.relpath(ns)  # resolves to the pod's netns from this working directory
+    assert not os.path.isabs(here) and os.path.samefile(here, ns)
+    code, out, err = _plugin(node, path, "ADD", conf, here, cid)
+    assert code == 1 and out["code"] == 4 and "CNI_NETNS" in out["msg"], (out, err)
+    assert link_in_netns(ns, "eth0") is None and node.state()["attachments"] == [] and node.ipam_reservations() == []
+
+    code, out, err = _plugin(node, path, "ADD", conf, ns, cid)
+    assert code == 0, (out, err)
+    ip = out["ips"][0]["address"]
+    for relative in (here, ns.lstrip("/")):  # the second names nothing from here
+        code, out, err = _plugin(node, path, "DEL", conf, relative, cid)
+        assert code == 1 and out["code"] == 4 and "not an absolute path" in out["msg"], (out, err)
+        assert ip in link_in_netns(ns, "eth0").addresses
+        assert [a["phase"] for a in node.state()["attachments"]] == ["ready"]
+        assert node.ipam_reservations() == [ip.split("/")[0]]
+    code, out, err = _plugin(node, path, "DEL", conf, ns, cid)
+    assert code == 0, (out, err)
+    assert link_in_netns(ns, "eth0") is None and node.state()["attachments"] == [] and node.ipam_reservations() == []
+
+
 def test_both_paths_at_once_never_overcommit(node, make_netns):
     """8 concurrent ADDs of 4G, alternating agent and in-process, on 2 x 10G: exactly 4 fit."""
     jobs = [(PATHS[i % 2], make_netns(), f"c{i}{uuid.uuid4().hex[:8]}") for i in range(8)]
