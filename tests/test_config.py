@@ -103,6 +103,20 @@ def test_gc_attachment_lists():
     assert old.valid_attachments == [{"containerID": "b", "ifname": "eth0"}]
 
 
+def test_gc_list_absent_is_none_not_empty():
+    """An absent list says nothing about which attachments are stale; ``[]`` says none is valid."""
+    assert load_conf(_raw()).valid_attachments is None
+    assert load_conf(_raw(**{"cni.dev/valid-attachments": []})).valid_attachments == []
+    assert load_conf(_raw(**{"cni.dev/attachments": []})).valid_attachments == []
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_disable_gc_is_accepted(value):
+    """libcni keeps ``disableGC`` at the conflist level, but a plugin config carrying it is valid."""
+    assert load_conf(_raw(disableGC=value)).disableGC is value
+    assert load_conf(_raw()).disableGC is False
+
+
 @pytest.mark.parametrize("key", ["lockTimeoutSeconds", "dadTimeoutSeconds"])
 @pytest.mark.parametrize("raw_value", ['"NaN"', '"nan"', "NaN", '"inf"', "Infinity", "-Infinity", "1e999"])
 def test_non_finite_timeouts_are_refused_as_such(key, raw_value):

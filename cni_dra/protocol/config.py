@@ -169,6 +169,7 @@ class NetConf(BaseModel):
     runtimeConfig: dict[str, Any] = Field(default_factory=dict)
     prevResult: dict[str, Any] | None = None
     args: dict[str, Any] | None = None
+    disableGC: bool = False
     validAttachments: list[dict[str, str]] | None = Field(default=None, alias="cni.dev/valid-attachments")
     legacyAttachments: list[dict[str, str]] | None = Field(default=None, alias="cni.dev/attachments")
 
@@ -217,8 +218,12 @@ class NetConf(BaseModel):
         return v
 
     @property
-    def valid_attachments(self) -> list[dict[str, str]]:
-        """GC's list of ``{"containerID", "ifname"}`` still in use (CNI 1.1.0 "GC")."""
+    def valid_attachments(self) -> list[dict[str, str]] | None:
+        """GC's list of ``{"containerID", "ifname"}`` still in use (CNI 1.1.0 "GC"), from
+        ``cni.dev/valid-attachments`` or else the older ``cni.dev/attachments``; None when
+        the config carries neither (then nothing is known to be stale, unlike ``[]``)."""
+        if self.validAttachments is None and self.legacyAttachments is None:
+            return None
         return list(self.validAttachments or self.legacyAttachments or [])
 
     @property
