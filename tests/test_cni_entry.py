@@ -112,3 +112,20 @@ def test_deeply_nested_json_is_code_6_without_a_traceback(command, stdin, record
     assert not [r for r in records if r.exc_info], [r.getMessage() for r in records]
     assert "Traceback" not in capsys.readouterr().err
 
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda p: p.write_text(""), "it is a regular file, not a directory"),
+        (lambda p: p.symlink_to(p.parent), "it is a symlink"),
+        (lambda p: (p.mkdir(), p.chmod(0o777)), "it is writable by group or others (mode 0777)"),
+    ],
+    ids=["file", "symlink", "mode-0777"],
+)
+def test_unsafe_state_dir_is_code_5_naming_the_problem(tmp_path, make, says):
+    state_dir = tmp_path / "state"
+    make(state_dir)
+    stdin = _conf(cniVersion="1.1.0", stateDir=str(state_dir), **{"cni.dev/valid-attachments": []})
+    rc, doc = _run({"CNI_COMMAND": "GC", "CNI_PATH": "/opt/cni/bin"}, stdin)
+    assert rc == 1 and doc["code"] == 5, doc
+    assert doc["msg"].startswith(f"failed to use state directory {state_dir}: {says}"), doc
