@@ -227,6 +227,7 @@ def test_gc_releases_what_the_list_does_not_name(bed: Bed, key: str) -> None:
         code, out, err = bed.run("ADD", conf, ns, cid=cid)
         assert code == 0, (out, err)
     assert len(bed.ipam_reservations()) == 6
+    bed.age_attachments()  # the runtime's list postdates these ADDs
 
     code, out, err = bed.run("GC", {**conf, key: [{"containerID": "c2", "ifname": "eth0"}]})
     assert (code, out) == (0, None), err
@@ -248,6 +249,7 @@ def test_gc_leaves_other_networks_alone(bed: Bed) -> None:
     a, b = bed.conf("1.1.0", "l2", name="net-a"), bed.conf("1.1.0", "l2", name="net-b")
     assert bed.run("ADD", a, ns1, cid="c1")[0] == 0
     assert bed.run("ADD", b, ns2, cid="c2")[0] == 0
+    bed.age_attachments()
     code, out, err = bed.run("GC", {**a, "cni.dev/valid-attachments": []})
     assert code == 0, (out, err)
     assert bed.attachments() == [("c2", "eth0")]
@@ -262,9 +264,60 @@ def test_gc_with_netns_gone_still_releases(bed: Bed) -> None:
     conf = bed.conf("1.1.0", "host-local-v4")
     assert bed.run("ADD", conf, ns, cid="c1")[0] == 0
     remove_netns(ns)
+    bed.age_attachments()
     code, out, err = bed.run("GC", {**conf, "cni.dev/valid-attachments": []})
     assert code == 0, (out, err)
     assert bed.attachments() == [] and bed.ipam_reservations() == []
+
+
+def test_gc_without_a_list_collects_nothing(bed: Bed) -> None:
+    """A GC config with neither cni.dev/valid-attachments nor cni.dev/attachments (a hand-run,
+    a runtime bug): exit 0 and every pod keeps its link, IP and capacity."""
+    nss = {cid: bed.make_netns() for cid in ("c1", "c2")}
+    conf = bed.conf("1.1.0", "host-local-v4")
+    for cid, ns in nss.items():
+        assert bed.run("ADD", conf, ns, cid=cid)[0] == 0
+    bed.age_attachments()
+    before = (bed.attachments(), bed.ipam_reservations(), bed.status()["devices"][0]["consumed"])
+    code, out, err = bed.run("GC", conf)
+    assert (code, out) == (0, None), err
+    assert (bed.attachments(), bed.ipam_reservations(), bed.status()["devices"][0]["consumed"]) == before
+    assert all(link_in_netns(ns, "eth0") is not None for ns in nss.values())
+    for cid, ns in nss.items():
+        assert bed.run("DEL", conf, ns, cid=cid)[0] == 0
+
+
+def test_gc_spares_an_attachment_that_became_ready_after_the_list_was_built(bed: Bed) -> None:
+    """The runtime built its list, an ADD finished, then GC arrived: the new attachment keeps
+    its link, IP and capacity (ready moments ago: within the grace period), and GC exits 0.
+    Once it is older than the grace period, a GC that does not list it collects it."""
+    ns = bed.make_netns()
+    conf = bed.conf("1.1.0", "host-local-v4")
+    stale_list: list[dict[str, str]] = []  # built before the ADD
+    code, out, err = bed.run("ADD", conf, ns, cid="c1")
+    assert code == 0, (out, err)
+    code, out, err = bed.run("GC", {**conf, "cni.dev/valid-attachments": stale_list})
+    assert (code, out) == (0, None), err
+    assert bed.attachments() == [("c1", "eth0")] and link_in_netns(ns, "eth0") is not None
+    assert len(bed.ipam_reservations()) == 1  # the IPAM plugin's GC was told to keep it too
+    assert bed.status()["devices"][0]["consumed"]["bandwidth"] == "1G"
+    bed.age_attachments()
+    code, out, err = bed.run("GC", {**conf, "cni.dev/valid-attachments": stale_list})
+    assert (code, out) == (0, None), err
+    assert bed.attachments() == [] and link_in_netns(ns, "eth0") is None and bed.ipam_reservations() == []
+
+
+def test_disable_gc_in_the_plugin_config_is_accepted_and_gc_does_nothing(bed: Bed) -> None:
+    ns = bed.make_netns()
+    conf = bed.conf("1.1.0", "host-local-v4", disableGC=True)
+    code, out, err = bed.run("ADD", conf, ns, cid="c1")
+    assert code == 0, (out, err)
+    bed.age_attachments()
+    code, out, err = bed.run("GC", {**conf, "cni.dev/valid-attachments": []})
+    assert (code, out) == (0, None), err
+    assert bed.attachments() == [("c1", "eth0")] and link_in_netns(ns, "eth0") is not None
+    assert len(bed.ipam_reservations()) == 1
+    assert bed.run("DEL", conf, ns, cid="c1")[0] == 0
 
 
 # --------------------------------------------------------------------------- named cases

@@ -103,6 +103,20 @@ class Bed:
     def attachments(self) -> list[tuple[str, str]]:
         return sorted((a["containerID"], a["ifname"]) for a in self.status()["attachments"])
 
+    def age_attachments(self, seconds: float = 3600.0) -> None:
+        """Move every attachment's ``readyAt`` ``seconds`` back, as if the runtime's GC came
+        that long after the ADD (GC spares attachments that became ready moments ago). A
+        transaction of the state store, as a cni-dra process would make it."""
+        import time
+
+        from cni_dra.state import StateStore
+        from cni_dra.state.models import ready_at
+
+        with StateStore(self.state_dir).transaction() as state:
+            for att in state.attachments:
+                age_s = att.ready_age_s(time.time())
+                att.readyAt = ready_at(time.time() - (age_s or 0.0) - seconds)
+
     def ipam_reservations(self, network: str = "confnet") -> list[str]:
         """Addresses host-local holds for ``network`` (its file names)."""
         d = self.ipam_dir / network

@@ -97,6 +97,7 @@ def test_gc_continues_past_a_failing_release_and_reports_it(bed: Bed, tmp_path: 
     for cid, ns in nss.items():
         code, out, err = bed.run("ADD", conf, ns, cid=cid, cni_path=path)
         assert code == 0, (out, err)
+    bed.age_attachments()
     code, out, err = bed.run("GC", {**conf, "cni.dev/valid-attachments": []}, cni_path=path)
     assert code == 1 and out["code"] == 11, (out, err)
     assert "c2" in out["msg"] and "store busy" in out["msg"]

@@ -168,6 +168,102 @@ def test_check_reports_a_removed_link(node, make_netns, path):
     assert code == 0, err
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_relative_netns_is_refused_and_del_leaves_the_pod_intact(node, make_netns, path):
+    """A relative CNI_NETNS resolves against the plugin's working directory: an ADD from
+    one directory and a DEL from another would name different namespaces (the DEL then
+    released IP and capacity and left the link in the pod). Both paths refuse it with
+    code 4 on ADD and DEL and change nothing."""
+    ns, cid = make_netns(), uuid.uuid4().hex
+    conf = node.conf()
+    here = os.path.relpath(ns)  # resolves to the pod's netns from this working directory
+    assert not os.path.isabs(here) and os.path.samefile(here, ns)
+    code, out, err = _plugin(node, path, "ADD", conf, here, cid)
+    assert code == 1 and out["code"] == 4 and "CNI_NETNS" in out["msg"], (out, err)
+    assert link_in_netns(ns, "eth0") is None and node.state()["attachments"] == [] and node.ipam_reservations() == []
+
+    code, out, err = _plugin(node, path, "ADD", conf, ns, cid)
+    assert code == 0, (out, err)
+    ip = out["ips"][0]["address"]
+    for relative in (here, ns.lstrip("/")):  # the second names nothing from here
+        code, out, err = _plugin(node, path, "DEL", conf, relative, cid)
+        assert code == 1 and out["code"] == 4 and "not an absolute path" in out["msg"], (out, err)
+        assert ip in link_in_netns(ns, "eth0").addresses
+        assert [a["phase"] for a in node.state()["attachments"]] == ["ready"]
+        assert node.ipam_reservations() == [ip.split("/")[0]]
+    code, out, err = _plugin(node, path, "DEL", conf, ns, cid)
+    assert code == 0, (out, err)
+    assert link_in_netns(ns, "eth0") is None and node.state()["attachments"] == [] and node.ipam_reservations() == []
+
+
+def _set_link(ifname: str, up: bool, netns: str | None = None) -> None:
+    from pyroute2 import IPRoute
+
+    with IPRoute(**({"netns": netns} if netns else {})) as ipr:
+        ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], state="up" if up else "down")
+
+
+def _carrier(ifname: str, netns: str | None = None) -> bool:
+    """IFF_LOWER_UP of ``ifname`` as the kernel reports it (pyroute2, not cni_dra)."""
+    from pyroute2 import IPRoute
+
+    with IPRoute(**({"netns": netns} if netns else {})) as ipr:
+        return bool(ipr.link("get", index=ipr.link_lookup(ifname=ifname)[0])[0]["flags"] & 0x10000)
+
+
+def _wait(cond, timeout_s: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_check_fails_while_the_link_cannot_pass_traffic(node, make_netns, path):
+    """CHECK is "is this attachment working as configured": it fails, naming the cause, when
+    the parent NIC has no carrier (its cable: here the veth peer, down; the pod link then
+    shows NO-CARRIER), when the parent is administratively down, and when the pod's own
+    link is; it passes again once each is repaired."""
+    ns, cid = make_netns(), uuid.uuid4().hex
+    conf = node.conf()
+    code, out, err = _plugin(node, path, "ADD", conf, ns, cid)
+    assert code == 0, (out, err)
+    check_conf = {**conf, "prevResult": out}
+    nic = node.parents["nic-a"]
+    what = f"failed to check interface eth0 of container {cid}"
+
+    def check() -> tuple[int, dict | None, str]:
+        return _plugin(node, path, "CHECK", check_conf, ns, cid)
+
+    cases = [
+        (lambda up: _set_link(nic + "p", up), f"{what}: its parent NIC {nic} (device nic-a) has no carrier (NO-CARRIER)"),
+        (lambda up: _set_link(nic, up), f"{what}: its parent NIC {nic} (device nic-a) is administratively down"),
+        (lambda up: _set_link("eth0", up, ns), f"{what}: the link is administratively down in netns {ns}"),
+    ]
+    try:
+        for toggle, says in cases:
+            toggle(False)
+            code, err_json, err = check()
+            assert code == 1 and err_json["code"] == 105 and err_json["msg"] == says, (err_json, err)
+            toggle(True)
+            assert _wait(lambda: _carrier("eth0", ns)), "the pod link did not get its carrier back"
+            code, err_json, err = check()
+            assert code == 0, (err_json, err)
+        _set_link(nic + "p", False)  # no carrier on the parent: the pod link shows NO-CARRIER too
+        assert _wait(lambda: not _carrier("eth0", ns))
+        code, err_json, err = check()
+        assert code == 1 and "has no carrier" in err_json["msg"], (err_json, err)
+    finally:
+        _set_link(nic + "p", True)
+        _set_link(nic, True)
+    code, _, err = _plugin(node, path, "DEL", conf, ns, cid)
+    assert code == 0, err
+
+
 def test_both_paths_at_once_never_overcommit(node, make_netns):
     """8 concurrent ADDs of 4G, alternating agent and in-process, on 2 x 10G: exactly 4 fit."""
     jobs = [(PATHS[i % 2], make_netns(), f"c{i}{uuid.uuid4().hex[:8]}") for i in range(8)]

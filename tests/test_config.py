@@ -103,6 +103,47 @@ def test_gc_attachment_lists():
     assert old.valid_attachments == [{"containerID": "b", "ifname": "eth0"}]
 
 
+def test_gc_list_absent_is_none_not_empty():
+    """An absent list says nothing about which attachments are stale; ``[]`` says none is valid."""
+    assert load_conf(_raw()).valid_attachments is None
+    assert load_conf(_raw(**{"cni.dev/valid-attachments": []})).valid_attachments == []
+    assert load_conf(_raw(**{"cni.dev/attachments": []})).valid_attachments == []
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_disable_gc_is_accepted(value):
+    """libcni keeps ``disableGC`` at the conflist level, but a plugin config carrying it is valid."""
+    assert load_conf(_raw(disableGC=value)).disableGC is value
+    assert load_conf(_raw()).disableGC is False
+
+
+@pytest.mark.parametrize("key", ["lockTimeoutSeconds", "dadTimeoutSeconds"])
+@pytest.mark.parametrize("raw_value", ['"NaN"', '"nan"', "NaN", '"inf"', "Infinity", "-Infinity", "1e999"])
+def test_non_finite_timeouts_are_refused_as_such(key, raw_value):
+    """NaN fails every comparison, so a range check alone reported "must be ≤ 600"."""
+    raw = b'{"cniVersion": "1.1.0", "name": "net1", "type": "cni-dra", "' + key.encode() + b'": ' + raw_value.encode() + b"}"
+    with pytest.raises(InvalidConfigError) as ei:
+        load_conf(raw)
+    assert key in ei.value.msg and "finite" in ei.value.msg
+    assert "less than or equal" not in ei.value.msg
+
+
+@pytest.mark.parametrize("where", ["args", "runtimeConfig", "prevResult", "ipam", "top"])
+@pytest.mark.parametrize("depth", [5000, 200_000])
+def test_deeply_nested_json_is_code_6(where, depth):
+    """Nesting deeper than the interpreter recurses (well under the 1 MiB limit) is
+    undecodable input like any other: code 6, not a RecursionError."""
+    nest = "[" * depth + "]" * depth
+    inner = {"args": f'{{"x": {nest}}}', "runtimeConfig": f'{{"x": {nest}}}',
+             "prevResult": f'{{"cniVersion": "1.1.0", "interfaces": {nest}}}',
+             "ipam": f'{{"type": "host-local", "x": {nest}}}', "top": nest}[where]
+    raw = f'{{"cniVersion": "1.1.0", "name": "net1", "type": "cni-dra", "{where}": {inner}}}'.encode()
+    assert len(raw) < MAX_CONFIG_BYTES
+    with pytest.raises(DecodeError) as ei:
+        load_conf(raw)
+    assert ei.value.code == 6 and "nested too deeply" in ei.value.msg
+
+
 def test_dns_and_ipam_pass_through():
     c = load_conf(_raw(dns={"nameservers": ["192.0.2.53"], "search": ["example.org"]},
                        ipam={"type": "host-local", "ranges": [[{"subnet": "198.51.100.0/24"}]]}))

@@ -126,6 +126,25 @@ def test_invalid_inventory_names_device_and_field(data: dict[str, Any], needles:
         assert n in ei.value.msg, (n, ei.value.msg)
 
 
+@pytest.mark.parametrize("version", ["resource.k8s.io/v1beta1", "resource.k8s.io/v1beta2", "v1", ""])
+def test_other_api_versions_are_refused_not_read_as_v1(version: str) -> None:
+    """A v1beta1 slice keeps attributes and capacity under ``devices[].basic``; read as v1 it
+    would have lost them silently. Only v1 is read (absent counts as v1)."""
+    data = copy.deepcopy(BASE)
+    data["apiVersion"] = version
+    for text, source in ((json.dumps(data), "s.json"), (YAML_TEXT.replace("resource.k8s.io/v1", version or "''", 1), "s.yaml")):
+        with pytest.raises(InventoryError) as ei:
+            parse_inventory(text, source)
+        assert ei.value.code == 7
+        assert f"apiVersion is {version!r}, expected 'resource.k8s.io/v1'" in ei.value.msg
+
+
+def test_absent_api_version_reads_as_v1() -> None:
+    data = copy.deepcopy(BASE)
+    del data["apiVersion"]
+    assert [d.name for d in parse_inventory(json.dumps(data), "s.json").spec.devices] == ["eth-a", "eth-b"]
+
+
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", "spec: [unclosed", "42"])
 def test_undecodable_is_inventory_error(text: str) -> None:
     with pytest.raises(InventoryError):

@@ -85,6 +85,22 @@ def test_del_without_netns_is_fine() -> None:
     assert e.container_id == "abc123"
 
 
+@pytest.mark.parametrize("command", ["ADD", "CHECK", "DEL"])
+@pytest.mark.parametrize("netns", ["var/run/netns/x", "./x", "x", "../run/netns/x", " /var/run/netns/x"])
+def test_relative_netns_is_code_4(command: str, netns: str) -> None:
+    """A relative CNI_NETNS names another namespace from another working directory (an ADD
+    and its DEL would act on different ones): refused on every verb that uses it."""
+    with pytest.raises(InvalidEnvironmentError) as info:
+        parse_env(env(command, CNI_NETNS=netns))
+    assert info.value.code == 4
+    assert "CNI_NETNS" in info.value.msg and "not an absolute path" in info.value.msg
+
+
+@pytest.mark.parametrize("command", ["GC", "STATUS"])
+def test_gc_status_ignore_a_relative_netns_they_do_not_use(command: str) -> None:
+    assert parse_env({"CNI_COMMAND": command, "CNI_PATH": "/p", "CNI_NETNS": "x"}).command == command
+
+
 @pytest.mark.parametrize("command", ["GC", "STATUS"])
 def test_gc_status_need_only_path(command: str) -> None:
     e = parse_env({"CNI_COMMAND": command, "CNI_PATH": "/usr/lib/cni"})

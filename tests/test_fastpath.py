@@ -4,6 +4,7 @@ socket permissions and refusals, and the same answers with and without the agent
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import stat
@@ -163,6 +164,17 @@ ERROR_CASES = [
      b"not json", 6),
     ({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
      b'{"cniVersion": "9.9.9", "name": "n", "type": "cni-dra"}', 1),
+    # a relative netns path: another working directory would name another namespace
+    ({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "var/run/netns/x", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
+     b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra"}', 4),
+    ({"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c", "CNI_NETNS": "x", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
+     b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra"}', 4),
+    # JSON nested deeper than the interpreter recurses, as the config and as DEL's prevResult
+    ({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
+     b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "args": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", 6),
+    ({"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
+     b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "prevResult": {"cniVersion": "1.0.0", "ips": '
+     + b"[" * 2000 + b"]" * 2000 + b"}}", 6),
 ]
 
 
@@ -174,6 +186,32 @@ def test_error_json_is_the_same_on_both_paths(agent, path, env, stdin, code):
     rc, doc = _plugin(full, stdin)
     assert rc == 1 and doc is not None and doc["code"] == code and doc["msg"]
     assert agent.served == (1 if path == "agent" else 0)
+
+
+@pytest.mark.parametrize("path", ["agent", "local"])
+def test_deeply_nested_json_leaves_no_traceback_on_either_path(agent, path):
+    """The agent logs a code-6 line, not an exception with its traceback; in-process, stderr
+    carries no traceback either."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("cni_dra")
+    logger.addHandler(handler)
+    mode = {"agent": "require", "local": "off"}[path]
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x",
+           "CNI_DRA_AGENT": mode, "CNI_DRA_AGENT_SOCKET": agent.socket_path}
+    stdin = b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "prevResult": ' + b"{\"a\":" * 5000 + b"1" + b"}" * 5001
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.fastpath.client import main; sys.exit(main())"
+    try:
+        proc = subprocess.run([sys.executable, "-IS", "-c", code], input=stdin, env=env, capture_output=True, check=False)
+    finally:
+        logger.removeHandler(handler)
+    assert proc.returncode == 1 and json.loads(proc.stdout)["code"] == 6, proc.stdout
+    assert agent.served == (1 if path == "agent" else 0)
+    assert b"Traceback" not in proc.stderr
+    assert not [r for r in records if r.exc_info], [r.getMessage() for r in records]
+    if path == "agent":
+        assert any("nested too deeply" in r.getMessage() for r in records)
 
 
 @pytest.mark.parametrize("path", ["agent", "fallback"])

@@ -152,3 +152,93 @@ def test_remove_returns_the_attachment_and_is_idempotent():
     assert st.remove("net1", "c1", "eth0").containerID == "c1"
     assert st.remove("net1", "c1", "eth0") is None
     assert st.attachments == []
+
+
+# -- the state directory ------------------------------------------------------------------
+def _use(store: StateStore, cid: str = "a") -> None:
+    with store.transaction() as st:
+        st.attachments.append(_att(cid, "nic-a", "1G"))
+
+
+def test_state_dir_that_is_a_symlink_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "state"
+    link.symlink_to(real)
+    for use in (_use, lambda s: s.read(), lambda s: s.peek()):
+        with pytest.raises(StateError) as ei:
+            use(StateStore(link))
+        assert ei.value.code == 5
+        assert f"state directory {link}: it is a symlink" in ei.value.msg
+    assert list(real.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777, 0o1777, 0o720])
+def test_state_dir_writable_by_group_or_others_is_refused(tmp_path, mode):
+    d = tmp_path / "state"
+    d.mkdir()
+    os.chmod(d, mode)
+    with pytest.raises(StateError) as ei:
+        _use(StateStore(d))
+    assert "writable by group or others" in ei.value.msg and f"{stat.S_IMODE(mode):04o}" in ei.value.msg
+    assert f"chmod 0700 {d}" in ei.value.msg
+    assert list(d.iterdir()) == []
+
+
+def test_state_dir_readable_by_others_is_used(tmp_path):
+    """0755 is what a pre-made directory often has (a Kubernetes hostPath DirectoryOrCreate):
+    readable, but nobody else can replace the state in it."""
+    d = tmp_path / "state"
+    d.mkdir()
+    os.chmod(d, 0o755)
+    _use(StateStore(d))
+    assert [a.containerID for a in StateStore(d).read_files().attachments] == ["a"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the directory to another uid")
+def test_state_dir_of_another_owner_is_refused(tmp_path):
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    os.chown(d, 65534, 65534)
+    with pytest.raises(StateError) as ei:
+        _use(StateStore(d))
+    assert "owned by uid 65534" in ei.value.msg
+
+
+def test_state_dir_that_is_a_regular_file_says_so(tmp_path):
+    f = tmp_path / "state"
+    f.write_text("")
+    for use in (_use, lambda s: s.read()):
+        with pytest.raises(StateError) as ei:
+            use(StateStore(f))
+        assert ei.value.msg == f"failed to use state directory {f}: it is a regular file, not a directory"
+
+
+def test_created_state_dir_is_private(tmp_path):
+    d = tmp_path / "a" / "state"
+    _use(StateStore(d))
+    assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700
+
+
+def test_state_dir_costs_one_lstat_per_store(tmp_path, monkeypatch):
+    """The directory check is on every invocation's path: one lstat(2) of it per store, no
+    stat or mkdir, however many times the store reads or locks."""
+    d = tmp_path / "state"
+    _use(StateStore(d))  # exists from now on
+    calls: list[str] = []
+    for name in ("lstat", "stat", "mkdir"):
+        real = getattr(os, name)
+
+        def spy(path, *a, _real=real, _name=name, **kw):
+            if os.fspath(path) == str(d):
+                calls.append(_name)
+            return _real(path, *a, **kw)
+
+        monkeypatch.setattr(os, name, spy)
+    store = StateStore(d)
+    store.peek()
+    store.read()
+    _use(store, "b")
+    with store.transaction():
+        pass
+    assert calls == ["lstat"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cni_dra.dra.models import Device, DeviceCapacity, ResourceSlice, device_attribute, to_api
+from cni_dra.dra.models import API_VERSION, Device, DeviceCapacity, ResourceSlice, device_attribute, to_api
 from cni_dra.errors import InventoryError, IOFailureError
 from cni_dra.quantity import Quantity
 
@@ -106,7 +106,8 @@ def _file_version(st: os.stat_result) -> tuple[int, ...]:
 def parse_inventory(text: str, source: str = "<inventory>", *, plugin_rules: bool = True) -> ResourceSlice:
     """Parse and validate a ResourceSlice from JSON or YAML ``text``.
 
-    ``plugin_rules``: as for :func:`validate_slice`.
+    ``apiVersion`` must be ``resource.k8s.io/v1`` (absent counts as that); another version is
+    refused, not converted. ``plugin_rules``: as for :func:`validate_slice`.
 
     Raises :class:`~cni_dra.errors.InventoryError` (code 7).
     """
@@ -128,6 +129,14 @@ def parse_inventory(text: str, source: str = "<inventory>", *, plugin_rules: boo
     kind = data.get("kind", "ResourceSlice")
     if kind != "ResourceSlice":
         raise InventoryError(f"failed to load inventory {source}: kind is {kind!r}, expected 'ResourceSlice'")
+    api_version = data.get("apiVersion", API_VERSION)
+    if api_version != API_VERSION:
+        # v1beta1 keeps attributes and capacity under devices[].basic: read as v1, its devices
+        # would have neither. Other versions are not converted either: only v1 is read.
+        raise InventoryError(
+            f"failed to load inventory {source}: apiVersion is {api_version!r}, expected {API_VERSION!r}",
+            "write the ResourceSlice in resource.k8s.io/v1 (`cni-dra inventory discover` does)",
+        )
     try:
         slice_ = ResourceSlice.model_validate(data)
     except ValidationError as exc:

@@ -95,6 +95,7 @@ _IFNAMSIZ = 16
 _MIN_MTU = 68  # RFC 791 minimum for IPv4
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _IFF_UP = 0x1
+_IFF_LOWER_UP = 0x10000  # <linux/if.h>: the driver signals carrier (L1 up)
 # Bytes the kernel's isspace() matches (lib/ctype.c: \t\n\v\f\r, space, 0xa0); dev_valid_name()
 # rejects names containing them, so UTF-8 names with a 0xa0 byte ("à" = c3 a0) fail too.
 _KERNEL_SPACE_BYTES = frozenset(b"\t\n\v\f\r \xa0")
@@ -120,7 +121,10 @@ class LinkInfo:
     * ``addresses``: the link's addresses as CIDR strings (``10.1.2.3/24``,
       IPv6 link-local included) when asked for, else None;
     * ``bcqueuelen``: a macvlan's broadcast queue length (IFLA_MACVLAN_BC_QUEUE_LEN,
-      packets), None for other kinds or kernels without it.
+      packets), None for other kinds or kernels without it;
+    * ``carrier``: IFF_LOWER_UP, the device's carrier bit (``ip link`` shows ``NO-CARRIER``
+      for a link that is up without it; a macvlan or ipvlan loses it with its parent's).
+      False for a link that is down.
     """
 
     name: str
@@ -136,6 +140,7 @@ class LinkInfo:
     ipvlan_flag: str | None = None
     addresses: tuple[str, ...] | None = None
     bcqueuelen: int | None = None
+    carrier: bool = True
 
 
 # --------------------------------------------------------------------------- pyroute2
@@ -343,6 +348,7 @@ def _link_info(msg: Any, addresses: tuple[str, ...] | None = None) -> LinkInfo:
         mtu=msg.get_attr("IFLA_MTU"),
         operstate=str(msg.get_attr("IFLA_OPERSTATE") or "UNKNOWN"),
         admin_up=bool(msg["flags"] & _IFF_UP),
+        carrier=bool(msg["flags"] & _IFF_LOWER_UP),
         parent_index=msg.get_attr("IFLA_LINK"),
         parent_netnsid=msg.get_attr("IFLA_LINK_NETNSID"),
         mode=mode,

@@ -157,18 +157,19 @@ class NetConf(BaseModel):
     mac: str | None = None
     bcqueuelen: int | None = Field(default=None, ge=0, le=2**32 - 1)
     nodad: bool = False
-    dadTimeoutSeconds: float = Field(default=10.0, gt=0, le=120)
+    dadTimeoutSeconds: float = Field(default=10.0, gt=0, le=120, allow_inf_nan=False)
     capacity: CapacityRequest = Field(default_factory=CapacityRequest)
     selectionPolicy: Literal["best-fit", "least-allocated"] = "best-fit"
     selectors: list[DeviceSelector] = Field(default_factory=list, max_length=32)
     distinctFrom: Literal["pod"] | None = None
-    lockTimeoutSeconds: float = Field(default=10.0, gt=0, le=600)
+    lockTimeoutSeconds: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
     ipam: IpamConfig = Field(default_factory=IpamConfig)
     dns: DNSConfig | None = None
     capabilities: dict[str, bool] = Field(default_factory=dict)
     runtimeConfig: dict[str, Any] = Field(default_factory=dict)
     prevResult: dict[str, Any] | None = None
     args: dict[str, Any] | None = None
+    disableGC: bool = False
     validAttachments: list[dict[str, str]] | None = Field(default=None, alias="cni.dev/valid-attachments")
     legacyAttachments: list[dict[str, str]] | None = Field(default=None, alias="cni.dev/attachments")
 
@@ -217,8 +218,12 @@ class NetConf(BaseModel):
         return v
 
     @property
-    def valid_attachments(self) -> list[dict[str, str]]:
-        """GC's list of ``{"containerID", "ifname"}`` still in use (CNI 1.1.0 "GC")."""
+    def valid_attachments(self) -> list[dict[str, str]] | None:
+        """GC's list of ``{"containerID", "ifname"}`` still in use (CNI 1.1.0 "GC"), from
+        ``cni.dev/valid-attachments`` or else the older ``cni.dev/attachments``; None when
+        the config carries neither (then nothing is known to be stale, unlike ``[]``)."""
+        if self.validAttachments is None and self.legacyAttachments is None:
+            return None
         return list(self.validAttachments or self.legacyAttachments or [])
 
     @property
@@ -253,7 +258,7 @@ def _format_validation_error(exc: ValidationError) -> tuple[type, str]:
 def load_conf(raw: bytes, env: CniEnv | None = None) -> NetConf:
     """Parse stdin bytes into a :class:`NetConf`, applying CNI_ARGS and runtimeConfig.
 
-    Raises: DecodeError (6) for non-JSON or oversize input; IncompatibleVersionError (1)
+    Raises: DecodeError (6) for non-JSON, oversize or too deeply nested input; IncompatibleVersionError (1)
     for an unsupported ``cniVersion``; UnsupportedFieldError (2) for unknown keys;
     InvalidConfigError (7) for invalid values (names the field).
     """
@@ -263,6 +268,8 @@ def load_conf(raw: bytes, env: CniEnv | None = None) -> NetConf:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError("failed to decode network config: not valid JSON", str(exc)) from exc
+    except RecursionError as exc:  # arrays/objects nested deeper than the interpreter recurses
+        raise DecodeError("failed to decode network config: JSON nested too deeply", str(exc)) from exc
     if not isinstance(obj, dict):
         raise DecodeError("failed to decode network config: top level must be a JSON object")
     version = obj.get("cniVersion")

@@ -37,6 +37,7 @@ __all__ = [
     "parse_cni_args",
     "validate_container_id",
     "validate_ifname",
+    "validate_netns",
 ]
 
 ContainerID = NewType("ContainerID", str)
@@ -130,6 +131,26 @@ def validate_ifname(ifname: str) -> IfName:
     if reason:
         raise InvalidEnvironmentError(f"invalid CNI_IFNAME {ifname!r}: interface name {reason}")
     return IfName(ifname)
+
+
+def validate_netns(netns: str) -> str:
+    """Return ``netns`` if it is an absolute path.
+
+    CNI spec 1.1.0 "Parameters" gives ``CNI_NETNS`` as a path such as
+    ``/run/netns/[nsname]``. A relative path names whatever the plugin's working directory
+    holds: an ADD and the DEL of the same attachment, run from different directories,
+    would act on different namespaces (the DEL then leaves the pod's link behind). The
+    path is stored as given and used again by DEL, GC and recovery, so it is refused here.
+
+    Raises:
+        InvalidEnvironmentError: (code 4) a relative path.
+    """
+    if not netns.startswith("/"):
+        raise InvalidEnvironmentError(
+            f"invalid CNI_NETNS {netns!r}: not an absolute path",
+            "a relative path means another namespace from another working directory",
+        )
+    return netns
 
 
 @dataclass(frozen=True)
@@ -246,13 +267,15 @@ def parse_env(env: Mapping[str, str], extra_known_args: Iterable[str] = ()) -> C
     2. every variable :data:`REQUIRED_ENV` lists for it is set and not empty (all
        missing ones are named together);
     3. for ADD, CHECK and DEL: the container ID and interface name rules
-       (:func:`validate_container_id`, :func:`validate_ifname`);
+       (:func:`validate_container_id`, :func:`validate_ifname`), and ``CNI_NETNS``, when
+       set, is an absolute path (:func:`validate_netns`);
     4. ``CNI_ARGS`` (:func:`parse_cni_args`, with ``extra_known_args``), except for
        VERSION, which reads nothing else.
 
     Raises:
         InvalidEnvironmentError: (code 4) missing/unknown ``CNI_COMMAND``, a missing
-            required variable, an invalid container ID, interface name or ``CNI_ARGS``.
+            required variable, an invalid container ID, interface name, netns path or
+            ``CNI_ARGS``.
         UnsupportedFieldError: (code 2) unknown ``CNI_ARGS`` keys without ``IgnoreUnknown``.
     """
     command = env.get("CNI_COMMAND", "")
@@ -272,14 +295,17 @@ def parse_env(env: Mapping[str, str], extra_known_args: Iterable[str] = ()) -> C
 
     container_id = env.get("CNI_CONTAINERID", "")
     ifname = env.get("CNI_IFNAME", "")
+    netns = env.get("CNI_NETNS", "")
     if command in ("ADD", "CHECK", "DEL"):
         validate_container_id(container_id)
         validate_ifname(ifname)
+        if netns:
+            validate_netns(netns)
     path = tuple(p for p in env.get("CNI_PATH", "").split(os.pathsep) if p)
     return CniEnv(
         command=command,
         container_id=container_id,
-        netns=env.get("CNI_NETNS", ""),
+        netns=netns,
         ifname=ifname,
         path=path,
         args=parse_cni_args(env.get("CNI_ARGS", ""), extra_known_args),

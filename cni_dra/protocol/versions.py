@@ -133,6 +133,8 @@ def version_request(stdin: bytes | str) -> str:
         obj = json.loads(text)
     except ValueError as exc:
         raise DecodeError("failed to decode VERSION request", str(exc)) from exc
+    except RecursionError as exc:  # nested deeper than the interpreter recurses
+        raise DecodeError("failed to decode VERSION request: JSON nested too deeply", str(exc)) from exc
     if not isinstance(obj, dict):
         raise DecodeError("failed to decode VERSION request", "expected a JSON object")
     requested = obj.get("cniVersion")

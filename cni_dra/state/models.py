@@ -26,6 +26,10 @@ names its ``owner`` (the process doing the work, :class:`Owner`) and lists in ``
 side effects already done (:data:`STEP_LINK`, :data:`STEP_IPAM`). When the owner is dead
 the intent is stale and recovery (:mod:`cni_dra.verbs.recover`) undoes it step by step.
 
+``readyAt`` (optional; absent in attachments written before it existed) is when ADD made
+the attachment ``ready``: GC leaves an attachment alone for a grace period after that
+(:mod:`cni_dra.verbs.gc`), since a runtime's list of valid attachments may predate it.
+
 Older schemas are migrated on read by :func:`migrate` (one function per version step in
 :data:`MIGRATIONS`). Models ignore unknown keys, so adding a field is a backwards-compatible
 change that needs no new schema version; a change of meaning does.
@@ -33,6 +37,7 @@ change that needs no new schema version; a change of meaning does.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -52,6 +57,7 @@ __all__ = [
     "NodeState",
     "migrate",
     "whole_capacity",
+    "ready_at",
 ]
 
 SCHEMA_VERSION = 3
@@ -60,6 +66,13 @@ STEP_LINK = "link"
 """Intent step: the pod's link was created in its netns."""
 STEP_IPAM = "ipam"
 """Intent step: IPAM ADD returned addresses for the attachment."""
+
+
+def ready_at(now_s: float) -> str:
+    """``Attachment.readyAt`` for Unix time ``now_s``: RFC 3339 UTC to the millisecond
+    (``2025-01-02T03:04:05.678Z``), the form Kubernetes timestamps take."""
+    when = datetime.datetime.fromtimestamp(now_s, datetime.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
 class ClaimRef(BaseModel):
@@ -111,6 +124,7 @@ class Attachment(BaseModel):
     ipamType: str | None = None
     ipamConf: str | None = None  # the network config given to IPAM ADD, for release without the runtime
     result: dict[str, Any] | None = None  # CNI result (1.1.0 schema) of the ADD
+    readyAt: str | None = None  # when ADD made it ready, RFC 3339 UTC (see ready_at); GC spares young ones
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -130,6 +144,20 @@ class Attachment(BaseModel):
         if self.consumedCapacity:
             return {k: v if type(v) is Quantity else Quantity.parse(v) for k, v in self.consumedCapacity.items()}
         return whole_capacity(device)
+
+    def ready_age_s(self, now_s: float) -> float | None:
+        """Seconds from ``readyAt`` to ``now_s`` (Unix time); None when ``readyAt`` is unset
+        (an attachment written before the field existed) or unreadable. Negative when the
+        wall clock went back since."""
+        if not self.readyAt:
+            return None
+        try:
+            when = datetime.datetime.fromisoformat(self.readyAt.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if when.tzinfo is None:
+            return None
+        return now_s - when.timestamp()
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)

@@ -1,6 +1,7 @@
 """The node-local state store: a checksummed snapshot, a journal, a backup and a file lock.
 
-Files in ``stateDir`` (created 0700, files 0600):
+Files in ``stateDir`` (created 0700, files 0600; an existing directory that is a symlink, is
+not owned by the process's euid or is writable by group or others is refused with code 5):
 
 * ``state.json``: the snapshot (schema in :mod:`cni_dra.state.models`) as compact JSON whose
   last keys are ``"journal": {"id": "<hex>", "seq": N}`` (the journal that continues it) and
@@ -445,14 +446,53 @@ class StateStore:
         self.lock_path = self.dir / LOCK_FILE
         self.lock_timeout_s = lock_timeout_s
         self.journal_limit_bytes = journal_limit_bytes
+        self._dir_ok = False  # stateDir checked (see _dir_exists)
 
-    # -- locking -------------------------------------------------------------------------
+    # -- the directory -------------------------------------------------------------------
+    def _dir_exists(self) -> bool:
+        """Whether ``stateDir`` exists, checked once per store (one ``lstat(2)``): it must be
+        a real directory (not a symlink, not a file), owned by our euid and not writable by
+        group or others, since whoever can write it can replace the state. False when it
+        does not exist. Raises StateError (5) naming the problem."""
+        if self._dir_ok:
+            return True
+        try:
+            st = os.lstat(self.dir)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StateError(f"failed to use state directory {self.dir}: {exc.strerror}") from exc
+        problem = ""
+        if stat.S_ISLNK(st.st_mode):
+            problem = "it is a symlink (refused; set stateDir to the directory itself)"
+        elif not stat.S_ISDIR(st.st_mode):
+            kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a directory"
+            problem = f"it is {kind}, not a directory"
+        elif st.st_uid != os.geteuid():
+            problem = f"it is owned by uid {st.st_uid}, not by uid {os.geteuid()} that runs cni-dra"
+        elif st.st_mode & 0o022:
+            problem = (
+                f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                f"`chmod 0700 {self.dir}` makes it private"
+            )
+        if problem:
+            raise StateError(f"failed to use state directory {self.dir}: {problem}")
+        self._dir_ok = True
+        return True
+
     def _ensure_dir(self) -> None:
+        """Create ``stateDir`` (0700; missing parents with the default mode) unless it exists,
+        then check it (:meth:`_dir_exists`). Raises StateError (5)."""
+        if self._dir_exists():
+            return
         try:
             self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise StateError(f"failed to create state directory {self.dir}: {exc.strerror}") from exc
+        if not self._dir_exists():  # removed again at once
+            raise StateError(f"failed to create state directory {self.dir}: it vanished")
 
+    # -- locking -------------------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the state lock (bounded wait). Raises TryAgainLaterError (11), StateError (5).
@@ -644,15 +684,17 @@ class StateStore:
         """The state read without the file lock: safe because snapshots replace the file
         atomically and a half-appended journal record is ignored, but stale at once; for
         fast "anything to do?" checks only. May be this process's cached object: read-only.
-        Raises StateError (5)."""
+        Raises StateError (5, also for an unsafe state directory, see :meth:`_dir_exists`)."""
+        self._dir_exists()
         with self._thread_lock():
             return self._read_unlocked()
 
     def read(self) -> NodeState:
         """The state, read under the lock (a missing state directory reads as empty and is
         not created). May be this process's cached object: treat it as read-only.
-        Raises StateError (5), TryAgainLaterError (11)."""
-        if not self.dir.is_dir():
+        Raises StateError (5, also for a state directory that is unsafe to use, see
+        :meth:`_dir_exists`), TryAgainLaterError (11)."""
+        if not self._dir_exists():
             return NodeState()
         with self.locked():
             return self._read_unlocked()

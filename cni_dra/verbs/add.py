@@ -22,6 +22,7 @@ StateError (5), IOFailureError (5) / InventoryError (7) for the inventory.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -263,7 +264,7 @@ def cmd_add(inv: Invocation) -> Result:
     """Run ADD for ``inv``; returns the CNI result (newest schema). See module docstring."""
     from cni_dra import ipam
     from cni_dra.netlink import links
-    from cni_dra.state.models import STEP_IPAM, STEP_LINK
+    from cni_dra.state.models import STEP_IPAM, STEP_LINK, ready_at
     from cni_dra.state.store import current_owner
     from cni_dra.verbs.recover import record_step, recover_pending
 
@@ -383,6 +384,7 @@ def cmd_add(inv: Invocation) -> Result:
             if recorded is None:  # pragma: no cover - only a concurrent GC/repair could do this
                 raise ClaimError(f"failed to complete ADD of {key}: the attachment vanished from state")
             recorded.phase = "ready"
+            recorded.readyAt = ready_at(time.time())  # GC spares it for a grace period
             recorded.result = _result_dict(result)
             if recorded.claim is not None:  # claim mode: the agent writes it into the claim's status
                 state.statusUpdates.append(claim_status_record(recorded))

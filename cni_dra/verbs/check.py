@@ -3,11 +3,13 @@
 Source: CNI spec 1.1.0 "CHECK: Check container's networking is as expected" (needs
 cniVersion ≥ 0.4.0 and ``prevResult``). Tolerates what later plugins of a chain change
 (MTU, sysctls, extra addresses); verifies what cni-dra owns: the attachment in state,
-the link's existence, kind, mode and parent NIC, the MAC and the IPs prevResult reports
-for our interface; then delegates CHECK to the IPAM plugin. The netns recorded for the
-interface (prevResult ``sandbox``, else the state) must be CNI_NETNS by identity (device
-and inode of the namespace), not by path string: ``/run/netns/x`` and
-``/var/run/netns/x`` are the same namespace.
+the link's existence, kind, mode and parent NIC, that the link and its parent are
+administratively up and have carrier (IFF_LOWER_UP: a pod link that cannot pass traffic
+is not working as configured), the MAC and the IPs prevResult reports for our
+interface; then delegates CHECK to the IPAM plugin. The netns recorded for the interface
+(prevResult ``sandbox``, else the state) must be CNI_NETNS by identity (device and inode
+of the namespace), not by path string: ``/run/netns/x`` and ``/var/run/netns/x`` are the
+same namespace.
 
 The IPAM plugin's CHECK (read-only, CNI spec) runs in a helper thread while the link is
 verified, so its exec overlaps the netlink work; a mismatch found here is still the error
@@ -73,6 +75,19 @@ def _check_link(inv: Invocation, att: Any, prev: Any, what: str) -> None:
         raise CheckFailedError(
             f"failed to check {what}: its parent is not {att.ifName} (device {att.device})"
         )
+    # Working as configured also means able to pass traffic: the specific cause first.
+    if not link.admin_up:
+        raise CheckFailedError(f"failed to check {what}: the link is administratively down in netns {env.netns}")
+    if not parent.admin_up:
+        raise CheckFailedError(
+            f"failed to check {what}: its parent NIC {att.ifName} (device {att.device}) is administratively down"
+        )
+    if not parent.carrier:
+        raise CheckFailedError(
+            f"failed to check {what}: its parent NIC {att.ifName} (device {att.device}) has no carrier (NO-CARRIER)"
+        )
+    if not link.carrier:
+        raise CheckFailedError(f"failed to check {what}: the link has no carrier (NO-CARRIER)")
     ours = [i for i, iface in enumerate(prev.interfaces) if iface.name == env.ifname and iface.sandbox]
     sandbox = prev.interfaces[ours[-1]].sandbox if ours else att.netns
     if sandbox and not _same_netns(sandbox, env.netns):

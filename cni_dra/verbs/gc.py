@@ -8,33 +8,88 @@ its netns is gone or is the host's), release its IPAM with the config recorded a
 release its capacity. Then GC is forwarded to the IPAM plugin (skipped for plugins older
 than spec 1.1.0, which have no GC). Errors are collected and GC continues past them; the
 first is raised at the end (its own CNI code), its ``details`` listing every failure.
+
+What GC leaves alone, whatever the list says (README "Failure modes"):
+
+* everything, when the config carries neither list (a hand-run or a runtime bug: an absent
+  list says nothing about which attachments are stale, unlike an empty one) or sets
+  ``disableGC`` (libcni keeps that key at the conflist level and then never calls GC; a
+  config that carries it anyway gets a no-op);
+* an attachment still being added or deleted (an ADD or DEL whose process is alive;
+  stale ones were recovered first);
+* an attachment that became ready less than :data:`GRACE_S` ago: the runtime may have
+  built its list before that ADD finished.
+
+The IPAM plugin's GC gets the runtime's list plus the attachments spared here, so it does
+not release their addresses either.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 
 from cni_dra.errors import CniError
 from cni_dra.verbs.common import Invocation, ipam_codes
 
-__all__ = ["cmd_gc"]
+__all__ = ["GRACE_S", "cmd_gc"]
 
 log = logging.getLogger("cni_dra.gc")
+
+GRACE_S = 300.0
+"""How long after its ADD finished an attachment is safe from GC (seconds).
+
+A runtime builds its list of valid attachments, then sends GC; an ADD that finished in
+between is not on the list. The gap is bounded by what the runtime does before the GC
+reaches the plugin: CRI-O's ocicni takes its network lock for GC, so the GC waits behind
+the sandbox operations already in flight, each bounded by the kubelet's CRI request
+timeout (``runtimeRequestTimeout``, 2 min by default; past it the kubelet gives up and the
+runtime deletes the sandbox with DEL itself); and the sandbox whose ADD finished joins
+the runtime's list only when the rest of its start-up is done (the same bound). Then this
+GC may wait for the state lock (``lockTimeoutSeconds``, 10 s by default). Five minutes is
+more than twice the sum. What it costs: an attachment that really is stale and younger
+than that survives one GC and is collected by the next one (DEL still releases it at any
+time)."""
 
 
 def cmd_gc(inv: Invocation) -> None:
     """Run GC for ``inv``. See module docstring."""
+    conf = inv.conf
+    if conf.disableGC:
+        log.info("GC of network %r: disableGC is set; nothing collected", conf.name)
+        return
+    valid = conf.valid_attachments
+    if valid is None:
+        log.warning(
+            "GC of network %r: the config has neither cni.dev/valid-attachments nor cni.dev/attachments; "
+            "nothing collected (an absent list is not an empty one)", conf.name,
+        )
+        return
+
     from cni_dra import ipam
     from cni_dra.netlink import links
     from cni_dra.netlink.netns import is_host_netns, netns_exists
-
     from cni_dra.verbs.recover import recover_pending
 
-    conf = inv.conf
     recover_pending(inv)  # stale intents and attachments lost in a reboot, before judging the rest
-    valid = conf.valid_attachments
     keep = {(a.get("containerID"), a.get("ifname")) for a in valid}
-    stale = [a for a in inv.store.read().attachments if a.network == conf.name and (a.containerID, a.ifname) not in keep]
+    now_s = time.time()
+    stale, spared = [], []
+    for att in inv.store.read().attachments:
+        if att.network != conf.name or (att.containerID, att.ifname) in keep:
+            continue
+        age_s = att.ready_age_s(now_s)
+        if att.phase != "ready":
+            spared.append(att)
+            log.info("GC of network %r: %s/%s is %s (in progress); left alone", conf.name, att.containerID,
+                     att.ifname, att.phase)
+        elif age_s is not None and age_s < GRACE_S:
+            spared.append(att)
+            log.info("GC of network %r: %s/%s became ready %.0f s ago (< %.0f s); left alone", conf.name,
+                     att.containerID, att.ifname, age_s, GRACE_S)
+        else:
+            stale.append(att)
     errors: list[CniError] = []
     for att in stale:
         try:
@@ -51,9 +106,11 @@ def cmd_gc(inv: Invocation) -> None:
             exc.msg = f"failed to garbage-collect attachment {att.containerID}/{att.ifname}: {exc.msg}"
             errors.append(exc)
     if conf.ipam_type:
+        raw = inv.raw if not spared else _with_valid(inv.raw, [{"containerID": a.containerID, "ifname": a.ifname}
+                                                               for a in spared])
         try:
             with ipam_codes():
-                ipam.ipam_gc(conf.ipam_type, inv.raw, inv.environ, inv.env.path)
+                ipam.ipam_gc(conf.ipam_type, raw, inv.environ, inv.env.path)
         except CniError as exc:
             log.error("IPAM GC failed: %s", exc.msg)
             errors.append(exc)
@@ -62,3 +119,12 @@ def cmd_gc(inv: Invocation) -> None:
         if len(errors) > 1:
             first.details = "; ".join(e.msg for e in errors)
         raise first
+
+
+def _with_valid(raw: bytes, extra: list[dict[str, str]]) -> bytes:
+    """The GC config ``raw`` with ``extra`` appended to each list of valid attachments it has."""
+    obj = json.loads(raw)
+    for key in ("cni.dev/valid-attachments", "cni.dev/attachments"):
+        if isinstance(obj.get(key), list):
+            obj[key] = [*obj[key], *extra]
+    return json.dumps(obj).encode()

@@ -1,0 +1,86 @@
+"""CHECK fails, naming the cause, when the attachment cannot pass traffic: the pod's link or
+its parent NIC administratively down, or without carrier (``ip link``'s NO-CARRIER).
+
+The link layer is stubbed with :class:`~cni_dra.netlink.links.LinkInfo` values here;
+netns_tests/test_fastpath.py makes the same cases with real links.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from cni_dra.errors import CheckFailedError
+from cni_dra.netlink import links
+from cni_dra.netlink.links import LinkInfo
+from cni_dra.verbs import check
+
+NETNS = "/var/run/netns/pod-1"
+MAC = "02:00:00:00:00:07"
+
+
+def _inv() -> Any:
+    prev = {
+        "cniVersion": "1.1.0",
+        "interfaces": [{"name": "eth0", "mac": MAC, "sandbox": NETNS}],
+        "ips": [{"address": "10.0.0.7/24", "interface": 0}],
+    }
+    att = SimpleNamespace(phase="ready", linkType="macvlan", ifName="nic0", device="nic-a", netns=NETNS)
+    store = SimpleNamespace(read=lambda: SimpleNamespace(find=lambda *key: att))
+    return SimpleNamespace(
+        env=SimpleNamespace(ifname="eth0", container_id="c1", netns=NETNS, path=["/opt/cni/bin"]),
+        conf=SimpleNamespace(prevResult=prev, cniVersion="1.1.0", name="net1", ipam_type=None, mode="bridge",
+                             ipvlanFlag=None),
+        raw=b"{}", environ={}, store=store,
+    )
+
+
+def _pod_link(**changes: Any) -> LinkInfo:
+    base = dict(name="eth0", index=2, kind="macvlan", mac=MAC, mtu=1500, operstate="UP", admin_up=True,
+                parent_index=5, parent_netnsid=0, mode="bridge", addresses=("10.0.0.7/24",), carrier=True)
+    base.update(changes)
+    return LinkInfo(**base)
+
+
+def _parent(**changes: Any) -> LinkInfo:
+    base = dict(name="nic0", index=5, kind="veth", mac="02:00:00:00:00:01", mtu=1500, operstate="UP",
+                admin_up=True, parent_index=None, parent_netnsid=None, mode=None, carrier=True)
+    base.update(changes)
+    return LinkInfo(**base)
+
+
+@pytest.mark.parametrize(
+    ("pod", "parent", "says"),
+    [
+        ({"admin_up": False, "carrier": False, "operstate": "DOWN", "addresses": ()}, {},
+         "the link is administratively down in netns /var/run/netns/pod-1"),
+        ({"carrier": False, "operstate": "LOWERLAYERDOWN"}, {"admin_up": False, "carrier": False, "operstate": "DOWN"},
+         "its parent NIC nic0 (device nic-a) is administratively down"),
+        ({"carrier": False, "operstate": "DOWN"}, {"carrier": False, "operstate": "LOWERLAYERDOWN"},
+         "its parent NIC nic0 (device nic-a) has no carrier (NO-CARRIER)"),
+        ({"carrier": False, "operstate": "DOWN"}, {}, "the link has no carrier (NO-CARRIER)"),
+    ],
+    ids=["pod-link-admin-down", "parent-admin-down", "parent-no-carrier", "pod-link-no-carrier"],
+)
+def test_check_names_why_the_link_cannot_pass_traffic(monkeypatch, pod, parent, says) -> None:
+    monkeypatch.setattr(links, "link_in_netns", lambda netns, ifname: _pod_link(**pod))
+    monkeypatch.setattr(links, "host_link", lambda name: _parent(**parent))
+    with pytest.raises(CheckFailedError) as ei:
+        check.cmd_check(_inv())
+    assert ei.value.code == 105
+    assert ei.value.msg == f"failed to check interface eth0 of container c1: {says}"
+
+
+def test_check_passes_when_both_links_are_up_with_carrier(monkeypatch) -> None:
+    monkeypatch.setattr(links, "link_in_netns", lambda netns, ifname: _pod_link())
+    monkeypatch.setattr(links, "host_link", lambda name: _parent())
+    check.cmd_check(_inv())
+
+
+def test_operstate_unknown_with_carrier_passes(monkeypatch) -> None:
+    """Drivers that do not track operstate report UNKNOWN: the carrier bit decides."""
+    monkeypatch.setattr(links, "link_in_netns", lambda netns, ifname: _pod_link(operstate="UNKNOWN"))
+    monkeypatch.setattr(links, "host_link", lambda name: _parent(operstate="UNKNOWN"))
+    check.cmd_check(_inv())
