@@ -34,6 +34,7 @@ __all__ = [
     "NetlinkError",
     "IpamError",
     "StateError",
+    "StateWriteError",
     "AttachmentExistsError",
     "CheckFailedError",
 ]
@@ -132,6 +133,12 @@ class IpamError(CniError):
 
 class StateError(IOFailureError):
     """The node-local state file cannot be read or written. Code 5."""
+
+
+class StateWriteError(StateError):
+    """A change to the node-local state was not committed (a full disk, an I/O error);
+    nothing of it is on disk. Code 5. Unlike an unreadable state, the verb must stop and
+    let the runtime retry rather than carry on without the state."""
 
 
 class AttachmentExistsError(CniError):

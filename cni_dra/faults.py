@@ -18,7 +18,7 @@ import os
 import signal
 import stat
 
-__all__ = ["FAULT_ENV", "SWITCH_FILE", "FAULT_POINTS", "fault_point"]
+__all__ = ["FAULT_ENV", "SWITCH_FILE", "FAULT_POINTS", "fault_point", "switch_on"]
 
 FAULT_ENV = "CNI_DRA_FAULT"
 SWITCH_FILE = "/run/cni-dra/test-faults-enabled"
@@ -39,7 +39,8 @@ FAULT_POINTS: tuple[str, ...] = (
 """Every fault point, in the order an ADD then a DEL passes them."""
 
 
-def _switch_on() -> bool:
+def switch_on() -> bool:
+    """Whether the test switch :data:`SWITCH_FILE` is on (a regular file owned by root or by us)."""
     try:
         st = os.lstat(SWITCH_FILE)
     except OSError:
@@ -52,5 +53,5 @@ def fault_point(name: str) -> None:
     wanted = os.environ.get(FAULT_ENV)
     if not wanted or name not in wanted.split(","):
         return
-    if _switch_on():
+    if switch_on():
         os.kill(os.getpid(), signal.SIGKILL)

@@ -304,7 +304,7 @@ def test_symlinked_switch_does_not_arm(tmp_path, monkeypatch):
     (tmp_path / "real").write_text("")
     os.symlink(tmp_path / "real", tmp_path / "switch")
     monkeypatch.setattr(faults, "SWITCH_FILE", str(tmp_path / "switch"))
-    assert not faults._switch_on()
+    assert not faults.switch_on()
 
 
 def test_recovered_claim_mode_add_leaves_a_failure_record_for_the_agent(tmp_path):

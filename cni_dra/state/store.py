@@ -68,6 +68,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import signal
@@ -81,8 +82,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cni_dra.errors import StateError, TryAgainLaterError
+from cni_dra.errors import StateError, StateWriteError, TryAgainLaterError
 from cni_dra.faults import fault_point
+from cni_dra.state import fsio
 from cni_dra.state.models import SCHEMA_VERSION, TOUCHED, Attachment, NodeState, Owner, migrate
 
 __all__ = [
@@ -112,6 +114,8 @@ _THREAD_LOCKS: dict[str, threading.Lock] = {}
 _THREAD_LOCKS_GUARD = threading.Lock()
 LOCK_FILE = "state.lock"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+_log = logging.getLogger(__name__)
 
 _CHECKSUM_TAIL = re.compile(rb',"checksum":"sha256:([0-9a-f]{64})"\}\n?\Z')
 
@@ -303,12 +307,10 @@ def owner_alive(owner: Owner | None) -> bool:
 def _write_synced(path: Path, data: bytes, flag: int) -> None:
     """Create ``path`` (0600, never through a symlink; ``flag``: O_EXCL or O_TRUNC), write
     ``data`` whole and fsync it. Raises OSError."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | flag, 0o600)
+    fd = fsio.open_write(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | flag)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        fsio.write_all(fd, data)
+        fsio.fsync(fd)
     finally:
         os.close(fd)
 
@@ -701,15 +703,18 @@ class StateStore:
 
     # -- writing -------------------------------------------------------------------------
     def _fsync_dir(self) -> None:
-        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsio.fsync_dir(self.dir)
 
     def _write_unlocked(self, state: NodeState) -> None:
-        """Write ``state`` as a new snapshot (with a new, empty journal) atomically, then a
-        second copy as ``state.json.bak``. Raises StateError (5)."""
+        """Write ``state`` as a new snapshot (with a new, empty journal) atomically, and a
+        second copy as ``state.json.bak``. Raises StateError (5) when it was not committed.
+
+        Both files are written and fsync'ed under temporary names first, so a full disk or
+        an I/O error fails before anything changes. The rename over ``state.json`` is the
+        commit point: every reader sees the new state from then on. What follows (the
+        backup's rename, the directory's fsync, removing the old journal, which names
+        another id now and is ignored) cannot be undone, so its failure is logged, not
+        raised: the caller must not roll back a state every reader already sees."""
         key = str(self.path)
         _CACHE.pop(key, None)  # re-established below once the files are in place
         if state.bootID is None:  # a new or migrated state is written in this boot
@@ -721,57 +726,71 @@ class StateStore:
         bak_tmp = self.dir / f".{BACKUP_FILE}.{os.getpid()}.tmp"
         try:
             # Writers hold the lock, so any other temp file is left by a writer that died.
-            for leftover in self.dir.glob(f".{STATE_FILE}*.tmp"):
+            for leftover in self.dir.glob(f".{STATE_FILE}*.tmp"):  # .state.json.bak.*.tmp too
                 with contextlib.suppress(FileNotFoundError):
-                    leftover.unlink()
+                    fsio.unlink(leftover)
             _write_synced(tmp, data, os.O_EXCL)
-            fault_point("state:tmp-written")
-            os.replace(tmp, self.path)
-            fault_point("state:renamed")
-            # a second copy: the journal applies to it too (read_backup)
             _write_synced(bak_tmp, data, os.O_TRUNC)
-            os.replace(bak_tmp, self.backup_path)
-            self._fsync_dir()
-            # The old journal is folded into the snapshot (and names another id from now on).
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.journal_path)
-            st = os.stat(self.path)
+            fault_point("state:tmp-written")
+            fsio.rename(tmp, self.path)
         except OSError as exc:
             for t in (tmp, bak_tmp):
                 with contextlib.suppress(OSError):
-                    t.unlink()
-            raise StateError(f"failed to write state {self.path}: {exc.strerror}") from exc
+                    os.unlink(t)
+            raise StateWriteError(f"failed to write state {self.path}: {exc.strerror}; nothing was changed") from exc
+        fault_point("state:renamed")
+        for what, step in (
+            ("rename the backup copy", lambda: fsio.rename(bak_tmp, self.backup_path)),
+            ("sync the state directory", self._fsync_dir),
+            ("remove the folded journal", lambda: fsio.unlink(self.journal_path)),
+        ):
+            try:
+                step()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                _log.warning("state %s committed, but failed to %s: %s", self.path, what, exc.strerror)
+        with contextlib.suppress(OSError):
+            os.unlink(bak_tmp)
+        st = os.stat(self.path)
         _CACHE[key] = _Cached(_ident(st), len(data), jid, seq, state)
 
     def _append(self, entry: _Cached, ops: list[bytes], durable: bool = True) -> None:
         """Commit ``ops`` (encoded) as the next journal record of ``entry`` (fdatasync'ed
-        when ``durable``).
-        Raises StateError (5); on failure the cache entry is dropped by the caller."""
+        when ``durable``). A record is committed only when it was written whole and synced:
+        on any failure it is cut off again (a truncate frees space, so it works on a full
+        disk) and StateError (5) is raised; the caller then drops its cached view, so the
+        process's view never runs ahead of the disk."""
         seq = entry.seq + 1
         head = b'{"j":' + json.dumps(entry.jid).encode() + b',"seq":' + str(seq).encode() + b',"ops":['
         record = _seal(head + b",".join(ops) + b"]}")
         try:
-            fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = fsio.open_write(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
-            raise StateError(f"failed to write state {self.journal_path}: {exc.strerror}") from exc
+            raise StateWriteError(f"failed to write state {self.journal_path}: {exc.strerror}; nothing was changed") from exc
+        end = 0
         try:
             st = os.fstat(fd)
             created = st.st_size == 0 and entry.j_ident is None
             end = 0 if entry.j_stale or (st.st_dev, st.st_ino) != entry.j_ident else entry.j_end
             if st.st_size != end:  # a torn record of a writer that died, or a stale journal
-                os.ftruncate(fd, end)
+                fsio.truncate(fd, end)
             half = len(record) // 2
-            os.pwrite(fd, record[:half], end)
+            fsio.write_all(fd, record[:half], end)
             fault_point("state:tmp-written")  # half a record: torn, never committed
-            os.pwrite(fd, record[half:], end + half)
+            fsio.write_all(fd, record[half:], end + half)
             fault_point("state:renamed")  # whole record, not yet synced
             if durable or created:
-                os.fdatasync(fd)
-            after = os.fstat(fd)
+                fsio.fdatasync(fd)
             if created:
                 self._fsync_dir()
+            after = os.fstat(fd)
         except OSError as exc:
-            raise StateError(f"failed to write state {self.journal_path}: {exc.strerror}") from exc
+            try:  # what was written of the record is not committed: no reader may take it
+                os.ftruncate(fd, end)
+            except OSError as cut:
+                _log.error("failed to cut an uncommitted record off %s: %s", self.journal_path, cut.strerror)
+            raise StateWriteError(f"failed to write state {self.journal_path}: {exc.strerror}; nothing was changed") from exc
         finally:
             os.close(fd)
         entry.seq = seq
@@ -833,7 +852,10 @@ class StateStore:
         else:
             self._append(entry, ops, durable)
             if entry.j_end > max(self.journal_limit_bytes, entry.snap_size):
-                self._write_unlocked(state)
+                try:  # compaction: the record above is committed whatever happens here
+                    self._write_unlocked(state)
+                except StateError as exc:
+                    _log.warning("state compaction postponed: %s", exc)
         if os.environ.get(VERIFY_ENV) == "1":
             self._verify(state)
 
@@ -894,7 +916,7 @@ class StateStore:
                 view.current = self._read_snapshot_with_good_records()
                 if view.current is None and self.path.exists():
                     view.aside = self.dir / f"{STATE_FILE}.corrupt-{stamp}"
-                    os.replace(self.path, view.aside)
+                    fsio.rename(self.path, view.aside)
             try:
                 view.backup = self._read_backup_unlocked()
             except StateError as exc:
@@ -903,7 +925,7 @@ class StateStore:
                 # kept for the operator (the backup took its good records first); the repaired
                 # snapshot starts a new journal
                 view.journal_aside = self.dir / f"{JOURNAL_FILE}.corrupt-{stamp}"
-                os.replace(self.journal_path, view.journal_aside)
+                fsio.rename(self.journal_path, view.journal_aside)
             yield view
 
 

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass, field
 
-from cni_dra.errors import CniError, StateError, TryAgainLaterError
+from cni_dra.errors import CniError, StateError, StateWriteError, TryAgainLaterError
 from cni_dra.state import Attachment, NodeState, StateStore
 from cni_dra.state.models import STEP_IPAM, STEP_LINK, Owner
 from cni_dra.state.store import boot_id, current_owner, owner_alive
@@ -239,6 +239,8 @@ def begin_delete(inv: Invocation) -> Attachment | None:
             att.phase = "deleting"
             att.owner = current_owner()
             return att.model_copy(deep=True)
+    except StateWriteError:
+        raise  # nothing written, nothing removed: the runtime retries the DEL
     except StateError as exc:
         log.error("DEL %s: %s; removing the link and releasing IPAM from the runtime's config only", key, exc.msg)
         return None
