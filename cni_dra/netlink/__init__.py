@@ -3,7 +3,9 @@
 * :mod:`cni_dra.netlink.netns`: namespace identity and the scoped
   :func:`~cni_dra.netlink.netns.in_netns` switch (standard library only);
 * :mod:`cni_dra.netlink.links`: links, addresses, routes, sysctls (pyroute2,
-  imported on the first netlink call, not at import time).
+  imported on the first netlink call, not at import time);
+* :mod:`cni_dra.netlink.watch`: link-change notifications (:class:`LinkEvents`, a raw
+  rtnetlink socket, standard library only).
 
 Importing this package does not import pyroute2.
 """
@@ -34,8 +36,10 @@ from cni_dra.netlink.netns import (
     netns_exists,
     netns_identity,
 )
+from cni_dra.netlink.watch import LinkEvents
 
 __all__ = [
+    "LinkEvents",
     "IPVLAN_FLAGS",
     "IPVLAN_MODES",
     "MACVLAN_MODES",
