@@ -1,4 +1,4 @@
-"""``cni-dra allocate`` audit gaps: a dry run creates nothing in --state, slices of other
+"""``cni-dra allocate`` audit gaps: a dry run creates nothing in --state-dir, slices of other
 drivers (no ``ifName``) are accepted, and a claim that does not fit says why per request."""
 
 from __future__ import annotations
@@ -118,12 +118,12 @@ def test_cli_allocate_state_with_a_slice_of_another_driver(tmp_path: Path) -> No
             ifName="x", consumedCapacity={"bw": Quantity.parse("7G")}, shareID="s1", phase="ready"))
     inv = _write(tmp_path, "slice.json", _slice([_dev("gpu-0", "10G")]))
     c = _write(tmp_path, "c.json", _claim(_req("g", "4G")))
-    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state", str(state)], env={})
+    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={})
     assert r.exit_code == 1, r.output
     assert json.loads(r.stdout)[0]["reasons"] == {"g": "gpu-0: remaining bw 3G < 4G"}
 
 
-# -- 2. --state is read-only -----------------------------------------------------------------
+# -- 2. --state-dir is read-only -----------------------------------------------------------------
 
 
 def test_cli_allocate_state_creates_nothing(tmp_path: Path) -> None:
@@ -131,7 +131,7 @@ def test_cli_allocate_state_creates_nothing(tmp_path: Path) -> None:
     state.mkdir()
     inv = _write(tmp_path, "slice.json", _slice([_dev("gpu-0", "10G")]))
     c = _write(tmp_path, "c.json", _claim(_req("g", "4G")))
-    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state", str(state)], env={})
+    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={})
     assert r.exit_code == 0, r.output
     assert os.listdir(state) == []
 
@@ -140,7 +140,7 @@ def test_cli_allocate_state_missing_dir_is_not_created(tmp_path: Path) -> None:
     state = tmp_path / "nope"
     inv = _write(tmp_path, "slice.json", _slice([_dev("gpu-0", "10G")]))
     c = _write(tmp_path, "c.json", _claim(_req("g", "4G")))
-    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state", str(state)], env={})
+    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={})
     assert r.exit_code == 0, r.output
     assert not state.exists()
 
@@ -160,7 +160,7 @@ def test_cli_allocate_state_does_not_wait_for_the_lock(tmp_path: Path) -> None:
     fd = os.open(state / "state.lock", os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state", str(state)], env={})
+        r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={})
     finally:
         os.close(fd)
     assert r.exit_code == 0, r.output

@@ -594,23 +594,24 @@ def test_cli_all_mode_leaves_out_a_nic_without_room_even_when_idle(tmp_path: Pat
 def test_cli_state_reader_is_used(tmp_path: Path) -> None:
     inv = _write(tmp_path, "slice.json", {"spec": {"driver": DRV, "nodeName": "node1", "pool": {"name": "node1"}, "devices": [D("eth-a", "10G")]}})
     c1 = _write(tmp_path, "c1.json", C(R("nic", {"c": "8G"})))
-    seen: list[str] = []
+    seen: list[tuple[str, str]] = []
 
-    def reader(path: str) -> dict[str, dict[str, Quantity]]:
-        seen.append(path)
+    def reader(path: str, slice_: Any) -> dict[str, dict[str, Quantity]]:
+        seen.append((path, slice_.spec.pool.name))
         return {"eth-a": {"c": Quantity.parse("3G")}}
 
     cmd = make_allocate_command(state_reader=reader, share_id=share_ids())
-    result = CliRunner().invoke(cmd, ["--inventory", inv, "--claim", c1, "--state", str(tmp_path)])
-    assert result.exit_code == 1 and seen == [str(tmp_path)]
+    result = CliRunner().invoke(cmd, ["--inventory", inv, "--claim", c1, "--state-dir", str(tmp_path)])
+    assert result.exit_code == 1 and seen == [(str(tmp_path), "node1")]
     assert "remaining c 7G < 8G" in result.stdout
 
 
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
+        (["--state-dir", "x", "--consumed", "y"], "mutually exclusive"),
         (["--state", "x", "--consumed", "y"], "mutually exclusive"),
-        (["--state", "x"], "no state reader"),
+        (["--state-dir", "x", "--state", "y"], "give one of them"),
     ],
 )
 def test_cli_usage_errors(tmp_path: Path, args: list[str], needle: str) -> None:

@@ -110,7 +110,8 @@ def test_status_with_unreadable_inventory_fails_cleanly(env):
     assert r.exit_code == 1 and r.output.startswith("IOFailureError: ")
 
 
-def test_allocate_sees_what_the_state_consumed(env, tmp_path):
+def _allocate_4g(env, tmp_path, how: str, env_state_dir: str | None = None):
+    """Run ``allocate`` for a 4G claim with the state dir given ``how``; eth-a holds 7G of 10G there."""
     with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as st:
         st.attachments.append(Attachment(
             network="n1", containerID="c1", ifname="eth0", driver="net.cni-dra.dev", pool="n", device="eth-a",
@@ -121,10 +122,69 @@ def test_allocate_sees_what_the_state_consumed(env, tmp_path):
     del claim["status"]
     f = tmp_path / "claim.json"
     f.write_text(json.dumps(claim))
-    r = CliRunner().invoke(cli, ["allocate", "--inventory", env["CNI_DRA_INVENTORY"], "--claim", str(f),
-                                 "--state", env["CNI_DRA_STATE_DIR"]], env={})
-    assert r.exit_code == 0, r.output
-    (entry,) = json.loads(r.output)
+    args = ["allocate", "--inventory", env["CNI_DRA_INVENTORY"], "--claim", str(f)]
+    run_env = {} if env_state_dir is None else {"CNI_DRA_STATE_DIR": env_state_dir}
+    if how == "env":
+        run_env = {"CNI_DRA_STATE_DIR": env["CNI_DRA_STATE_DIR"]}
+    elif how == "--state-dir=":
+        args.append(f"--state-dir={env['CNI_DRA_STATE_DIR']}")
+    else:
+        args += [how, env["CNI_DRA_STATE_DIR"]]
+    return CliRunner().invoke(cli, args, env=run_env)
+
+
+def _placed_on(r) -> tuple[str, dict]:
+    (entry,) = json.loads(r.stdout)
     (result,) = entry["allocation"]["devices"]["results"]
+    return result["device"], result["consumedCapacity"]
+
+
+@pytest.mark.parametrize("how", ["--state-dir", "--state-dir=", "env"])
+def test_allocate_sees_what_the_state_consumed(env, tmp_path, how):
+    r = _allocate_4g(env, tmp_path, how)
+    assert r.exit_code == 0, r.output
+    assert r.stderr == ""
     # eth-a has only 3G left in the state, so the 4G request goes to eth-b
-    assert (result["device"], result["consumedCapacity"]) == ("eth-b", {"bandwidth": "4G"})
+    assert _placed_on(r) == ("eth-b", {"bandwidth": "4G"})
+
+
+def test_allocate_still_takes_the_deprecated_state_option(env, tmp_path):
+    r = _allocate_4g(env, tmp_path, "--state")
+    assert r.exit_code == 0, r.output
+    assert _placed_on(r) == ("eth-b", {"bandwidth": "4G"})
+    assert "'state' is deprecated" in r.stderr and "--state-dir" in r.stderr
+
+
+def test_allocate_deprecated_state_option_beats_the_environment(env, tmp_path):
+    r = _allocate_4g(env, tmp_path, "--state", env_state_dir=str(tmp_path / "empty"))
+    assert r.exit_code == 0, r.output
+    assert _placed_on(r) == ("eth-b", {"bandwidth": "4G"})
+    assert not (tmp_path / "empty").exists()
+
+
+def test_allocate_help_names_state_dir_only(env):
+    r = CliRunner().invoke(cli, ["allocate", "--help"], env={})
+    assert r.exit_code == 0
+    assert "--state-dir" in r.output
+    assert "--state " not in r.output and "--state\n" not in r.output
+
+
+def _commands(group, path=()):
+    for name, cmd in group.commands.items():
+        yield path + (name,), cmd
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, path + (name,))
+
+
+def test_every_command_names_the_state_directory_state_dir_with_its_env_twin():
+    seen = []
+    for path, cmd in _commands(cli):
+        for p in cmd.params:
+            if p.name == "state_dir":
+                seen.append(" ".join(path))
+                assert p.opts == ["--state-dir"] and p.envvar == "CNI_DRA_STATE_DIR", path
+                assert p.help and "state" in p.help
+            visible = [o for o in p.opts if not getattr(p, "hidden", False)]
+            assert "--state" not in visible, path
+    assert sorted(seen) == ["agent", "allocate", "claims prepare", "claims unprepare", "state recover",
+                            "state repair", "status"]

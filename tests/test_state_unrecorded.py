@@ -3,7 +3,7 @@
 A schema-1 state (no checksum) may hold an attachment without ``consumedCapacity``; a
 prepared claim result may lack it too. Such a record's share is unknown, so every sum of
 consumed capacity (standalone ADD, claim-mode ADD, ``cni-dra status``, ``allocate
---state``) charges it the whole device, the way ``cni-dra state repair`` charges an
+--state-dir``) charges it the whole device, the way ``cni-dra state repair`` charges an
 untracked link, until the pod's DEL releases it. Charging it nothing let later ADDs put
 11G on a 10G NIC.
 """

@@ -1,8 +1,10 @@
 """The operator CLI (click): a thin shell over library calls.
 
-Commands: ``status``, ``claims prepare|unprepare``, ``inventory discover``. Every option
-has an environment twin (``CNI_DRA_STATE_DIR``, ``CNI_DRA_INVENTORY``, ...). Errors print
-``Type: message`` on stderr and exit non-zero.
+Commands: ``status``, ``claims prepare|unprepare``, ``inventory discover`` (here), and
+``allocate``, ``agent``, ``state recover|repair`` (each in its own module, added to the
+group at the bottom of this one). Every option has an environment twin
+(``CNI_DRA_STATE_DIR``, ``CNI_DRA_INVENTORY``, ...; the shared ones are in
+:mod:`cni_dra.cli.options`). Errors print ``Type: message`` on stderr and exit non-zero.
 """
 
 from __future__ import annotations
@@ -13,19 +15,14 @@ from typing import Any
 
 import click
 
+from cni_dra.cli.agent import agent as agent_command
+from cni_dra.cli.allocate import make_allocate_command
+from cni_dra.cli.options import INVENTORY_OPT, STATE_DIR_OPT
+from cni_dra.cli.state import state as state_group
 from cni_dra.errors import CniError
-from cni_dra.protocol.config import DEFAULT_DRIVER, DEFAULT_INVENTORY, DEFAULT_STATE_DIR
+from cni_dra.protocol.config import DEFAULT_DRIVER
 
 __all__ = ["cli"]
-
-STATE_DIR_OPT = click.option(
-    "--state-dir", envvar="CNI_DRA_STATE_DIR", default=DEFAULT_STATE_DIR, show_default=True,
-    help="Directory of the node state (the plugin config's stateDir).",
-)
-INVENTORY_OPT = click.option(
-    "--inventory", envvar="CNI_DRA_INVENTORY", default=DEFAULT_INVENTORY, show_default=True,
-    help="The node's ResourceSlice file (the plugin config's inventory).",
-)
 
 
 class _Group(click.Group):
@@ -186,31 +183,7 @@ def inventory_discover(interfaces: tuple[str, ...], default_bandwidth: str, driv
         click.echo(f"wrote {output} ({len(doc['spec']['devices'])} devices)", err=True)
 
 
-# -- allocate (dry run, issue 3) -----------------------------------------------------------
-def _state_usage(state_dir: str) -> Any:
-    """``allocate --state``: what the node state charges per device of the inventory's pool.
-
-    A dry run: a lock-free snapshot (``peek``), so nothing, not even state.lock, is created."""
-    from cni_dra.dra.inventory import load_inventory
-    from cni_dra.state import StateStore
-
-    slice_ = load_inventory(click.get_current_context().params["inventory"], plugin_rules=False)
-    devices = {d.name: d for d in slice_.spec.devices}
-    return StateStore(state_dir).peek().consumed_by_device(slice_.spec.driver, slice_.spec.pool.name, devices)
-
-
-def _register_allocate() -> None:
-    from cni_dra.cli.allocate import make_allocate_command
-
-    cli.add_command(make_allocate_command(state_reader=_state_usage))
-
-
-_register_allocate()
-
-
-from cni_dra.cli.agent import agent  # noqa: E402 - the node agent (issue 5)
-cli.add_command(agent)
-
-
-from cni_dra.cli.state import state as _state  # noqa: E402 - registered after the group exists
-cli.add_command(_state)
+# -- the commands of the other modules -----------------------------------------------------
+cli.add_command(make_allocate_command())
+cli.add_command(agent_command)
+cli.add_command(state_group)

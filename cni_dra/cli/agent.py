@@ -10,7 +10,7 @@ import threading
 
 import click
 
-from cni_dra.protocol.config import DEFAULT_INVENTORY, DEFAULT_STATE_DIR
+from cni_dra.cli.options import INVENTORY_OPT, STATE_DIR_OPT
 
 __all__ = ["agent"]
 
@@ -19,10 +19,8 @@ __all__ = ["agent"]
 @click.option("--node-name", required=True, envvar="NODE_NAME", help="This node's name (spec.nodeName of the slice).")
 @click.option("--kubeconfig", default=None, envvar="KUBECONFIG",
               help="Kubeconfig file (default: the in-cluster service account).")
-@click.option("--inventory", envvar="CNI_DRA_INVENTORY", default=DEFAULT_INVENTORY, show_default=True,
-              help="The node's ResourceSlice file (the plugin config's inventory).")
-@click.option("--state-dir", envvar="CNI_DRA_STATE_DIR", default=DEFAULT_STATE_DIR, show_default=True,
-              help="Directory of the node state (the plugin config's stateDir).")
+@INVENTORY_OPT
+@STATE_DIR_OPT
 @click.option("--plugin-dir", envvar="CNI_DRA_PLUGIN_DIR", default=None,
               help="Directory of the DRA socket [default: /var/lib/kubelet/plugins/<driver>].")
 @click.option("--registry-dir", envvar="CNI_DRA_REGISTRY_DIR", default="/var/lib/kubelet/plugins_registry",

@@ -4,7 +4,7 @@ Prints, per claim and in the order given, the resource.k8s.io/v1 ``status.alloca
 the claim would get (``devices.results[]`` with request, driver, pool, device,
 consumedCapacity, shareID) or why it does not fit, request by request. Claims are
 allocated in order, each seeing what the earlier ones consumed. Nothing is written or
-created: ``--state`` reads a lock-free snapshot (``StateStore.peek``). The inventory is
+created: ``--state-dir`` reads a lock-free snapshot (``StateStore.peek``). The inventory is
 checked with the API server's rules only (not cni-dra's ``ifName`` rule).
 
 Output (JSON or YAML) is a list, one entry per claim::
@@ -23,6 +23,8 @@ indented line per entry.
 
 Exit status: 0 when every claim fits, 1 when one does not, 2 on bad input (the
 error is printed as ``Type: message`` on stderr).
+
+``--state`` is a hidden, deprecated alias of ``--state-dir``.
 """
 
 from __future__ import annotations
@@ -37,18 +39,31 @@ import click
 
 from cni_dra.allocator.claims import ClaimNoFit, NodeUsage, allocate_claims
 from cni_dra.allocator.select import POLICIES
+from cni_dra.cli.options import state_dir_option
 from cni_dra.dra.claims import load_claims, load_consumed
 from cni_dra.dra.inventory import load_inventory
 from cni_dra.dra.models import AllocationResult, ResourceSlice, to_api
 from cni_dra.errors import CniError
 from cni_dra.quantity import Quantity
 
-__all__ = ["allocate_command", "make_allocate_command", "run_allocate", "StateReader", "new_share_id"]
+__all__ = ["make_allocate_command", "read_node_usage", "run_allocate", "StateReader", "new_share_id"]
 
-#: Reads the node's usage from a state directory: either a :class:`NodeUsage`
-#: or the simple ``{device: {capacity: Quantity}}`` shape (then a dedicated device
-#: with any entry counts as held). Raises a CniError on failure.
-StateReader = Callable[[str], "NodeUsage | Mapping[str, Mapping[str, Quantity]]"]
+#: Reads the node's usage of the slice's pool from a state directory: either a
+#: :class:`NodeUsage` or the simple ``{device: {capacity: Quantity}}`` shape (then a
+#: dedicated device with any entry counts as held). Raises a CniError on failure.
+StateReader = Callable[[str, ResourceSlice], "NodeUsage | Mapping[str, Mapping[str, Quantity]]"]
+
+
+def read_node_usage(state_dir: str, slice_: ResourceSlice) -> NodeUsage:
+    """What the node state in ``state_dir`` charges per device of ``slice_``'s pool.
+
+    A dry run: a lock-free snapshot (``StateStore.peek``), so nothing, not even
+    state.lock, is created. Raises CniError subclasses (an unreadable state).
+    """
+    from cni_dra.state import StateStore
+
+    devices = {d.name: d for d in slice_.spec.devices}
+    return StateStore(state_dir).peek().consumed_by_device(slice_.spec.driver, slice_.spec.pool.name, devices)
 
 
 def new_share_id() -> str:
@@ -80,16 +95,14 @@ def run_allocate(
 
 
 def _usage(
-    slice_: ResourceSlice, state: str | None, consumed: str | None, state_reader: StateReader | None
+    slice_: ResourceSlice, state_dir: str | None, consumed: str | None, state_reader: StateReader
 ) -> NodeUsage:
-    if state is not None and consumed is not None:
-        raise click.UsageError("--state and --consumed are mutually exclusive")
+    if state_dir is not None and consumed is not None:
+        raise click.UsageError("--state-dir and --consumed are mutually exclusive")
     if consumed is not None:
         return NodeUsage.from_consumed(load_consumed(consumed), slice_.spec.devices)
-    if state is not None:
-        if state_reader is None:
-            raise click.UsageError("--state is not available: no state reader is wired into this command")
-        got = state_reader(state)
+    if state_dir is not None:
+        got = state_reader(state_dir, slice_)
         if isinstance(got, NodeUsage):
             return got
         return NodeUsage.from_consumed(got, slice_.spec.devices)
@@ -105,13 +118,14 @@ def _dump(entries: list[dict[str, Any]], output: str) -> str:
 
 
 def make_allocate_command(
-    state_reader: StateReader | None = None,
+    state_reader: StateReader = read_node_usage,
     share_id: Callable[[], str] = new_share_id,
 ) -> click.Command:
     """Build the ``allocate`` click command.
 
-    ``state_reader(statedir)`` serves ``--state``; ``share_id`` mints shareIDs
-    (uuid4 by default; tests pass a deterministic generator).
+    ``state_reader(state_dir, slice_)`` serves ``--state-dir`` (:func:`read_node_usage`
+    by default); ``share_id`` mints shareIDs (uuid4 by default; tests pass a
+    deterministic generator).
     """
 
     @click.command("allocate")
@@ -120,10 +134,10 @@ def make_allocate_command(
                        "API server's rules only, so a slice of another driver (no ifName) is accepted.")
     @click.option("--claim", "claim_paths", multiple=True, required=True, envvar="CNI_DRA_CLAIM",
                   help="ResourceClaim file; repeat to allocate several claims in order.")
-    @click.option("--state", "state", default=None, envvar="CNI_DRA_STATE_DIR",
-                  help="Node state directory: start from what is allocated there. Read-only: a "
-                       "snapshot of state.json taken without the state lock (nothing is created, "
-                       "not even state.lock), so a concurrent ADD/DEL may make it stale at once.")
+    @state_dir_option(default=None, deprecated_alias="--state",
+                      help="Node state directory: start from what is allocated there. Read-only: a "
+                           "snapshot of state.json taken without the state lock (nothing is created, "
+                           "not even state.lock), so a concurrent ADD/DEL may make it stale at once.")
     @click.option("--consumed", "consumed", default=None, envvar="CNI_DRA_CONSUMED",
                   help='JSON/YAML file {"<device>": {"<capacity>": "<quantity>"}} of what is consumed.')
     @click.option("--policy", type=click.Choice(list(POLICIES)), default="first-fit", show_default=True,
@@ -133,7 +147,7 @@ def make_allocate_command(
     def allocate(
         inventory: str,
         claim_paths: tuple[str, ...],
-        state: str | None,
+        state_dir: str | None,
         consumed: str | None,
         policy: str,
         output: str,
@@ -142,7 +156,7 @@ def make_allocate_command(
         try:
             slice_ = load_inventory(inventory, plugin_rules=False)
             claims = [c for path in claim_paths for c in load_claims(path)]
-            usage = _usage(slice_, state, consumed, state_reader)
+            usage = _usage(slice_, state_dir, consumed, state_reader)
             entries, ok = run_allocate(slice_, claims, usage, share_id, policy)
         except CniError as exc:
             click.echo(f"{type(exc).__name__}: {exc.msg}", err=True)
@@ -158,7 +172,3 @@ def make_allocate_command(
             sys.exit(1)
 
     return allocate
-
-
-#: The command with no state reader (``--state`` unavailable) and uuid4 shareIDs.
-allocate_command: click.Command = make_allocate_command()

@@ -15,7 +15,8 @@ import os
 
 import click
 
-from cni_dra.protocol.config import DEFAULT_INVENTORY, DEFAULT_STATE_DIR
+from cni_dra.cli.options import STATE_DIR_OPT
+from cni_dra.protocol.config import DEFAULT_INVENTORY
 
 __all__ = ["state"]
 
@@ -25,10 +26,6 @@ def state() -> None:
     """The node state file: crash recovery and repair."""
 
 
-_STATE_DIR = click.option(
-    "--state-dir", envvar="CNI_DRA_STATE_DIR", default=DEFAULT_STATE_DIR, show_default=True,
-    help="Directory of the node state (the plugin config's stateDir).",
-)
 _CNI_PATH = click.option(
     "--cni-path", envvar="CNI_PATH", default="/opt/cni/bin", show_default=True,
     help="Where the IPAM plugins are (':'-separated, like CNI_PATH).",
@@ -55,7 +52,7 @@ def _cni_path(value: str) -> list[str]:
 
 
 @state.command("recover")
-@_STATE_DIR
+@STATE_DIR_OPT
 @_CNI_PATH
 @_JSON
 def recover_cmd(state_dir: str, cni_path: str, as_json: bool) -> None:
@@ -68,7 +65,7 @@ def recover_cmd(state_dir: str, cni_path: str, as_json: bool) -> None:
 
 
 @state.command("repair")
-@_STATE_DIR
+@STATE_DIR_OPT
 @_CNI_PATH
 @click.option("--inventory", envvar="CNI_DRA_INVENTORY", default=DEFAULT_INVENTORY, show_default=True,
               help="The node's ResourceSlice (its NICs are searched for untracked links).")

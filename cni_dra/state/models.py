@@ -319,7 +319,7 @@ class NodeState(BaseModel):
         Counts every attachment (``adding`` and ``ready``) plus every prepared claim result of
         that driver and pool that no attachment uses yet (the scheduler already granted it),
         each exactly once. ``devices`` (name → resource.k8s.io/v1 Device; the ADD path, the
-        status report and ``allocate --state`` pass the inventory's) lets a record that names
+        status report and ``allocate --state-dir`` pass the inventory's) lets a record that names
         no amount hold its device's whole capacity (:meth:`Attachment.charged`): an
         attachment without ``consumedCapacity``, which then also covers the prepared results
         of its claim on that device, and a claim result without ``consumedCapacity`` (on a
