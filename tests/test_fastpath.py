@@ -332,3 +332,25 @@ def test_require_says_why_the_agent_did_not_serve(agent, tmp_path):
     answer = json.loads(proc.stdout)
     assert proc.returncode == 1 and answer["code"] == 11
     assert "declined" in answer["msg"] and "working directory" in answer["msg"]
+
+
+def test_the_server_module_imports_no_click():
+    """The agent's worker processes import the module; only ``python -m`` needs click."""
+    code = "import sys, cni_dra.fastpath.server; print('click' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_the_standalone_server_command_line():
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cni_dra.fastpath.server", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+
+    for flag in ("--help", "-h"):
+        out = run(flag)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("Usage: python -m cni_dra.fastpath.server [OPTIONS]")
+        for option in ("--socket", "--workers", "--processes", "--cwd", "--log-level"):
+            assert option in out.stdout
+    out = run("--workers", "many")
+    assert out.returncode == 2 and "'many' is not a valid integer" in out.stderr

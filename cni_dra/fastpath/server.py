@@ -17,7 +17,8 @@ A request is *declined* (the client then runs it in-process) when:
 Wire format: :mod:`cni_dra.fastpath.client`. Logging goes through the ``cni_dra`` logger of
 the hosting process (``CNI_DRA_LOG_FILE`` of a request is not honoured).
 
-Run standalone (tests, ``make bench``): ``python -m cni_dra.fastpath.server --socket PATH``.
+Run standalone (tests, ``make bench``): ``python -m cni_dra.fastpath.server --socket PATH``
+(:func:`main`, a thin click command; importing this module does not import click).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from cni_dra.fastpath.client import (
     DEFAULT_SOCKET,
@@ -50,6 +52,7 @@ __all__ = [
     "FastpathServer",
     "agent_service",
     "start_fastpath",
+    "serve",
     "main",
 ]
 
@@ -382,31 +385,21 @@ def _warm_imports() -> None:
     links.host_link("lo")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m cni_dra.fastpath.server --socket PATH``: serve until SIGTERM/SIGINT.
+def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, log_level: str) -> int:
+    """Serve on ``socket_path`` (default: the client's) until SIGTERM/SIGINT; returns 0.
 
-    Changes to ``--cwd`` (default ``/``, where a runtime usually runs plugins; requests from
-    another working directory are declined) first. Prints ``ready <socket> pids=<pid>,...`` (this process, then its worker processes) on stdout once
-    listening.
+    Changes to ``cwd`` first (``/`` is where a runtime usually runs plugins; requests from
+    another working directory are declined). Prints ``ready <socket> pids=<pid>,...``
+    (this process, then its worker processes) on stdout once listening.
     """
-    import argparse
     import signal
 
-    parser = argparse.ArgumentParser(prog="python -m cni_dra.fastpath.server")
-    parser.add_argument("--socket", default=None, help="socket path (default: the client's default)")
-    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="invocations served at once, per process")
-    parser.add_argument("--processes", type=int, default=DEFAULT_PROCESSES, help="processes accepting on the socket")
-    parser.add_argument("--cwd", default="/", help="working directory of the agent (default /)")
-    parser.add_argument("--log-level", default=os.environ.get("CNI_DRA_LOG_LEVEL", "WARNING"))
-    args = parser.parse_args(argv)
-    from cni_dra.fastpath.client import DEFAULT_SOCKET
-
-    path = os.path.abspath(args.socket or DEFAULT_SOCKET)
+    path = os.path.abspath(socket_path or DEFAULT_SOCKET)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("cni_dra").setLevel(args.log_level.upper())  # not pyroute2's debug chatter
-    os.chdir(args.cwd)
+    logging.getLogger("cni_dra").setLevel(log_level.upper())  # not pyroute2's debug chatter
+    os.chdir(cwd)
     done = threading.Event()
-    server = start_fastpath(path, workers=args.workers, processes=args.processes)
+    server = start_fastpath(path, workers=workers, processes=processes)
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     print(f"ready {path} pids={','.join(map(str, server.pids))}", flush=True)
@@ -415,5 +408,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> NoReturn:
+    """``python -m cni_dra.fastpath.server [--socket PATH] [--workers N] [--processes N]
+    [--cwd DIR] [--log-level L]``: :func:`serve` as a standalone process (tests, ``make bench``).
+
+    Exits: 0 after SIGTERM/SIGINT, 2 on a usage error.
+
+    A thin click command, built here: click is imported only by this entry, not by the
+    module (the agent's worker processes import this module and never need click).
+    """
+    import click
+
+    @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option("--socket", "socket_path", default=None, help="socket path (default: the client's default)")
+    @click.option("--workers", type=int, default=DEFAULT_WORKERS, show_default=True,
+                  help="invocations served at once, per process")
+    @click.option("--processes", type=int, default=DEFAULT_PROCESSES, show_default=True,
+                  help="processes accepting on the socket")
+    @click.option("--cwd", default="/", show_default=True, help="working directory of the agent")
+    @click.option("--log-level", envvar="CNI_DRA_LOG_LEVEL", default="WARNING", show_default=True,
+                  help="level of the cni_dra loggers")
+    def command(socket_path: str | None, workers: int, processes: int, cwd: str, log_level: str) -> None:
+        """Serve plugin invocations on a unix socket until SIGTERM/SIGINT."""
+        serve(socket_path, workers=workers, processes=processes, cwd=cwd, log_level=log_level)
+
+    command.main(args=argv, prog_name="python -m cni_dra.fastpath.server")
+    raise SystemExit(0)  # not reached: click's standalone mode exits
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()
