@@ -5,8 +5,8 @@ Source: CNI spec 1.1.0, section "Error" (well-known error codes). Codes used:
 * 1 incompatible CNI version, 2 unsupported field in network configuration,
   3 container unknown or does not exist, 4 invalid necessary environment variables,
   5 I/O failure, 6 failed to decode content, 7 invalid network config,
-  11 try again later, 50 plugin not available, 51 plugin not available (limited
-  connectivity);
+  11 try again later, 50 plugin not available (51, limited connectivity, only as an
+  IPAM plugin's own code, carried by :class:`IpamError`);
 * 100 and up are cni-dra specific (see :class:`NoCapacityError` and friends).
 
 Messages read ``failed to <verb> <object> <name>: <cause>`` and keep the cause in
@@ -27,7 +27,6 @@ __all__ = [
     "InvalidConfigError",
     "TryAgainLaterError",
     "PluginNotAvailableError",
-    "PluginLimitedConnectivityError",
     "NoCapacityError",
     "ClaimError",
     "InventoryError",
@@ -92,10 +91,6 @@ class TryAgainLaterError(CniError):
 
 class PluginNotAvailableError(CniError):
     code = 50
-
-
-class PluginLimitedConnectivityError(CniError):
-    code = 51
 
 
 class InventoryError(InvalidConfigError):

@@ -13,7 +13,6 @@ from cni_dra.allocator.capacity import (
     consumed_amount,
     dedicated_in_use,
     device_consumption,
-    explain_consumed_amount,
     remaining,
     resolve_capacity_name,
 )
@@ -34,7 +33,6 @@ __all__ = [
     "consumed_amount",
     "dedicated_in_use",
     "device_consumption",
-    "explain_consumed_amount",
     "rank_key",
     "remaining",
     "resolve_capacity_name",

@@ -39,7 +39,6 @@ from cni_dra.quantity import Quantity
 __all__ = [
     "NoFit",
     "consumed_amount",
-    "explain_consumed_amount",
     "resolve_capacity_name",
     "device_consumption",
     "remaining",
@@ -93,7 +92,7 @@ def _policy_violation(name: str, amount: Quantity, policy: CapacityRequestPolicy
     return None
 
 
-def explain_consumed_amount(
+def _consumed_amount_and_why(
     capacity: DeviceCapacity, requested: Quantity | None, name: str = "capacity"
 ) -> tuple[Quantity | None, str]:
     """Like :func:`consumed_amount`, also returning why it is None (``""`` otherwise)."""
@@ -130,7 +129,7 @@ def consumed_amount(capacity: DeviceCapacity, requested: Quantity | None) -> Qua
     when the policy forbids the request (above ``validRange.max``, above every
     ``validValues`` entry, off the grid). Does not look at what is already consumed.
     """
-    return explain_consumed_amount(capacity, requested)[0]
+    return _consumed_amount_and_why(capacity, requested)[0]
 
 
 def resolve_capacity_name(device: Device, name: str, driver: str = "") -> str | None:
@@ -179,7 +178,7 @@ def device_consumption(
             out[key] = cap.value
         return out
     for key, cap in device.capacity.items():
-        amount, why = explain_consumed_amount(cap, resolved.get(key), key)
+        amount, why = _consumed_amount_and_why(cap, resolved.get(key), key)
         if amount is None:
             return NoFit({device.name: why})
         out[key] = amount

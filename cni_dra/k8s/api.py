@@ -14,14 +14,12 @@ above never see client models. Errors are translated:
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from cni_dra.errors import InvalidConfigError, IOFailureError, TryAgainLaterError
 
-__all__ = ["KubeApi", "SLICES_PATH", "kubeconfig_from_env"]
+__all__ = ["KubeApi"]
 
-SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 _TIMEOUT_S = 15.0
 
 
@@ -159,9 +157,3 @@ def _message(body: Any) -> str:
     except (TypeError, ValueError):
         return str(body)[:500]
     return str(doc.get("message", "")) if isinstance(doc, dict) else str(body)[:500]
-
-
-def kubeconfig_from_env() -> str | None:
-    """``$KUBECONFIG`` (first entry) or None."""
-    value = os.environ.get("KUBECONFIG", "")
-    return value.split(os.pathsep)[0] or None

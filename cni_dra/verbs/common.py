@@ -40,10 +40,6 @@ class Invocation:
 
         return load_inventory(self.conf.inventory)
 
-    @property
-    def pool(self) -> str:
-        return self.inventory.spec.pool.name
-
 
 def claim_results_for(
     claims: list[dict[str, Any]], driver: str, ifname: str
