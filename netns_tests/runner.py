@@ -39,7 +39,7 @@ __all__ = [
 # overrides exist for trying the harness against another build; CI uses the defaults.
 CNI_EXE = os.environ.get("CNI_DRA_TEST_EXE", "/opt/cni/bin/cni-dra")
 CNI_PATH = os.environ.get("CNI_DRA_TEST_CNI_PATH", "/opt/cni/bin")
-# What containerd and CRI-O send for a Kubernetes pod (CNI_ARGS), as in the issue.
+# What containerd and CRI-O send for a Kubernetes pod (CNI_ARGS).
 K8S_CNI_ARGS = (
     "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_INFRA_CONTAINER_ID=c;K8S_POD_UID=u"
 )
@@ -143,7 +143,7 @@ def cni_dra_cli(
 def cni_dra_status(state_dir: str | os.PathLike[str], inventory: str | os.PathLike[str], *, exe: str = CNI_EXE) -> dict[str, Any]:
     """``cni-dra status --state-dir DIR --inventory FILE --json``, parsed.
 
-    Shape (issue 2, item 9): ``{"devices": [{"name", "ifName", "capacity",
+    Shape (README "Architecture", ``status --json``): ``{"devices": [{"name", "ifName", "capacity",
     "consumed", "remaining"}], "attachments": [{"podUID", "containerID", "ifname",
     "netns", "device", "consumedCapacity", "shareID"}]}``, quantities as canonical
     Kubernetes quantity strings. Raises ``RuntimeError`` (with stderr) when the CLI

@@ -1,4 +1,4 @@
-"""Issue 3 features on the ADD path: CEL selectors in the plugin config, distinctFrom: pod,
+"""The allocator's KEP-5075 features on the ADD path: CEL selectors in the plugin config, distinctFrom: pod,
 dedicated (not allowMultipleAllocations) devices in standalone and claim mode."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 5 acceptance, end to end on this machine: the installed ``cni-dra agent`` against
+"""The node agent end to end on this machine: the installed ``cni-dra agent`` against
 the local API stand-in (tests/k8s_apiserver.py), the kubelet's side played over the
 agent's unix sockets with stubs from the same protos, the runtime's side played by
 running the installed plugin, two veth pairs as the NICs eth-a and eth-b.

@@ -1,4 +1,4 @@
-"""CNI 1.1 conformance of the installed cni-dra, run as a runtime runs it (issue 4).
+"""CNI 1.1 conformance of the installed cni-dra, run as a runtime runs it.
 
 Every spec version cni-dra accepts: ADD, CHECK, DEL, STATUS and GC for macvlan with
 L2-only, host-local (IPv4, IPv6, dual stack) and static IPAM; the version gates; the

@@ -1,5 +1,5 @@
-"""Error paths of the installed cni-dra, each with its specific code and nothing left
-behind (issue 4, "Error codes"). Codes covered elsewhere: 1, 2, 3, 4, 5, 6, 7, 11 (dhcp),
+"""Error paths of the installed cni-dra, each with its specific code (cni_dra.errors) and
+nothing left behind. Codes covered elsewhere: 1, 2, 3, 4, 5, 6, 7, 11 (dhcp),
 50, 100, 104, 105 in test_conformance.py; 101 in test_plugin.py."""
 
 from __future__ import annotations

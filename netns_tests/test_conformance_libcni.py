@@ -1,5 +1,5 @@
 """[cni-dra, tuning] through libcni (as containerd runs it): tuning changes the MTU and a
-sysctl of cni-dra's interface, and CHECK of the whole chain still passes (issue 4).
+sysctl of cni-dra's interface, and CHECK of the whole chain still passes.
 
 Uses the libcni client and test bed of test_libcni.py.
 """

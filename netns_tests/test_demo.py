@@ -1,11 +1,11 @@
-"""The demo sequence of issue 2 (item 10) as a test, through the installed executable.
+"""The demo sequence (README "Demo", scripts/demo.sh) as a test, through the installed executable.
 
 Same steps as scripts/demo.sh, driven with netns_tests/runner.py (env + stdin, as a
 runtime): two stand-in NICs of 10G (requestPolicy default 1G, validRange min 100M
 step 100M), pods asking 4G, 3G, 10G, 8G, then a prepared claim on eth-b for 6G.
 Each placement is judged twice: by the attachment's device in ``cni-dra status
 --json`` and by the kernel (the pod link's parent ifindex). Expected values are
-the issue's, written out here, never computed by cni-dra.
+the demo's, written out here, never computed by cni-dra.
 
 Device names (eth-a, eth-b) differ from the host interface names (random veth
 names from ``make_parent_nic``), so the inventory's name -> ifName mapping is

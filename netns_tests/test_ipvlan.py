@@ -1,4 +1,4 @@
-"""ipvlan through the installed cni-dra (issue 4, item 5), per spec version and mode.
+"""ipvlan through the installed cni-dra (``linkType: ipvlan``), per spec version and mode.
 
 Needs a kernel with ipvlan. Where the host kernel lacks it, these tests skip here and
 ``make test`` runs this file again under ``scripts/uml-run`` (a user-mode-linux 7.x

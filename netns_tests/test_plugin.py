@@ -1,6 +1,6 @@
 """The installed /opt/cni/bin/cni-dra driven exactly as a runtime does (env + stdin + exit code + stdout).
 
-Covers issue 2's acceptance: selection policies, claim mode (honoured and refused), DEL
+Covers: selection policies, claim mode (honoured and refused), DEL
 twice / without netns / without parent, CHECK, mtu refused before IPAM, rollback of an
 ADD that fails after IPAM. Parents are veth ends (stand-in NICs) from conftest fixtures.
 """

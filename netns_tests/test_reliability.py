@@ -1,4 +1,4 @@
-"""Issue 6 in real namespaces: crash at every step, corrupt state, reboots, host netns, retries.
+"""Reliability in real namespaces: crash at every step, corrupt state, reboots, host netns, retries.
 
 Every case runs the installed plugin as a runtime does and then judges, independently of
 the plugin's own report: the exit code and CNI error code, the state file (decoded with its

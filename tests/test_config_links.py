@@ -1,4 +1,4 @@
-"""Link options of the config (issue 4): linkType, mode, ipvlanFlag, mac, bcqueuelen, nodad;
+"""Link options of the config: linkType, mode, ipvlanFlag, mac, bcqueuelen, nodad;
 mixed link types kept apart by the allocator; the netlink request for bcqueuelen."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile input (issue 6, item 7): 10,000 examples each for the stdin config, CNI_ARGS and
+"""Hostile input: 10,000 examples each for the stdin config, CNI_ARGS and
 the CNI_* variables, and the inventory parser. Nothing may escape but a CNI error.
 
 The plugin entry (:func:`cni_dra.cni.run`) is driven in-process. Every generated config that

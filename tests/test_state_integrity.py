@@ -1,4 +1,4 @@
-"""State integrity (issue 6): checksum, backup, migration, lock hardening, intents and recovery.
+"""State integrity: checksum, backup, migration, lock hardening, intents and recovery.
 
 Unprivileged: recovery here deals with attachments that have no netns and no IPAM, so it
 touches no link and runs no plugin; the netns tests cover those paths for real.

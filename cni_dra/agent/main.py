@@ -6,8 +6,8 @@ Parts (each a service with ``start()``/``stop()``):
 * the DRA kubelet plugin (:class:`cni_dra.k8s.kubelet_plugin.KubeletPlugin`) with
   :class:`cni_dra.agent.driver.ClaimDriver` behind it;
 * the link watch (:class:`cni_dra.agent.linkwatch.LinkWatch`), which asks for a publish;
-* extra services: the fast-path server of issue 7 when ``cni_dra.fastpath`` is installed
-  (guarded import), plus any the caller passes.
+* extra services: the fast-path server (:mod:`cni_dra.fastpath.server`) when
+  ``cni_dra.fastpath`` is installed (guarded import), plus any the caller passes.
 
 The loop publishes the ResourceSlice at start, after link events (debounced) and every
 ``resync_s`` (drift: someone else changed or deleted the slice), retrying failures with
@@ -60,7 +60,7 @@ class AgentConfig:
 
 def extra_services(cfg: AgentConfig) -> list[Service]:
     """Services from optional packages: ``cni_dra.fastpath.server.agent_service(state_dir=,
-    inventory=)`` when that module exists (issue 7), else none."""
+    inventory=)`` when that module exists (the fast path), else none."""
     try:
         from cni_dra.fastpath import server as fastpath  # type: ignore[import-not-found]
     except ImportError:

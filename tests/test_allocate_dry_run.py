@@ -1,4 +1,4 @@
-"""``cni-dra allocate`` audit gaps: a dry run creates nothing in --state-dir, slices of other
+"""``cni-dra allocate`` as a dry run: it creates nothing in --state-dir, slices of other
 drivers (no ``ifName``) are accepted, and a claim that does not fit says why per request."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _write(tmp: Path, name: str, data: Any) -> str:
     return str(p)
 
 
-# -- 3. the ifName rule is the plugin's, not the API server's ------------------------------
+# -- the ifName rule is the plugin's, not the API server's ------------------------------
 
 
 def test_validate_slice_api_rules_only_accepts_a_slice_without_ifname() -> None:
@@ -123,7 +123,7 @@ def test_cli_allocate_state_with_a_slice_of_another_driver(tmp_path: Path) -> No
     assert json.loads(r.stdout)[0]["reasons"] == {"g": "gpu-0: remaining bw 3G < 4G"}
 
 
-# -- 2. --state-dir is read-only -----------------------------------------------------------------
+# -- --state-dir is read-only -----------------------------------------------------------------
 
 
 def test_cli_allocate_state_creates_nothing(tmp_path: Path) -> None:
@@ -169,7 +169,7 @@ def test_cli_allocate_state_does_not_wait_for_the_lock(tmp_path: Path) -> None:
     assert sorted(os.listdir(state)) == before
 
 
-# -- 1. a reason per request -----------------------------------------------------------------
+# -- a reason per request -----------------------------------------------------------------
 
 
 def _alloc(devices: list[dict[str, Any]], claim: dict[str, Any], consumed: dict[str, dict[str, str]] | None = None) -> Any:
