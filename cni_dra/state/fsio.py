@@ -135,7 +135,7 @@ def counting() -> contextlib.AbstractContextManager[Plan]:
 
 
 def _fault(op: str) -> str | None:
-    plan = _plan()
+    plan = _PLAN if _ENV_READ else _plan()
     if plan is None:
         return None
     with _GUARD:
@@ -157,10 +157,7 @@ def write_all(fd: int, data: bytes, offset: int | None = None) -> None:
     that writes nothing raises ENOSPC. Raises OSError."""
     view = memoryview(data)
     while view:
-        if _fault("write") == "short":
-            chunk = view[: max(1, len(view) // 2)]
-        else:
-            chunk = view
+        chunk = view[: max(1, len(view) // 2)] if _fault("write") == "short" else view
         n = os.write(fd, chunk) if offset is None else os.pwrite(fd, chunk, offset)
         if n <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
