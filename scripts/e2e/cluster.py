@@ -198,6 +198,11 @@ def make_pki() -> None:
 
 # -- processes -----------------------------------------------------------------------------
 
+# Popen objects of the processes this process started (kept so that they are reaped, not
+# garbage-collected while running); other processes are found through the pid files.
+_PROCS: dict[str, subprocess.Popen] = {}
+
+
 def pidfile(name: str) -> Path:
     return p("pids", f"{name}.pid")
 
@@ -217,6 +222,7 @@ def start(name: str, args: list[str], env: dict[str, str] | None = None) -> int:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env=full_env, start_new_session=True, cwd=str(DIR))
     pidfile(name).write_text(str(proc.pid))
+    _PROCS[name] = proc
     return proc.pid
 
 
@@ -264,10 +270,17 @@ def stop(name: str, *, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> No
             pass
         time.sleep(0.3)
         _reap(pid)
+    proc = _PROCS.pop(name, None)
+    if proc is not None and proc.pid == pid:
+        proc.wait(5)
     pidfile(name).unlink(missing_ok=True)
 
 
 def _reap(pid: int) -> None:
+    for proc in _PROCS.values():
+        if proc.pid == pid:
+            proc.poll()
+            return
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:

@@ -1,0 +1,446 @@
+"""cni-dra on a real one-node cluster: kube-apiserver, kube-scheduler,
+kube-controller-manager, kubelet and containerd of the versions scripts/e2e/cluster.py
+runs, two veth pairs as the node's 10G NICs (requestPolicy default 1G, validRange min
+100M step 100M), cni-dra's agent on the host under its own service account.
+
+The scenarios run in file order and share the cluster; each one removes its pods before
+it ends. Expected values come from the API server's objects (official Python client),
+the kernel (pyroute2, cgroups) and the components' own logs, and are compared with
+cni-dra's books (``cni-dra status --json``), never taken from them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
+
+NS = "default"
+GIB = Decimal(10) ** 9
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+def wait_for(cond, what: str, timeout_s: float = 90.0, interval_s: float = 0.5):
+    end = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < end:
+        try:
+            value = cond()
+        except ApiException as exc:
+            value, last = None, exc
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"{what}: not reached in {timeout_s:.0f}s (last error: {last})")
+
+
+def consistently(cond, what: str, duration_s: float = 10.0, interval_s: float = 1.0) -> None:
+    end = time.monotonic() + duration_s
+    while time.monotonic() < end:
+        assert cond(), f"{what}: stopped holding"
+        time.sleep(interval_s)
+
+
+def core(api) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+def resource(api) -> client.ResourceV1Api:
+    return client.ResourceV1Api(api)
+
+
+def to_dict(api, obj) -> dict[str, Any]:
+    return api.sanitize_for_serialization(obj)
+
+
+def make_template(api, name: str, bandwidth: str, *, on_nic: str | None = None) -> None:
+    exactly: dict[str, Any] = {"deviceClassName": "cni-dra-shared-nic",
+                               "capacity": {"requests": {"bandwidth": bandwidth}}}
+    if on_nic:
+        exactly["selectors"] = [{"cel": {"expression": f'device.attributes["net.cni-dra.dev"].ifName == "{on_nic}"'}}]
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "net1", "exactly": exactly}]}}}}
+    resource(api).create_namespaced_resource_claim_template(NS, body)
+
+
+def make_claim(api, name: str, bandwidth: str) -> None:
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "net1", "exactly": {
+                "deviceClassName": "cni-dra-shared-nic", "capacity": {"requests": {"bandwidth": bandwidth}}}}]}}}
+    resource(api).create_namespaced_resource_claim(NS, body)
+
+
+def make_pod(api, cluster, name: str, *, template: str | None = None, claim: str | None = None) -> dict:
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "app", "image": cluster.TEST_IMAGE, "imagePullPolicy": "Never"}],
+    }
+    if template or claim:
+        ref = {"name": "nic"}
+        ref["resourceClaimTemplateName" if template else "resourceClaimName"] = template or claim
+        spec["resourceClaims"] = [ref]
+        spec["containers"][0]["resources"] = {"claims": [{"name": "nic"}]}
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+    return to_dict(api, core(api).create_namespaced_pod(NS, body))
+
+
+def pod(api, name: str) -> dict | None:
+    try:
+        return to_dict(api, core(api).read_namespaced_pod(name, NS))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def wait_running(api, name: str, timeout_s: float = 90.0) -> dict:
+    return wait_for(lambda: (p := pod(api, name)) and p["status"].get("phase") == "Running" and p["status"].get("podIP")
+                    and p, f"pod {name} Running", timeout_s)
+
+
+def delete_pods(api, *names: str) -> None:
+    for name in names:
+        try:
+            core(api).delete_namespaced_pod(name, NS, grace_period_seconds=1)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    for name in names:
+        wait_for(lambda: pod(api, name) is None, f"pod {name} gone", 90)
+
+
+def claim_of(api, pod_obj: dict) -> dict:
+    """The pod's ResourceClaim (generated from a template or named in the spec)."""
+    name = None
+    for st in pod_obj["status"].get("resourceClaimStatuses") or []:
+        name = st.get("resourceClaimName")
+    if name is None:
+        name = pod_obj["spec"]["resourceClaims"][0].get("resourceClaimName")
+    return to_dict(api, resource(api).read_namespaced_resource_claim(name, NS))
+
+
+def result_of(claim: dict) -> dict:
+    (res,) = claim["status"]["allocation"]["devices"]["results"]
+    return res
+
+
+def books(cluster) -> dict:
+    out = subprocess.run([cluster.CNI_EXE, "status", "--state-dir", str(cluster.state_dir()),
+                          "--inventory", str(cluster.inventory_path()), "--json"],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def booked(cluster) -> dict[str, Decimal]:
+    return {d["name"]: parse_quantity(d["consumed"]["bandwidth"]) for d in books(cluster)["devices"]}
+
+
+def scheduled(api, cluster) -> dict[str, Decimal]:
+    """Sum of consumedCapacity.bandwidth of every allocation result on this node's pool."""
+    out = {nic: Decimal(0) for nic in cluster.NICS}
+    for c in resource(api).list_resource_claim_for_all_namespaces().items:
+        c = to_dict(api, c)
+        for res in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
+            if res["driver"] == cluster.DRIVER and res["pool"] == cluster.NODE:
+                out[res["device"]] += parse_quantity(res["consumedCapacity"]["bandwidth"])
+    return out
+
+
+def books_match(api, cluster) -> bool:
+    return booked(cluster) == scheduled(api, cluster)
+
+
+def pod_netns(uid: str) -> str:
+    """/proc/<pid>/ns/net of a process of pod ``uid``, found through the pod's cgroup."""
+    root = Path("/sys/fs/cgroup/pids") / "cni-dra-e2e"
+    for d in root.rglob(f"pod{uid}"):
+        for procs in d.rglob("cgroup.procs"):
+            pids = procs.read_text().split()
+            if pids:
+                return f"/proc/{pids[0]}/ns/net"
+    raise AssertionError(f"no process of pod {uid} under {root}")
+
+
+def kernel_eth0(uid: str) -> dict:
+    from netns_tests.runner import link_in_netns
+
+    link = link_in_netns(pod_netns(uid), "eth0")
+    assert link is not None, f"pod {uid} has no eth0"
+    return link
+
+
+def host_ifindex(ifname: str) -> int:
+    from netns_tests.runner import host_ifindex as lookup
+
+    idx = lookup(ifname)
+    assert idx is not None, ifname
+    return idx
+
+
+def status_entry(claim: dict, share_id: str) -> dict | None:
+    for dev in (claim.get("status") or {}).get("devices") or []:
+        if dev.get("shareID") == share_id:
+            return dev
+    return None
+
+
+def check_attached(api, cluster, name: str, bandwidth: str) -> tuple[dict, dict, dict]:
+    """Pod ``name`` runs with eth0 on the NIC the scheduler allocated, as the kubelet
+    prepared it, and the claim's status carries its interface. Returns (pod, claim, result)."""
+    p = wait_running(api, name)
+    claim = claim_of(api, p)
+    res = result_of(claim)
+    assert res["driver"] == cluster.DRIVER and res["pool"] == cluster.NODE
+    assert res["device"] in cluster.NICS
+    assert parse_quantity(res["consumedCapacity"]["bandwidth"]) == parse_quantity(bandwidth)
+    assert res.get("shareID"), "a share of a multi-allocatable device has a shareID"
+    # what the kubelet prepared (NodePrepareResources) and containerd's ADD attached
+    uid = p["metadata"]["uid"]
+    atts = [a for a in books(cluster)["attachments"] if a["podUID"] == uid]
+    assert [(a["device"], a["shareID"], a["ifname"]) for a in atts] == [(res["device"], res["shareID"], "eth0")]
+    assert parse_quantity(atts[0]["consumedCapacity"]["bandwidth"]) == parse_quantity(bandwidth)
+    prepared = [c for c in books(cluster)["preparedClaims"] if c["podUID"] == uid]
+    assert [c["uid"] for c in prepared] == [claim["metadata"]["uid"]]
+    # the kernel: eth0 in the pod is a macvlan on the allocated NIC
+    eth0 = kernel_eth0(uid)
+    assert eth0["parent_ifindex"] == host_ifindex(res["device"])
+    assert [c.split("/")[0] for c in eth0["ipv4"]] == [p["status"]["podIP"]]
+    # the claim's status: networkData by server-side apply under the driver's field manager
+    claim = wait_for(lambda: (c := to_dict(api, resource(api).read_namespaced_resource_claim(
+        claim["metadata"]["name"], NS))) and status_entry(c, res["shareID"]) and c, "networkData written", 60)
+    entry = status_entry(claim, res["shareID"])
+    assert (entry["driver"], entry["pool"], entry["device"]) == (cluster.DRIVER, cluster.NODE, res["device"])
+    nd = entry["networkData"]
+    assert nd["interfaceName"] == "eth0"
+    assert nd["ips"] == eth0["ipv4"] and nd["ips"][0].split("/")[0] == p["status"]["podIP"]
+    assert nd["hardwareAddress"].lower() == eth0["mac"].lower()
+    assert {(c["type"], c["status"]) for c in entry.get("conditions") or []} >= {("Ready", "True")}
+    managers = [(m["manager"], m["operation"], m.get("subresource")) for m in claim["metadata"]["managedFields"]]
+    assert (cluster.DRIVER, "Apply", "status") in managers
+    return p, claim, res
+
+
+# -- scenarios -----------------------------------------------------------------------------
+
+def test_agent_registers_and_its_slice_is_accepted_and_kept(api, cluster):
+    """The kubelet registers the agent's DRA plugin; the API server accepts its
+    ResourceSlice, which outlives the kubelet's start-up wipe; conf/k8s's DeviceClass is
+    stored unchanged."""
+    kubelet_log = cluster.logfile("kubelet").read_text()
+    assert 'driverName="net.cni-dra.dev"' in kubelet_log and "connected=true" in kubelet_log
+    name = f"{cluster.NODE}-{cluster.DRIVER}"
+    slc = wait_for(lambda: to_dict(api, resource(api).read_resource_slice(name)), "slice published")
+    devices = {d["name"]: d for d in slc["spec"]["devices"]}
+    assert sorted(devices) == sorted(cluster.NICS)
+    for nic, dev in devices.items():
+        assert dev["allowMultipleAllocations"] is True
+        assert dev["attributes"]["ifName"] == {"string": nic}
+        cap = dev["capacity"]["bandwidth"]
+        assert parse_quantity(cap["value"]) == 10 * GIB
+        assert parse_quantity(cap["requestPolicy"]["default"]) == GIB
+        assert {k: parse_quantity(v) for k, v in cap["requestPolicy"]["validRange"].items()} == {
+            "min": Decimal(10) ** 8, "step": Decimal(10) ** 8}
+    node = to_dict(api, core(api).read_node(cluster.NODE))
+    assert slc["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+    assert slc["spec"]["nodeName"] == cluster.NODE
+    # The kubelet wiped its node's slices when it started; this one was published after
+    # (the agent registers after the kubelet's start) and stays.
+    uid = slc["metadata"]["uid"]
+    consistently(lambda: to_dict(api, resource(api).read_resource_slice(name))["metadata"]["uid"] == uid,
+                 "the slice stays", 5)
+    import yaml
+
+    want = yaml.safe_load((cluster.REPO / "conf/k8s/deviceclass.yaml").read_text())
+    got = to_dict(api, resource(api).read_device_class(want["metadata"]["name"]))
+    assert got["spec"]["selectors"] == want["spec"]["selectors"]
+
+
+def test_pod_runs_on_the_share_the_scheduler_allocated(api, cluster):
+    """Pod A (4G): the scheduler's allocation is what the kubelet prepared and containerd's
+    ADD attached; the pod IP is the claim's networkData."""
+    make_template(api, "nic-4g", "4G")
+    make_pod(api, cluster, "pod-a", template="nic-4g")
+    p, claim, res = check_attached(api, cluster, "pod-a", "4G")
+    wait_for(lambda: books_match(api, cluster), "cni-dra's books == the scheduler's allocations", 30)
+    assert booked(cluster)[res["device"]] == 4 * GIB
+
+
+def test_scheduler_keeps_an_8g_pod_pending_until_a_share_is_released(api, cluster):
+    """Both NICs hold 4G: pod B (8G) stays Pending for the scheduler, pod C (4G) runs;
+    deleting A lets B run. cni-dra's books follow the scheduler at every step."""
+    a = pod(api, "pod-a")
+    nic_a = result_of(claim_of(api, a))["device"]
+    other = next(n for n in cluster.NICS if n != nic_a)
+    # C first, on the other NIC (a CEL selector on the ifName attribute)
+    make_template(api, "nic-4g-other", "4G", on_nic=other)
+    make_pod(api, cluster, "pod-c", template="nic-4g-other")
+    _, _, res_c = check_attached(api, cluster, "pod-c", "4G")
+    assert res_c["device"] == other
+    wait_for(lambda: books_match(api, cluster), "books after C", 30)
+    assert booked(cluster) == {nic_a: 4 * GIB, other: 4 * GIB}
+    # B: 8G fits on neither NIC (6G left on each)
+    make_template(api, "nic-8g", "8G")
+    make_pod(api, cluster, "pod-b", template="nic-8g")
+
+    def unschedulable() -> bool:
+        b = pod(api, "pod-b")
+        conds = {c["type"]: c for c in b["status"].get("conditions") or []}
+        sched = conds.get("PodScheduled")
+        return bool(sched and sched["status"] == "False" and sched.get("reason") == "Unschedulable")
+
+    wait_for(unschedulable, "pod B Unschedulable", 60)
+
+    def still_pending() -> bool:
+        b = pod(api, "pod-b")
+        if b["spec"].get("nodeName") or b["status"].get("phase") != "Pending" or not unschedulable():
+            return False
+        claims = [c for c in resource(api).list_namespaced_resource_claim(NS).items
+                  if any(o.name == "pod-b" for o in c.metadata.owner_references or [])]
+        return all(not (c.status and c.status.allocation) for c in claims)
+
+    consistently(still_pending, "pod B Pending (not scheduled, no allocation)", 10)
+    events = core(api).list_namespaced_event(NS, field_selector="involvedObject.name=pod-b").items
+    assert not [e for e in events if e.reason in ("FailedCreatePodSandBox", "Scheduled")], \
+        [(e.reason, e.message) for e in events]
+    assert books_match(api, cluster)
+    # deleting A frees 4G on A's NIC: B now fits there (8G)
+    delete_pods(api, "pod-a")
+    _, _, res_b = check_attached(api, cluster, "pod-b", "8G")
+    assert res_b["device"] == nic_a
+    wait_for(lambda: books_match(api, cluster), "books after B", 30)
+    assert booked(cluster) == {nic_a: 8 * GIB, other: 4 * GIB}
+
+
+def test_pod_deletion_runs_del_and_releases_the_share(api, cluster):
+    """Deleting pods B and C: containerd's DEL ran (no attachment, IP released to IPAM),
+    the capacity is free again, the generated claims are gone."""
+    claims = {n: claim_of(api, pod(api, n)) for n in ("pod-b", "pod-c")}
+    ips = {n: pod(api, n)["status"]["podIP"] for n in ("pod-b", "pod-c")}
+    delete_pods(api, "pod-b", "pod-c")
+    wait_for(lambda: not books(cluster)["attachments"], "no attachments left", 30)
+    assert not books(cluster)["preparedClaims"]
+    assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
+    ipam = cluster.p("ipam", cluster.NETWORK)
+    for ip in ips.values():
+        assert not (ipam / ip).exists(), f"host-local still holds {ip}"
+    for c in claims.values():
+        wait_for(lambda: not [x for x in resource(api).list_namespaced_resource_claim(NS).items
+                              if x.metadata.uid == c["metadata"]["uid"]], f"claim {c['metadata']['name']} deleted", 60)
+    assert books_match(api, cluster)
+    containerd_log = cluster.logfile("containerd").read_text()
+    assert "TearDown network for sandbox" in containerd_log or "Teardown network" in containerd_log
+
+
+def test_one_claim_shared_by_two_pods(api, cluster):
+    """A ResourceClaim (2G) used by two pods: one allocation and one shareID, prepared for
+    both pods and charged once; the claim is deallocated by the controller and its status
+    entry removed only after the second pod is gone."""
+    make_claim(api, "shared-2g", "2G")
+    make_pod(api, cluster, "pod-s1", claim="shared-2g")
+    make_pod(api, cluster, "pod-s2", claim="shared-2g")
+    p1, p2 = wait_running(api, "pod-s1"), wait_running(api, "pod-s2")
+    claim = to_dict(api, resource(api).read_namespaced_resource_claim("shared-2g", NS))
+    res = result_of(claim)
+    assert parse_quantity(res["consumedCapacity"]["bandwidth"]) == 2 * GIB
+    assert sorted(r["uid"] for r in claim["status"]["reservedFor"]) == sorted(
+        [p1["metadata"]["uid"], p2["metadata"]["uid"]])
+    for p in (p1, p2):
+        assert kernel_eth0(p["metadata"]["uid"])["parent_ifindex"] == host_ifindex(res["device"])
+    atts = books(cluster)["attachments"]
+    assert sorted(a["podUID"] for a in atts) == sorted([p1["metadata"]["uid"], p2["metadata"]["uid"]])
+    assert {a["shareID"] for a in atts} == {res["shareID"]}
+    wait_for(lambda: books_match(api, cluster), "books: the share charged once", 30)
+    assert booked(cluster)[res["device"]] == 2 * GIB
+    wait_for(lambda: status_entry(to_dict(api, resource(api).read_namespaced_resource_claim("shared-2g", NS)),
+                                  res["shareID"]), "status entry of the share", 60)
+    # the first pod goes: the claim stays allocated and prepared for the second
+    delete_pods(api, "pod-s1")
+    claim = to_dict(api, resource(api).read_namespaced_resource_claim("shared-2g", NS))
+    assert claim["status"].get("allocation")
+    assert kernel_eth0(p2["metadata"]["uid"])["parent_ifindex"] == host_ifindex(res["device"])
+    assert [c["podUID"] for c in books(cluster)["preparedClaims"]] == [p2["metadata"]["uid"]]
+    # the second goes: unprepared, deallocated, status entry gone, nothing charged
+    delete_pods(api, "pod-s2")
+
+    def released() -> bool:
+        c = to_dict(api, resource(api).read_namespaced_resource_claim("shared-2g", NS))
+        st = c.get("status") or {}
+        return not st.get("allocation") and not st.get("reservedFor") and not st.get("devices")
+
+    wait_for(released, "claim deallocated and its status entry gone", 60)
+    assert not books(cluster)["attachments"] and not books(cluster)["preparedClaims"]
+    assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
+    resource(api).delete_namespaced_resource_claim("shared-2g", NS)
+
+
+def test_standalone_pod_is_charged_but_invisible_to_the_scheduler(api, cluster):
+    """A pod without a claim gets a standalone share (the requestPolicy default, 1G) on the
+    same NICs. The scheduler does not see it: its allocations do not count that 1G, so the
+    scheduler can hand out a NIC's full 10G while the node is charged 1G more."""
+    make_pod(api, cluster, "pod-plain")
+    p = wait_running(api, "pod-plain")
+    uid = p["metadata"]["uid"]
+    (att,) = [a for a in books(cluster)["attachments"] if a["podUID"] == uid]
+    assert att.get("claim") is None and att["ifname"] == "eth0"
+    assert parse_quantity(att["consumedCapacity"]["bandwidth"]) == GIB
+    assert kernel_eth0(uid)["parent_ifindex"] == host_ifindex(att["device"])
+    assert booked(cluster)[att["device"]] == GIB
+    assert scheduled(api, cluster) == {n: Decimal(0) for n in cluster.NICS}
+    delete_pods(api, "pod-plain")
+    wait_for(lambda: not books(cluster)["attachments"], "standalone share released", 30)
+
+
+def test_conf_k8s_example_pod_gets_its_2g_share(api, cluster):
+    """conf/k8s/resourceclaimtemplate.yaml and pod.yaml, applied unchanged (the pod's image
+    is the locally built registry.k8s.io/pause:3.10)."""
+    cluster.apply_manifest(api, cluster.REPO / "conf/k8s/resourceclaimtemplate.yaml")
+    (obj,) = cluster.apply_manifest(api, cluster.REPO / "conf/k8s/pod.yaml")
+    name = obj["metadata"]["name"]
+    try:
+        _, claim, res = check_attached(api, cluster, name, "2G")
+        assert res["request"] == "net1"
+        wait_for(lambda: books_match(api, cluster), "books", 30)
+    finally:
+        delete_pods(api, name)
+    wait_for(lambda: not books(cluster)["attachments"], "example share released", 30)
+
+
+def test_agent_restart_keeps_pods_and_republishes(api, cluster):
+    """The agent is killed while a pod runs: the kubelet deletes the driver's slice after
+    its 30 s grace; the restarted agent registers and publishes again; the pod keeps its
+    interface, and deleting it still releases everything."""
+    make_pod(api, cluster, "pod-r", template="nic-4g")
+    p, _, res = check_attached(api, cluster, "pod-r", "4G")
+    uid = p["metadata"]["uid"]
+    name = f"{cluster.NODE}-{cluster.DRIVER}"
+    cluster.agent_stop(sig=9)
+    t0 = time.monotonic()
+
+    def slice_gone() -> bool:
+        try:
+            resource(api).read_resource_slice(name)
+            return False
+        except ApiException as exc:
+            return exc.status == 404
+
+    wait_for(slice_gone, "the kubelet wipes the slice of the gone driver", 90)
+    assert time.monotonic() - t0 >= 20, "the slice went before the kubelet's grace period"
+    assert kernel_eth0(uid)["parent_ifindex"] == host_ifindex(res["device"])
+    cluster.agent_start()
+    wait_for(lambda: to_dict(api, resource(api).read_resource_slice(name)), "slice re-published", 60)
+    assert kernel_eth0(uid)["parent_ifindex"] == host_ifindex(res["device"])
+    wait_for(lambda: books_match(api, cluster), "books after restart", 30)
+    delete_pods(api, "pod-r")
+    wait_for(lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
+             "everything released after the restart", 60)
+    assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
