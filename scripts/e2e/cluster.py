@@ -2,7 +2,7 @@
 """A one-node Kubernetes cluster on this machine, as plain processes, with cni-dra as its
 pod network and DRA driver.
 
-usage: cluster.py up | down | status | agent-start | agent-stop
+usage: cluster.py up | down | status | versions | agent-start | agent-stop
 
 ``up`` starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd
 and the kubelet under the cluster directory (``CNI_DRA_E2E_DIR``, default
@@ -665,6 +665,13 @@ def agent_start(extra: list[str] | None = None) -> int:
     return start("agent", args, {"CNI_DRA_AGENT_SOCKET": str(fastpath_socket())})
 
 
+def agent_registered() -> bool:
+    """The kubelet's log says it connected to the driver's DRA socket (its last word on it)."""
+    lines = [ln for ln in logfile("kubelet").read_text(errors="replace").splitlines()
+             if f'driverName="{DRIVER}"' in ln and "connected=" in ln]
+    return bool(lines) and "connected=true" in lines[-1]
+
+
 def agent_stop(sig: int = signal.SIGTERM) -> None:
     stop("agent", sig=sig)
 
@@ -713,6 +720,9 @@ def up() -> Path:
         _kubeconfig(agent_kubeconfig(), user="cni-dra", token=agent_token(api, node_uid))
         agent_start()
         wait(lambda: node_ready(api), "Node Ready", 120, proc="kubelet")
+        wait(agent_registered, "the kubelet registering cni-dra's DRA plugin", 60, proc="agent")
+        wait(lambda: client.ResourceV1Api(api).read_resource_slice(f"{NODE}-{DRIVER}"), "cni-dra's ResourceSlice",
+             60, proc="agent")
         wait(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", "default"),
              "default service account", 60)
     except BaseException:
@@ -770,7 +780,8 @@ def main(argv: list[str]) -> int:
         elif cmd == "status":
             print(status_line())
         elif cmd == "versions":
-            print(json.dumps(versions(binaries()), indent=1))
+            for name, line in versions(binaries()).items():
+                print(f"  {name:<11} {line}")
         elif cmd == "agent-start":
             print(agent_start())
         elif cmd == "agent-stop":
