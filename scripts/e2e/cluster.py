@@ -222,6 +222,7 @@ def start(name: str, args: list[str], env: dict[str, str] | None = None) -> int:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env=full_env, start_new_session=True, cwd=str(DIR))
     pidfile(name).write_text(str(proc.pid))
+    p("pids", f"{name}.cmd").write_text(json.dumps({"args": args, "env": env or {}}))
     _PROCS[name] = proc
     return proc.pid
 
@@ -244,6 +245,13 @@ def pid_of(name: str) -> int | None:
     except OSError:
         return None
     return pid
+
+
+def restart(name: str) -> int:
+    """Stop ``name`` (SIGTERM) and start it again with the same command line."""
+    saved = json.loads(p("pids", f"{name}.cmd").read_text())
+    stop(name)
+    return start(name, saved["args"], saved["env"])
 
 
 def running(name: str) -> bool:
