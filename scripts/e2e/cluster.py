@@ -236,13 +236,18 @@ def pid_of(name: str) -> int | None:
         os.kill(pid, 0)
     except ProcessLookupError:
         return None
-    # a pid reused by someone else does not carry our log path in its fds; compare start
+    # a zombie (our child, exited, not yet reaped) counts as gone; so does a pid that now
+    # belongs to another program (pid reuse): never signal a process we did not start
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         if stat.rsplit(")", 1)[1].split()[0] == "Z":
             _reap(pid)
             return None
-    except OSError:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        saved = json.loads(p("pids", f"{name}.cmd").read_text())["args"][0]
+        if argv0 != saved:
+            return None
+    except (OSError, ValueError, KeyError, IndexError):
         return None
     return pid
 
