@@ -243,11 +243,11 @@ def pid_of(name: str) -> int | None:
         if stat.rsplit(")", 1)[1].split()[0] == "Z":
             _reap(pid)
             return None
-        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-        saved = json.loads(p("pids", f"{name}.cmd").read_text())["args"][0]
-        if argv0 != saved:
+        # every command line started here names the cluster directory (an exec, as the
+        # agent's thin client does, changes argv[0] but keeps the arguments)
+        if str(DIR).encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
             return None
-    except (OSError, ValueError, KeyError, IndexError):
+    except OSError:
         return None
     return pid
 
