@@ -453,10 +453,10 @@ def unmount_all() -> None:
 
 
 def kill_strays() -> None:
-    """containerd's shims (their own sessions) and anything else whose command line
-    names the cluster directory."""
+    """containerd's shims: they run in sessions of their own and outlive a killed
+    containerd. Only those serving this cluster's containerd socket."""
     me = os.getpid()
-    needle = str(DIR).encode()
+    needle = b"-address\0" + str(containerd_socket()).encode() + b"\0"
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == me:
             continue
@@ -464,7 +464,7 @@ def kill_strays() -> None:
             cmd = (d / "cmdline").read_bytes()
         except OSError:
             continue
-        if needle in cmd:
+        if needle in cmd + b"\0":
             try:
                 os.kill(int(d.name), signal.SIGKILL)
             except ProcessLookupError:
