@@ -20,7 +20,7 @@ export CNI_BIN_DIR  := $(CNI_BIN)
 export CNI_DRA_TEST_EXE      ?= $(CNI_BIN)/cni-dra
 export CNI_DRA_TEST_CNI_PATH ?= $(CNI_BIN)
 
-.PHONY: help deps venv install demo test unit netns lint bench clean ipvlan-uml
+.PHONY: help deps venv install demo test unit netns lint bench clean ipvlan-uml e2e cluster-up cluster-down
 
 help:
 	@echo "make demo     install everything (idempotent), then run scripts/demo.sh"
@@ -29,6 +29,8 @@ help:
 	@echo "make lint     import-linter layer contracts (.importlinter), shellcheck"
 	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
 	@echo "make clean    remove build leftovers from the work tree"
+	@echo "make e2e      real one-node Kubernetes (kubelet, containerd, scheduler...) + cni-dra scenarios (root)"
+	@echo "make cluster-up / cluster-down   the same cluster left running to explore (prints KUBECONFIG)"
 
 deps:
 	@scripts/install.sh deps
@@ -72,13 +74,34 @@ netns: install
 
 lint: venv
 	@$(VENV)/bin/lint-imports .importlinter
-	@if command -v shellcheck >/dev/null; then shellcheck scripts/demo.sh scripts/install.sh scripts/pytest-run scripts/uml-run .ci/run; \
+	@if command -v shellcheck >/dev/null; then shellcheck scripts/demo.sh scripts/install.sh scripts/pytest-run scripts/uml-run scripts/e2e/build-kube scripts/e2e/fetch-runtime .ci/run; \
 	 else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 # Side by side with the reference macvlan + host-local (installed by `install`);
 # table on stdout, everything in bench/results.json. BENCH_FLAGS: see bench/run.py --help.
 bench: install
 	@$(PY) bench/run.py --exe $(CNI_BIN)/cni-dra $(BENCH_FLAGS)
+
+# The real-cluster scenarios (netns_tests/e2e, collected only with CNI_DRA_E2E=1):
+# Kubernetes from the Go module proxy (scripts/e2e/build-kube), etcd/containerd/runc and
+# two local images (scripts/e2e/fetch-runtime), all cached by version under
+# CNI_DRA_E2E_CACHE; then one pytest run that brings the cluster up, runs every scenario
+# and tears everything down, pass or fail. Exit 5 (nothing collected) fails here.
+e2e: install
+	@start=$$(date +%s); \
+	 scripts/e2e/build-kube >/dev/null; \
+	 scripts/e2e/fetch-runtime >/dev/null; \
+	 echo "e2e: components:"; $(PY) scripts/e2e/cluster.py versions; \
+	 rc=0; CNI_DRA_E2E=1 $(PYTEST) -p no:cacheprovider -v -rfEsxXp netns_tests/e2e/ || rc=$$?; \
+	 $(PY) scripts/e2e/cluster.py down; \
+	 echo "e2e: $$(( $$(date +%s) - start )) s in all, pytest exit $$rc"; \
+	 exit $$rc
+
+cluster-up: install
+	@$(PY) scripts/e2e/cluster.py up
+
+cluster-down:
+	@$(PY) scripts/e2e/cluster.py down
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis

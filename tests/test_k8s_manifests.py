@@ -109,6 +109,24 @@ def test_rbac_allows_every_agent_call():
                                     "namespace": sa["metadata"]["namespace"]}]
 
 
+def test_rbac_allows_status_devices_writes_for_this_driver_on_its_node():
+    # Since Kubernetes 1.36 the API server refuses a change of status.devices unless the
+    # writer may also <verb> the synthetic subresource resourceclaims/driver named after
+    # the driver; the real kube-apiserver said so with "requires resource=resourceclaims/driver,
+    # verb=[associated-node:patch arbitrary-node:patch]".
+    (role,) = by_kind("ClusterRole")
+    (ds,) = by_kind("DaemonSet")
+    driver = json.loads(by_kind("ConfigMap")[0]["data"]["10-cni-dra.conflist"])["plugins"][0]["driver"]
+    rules = [r for r in role["rules"] if "resourceclaims/driver" in r["resources"]]
+    assert rules, "no rule for resourceclaims/driver"
+    (rule,) = rules
+    assert rule["apiGroups"] == ["resource.k8s.io"]
+    assert rule["resourceNames"] == [driver]
+    # node-local: only claims allocated on the node the agent's token is bound to
+    assert rule["verbs"] == ["associated-node:patch"]
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == by_kind("ServiceAccount")[0]["metadata"]["name"]
+
+
 def test_daemonset_installs_the_plugin_and_runs_the_agent():
     (ds,) = by_kind("DaemonSet")
     (cm,) = by_kind("ConfigMap")
