@@ -20,11 +20,12 @@ export CNI_BIN_DIR  := $(CNI_BIN)
 export CNI_DRA_TEST_EXE      ?= $(CNI_BIN)/cni-dra
 export CNI_DRA_TEST_CNI_PATH ?= $(CNI_BIN)
 
-.PHONY: help deps venv install demo test unit netns lint bench clean ipvlan-uml e2e cluster-up cluster-down
+.PHONY: help deps venv install demo test check unit netns lint bench clean ipvlan-uml e2e cluster-up cluster-down
 
 help:
 	@echo "make demo     install everything (idempotent), then run scripts/demo.sh"
 	@echo "make test     install what tests need, run tests/ then netns_tests/ (root)"
+	@echo "make check    make test, then make e2e (what CI runs; README's test command)"
 	@echo "make install  apt deps + venv + $(CNI_BIN)/cni-dra + reference plugins on $(CNI_BIN)"
 	@echo "make lint     import-linter layer contracts (.importlinter), shellcheck"
 	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
@@ -65,6 +66,14 @@ ipvlan-uml:
 	 else \
 	   echo "ipvlan: SKIPPED netns_tests/test_ipvlan.py: this kernel lacks ipvlan AND scripts/uml-run fails: $$why"; \
 	 fi
+
+# What CI runs (.ci/run): every suite, each bounded by a timer (a hang fails by name).
+check:
+	@start=$$(date +%s); \
+	 timeout -k 60 50m $(MAKE) --no-print-directory test || { rc=$$?; echo "check: make test failed (exit $$rc) after $$(( $$(date +%s) - start )) s"; exit $$rc; }; \
+	 mid=$$(date +%s); echo "check: make test took $$(( mid - start )) s"; \
+	 timeout -k 60 35m $(MAKE) --no-print-directory e2e || { rc=$$?; $(PY) scripts/e2e/cluster.py down || true; echo "check: make e2e failed (exit $$rc) after $$(( $$(date +%s) - mid )) s"; exit $$rc; }; \
+	 echo "check: make e2e took $$(( $$(date +%s) - mid )) s; $$(( $$(date +%s) - start )) s in all"
 
 unit: venv
 	@scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) tests/
