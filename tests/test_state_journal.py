@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from cni_dra.errors import StateError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state import store as store_mod
+from cni_dra.state import cache as state_cache
 from cni_dra.state.store import JOURNAL_FILE, encode_state
 from cni_dra.verbs.recover import repair
 
@@ -30,7 +30,7 @@ def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
 
 def _fresh(path) -> NodeState:
     """The state as a new process reads it (no cache)."""
-    store_mod._CACHE.clear()
+    state_cache.CACHE.clear()
     return StateStore(path).read()
 
 
@@ -152,7 +152,7 @@ def test_the_journal_is_folded_into_a_new_snapshot_past_its_limit(tmp_path):
 
 
 def _other_process_adds(path: str, cid: str) -> None:
-    store_mod._CACHE.clear()
+    state_cache.CACHE.clear()
     with StateStore(path).transaction() as s:
         s.attachments.append(_att(cid))
 
@@ -285,8 +285,8 @@ def test_replaying_another_process_records_keeps_the_cache(tmp_path, monkeypatch
     proc.join(30)
     assert proc.exitcode == 0
     reads = []
-    real = store_mod._decode_snapshot
-    monkeypatch.setattr(store_mod, "_decode_snapshot", lambda *a, **k: reads.append(1) or real(*a, **k))
+    real = state_cache.decode_snapshot
+    monkeypatch.setattr(state_cache, "decode_snapshot", lambda *a, **k: reads.append(1) or real(*a, **k))
     with store.transaction() as s:  # replays the other process's record, then commits its own
         assert s.find("net", "c1", "eth0").phase == "deleting"
         s.bootID = "b"
@@ -296,7 +296,7 @@ def test_replaying_another_process_records_keeps_the_cache(tmp_path, monkeypatch
 
 
 def _phase_elsewhere(path: str) -> None:
-    store_mod._CACHE.clear()
+    state_cache.CACHE.clear()
     with StateStore(path).transaction() as s:
         s.find("net", "c1", "eth0").phase = "deleting"
 
@@ -309,7 +309,7 @@ def test_a_non_durable_commit_is_appended_without_fdatasync(tmp_path, monkeypatc
         s.bootID = "b0"
     synced = []
     real = os.fdatasync
-    monkeypatch.setattr(store_mod.os, "fdatasync", lambda fd: synced.append(fd) or real(fd))
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(fd) or real(fd))
     with store.transaction(durable=False) as s:
         s.find("net", "c1", "eth0").steps = ["link"]
     assert synced == []

@@ -1,6 +1,6 @@
-"""Node-local state: prepared ResourceClaims and attachments in one JSON file under a file lock.
+"""Node-local state: prepared ResourceClaims and attachments in a snapshot and a journal under a file lock.
 
-Only this layer touches the state lock (``flock(2)`` on ``state.lock``, see store).
+Only this layer touches the state lock (``flock(2)`` on ``state.lock``, see :mod:`cni_dra.state.lock`); :mod:`cni_dra.state.store` maps the modules..
 """
 
 from cni_dra.state.models import SCHEMA_VERSION, Attachment, ClaimRef, NodeState

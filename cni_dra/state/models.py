@@ -8,7 +8,7 @@ Shape (schemaVersion 3)::
       "claims": {"<pod UID>": [<resource.k8s.io/v1 ResourceClaim as the API server returns it>, ...]},
       "attachments": [<Attachment>, ...],
       "journal": {"id": "<hex>", "seq": N},  # added by the store: changes since are journaled
-      "checksum": "sha256:<hex>"          # added by the store, see cni_dra.state.store
+      "checksum": "sha256:<hex>"          # added by the store, see cni_dra.state.codec
     }
 
 An attachment is one CNI attachment (network name, container ID, ifname: CNI spec 1.1.0
@@ -174,7 +174,7 @@ def whole_capacity(device: Any | None) -> dict[str, Quantity]:
 TOUCHED: dict[int, Attachment] = {}
 """Attachments whose fields were assigned since the store last looked (id → object).
 
-The store (:mod:`cni_dra.state.store`) journals a transaction's changes instead of
+The store (:mod:`cni_dra.state.txn`) journals a transaction's changes instead of
 rewriting the whole file, so it must know which attachments changed: assigning a field
 registers the attachment here. Change an attachment by assigning its fields
 (``att.steps = [*att.steps, step]``), never by mutating a field's value in place."""
@@ -408,7 +408,7 @@ def _v1_to_v2(obj: dict[str, Any]) -> dict[str, Any]:
 
 def _v2_to_v3(obj: dict[str, Any]) -> dict[str, Any]:
     """Schema 2 → 3: the state may continue in a journal (``state.journal``, named by the
-    file's ``journal`` key, see :mod:`cni_dra.state.store`); a schema-2 file has none."""
+    file's ``journal`` key, see :mod:`cni_dra.state.journal`); a schema-2 file has none."""
     out = dict(obj)
     out["schemaVersion"] = 3
     return out

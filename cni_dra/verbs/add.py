@@ -265,7 +265,7 @@ def cmd_add(inv: Invocation) -> Result:
     from cni_dra import ipam
     from cni_dra.netlink import links
     from cni_dra.state.models import STEP_IPAM, STEP_LINK, ready_at
-    from cni_dra.state.store import current_owner
+    from cni_dra.state.owner import current_owner
     from cni_dra.verbs.recover import record_step, recover_pending
 
     env, conf = inv.env, inv.conf

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from cni_dra.errors import CniError, StateError, StateWriteError, TryAgainLaterError
 from cni_dra.state import Attachment, NodeState, StateStore
 from cni_dra.state.models import STEP_IPAM, STEP_LINK, Owner
-from cni_dra.state.store import boot_id, current_owner, owner_alive
+from cni_dra.state.owner import boot_id, current_owner, owner_alive
 from cni_dra.verbs.common import Invocation
 
 __all__ = ["RecoveryReport", "recover", "recover_pending", "record_step", "begin_delete", "repair"]

@@ -1,0 +1,205 @@
+"""The state's bytes: file names, the checksum seal, snapshot and journal record encoding.
+
+A snapshot (``state.json``) is compact JSON whose last keys are ``"journal": {"id":
+"<hex>", "seq": N}`` (the journal that continues it; absent in schema 1 and 2) and
+``"checksum": "sha256:<hex>"``, the SHA-256 of the same bytes without the checksum key.
+A journal record (one line of ``state.journal``) is ``{"j": "<journal id>", "seq": N,
+"ops": [...], "checksum": "sha256:<hex>"}``; its ops are ``{"put": <attachment>}``,
+``{"del": [network, containerID, ifname]}``, ``{"claims": "<pod UID>", "value": [...] |
+null}``, ``{"statusUpdates": [...]}`` and ``{"bootID": "..."}``. Older snapshot schemas are
+migrated on decode (:func:`cni_dra.state.models.migrate`). No I/O here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from cni_dra.errors import StateError
+from cni_dra.state.models import SCHEMA_VERSION, Attachment, NodeState, migrate
+
+__all__ = [
+    "STATE_FILE",
+    "BACKUP_FILE",
+    "JOURNAL_FILE",
+    "LOCK_FILE",
+    "seal",
+    "unseal",
+    "encode_state",
+    "decode_state",
+    "decode_snapshot",
+    "encode_record",
+    "decode_record",
+    "put_op",
+    "del_op",
+    "claims_op",
+    "status_op",
+    "boot_op",
+    "apply_records",
+]
+
+STATE_FILE = "state.json"
+BACKUP_FILE = "state.json.bak"
+JOURNAL_FILE = "state.journal"
+LOCK_FILE = "state.lock"
+
+_CHECKSUM_TAIL = re.compile(rb',"checksum":"sha256:([0-9a-f]{64})"\}\n?\Z')
+
+
+def seal(body: bytes) -> bytes:
+    """``body`` (a JSON object) with ``"checksum": "sha256:<hex of body>"`` as its last key, plus a newline."""
+    digest = hashlib.sha256(body).hexdigest()
+    return body[:-1] + b',"checksum":"sha256:' + digest.encode() + b'"}\n'
+
+
+def unseal(data: bytes) -> bytes | None:
+    """The inverse of :func:`seal`: the body when ``data`` ends in its checksum, None when it
+    has none. Raises ValueError when the checksum does not match."""
+    m = _CHECKSUM_TAIL.search(data)
+    if m is None:
+        return None
+    body = data[: m.start()] + b"}"
+    if hashlib.sha256(body).hexdigest() != m.group(1).decode():
+        raise ValueError("checksum mismatch")
+    return body
+
+
+def encode_state(state: NodeState, journal: tuple[str, int] | None = None) -> bytes:
+    """The snapshot bytes for ``state``: compact JSON ending in ``"checksum": "sha256:<hex>"``.
+
+    ``journal``: (journal id, last seq folded in) when a journal continues this snapshot."""
+    body = state.model_dump_json(exclude_none=True).encode()
+    if journal is not None:
+        body = body[:-1] + b',"journal":' + json.dumps({"id": journal[0], "seq": journal[1]}).encode() + b"}"
+    return seal(body)
+
+
+def decode_state(data: bytes, source: str = STATE_FILE) -> NodeState:
+    """Verify and decode snapshot bytes (migrating an older schema); the journal is not read.
+
+    Raises StateError (5) naming ``source`` when the bytes are empty, truncated, not JSON,
+    fail the checksum, lack a checksum (schema ≥ 2), or come from a newer schema.
+    """
+    return decode_snapshot(data, source)[0]
+
+
+def decode_snapshot(data: bytes, source: str = STATE_FILE) -> tuple[NodeState, tuple[str, int] | None]:
+    """:func:`decode_state` plus the snapshot's journal reference (id, seq), if any."""
+    def corrupt(why: str, details: str = "") -> StateError:
+        return StateError(
+            f"failed to read state {source}: file is corrupt ({len(data)} bytes, {why}); it is not "
+            "treated as empty. Run `cni-dra state repair` (see README \"Failure modes\")",
+            details,
+        )
+
+    try:
+        sealed = unseal(data)
+    except ValueError:
+        raise corrupt("checksum mismatch") from None
+    body = data if sealed is None else sealed
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise corrupt("not valid JSON", str(exc)) from exc
+    if not isinstance(obj, dict):
+        raise corrupt("top level is not an object")
+    version = obj.get("schemaVersion", 1)
+    if sealed is None and version != 1:
+        raise corrupt("checksum missing")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise StateError(
+            f"failed to read state {source}: schemaVersion {version} is newer than this cni-dra ({SCHEMA_VERSION})"
+        )
+    jref = obj.pop("journal", None)
+    journal: tuple[str, int] | None = None
+    if jref is not None:
+        if not (isinstance(jref, dict) and isinstance(jref.get("id"), str) and type(jref.get("seq")) is int):
+            raise corrupt("journal reference is malformed")
+        journal = (jref["id"], jref["seq"])
+    try:
+        return NodeState.model_validate(migrate(obj)), journal
+    except (ValidationError, ValueError) as exc:
+        raise corrupt("does not match the schema", str(exc)) from exc
+
+
+
+def encode_record(jid: str | None, seq: int, ops: list[bytes]) -> bytes:
+    """Journal record ``seq`` of journal ``jid`` holding the encoded ``ops``, sealed, one line."""
+    head = b'{"j":' + json.dumps(jid).encode() + b',"seq":' + str(seq).encode() + b',"ops":['
+    return seal(head + b",".join(ops) + b"]}")
+
+
+def decode_record(line: bytes) -> dict[str, Any] | None:
+    """One journal line, verified; None when torn, not JSON or failing its checksum."""
+    try:
+        body = unseal(line)
+        obj = json.loads(body) if body is not None else None
+    except (ValueError, UnicodeDecodeError):  # checksum mismatch, not JSON
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("ops"), list):
+        return None
+    return obj
+
+
+def put_op(att: Attachment) -> bytes:
+    """The journal op that lists ``att`` (replacing the one with its key)."""
+    return b'{"put":' + att.model_dump_json(exclude_none=True).encode() + b"}"
+
+
+
+def del_op(key: tuple[str, str, str]) -> bytes:
+    """The journal op that unlists the attachment with ``key``."""
+    return b'{"del":' + json.dumps(list(key)).encode() + b"}"
+
+
+def claims_op(pod_uid: str, claims: list[dict[str, Any]] | None) -> bytes:
+    """The journal op that sets (None: drops) the prepared claims of pod ``pod_uid``."""
+    return json.dumps({"claims": pod_uid, "value": claims}, separators=(",", ":")).encode()
+
+
+def status_op(records: list[dict[str, Any]]) -> bytes:
+    """The journal op that sets the pending ResourceClaim status records."""
+    return json.dumps({"statusUpdates": records}, separators=(",", ":")).encode()
+
+
+def boot_op(boot: str | None) -> bytes:
+    """The journal op that sets the state's ``bootID``."""
+    return json.dumps({"bootID": boot}).encode()
+
+
+def apply_records(state: NodeState, records: list[list[Any]]) -> None:
+    """Apply the ops of journal records, in order, to ``state`` (ValueError/ValidationError
+    when malformed). O(records): a put of a listed key updates that attachment in place
+    (its position and identity stay), a new key is appended, a del unlists by identity."""
+    atts = state.attachments
+    index = atts.index()
+    for ops in records:
+        for op in ops:
+            if "put" in op:
+                att = Attachment.model_validate(op["put"])
+                cur = index.get(att.key)
+                if cur is None:
+                    atts.append(att)
+                else:  # same object, new fields: no TOUCHED entry, the list's order unchanged
+                    cur.__dict__.update(att.__dict__)
+                    object.__setattr__(cur, "__pydantic_fields_set__", set(att.__pydantic_fields_set__))
+            elif "del" in op:
+                cur = index.get(tuple(op["del"]))
+                if cur is not None:
+                    atts.remove(cur)
+            elif "claims" in op:
+                if op["value"] is None:
+                    state.claims.pop(op["claims"], None)
+                else:
+                    state.claims[op["claims"]] = op["value"]
+            elif "statusUpdates" in op:
+                state.statusUpdates = op["statusUpdates"]
+            elif "bootID" in op:
+                state.bootID = op["bootID"]
+            else:
+                raise ValueError(f"unknown op {sorted(op)}")
+

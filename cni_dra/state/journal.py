@@ -1,0 +1,227 @@
+"""The journal: replaying records onto a cached state, appending one, and compaction.
+
+The state is the snapshot plus the records of the journal it names, in order. A reader
+verifies each record; the last record may be torn (a writer died while appending: it was
+never committed, and is ignored, then cut off by the next writer); a bad record followed
+by more records, or a gap in ``seq``, is corruption. A journal whose records name another
+id is stale (left by a crash between a compaction's snapshot and the journal's removal, or
+by a snapshot written by someone else) and is ignored.
+
+A commit appends one record and ``fdatasync``s it (unless not durable); when the journal
+has grown past ``max(journal_limit_bytes, size of the snapshot)`` it is folded into a new
+snapshot (compaction, :func:`write_snapshot`), so the amortised cost per commit stays flat.
+
+Every write, sync, rename, truncate and unlink goes through :mod:`cni_dra.state.fsio`.
+A record is committed only once written whole and synced: a failed append is cut off
+again and raises :class:`~cni_dra.errors.StateWriteError`. A snapshot is committed by its
+rename; what follows it (the backup's rename, the directory's fsync, removing the folded
+journal) is only logged when it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from cni_dra.errors import StateError, StateWriteError
+from cni_dra.faults import fault_point
+from cni_dra.state import fsio
+from cni_dra.state.cache import CACHE, Cached, Reload, ident
+from cni_dra.state.codec import BACKUP_FILE, STATE_FILE, apply_records, decode_record, encode_record, encode_state
+from cni_dra.state.models import NodeState
+from cni_dra.state.owner import boot_id
+
+if TYPE_CHECKING:
+    from cni_dra.state.store import StateStore
+
+__all__ = ["replay", "append", "write_snapshot", "write_synced"]
+
+_log = logging.getLogger("cni_dra.state.store")
+
+
+def write_synced(path: Path, data: bytes, flag: int) -> None:
+    """Create ``path`` (0600, never through a symlink; ``flag``: O_EXCL or O_TRUNC), write
+    ``data`` whole and fsync it. Raises OSError."""
+    fd = fsio.open_write(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | flag)
+    try:
+        fsio.write_all(fd, data)
+        fsio.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+
+def corrupt_journal(store: StateStore, why: str) -> StateError:
+    return StateError(
+        f"failed to read state {store.journal_path}: journal is corrupt ({why}); it is not skipped. "
+        "Run `cni-dra state repair` (see README \"Failure modes\")"
+    )
+
+
+def replay(store: StateStore, entry: Cached, *, strict: bool = True) -> StateError | None:
+    """Apply the records of ``entry.jid`` appended since ``entry.j_end`` (module docstring).
+
+    ``strict``: raise StateError (5) for a corrupt journal; else apply the good records
+    before the bad one and return the error."""
+    try:
+        fd = os.open(store.journal_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        if entry.j_end:
+            raise Reload from None
+        entry.j_ident, entry.j_stale, entry.j_size = None, False, 0
+        return None
+    except OSError as exc:
+        raise StateError(f"failed to read state {store.journal_path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        found = (st.st_dev, st.st_ino)
+        if entry.j_end and (found != entry.j_ident or st.st_size < entry.j_end):
+            raise Reload
+        if found == entry.j_ident and st.st_size == entry.j_size:
+            if (st.st_mtime_ns, st.st_ctime_ns) == entry.j_times:
+                return None  # nothing appended since
+            raise Reload  # same size, written since: edited in place, read it all again
+        start = entry.j_end
+        data = os.pread(fd, st.st_size - start, start) if st.st_size > start else b""
+    except OSError as exc:
+        raise StateError(f"failed to read state {store.journal_path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    records: list[list[Any]] = []
+    pos, seq, stale = 0, entry.seq, False
+    error: StateError | None = None
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            break  # torn tail: never committed
+        line = data[pos : nl + 1]
+        rec = decode_record(line)
+        if rec is None or rec.get("j") != entry.jid or rec.get("seq") != seq + 1:
+            if rec is not None and rec.get("j") != entry.jid and start == 0 and not records:
+                stale = True  # records of another snapshot: ignored, reset at the next append
+                break
+            if rec is None and data.find(b"\n", nl + 1) < 0 and not data[nl + 1 :].strip(b"\0"):
+                break  # a bad last record is a torn append
+            if rec is None:
+                bad = corrupt_journal(store, f"bad record at byte {start + pos}")
+            else:
+                bad = corrupt_journal(store, 
+                    f"record at byte {start + pos} is seq {rec.get('seq')!r} of journal {rec.get('j')!r}, "
+                    f"expected seq {seq + 1} of {entry.jid!r}"
+                )
+            if strict:
+                raise bad
+            error = bad
+            break
+        records.append(rec["ops"])
+        seq += 1
+        pos = nl + 1
+    if records:
+        try:
+            apply_records(entry.state, records)
+        except (ValidationError, ValueError, TypeError, KeyError) as exc:
+            raise corrupt_journal(store, f"record does not match the schema: {exc}") from exc
+    entry.seq = seq
+    entry.j_end = start + pos if not stale else 0
+    entry.j_ident, entry.j_stale, entry.j_size = found, stale, st.st_size
+    entry.j_times = (st.st_mtime_ns, st.st_ctime_ns)
+    return error
+
+
+def write_snapshot(store: StateStore, state: NodeState) -> None:
+    """Write ``state`` as a new snapshot (with a new, empty journal) atomically, and a
+    second copy as ``state.json.bak``. Raises StateError (5) when it was not committed.
+
+    Both files are written and fsync'ed under temporary names first, so a full disk or
+    an I/O error fails before anything changes. The rename over ``state.json`` is the
+    commit point: every reader sees the new state from then on. What follows (the
+    backup's rename, the directory's fsync, removing the old journal, which names
+    another id now and is ignored) cannot be undone, so its failure is logged, not
+    raised: the caller must not roll back a state every reader already sees."""
+    key = str(store.path)
+    CACHE.pop(key, None)  # re-established below once the files are in place
+    if state.bootID is None:  # a new or migrated state is written in this boot
+        state.bootID = boot_id()
+    seq = 0  # a new journal id: its records count from 1
+    jid = os.urandom(8).hex()
+    data = encode_state(state, (jid, seq))
+    tmp = store.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
+    bak_tmp = store.dir / f".{BACKUP_FILE}.{os.getpid()}.tmp"
+    try:
+        # Writers hold the lock, so any other temp file is left by a writer that died.
+        for leftover in store.dir.glob(f".{STATE_FILE}*.tmp"):  # .state.json.bak.*.tmp too
+            with contextlib.suppress(FileNotFoundError):
+                fsio.unlink(leftover)
+        write_synced(tmp, data, os.O_EXCL)
+        write_synced(bak_tmp, data, os.O_TRUNC)
+        fault_point("state:tmp-written")
+        fsio.rename(tmp, store.path)
+    except OSError as exc:
+        for t in (tmp, bak_tmp):
+            with contextlib.suppress(OSError):
+                os.unlink(t)
+        raise StateWriteError(f"failed to write state {store.path}: {exc.strerror}; nothing was changed") from exc
+    fault_point("state:renamed")
+    for what, step in (
+        ("rename the backup copy", lambda: fsio.rename(bak_tmp, store.backup_path)),
+        ("sync the state directory", lambda: fsio.fsync_dir(store.dir)),
+        ("remove the folded journal", lambda: fsio.unlink(store.journal_path)),
+    ):
+        try:
+            step()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            _log.warning("state %s committed, but failed to %s: %s", store.path, what, exc.strerror)
+    with contextlib.suppress(OSError):
+        os.unlink(bak_tmp)
+    st = os.stat(store.path)
+    CACHE[key] = Cached(ident(st), len(data), jid, seq, state)
+
+def append(store: StateStore, entry: Cached, ops: list[bytes], durable: bool = True) -> None:
+    """Commit ``ops`` (encoded) as the next journal record of ``entry`` (fdatasync'ed
+    when ``durable``). A record is committed only when it was written whole and synced:
+    on any failure it is cut off again (a truncate frees space, so it works on a full
+    disk) and StateError (5) is raised; the caller then drops its cached view, so the
+    process's view never runs ahead of the disk."""
+    seq = entry.seq + 1
+    record = encode_record(entry.jid, seq, ops)
+    try:
+        fd = fsio.open_write(store.journal_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StateWriteError(f"failed to write state {store.journal_path}: {exc.strerror}; nothing was changed") from exc
+    end = 0
+    try:
+        st = os.fstat(fd)
+        created = st.st_size == 0 and entry.j_ident is None
+        end = 0 if entry.j_stale or (st.st_dev, st.st_ino) != entry.j_ident else entry.j_end
+        if st.st_size != end:  # a torn record of a writer that died, or a stale journal
+            fsio.truncate(fd, end)
+        half = len(record) // 2
+        fsio.write_all(fd, record[:half], end)
+        fault_point("state:tmp-written")  # half a record: torn, never committed
+        fsio.write_all(fd, record[half:], end + half)
+        fault_point("state:renamed")  # whole record, not yet synced
+        if durable or created:
+            fsio.fdatasync(fd)
+        if created:
+            fsio.fsync_dir(store.dir)
+        after = os.fstat(fd)
+    except OSError as exc:
+        try:  # what was written of the record is not committed: no reader may take it
+            os.ftruncate(fd, end)
+        except OSError as cut:
+            _log.error("failed to cut an uncommitted record off %s: %s", store.journal_path, cut.strerror)
+        raise StateWriteError(f"failed to write state {store.journal_path}: {exc.strerror}; nothing was changed") from exc
+    finally:
+        os.close(fd)
+    entry.seq = seq
+    entry.j_ident = (st.st_dev, st.st_ino)
+    entry.j_end = entry.j_size = end + len(record)
+    entry.j_times = (after.st_mtime_ns, after.st_ctime_ns)
+    entry.j_stale = False
