@@ -13,7 +13,12 @@ token is left on the host.
 * ``make_netns()`` -> ``/var/run/netns/NAME`` (removed at teardown even if the
   test removed it already or failed);
 * ``make_parent_nic(mtu=None)`` -> name of a host veth end that is up, its peer
-  up too (deleted at teardown; deleting one end removes both).
+  up too (deleted at teardown; deleting one end removes both);
+* ``make_node(nics=2, mtu=None, **bed options)`` -> a :class:`netns_tests.bed.NodeBed` on
+  fresh stand-in NICs under ``tmp_path``; ``node`` is ``make_node()``;
+* ``faults_on`` -> the root-owned switch that lets ``CNI_DRA_FAULT``/``CNI_DRA_IO_FAULT`` act;
+* ``fastpath_agent`` (module scope) -> the socket of a running fast-path agent;
+* ``libcni_client`` (session) and ``libcni_setup``: see :mod:`netns_tests.libcni`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from netns_tests.bed import NodeBed, start_fastpath_agent, stop_process
 
 NETNS_RUN_DIR = "/var/run/netns"
 TEST_PREFIX = "cdt-"
@@ -158,3 +165,63 @@ def _nothing_left_behind() -> Iterator[None]:
     for name in netns:
         remove_netns(name)
     assert not links and not netns, f"left behind: links {links}, netns {netns}"
+
+
+@pytest.fixture
+def make_node(tmp_path, make_parent_nic, make_netns) -> Callable[..., NodeBed]:
+    """Factory ``make(nics=2, mtu=None, **options)``: a :class:`NodeBed` on ``nics`` fresh
+    stand-in NICs (``mtu`` each), under ``tmp_path``; ``options`` go to :class:`NodeBed`."""
+
+    def make(nics: int = 2, mtu: int | None = None, **options: object) -> NodeBed:
+        return NodeBed(tmp_path, [make_parent_nic(mtu=mtu) for _ in range(nics)], make_netns=make_netns,
+                       **options)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture
+def node(make_node) -> NodeBed:
+    """Two 10G stand-in NICs (``nic-a``, ``nic-b``) on network ``testnet``."""
+    return make_node()
+
+
+@pytest.fixture
+def faults_on() -> Iterator[None]:
+    """The test switch that lets CNI_DRA_FAULT act (removed afterwards if we made it)."""
+    from cni_dra.faults import SWITCH_FILE
+
+    made = not os.path.exists(SWITCH_FILE)
+    os.makedirs(os.path.dirname(SWITCH_FILE), mode=0o700, exist_ok=True)
+    Path(SWITCH_FILE).touch(mode=0o600)
+    try:
+        yield
+    finally:
+        if made:
+            Path(SWITCH_FILE).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def fastpath_agent(tmp_path_factory) -> Iterator[str]:
+    """A fast-path agent (``cni_dra.fastpath.server`` of the installed venv) for this module; its socket."""
+    sock = str(tmp_path_factory.mktemp("fastpath") / "agent" / "agent.sock")
+    proc = start_fastpath_agent(sock)
+    try:
+        yield sock
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def libcni_client(tmp_path_factory) -> Path:
+    """The libcni client (scripts/libcni-client), built once per session."""
+    from netns_tests.libcni import build_libcni_client
+
+    return build_libcni_client(tmp_path_factory)
+
+
+@pytest.fixture
+def libcni_setup(make_netns, make_parent_nic, tmp_path):  # type: ignore[no-untyped-def]
+    """A :class:`netns_tests.libcni.Setup`: one stand-in NIC, a pod netns, libcni's cache dir."""
+    from netns_tests.libcni import Setup
+
+    return Setup(make_netns, make_parent_nic, tmp_path)

@@ -74,6 +74,7 @@ def run_plugin(
     cni_path: str = CNI_PATH,
     exe: str = CNI_EXE,
     extra_env: Mapping[str, str] | None = None,
+    timeout_s: float = _TIMEOUT_S,
 ) -> tuple[int, dict[str, Any] | None, str]:
     """Run ``exe`` once as a runtime would and return ``(exit_code, stdout_json, stderr)``.
 
@@ -83,7 +84,8 @@ def run_plugin(
     ``netns`` may be ``""`` (DEL allows an empty CNI_NETNS); ``cni_args=None``
     leaves CNI_ARGS unset. ``stdout_json`` is the parsed stdout, or ``None`` when
     stdout was empty or not JSON (the raw text is then appended to ``stderr``
-    after a marker, so a failing test shows it). Asserts nothing.
+    after a marker, so a failing test shows it). ``timeout_s`` bounds the run (a
+    loaded machine needs more). Asserts nothing.
     """
     env = dict(_BASE_ENV)
     env.update(
@@ -104,7 +106,7 @@ def run_plugin(
         input=json.dumps(conf).encode(),
         env=env,
         capture_output=True,
-        timeout=_TIMEOUT_S,
+        timeout=timeout_s,
         check=False,
     )
     out = proc.stdout.decode(errors="replace")
@@ -209,22 +211,25 @@ def link_in_netns(netns: str, ifname: str) -> dict[str, Any] | None:
 
 
 def write_shared_nic_inventory(path: Path, parents: dict[str, str], bandwidth: str = "10G",
-                               driver: str = "net.cni-dra.dev") -> Path:
-    """Write a resource.k8s.io/v1 ResourceSlice (pool and node ``n``) to ``path``: one shared
-    device per ``parents`` entry (device name → host ifName), ``bandwidth`` each, with the
-    demo's requestPolicy (default 1G, validRange min 100M step 100M). Returns ``path``."""
+                               driver: str = "net.cni-dra.dev", *,
+                               request_policy: dict[str, Any] | None = None, pool: str = "n") -> Path:
+    """Write a resource.k8s.io/v1 ResourceSlice (pool and node ``pool``) to ``path``: one shared
+    device per ``parents`` entry (device name → host ifName), ``bandwidth`` each, with
+    ``request_policy`` (default: the demo's, default 1G, validRange min 100M step 100M).
+    Returns ``path``."""
+    policy = request_policy if request_policy is not None else {
+        "default": "1G", "validRange": {"min": "100M", "step": "100M"}}
     devices = [
         {
             "name": dev, "allowMultipleAllocations": True,
             "attributes": {"ifName": {"string": ifname}},
-            "capacity": {"bandwidth": {"value": bandwidth, "requestPolicy": {
-                "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}},
+            "capacity": {"bandwidth": {"value": bandwidth, "requestPolicy": policy}},
         }
         for dev, ifname in parents.items()
     ]
     path.write_text(json.dumps({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
-        "spec": {"driver": driver, "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": pool},
+        "spec": {"driver": driver, "nodeName": pool, "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
                  "devices": devices},
     }))
     return path

@@ -16,7 +16,10 @@ DRIVER = "net.cni-dra.dev"
 
 
 @pytest.fixture
-def make_node(tmp_path, make_parent_nic):
+def make_tiered_node(tmp_path, make_parent_nic):
+    """Factory over ``[(device, shared, bandwidth, tier)]``: NICs whose devices carry a ``tier``
+    attribute and may be dedicated, which the shared-NIC inventory of conftest's ``make_node``
+    does not describe. Returns ``(parents, conf(**kw), status())``."""
     def make(devices_spec):
         nics = sorted(make_parent_nic() for _ in devices_spec)
         devices = []
@@ -58,8 +61,8 @@ def _add(conf, ns, pod_uid, ifname="eth0", cid=None):
                       cni_args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID={pod_uid}")
 
 
-def test_cel_selector_in_config_restricts_devices(make_node, make_netns):
-    parents, conf, _ = make_node([("a", True, "10G", "gold"), ("b", True, "10G", "silver")])
+def test_cel_selector_in_config_restricts_devices(make_tiered_node, make_netns):
+    parents, conf, _ = make_tiered_node([("a", True, "10G", "gold"), ("b", True, "10G", "silver")])
     ns = make_netns()
     c = conf(capacity={"requests": {"bandwidth": "1G"}},
              selectors=[{"cel": {"expression": 'device.attributes["net.cni-dra.dev"].tier == "silver"'}}])
@@ -71,8 +74,8 @@ def test_cel_selector_in_config_restricts_devices(make_node, make_netns):
     assert code != 0 and out["code"] == 7
 
 
-def test_distinct_from_pod_puts_each_attachment_on_another_nic(make_node, make_netns):
-    parents, conf, status = make_node([("a", True, "10G", "x"), ("b", True, "10G", "x")])
+def test_distinct_from_pod_puts_each_attachment_on_another_nic(make_tiered_node, make_netns):
+    parents, conf, status = make_tiered_node([("a", True, "10G", "x"), ("b", True, "10G", "x")])
     ns, pod = make_netns(), str(uuid.uuid4())
     c = conf(capacity={"requests": {"bandwidth": "1G"}}, distinctFrom="pod")
     cid = uuid.uuid4().hex
@@ -90,8 +93,8 @@ def test_distinct_from_pod_puts_each_attachment_on_another_nic(make_node, make_n
     assert _parent(ns2, "eth0") == _parent(ns2, "eth1")
 
 
-def test_dedicated_device_is_held_whole_and_has_no_share_id(make_node, make_netns):
-    parents, conf, status = make_node([("solo", False, "10G", "x")])
+def test_dedicated_device_is_held_whole_and_has_no_share_id(make_tiered_node, make_netns):
+    parents, conf, status = make_tiered_node([("solo", False, "10G", "x")])
     ns = make_netns()
     code, out, err = _add(conf(capacity={"requests": {"bandwidth": "1G"}}), ns, str(uuid.uuid4()))
     assert code == 0, (out, err)
@@ -101,8 +104,8 @@ def test_dedicated_device_is_held_whole_and_has_no_share_id(make_node, make_netn
     assert code != 0 and out["code"] == 100 and "dedicated device already allocated" in out["msg"]
 
 
-def test_prepared_dedicated_claim_blocks_standalone_and_lands(make_node, make_netns, tmp_path):
-    parents, conf, status = make_node([("solo", False, "10G", "x")])
+def test_prepared_dedicated_claim_blocks_standalone_and_lands(make_tiered_node, make_netns, tmp_path):
+    parents, conf, status = make_tiered_node([("solo", False, "10G", "x")])
     pod = str(uuid.uuid4())
     claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
              "metadata": {"name": "c", "namespace": "ns", "uid": str(uuid.uuid4())},

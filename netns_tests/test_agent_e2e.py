@@ -15,7 +15,6 @@ the test's own inputs, never from cni-dra.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -31,7 +30,8 @@ import pytest
 
 from cni_dra.k8s.protos import load
 from netns_tests.runner import CNI_EXE, cni_dra_status, host_ifindex, k8s_cni_args, link_in_netns, run_plugin
-from tests.k8s_apiserver import DRIVER, FakeApiServer, allocated_claim, inventory_doc, write_kubeconfig
+from netns_tests.bed import NodeBed
+from tests.k8s_apiserver import DRIVER, FakeApiServer, allocated_claim, write_kubeconfig
 
 NODE = "node-1"
 SLICE = f"{NODE}-{DRIVER}"
@@ -68,14 +68,17 @@ def set_mtu(ifname: str, mtu: int) -> None:
 
 
 class Node:
+    """The node bed (eth-a, eth-b on pool ``node-1``) with the agent's processes and sockets."""
+
     def __init__(self, make_netns, make_parent_nic, tmp_path: Path, server: FakeApiServer) -> None:
-        self.nics = {"eth-a": make_parent_nic(), "eth-b": make_parent_nic()}
+        self.bed = NodeBed(tmp_path, [make_parent_nic(), make_parent_nic()], devices=["eth-a", "eth-b"], pool=NODE,
+                           network="dra-net", version="1.1.0", make_netns=make_netns)
+        self.nics = self.bed.parents
         self.make_netns = make_netns
         self.server = server
         self.short = tempfile.mkdtemp(prefix="cde", dir="/tmp")  # short unix socket paths
-        self.state_dir = tmp_path / "state"
-        self.inventory = tmp_path / "inventory.json"
-        self.inventory.write_text(json.dumps(inventory_doc(NODE, self.nics)))
+        self.state_dir = self.bed.state_dir
+        self.inventory = self.bed.inventory
         self.kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), server.url)
         self.log = tmp_path / "agent.log"
         self.procs: list[subprocess.Popen] = []
@@ -115,9 +118,7 @@ class Node:
                                                 infra_container_id="ctr-1"))
 
     def state(self) -> dict:
-        from cni_dra.state import StateStore
-
-        return StateStore(self.state_dir).read_files().model_dump(mode="json")  # snapshot + journal
+        return self.bed.state_doc()  # snapshot + journal
 
     def close(self) -> None:
         for proc in self.procs:

@@ -15,14 +15,15 @@ import subprocess
 import pytest
 
 from netns_tests.runner import host_ifindex, link_in_netns
-from netns_tests.test_conformance_bed import (
+from netns_tests.bed import (
     CHECK_VERSIONS,
     IPAM_KINDS,
     RICH_VERSIONS,
+    SPEC_NODE,
     V4_SUBNET,
     V6_SUBNET,
     VERSIONS,
-    Bed,
+    NodeBed,
     addr_flags,
     links_named,
     sysctl_in_netns,
@@ -33,13 +34,13 @@ IFA_F_NODAD = 0x02
 
 
 @pytest.fixture
-def bed(tmp_path, make_parent_nic, make_netns) -> Bed:
-    return Bed(tmp_path, make_parent_nic, make_netns)
+def bed(make_node) -> NodeBed:
+    return make_node(nics=1, **SPEC_NODE)
 
 
 @pytest.fixture
-def bed2(tmp_path, make_parent_nic, make_netns) -> Bed:
-    return Bed(tmp_path, make_parent_nic, make_netns, nics=2)
+def bed2(make_node) -> NodeBed:
+    return make_node(nics=2, **SPEC_NODE)
 
 
 def _expected_ips(ipam: str, link: dict) -> list[str]:
@@ -68,16 +69,16 @@ def _routes(netns: str, family: int) -> list[tuple[str, str | None]]:
 
 @pytest.mark.parametrize("ipam", IPAM_KINDS)
 @pytest.mark.parametrize("version", RICH_VERSIONS)
-def test_add_check_status_del(bed: Bed, version: str, ipam: str) -> None:
+def test_add_check_status_del(bed: NodeBed, version: str, ipam: str) -> None:
     netns = bed.make_netns()
-    conf = bed.conf(version, ipam)
+    conf = bed.spec_conf(version, ipam)
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     assert res["cniVersion"] == version
 
     link = link_in_netns(netns, "eth0")
     assert link is not None and link["kind"] == "macvlan"
-    assert link["parent_ifindex"] == host_ifindex(bed.parents[0])
+    assert link["parent_ifindex"] == host_ifindex(bed.nics[0])
     want_iface = {"name": "eth0", "mac": link["mac"], "sandbox": netns}
     if version == "1.1.0":
         want_iface["mtu"] = link["mtu"]  # interface mtu exists from 1.1.0 on
@@ -132,13 +133,13 @@ def _in(cidr: str, subnet: str) -> bool:
 
 @pytest.mark.parametrize("ipam", ["host-local-v4", "host-local-v6", "host-local-dual", "static"])
 @pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
-def test_old_versions_use_the_ip4_ip6_shape(bed: Bed, version: str, ipam: str) -> None:
+def test_old_versions_use_the_ip4_ip6_shape(bed: NodeBed, version: str, ipam: str) -> None:
     """CNI 0.1.0/0.2.0 "Result": ``{"cniVersion", "ip4"?: {"ip", "gateway"?, "routes"?},
     "ip6"?: {...}, "dns"?}`` -- one object per family, no ``interfaces``/``ips``. The
     gateways below are host-local's documented default (the subnet's first address) and
     the configured static ones; the routes are the configured ones of that family."""
     netns = bed.make_netns()
-    conf = bed.conf(version, ipam)
+    conf = bed.spec_conf(version, ipam)
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     link = link_in_netns(netns, "eth0")
@@ -179,9 +180,9 @@ def test_old_versions_use_the_ip4_ip6_shape(bed: Bed, version: str, ipam: str) -
 
 
 @pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
-def test_old_versions_refuse_l2_only_before_any_effect(bed: Bed, version: str) -> None:
+def test_old_versions_refuse_l2_only_before_any_effect(bed: NodeBed, version: str) -> None:
     netns = bed.make_netns()
-    code, out, err = bed.run("ADD", bed.conf(version, "l2"), netns, cid="c1")
+    code, out, err = bed.run("ADD", bed.spec_conf(version, "l2"), netns, cid="c1")
     assert code == 1 and out["code"] == 1, (out, err)
     assert "ip4/ip6" in out["msg"]
     assert link_in_netns(netns, "eth0") is None
@@ -190,11 +191,11 @@ def test_old_versions_refuse_l2_only_before_any_effect(bed: Bed, version: str) -
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_del_without_prior_add_succeeds(bed: Bed, version: str) -> None:
+def test_del_without_prior_add_succeeds(bed: NodeBed, version: str) -> None:
     netns = bed.make_netns()
-    code, out, err = bed.run("DEL", bed.conf(version, "host-local-v4"), netns, cid="never-added")
+    code, out, err = bed.run("DEL", bed.spec_conf(version, "host-local-v4"), netns, cid="never-added")
     assert (code, out) == (0, None), err
-    code, out, err = bed.run("DEL", bed.conf(version, "host-local-v4"), "", cid="never-added")
+    code, out, err = bed.run("DEL", bed.spec_conf(version, "host-local-v4"), "", cid="never-added")
     assert (code, out) == (0, None), err
 
 
@@ -202,15 +203,15 @@ def test_del_without_prior_add_succeeds(bed: Bed, version: str) -> None:
     "command,version",
     [("STATUS", "0.4.0"), ("STATUS", "1.0.0"), ("GC", "0.4.0"), ("GC", "1.0.0"), ("CHECK", "0.3.1"), ("CHECK", "0.2.0")],
 )
-def test_verbs_gated_by_version_give_code_1(bed: Bed, command: str, version: str) -> None:
+def test_verbs_gated_by_version_give_code_1(bed: NodeBed, command: str, version: str) -> None:
     netns = bed.make_netns()
-    code, out, err = bed.run(command, bed.conf(version, "host-local-v4"), netns)
+    code, out, err = bed.run(command, bed.spec_conf(version, "host-local-v4"), netns)
     assert code == 1 and out["code"] == 1, (out, err)
     assert out["cniVersion"] == version
     assert command in out["msg"]
 
 
-def test_version_lists_every_version(bed: Bed) -> None:
+def test_version_lists_every_version(bed: NodeBed) -> None:
     code, out, err = bed.run("VERSION", {"cniVersion": "1.1.0"})
     assert code == 0, err
     assert out["supportedVersions"] == VERSIONS
@@ -220,9 +221,9 @@ def test_version_lists_every_version(bed: Bed) -> None:
 
 
 @pytest.mark.parametrize("key", ["cni.dev/valid-attachments", "cni.dev/attachments"])
-def test_gc_releases_what_the_list_does_not_name(bed: Bed, key: str) -> None:
+def test_gc_releases_what_the_list_does_not_name(bed: NodeBed, key: str) -> None:
     ns1, ns2, ns3 = bed.make_netns(), bed.make_netns(), bed.make_netns()
-    conf = bed.conf("1.1.0", "host-local-dual")
+    conf = bed.spec_conf("1.1.0", "host-local-dual")
     for cid, ns in (("c1", ns1), ("c2", ns2), ("c3", ns3)):
         code, out, err = bed.run("ADD", conf, ns, cid=cid)
         assert code == 0, (out, err)
@@ -244,9 +245,9 @@ def test_gc_releases_what_the_list_does_not_name(bed: Bed, key: str) -> None:
     assert bed.status()["devices"][0]["consumed"]["bandwidth"] == "0"
 
 
-def test_gc_leaves_other_networks_alone(bed: Bed) -> None:
+def test_gc_leaves_other_networks_alone(bed: NodeBed) -> None:
     ns1, ns2 = bed.make_netns(), bed.make_netns()
-    a, b = bed.conf("1.1.0", "l2", name="net-a"), bed.conf("1.1.0", "l2", name="net-b")
+    a, b = bed.spec_conf("1.1.0", "l2", name="net-a"), bed.spec_conf("1.1.0", "l2", name="net-b")
     assert bed.run("ADD", a, ns1, cid="c1")[0] == 0
     assert bed.run("ADD", b, ns2, cid="c2")[0] == 0
     bed.age_attachments()
@@ -257,11 +258,11 @@ def test_gc_leaves_other_networks_alone(bed: Bed) -> None:
     assert bed.run("DEL", b, ns2, cid="c2")[0] == 0
 
 
-def test_gc_with_netns_gone_still_releases(bed: Bed) -> None:
+def test_gc_with_netns_gone_still_releases(bed: NodeBed) -> None:
     from netns_tests.conftest import remove_netns
 
     ns = bed.make_netns()
-    conf = bed.conf("1.1.0", "host-local-v4")
+    conf = bed.spec_conf("1.1.0", "host-local-v4")
     assert bed.run("ADD", conf, ns, cid="c1")[0] == 0
     remove_netns(ns)
     bed.age_attachments()
@@ -270,11 +271,11 @@ def test_gc_with_netns_gone_still_releases(bed: Bed) -> None:
     assert bed.attachments() == [] and bed.ipam_reservations() == []
 
 
-def test_gc_without_a_list_collects_nothing(bed: Bed) -> None:
+def test_gc_without_a_list_collects_nothing(bed: NodeBed) -> None:
     """A GC config with neither cni.dev/valid-attachments nor cni.dev/attachments (a hand-run,
     a runtime bug): exit 0 and every pod keeps its link, IP and capacity."""
     nss = {cid: bed.make_netns() for cid in ("c1", "c2")}
-    conf = bed.conf("1.1.0", "host-local-v4")
+    conf = bed.spec_conf("1.1.0", "host-local-v4")
     for cid, ns in nss.items():
         assert bed.run("ADD", conf, ns, cid=cid)[0] == 0
     bed.age_attachments()
@@ -287,12 +288,12 @@ def test_gc_without_a_list_collects_nothing(bed: Bed) -> None:
         assert bed.run("DEL", conf, ns, cid=cid)[0] == 0
 
 
-def test_gc_spares_an_attachment_that_became_ready_after_the_list_was_built(bed: Bed) -> None:
+def test_gc_spares_an_attachment_that_became_ready_after_the_list_was_built(bed: NodeBed) -> None:
     """The runtime built its list, an ADD finished, then GC arrived: the new attachment keeps
     its link, IP and capacity (ready moments ago: within the grace period), and GC exits 0.
     Once it is older than the grace period, a GC that does not list it collects it."""
     ns = bed.make_netns()
-    conf = bed.conf("1.1.0", "host-local-v4")
+    conf = bed.spec_conf("1.1.0", "host-local-v4")
     stale_list: list[dict[str, str]] = []  # built before the ADD
     code, out, err = bed.run("ADD", conf, ns, cid="c1")
     assert code == 0, (out, err)
@@ -307,9 +308,9 @@ def test_gc_spares_an_attachment_that_became_ready_after_the_list_was_built(bed:
     assert bed.attachments() == [] and link_in_netns(ns, "eth0") is None and bed.ipam_reservations() == []
 
 
-def test_disable_gc_in_the_plugin_config_is_accepted_and_gc_does_nothing(bed: Bed) -> None:
+def test_disable_gc_in_the_plugin_config_is_accepted_and_gc_does_nothing(bed: NodeBed) -> None:
     ns = bed.make_netns()
-    conf = bed.conf("1.1.0", "host-local-v4", disableGC=True)
+    conf = bed.spec_conf("1.1.0", "host-local-v4", disableGC=True)
     code, out, err = bed.run("ADD", conf, ns, cid="c1")
     assert code == 0, (out, err)
     bed.age_attachments()
@@ -323,12 +324,12 @@ def test_disable_gc_in_the_plugin_config_is_accepted_and_gc_does_nothing(bed: Be
 # --------------------------------------------------------------------------- named cases
 
 
-def test_add_when_ifname_exists_fails_and_leaves_nothing(bed: Bed) -> None:
+def test_add_when_ifname_exists_fails_and_leaves_nothing(bed: NodeBed) -> None:
     netns = bed.make_netns()
     subprocess.run(["ip", "-n", netns.rsplit("/", 1)[1], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"],
                    check=True)
     before_ns = sorted(links_named(netns))
-    code, out, err = bed.run("ADD", bed.conf("1.1.0", "host-local-v4"), netns, cid="c1")
+    code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "host-local-v4"), netns, cid="c1")
     assert code == 1 and out["code"] == 4, (out, err)
     assert "already exists" in out["msg"]
     assert sorted(links_named(netns)) == before_ns  # no temporary link left in the pod
@@ -338,25 +339,25 @@ def test_add_when_ifname_exists_fails_and_leaves_nothing(bed: Bed) -> None:
     assert bed.status()["devices"][0]["consumed"]["bandwidth"] == "0"
 
 
-def test_mac_from_cni_args_with_ignore_unknown_true(bed: Bed) -> None:
+def test_mac_from_cni_args_with_ignore_unknown_true(bed: NodeBed) -> None:
     netns = bed.make_netns()
     args = "IgnoreUnknown=true;MAC=c2:11:22:33:44:55;K8S_POD_NAME=p;SOMETHING_ELSE=x"
-    code, res, err = bed.run("ADD", bed.conf("1.1.0", "host-local-v4"), netns, cid="c1", cni_args=args)
+    code, res, err = bed.run("ADD", bed.spec_conf("1.1.0", "host-local-v4"), netns, cid="c1", cni_args=args)
     assert code == 0, (res, err)
     assert link_in_netns(netns, "eth0")["mac"] == "c2:11:22:33:44:55"
     assert res["interfaces"][0]["mac"] == "c2:11:22:33:44:55"
 
 
-def test_unknown_cni_args_key_without_ignore_unknown_is_refused(bed: Bed) -> None:
+def test_unknown_cni_args_key_without_ignore_unknown_is_refused(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    code, out, err = bed.run("ADD", bed.conf("1.1.0", "l2"), netns, cid="c1", cni_args="MAC=c2:11:22:33:44:55;FOO=1")
+    code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "l2"), netns, cid="c1", cni_args="MAC=c2:11:22:33:44:55;FOO=1")
     assert code == 1 and out["code"] == 2 and "FOO" in out["msg"], (out, err)
     assert link_in_netns(netns, "eth0") is None
 
 
-def test_mtu_above_parent_is_code_7_and_no_link(bed: Bed) -> None:
+def test_mtu_above_parent_is_code_7_and_no_link(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    code, out, err = bed.run("ADD", bed.conf("1.1.0", "host-local-v4", mtu=9000), netns, cid="c1")
+    code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "host-local-v4", mtu=9000), netns, cid="c1")
     assert code == 1 and out["code"] == 7, (out, err)
     assert "9000" in out["msg"] and "1500" in out["msg"]
     assert link_in_netns(netns, "eth0") is None
@@ -377,7 +378,7 @@ def test_mtu_above_parent_is_code_7_and_no_link(bed: Bed) -> None:
         (None, None, "C2:00:00:00:00:04", True, "c2:00:00:00:00:04"),
     ],
 )
-def test_mac_precedence(bed: Bed, conf_mac, args_mac, rc_mac, capability, want) -> None:
+def test_mac_precedence(bed: NodeBed, conf_mac, args_mac, rc_mac, capability, want) -> None:
     netns = bed.make_netns()
     extra: dict = {}
     if conf_mac:
@@ -387,7 +388,7 @@ def test_mac_precedence(bed: Bed, conf_mac, args_mac, rc_mac, capability, want) 
     if capability:
         extra["capabilities"] = {"mac": True}
     args = "IgnoreUnknown=1" + (f";MAC={args_mac}" if args_mac else "")
-    code, res, err = bed.run("ADD", bed.conf("1.1.0", "l2", **extra), netns, cid="c1", cni_args=args)
+    code, res, err = bed.run("ADD", bed.spec_conf("1.1.0", "l2", **extra), netns, cid="c1", cni_args=args)
     assert code == 0, (res, err)
     assert link_in_netns(netns, "eth0")["mac"] == want
 
@@ -397,7 +398,7 @@ def test_mac_precedence(bed: Bed, conf_mac, args_mac, rc_mac, capability, want) 
     [("conf", "01:00:5e:00:00:01"), ("conf", "c2:11:22:33:44"), ("args", "33:33:00:00:00:01"), ("args", "zz:11:22:33:44:55"),
      ("runtime", "ff:ff:ff:ff:ff:ff")],
 )
-def test_bad_mac_is_code_7_before_ipam(bed: Bed, where: str, mac: str) -> None:
+def test_bad_mac_is_code_7_before_ipam(bed: NodeBed, where: str, mac: str) -> None:
     netns = bed.make_netns()
     extra: dict = {}
     args = "IgnoreUnknown=1"
@@ -407,16 +408,16 @@ def test_bad_mac_is_code_7_before_ipam(bed: Bed, where: str, mac: str) -> None:
         args += f";MAC={mac}"
     else:
         extra.update(runtimeConfig={"mac": mac}, capabilities={"mac": True})
-    code, out, err = bed.run("ADD", bed.conf("1.1.0", "host-local-v4", **extra), netns, cid="c1", cni_args=args)
+    code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "host-local-v4", **extra), netns, cid="c1", cni_args=args)
     assert code == 1 and out["code"] == 7, (out, err)
     assert mac in out["msg"]
     assert link_in_netns(netns, "eth0") is None
     assert bed.ipam_reservations() == [] and bed.attachments() == []
 
 
-def test_duplicate_mac_on_the_parent_is_refused(bed: Bed) -> None:
+def test_duplicate_mac_on_the_parent_is_refused(bed: NodeBed) -> None:
     ns1, ns2 = bed.make_netns(), bed.make_netns()
-    conf = bed.conf("1.1.0", "host-local-v4", mac="c2:11:22:33:44:66")
+    conf = bed.spec_conf("1.1.0", "host-local-v4", mac="c2:11:22:33:44:66")
     assert bed.run("ADD", conf, ns1, cid="c1")[0] == 0
     code, out, err = bed.run("ADD", conf, ns2, cid="c2")
     assert code == 1 and out["code"] == 7, (out, err)
@@ -425,27 +426,27 @@ def test_duplicate_mac_on_the_parent_is_refused(bed: Bed) -> None:
     assert bed.attachments() == [("c1", "eth0")] and len(bed.ipam_reservations()) == 1
 
 
-def test_parent_own_mac_is_refused(bed: Bed) -> None:
+def test_parent_own_mac_is_refused(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    with open(f"/sys/class/net/{bed.parents[0]}/address") as fh:
+    with open(f"/sys/class/net/{bed.nics[0]}/address") as fh:
         parent_mac = fh.read().strip()
-    code, out, err = bed.run("ADD", bed.conf("1.1.0", "l2", mac=parent_mac), netns, cid="c1")
+    code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "l2", mac=parent_mac), netns, cid="c1")
     assert code == 1 and out["code"] == 7 and "parent" in out["msg"], (out, err)
     assert link_in_netns(netns, "eth0") is None
 
 
-def test_duplicate_mac_outside_our_state_is_refused_by_the_kernel(bed: Bed) -> None:
+def test_duplicate_mac_outside_our_state_is_refused_by_the_kernel(bed: NodeBed) -> None:
     """A macvlan that cni-dra did not create holds the MAC: the kernel's EADDRINUSE is
     reported as code 7 naming the MAC, and the new link is gone again."""
     from netns_tests.conftest import delete_host_link, unique_name
 
     other = unique_name()
-    subprocess.run(["ip", "link", "add", other, "link", bed.parents[0], "address", "c2:11:22:33:44:77",
+    subprocess.run(["ip", "link", "add", other, "link", bed.nics[0], "address", "c2:11:22:33:44:77",
                     "type", "macvlan", "mode", "bridge"], check=True)
     try:
         subprocess.run(["ip", "link", "set", other, "up"], check=True)
         netns = bed.make_netns()
-        code, out, err = bed.run("ADD", bed.conf("1.1.0", "l2", mac="c2:11:22:33:44:77"), netns, cid="c1")
+        code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "l2", mac="c2:11:22:33:44:77"), netns, cid="c1")
         assert code == 1 and out["code"] == 7, (out, err)
         assert "c2:11:22:33:44:77" in out["msg"] and "already in use" in out["msg"]
         assert [n for n, _ in links_named(netns)] == ["lo"]
@@ -454,11 +455,11 @@ def test_duplicate_mac_outside_our_state_is_refused_by_the_kernel(bed: Bed) -> N
         delete_host_link(other)
 
 
-def test_bcqueuelen_and_notify_sysctls(bed: Bed) -> None:
+def test_bcqueuelen_and_notify_sysctls(bed: NodeBed) -> None:
     from cni_dra.netlink.links import link_in_netns as nl_link
 
     netns = bed.make_netns()
-    code, res, err = bed.run("ADD", bed.conf("1.1.0", "l2", bcqueuelen=321), netns, cid="c1")
+    code, res, err = bed.run("ADD", bed.spec_conf("1.1.0", "l2", bcqueuelen=321), netns, cid="c1")
     assert code == 0, (res, err)
     assert nl_link(netns, "eth0").bcqueuelen == 321
     assert sysctl_in_netns(netns, "net/ipv4/conf/eth0/arp_notify") == "1"
@@ -466,11 +467,11 @@ def test_bcqueuelen_and_notify_sysctls(bed: Bed) -> None:
 
 
 @pytest.mark.parametrize("mode", ["bridge", "private", "vepa", "passthru"])
-def test_macvlan_modes(bed: Bed, mode: str) -> None:
+def test_macvlan_modes(bed: NodeBed, mode: str) -> None:
     from cni_dra.netlink.links import link_in_netns as nl_link
 
     netns = bed.make_netns()
-    conf = bed.conf("1.1.0", "l2", mode=mode)
+    conf = bed.spec_conf("1.1.0", "l2", mode=mode)
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     assert nl_link(netns, "eth0").mode == mode
@@ -478,9 +479,9 @@ def test_macvlan_modes(bed: Bed, mode: str) -> None:
     assert bed.run("DEL", conf, netns, cid="c1")[0] == 0
 
 
-def test_l2_only_link_is_up_without_addresses(bed: Bed) -> None:
+def test_l2_only_link_is_up_without_addresses(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    code, res, err = bed.run("ADD", bed.conf("1.0.0", "l2"), netns, cid="c1")
+    code, res, err = bed.run("ADD", bed.spec_conf("1.0.0", "l2"), netns, cid="c1")
     assert code == 0, (res, err)
     link = link_in_netns(netns, "eth0")
     assert link["ipv4"] == [] and link["ipv6"] == []
@@ -489,9 +490,9 @@ def test_l2_only_link_is_up_without_addresses(bed: Bed) -> None:
     assert nl_link(netns, "eth0").admin_up
 
 
-def test_nodad_adds_ipv6_without_dad(bed: Bed) -> None:
+def test_nodad_adds_ipv6_without_dad(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    code, res, err = bed.run("ADD", bed.conf("1.1.0", "host-local-v6", nodad=True), netns, cid="c1")
+    code, res, err = bed.run("ADD", bed.spec_conf("1.1.0", "host-local-v6", nodad=True), netns, cid="c1")
     assert code == 0, (res, err)
     flags = addr_flags(netns, "eth0")
     (v6,) = [ip["address"] for ip in res["ips"]]
@@ -501,9 +502,9 @@ def test_nodad_adds_ipv6_without_dad(bed: Bed) -> None:
 # --------------------------------------------------------------------------- static IPAM
 
 
-def test_static_ips_from_runtime_config_with_capability(bed: Bed) -> None:
+def test_static_ips_from_runtime_config_with_capability(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    conf = bed.conf("1.1.0", "static-rc", capabilities={"ips": True},
+    conf = bed.spec_conf("1.1.0", "static-rc", capabilities={"ips": True},
                     runtimeConfig={"ips": ["198.51.100.88/24", "2001:db8:4::88/64"]})
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
@@ -516,10 +517,10 @@ def test_static_ips_from_runtime_config_with_capability(bed: Bed) -> None:
 # --------------------------------------------------------------------------- dhcp IPAM
 
 
-def test_dhcp_without_daemon_fails_cleanly_and_status_says_why(bed: Bed, tmp_path) -> None:
+def test_dhcp_without_daemon_fails_cleanly_and_status_says_why(bed: NodeBed, tmp_path) -> None:
     netns = bed.make_netns()
     sock = str(tmp_path / "no-dhcp.sock")
-    conf = bed.conf("1.1.0", {"type": "dhcp", "daemonSocketPath": sock})
+    conf = bed.spec_conf("1.1.0", {"type": "dhcp", "daemonSocketPath": sock})
     code, out, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 1 and out["code"] == 11, (out, err)
     assert "dhcp" in out["msg"] and sock in out["msg"]
@@ -533,7 +534,7 @@ def test_dhcp_without_daemon_fails_cleanly_and_status_says_why(bed: Bed, tmp_pat
 
 
 @pytest.mark.parametrize("version", RICH_VERSIONS)
-def test_chained_add_keeps_earlier_results(bed: Bed, version: str) -> None:
+def test_chained_add_keeps_earlier_results(bed: NodeBed, version: str) -> None:
     netns = bed.make_netns()
     old_ip = {"address": "192.0.2.9/24", "interface": 1}
     if version not in ("1.0.0", "1.1.0"):
@@ -544,7 +545,7 @@ def test_chained_add_keeps_earlier_results(bed: Bed, version: str) -> None:
         "ips": [old_ip],
         "routes": [{"dst": "192.0.2.0/24"}],
     }
-    conf = bed.conf(version, "host-local-v4", prevResult=prev)
+    conf = bed.spec_conf(version, "host-local-v4", prevResult=prev)
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     assert [i["name"] for i in res["interfaces"]] == ["host-side", "eth9", "eth0"]
@@ -556,9 +557,9 @@ def test_chained_add_keeps_earlier_results(bed: Bed, version: str) -> None:
     assert bed.run("DEL", {**conf, "prevResult": res}, netns, cid="c1")[0] == 0
 
 
-def test_check_tolerates_later_plugins_and_compares_netns_by_identity(bed: Bed) -> None:
+def test_check_tolerates_later_plugins_and_compares_netns_by_identity(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    conf = bed.conf("1.1.0", "host-local-v4")
+    conf = bed.spec_conf("1.1.0", "host-local-v4")
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     name = netns.rsplit("/", 1)[1]
@@ -577,9 +578,9 @@ def test_check_tolerates_later_plugins_and_compares_netns_by_identity(bed: Bed) 
     assert bed.run("DEL", {**conf, "prevResult": res}, netns, cid="c1")[0] == 0
 
 
-def test_check_detects_removed_address(bed: Bed) -> None:
+def test_check_detects_removed_address(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    conf = bed.conf("1.0.0", "host-local-v4")
+    conf = bed.spec_conf("1.0.0", "host-local-v4")
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     name = netns.rsplit("/", 1)[1]
@@ -592,12 +593,12 @@ def test_check_detects_removed_address(bed: Bed) -> None:
 # --------------------------------------------------------------------------- mixed link types
 
 
-def test_ipvlan_refused_on_a_nic_that_carries_macvlan(bed: Bed) -> None:
+def test_ipvlan_refused_on_a_nic_that_carries_macvlan(bed: NodeBed) -> None:
     """The only NIC carries a macvlan: an ipvlan ADD is refused by the allocator with the
     reason, before any link is made (so this runs on kernels without ipvlan too)."""
     ns1, ns2 = bed.make_netns(), bed.make_netns()
-    assert bed.run("ADD", bed.conf("1.1.0", "l2"), ns1, cid="c1")[0] == 0
-    code, out, err = bed.run("ADD", bed.conf("1.1.0", "l2", linkType="ipvlan"), ns2, cid="c2")
+    assert bed.run("ADD", bed.spec_conf("1.1.0", "l2"), ns1, cid="c1")[0] == 0
+    code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "l2", linkType="ipvlan"), ns2, cid="c2")
     assert code == 1 and out["code"] == 100, (out, err)
     assert "carries macvlan links" in out["msg"] and "nic-0" in out["msg"]
     assert link_in_netns(ns2, "eth0") is None
@@ -607,10 +608,10 @@ def test_ipvlan_refused_on_a_nic_that_carries_macvlan(bed: Bed) -> None:
 # --------------------------------------------------------------------------- error codes
 
 
-def test_error_codes_each_path(bed: Bed, tmp_path) -> None:
+def test_error_codes_each_path(bed: NodeBed, tmp_path) -> None:
     """One invocation per code cni-dra uses that the paths above do not already cover."""
     netns = bed.make_netns()
-    conf = bed.conf("1.1.0", "host-local-v4")
+    conf = bed.spec_conf("1.1.0", "host-local-v4")
     # 2: unknown config field
     assert bed.run("ADD", {**conf, "bogus": 1}, netns)[1]["code"] == 2
     # 3: CHECK of an attachment cni-dra does not know

@@ -1,7 +1,7 @@
 """[cni-dra, tuning] through libcni (as containerd runs it): tuning changes the MTU and a
 sysctl of cni-dra's interface, and CHECK of the whole chain still passes.
 
-Uses the libcni client and test bed of test_libcni.py.
+Uses the libcni harness of netns_tests/libcni.py.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ import subprocess
 
 import pytest
 
-from netns_tests.test_libcni import (  # noqa: F401 - fixtures
-    IFNAME,
-    Setup,
-    _assert_added,
-    _assert_deleted,
-    _run_client,
-    libcni_client,
-    setup,
-)
+from netns_tests.libcni import IFNAME, Setup, run_client
+from netns_tests.libcni import assert_added as _assert_added
+from netns_tests.libcni import assert_deleted as _assert_deleted
+
+
+@pytest.fixture
+def setup(libcni_setup: Setup) -> Setup:
+    return libcni_setup
 
 
 def _sysctl(netns: str, key: str) -> str:
@@ -35,7 +34,7 @@ def test_chain_with_tuning_mtu_and_sysctl(libcni_client, setup: Setup, version: 
     conflist = setup.conflist(version, setup.cni_dra_conf(), tuning)
 
     def run(cmd: str):
-        return _run_client(libcni_client, cmd, conflist, netns=setup.netns, cache_dir=setup.cache_dir)
+        return run_client(libcni_client, cmd, conflist, netns=setup.netns, cache_dir=setup.cache_dir)
 
     code, result, err = run("add")
     assert code == 0, f"ADD via libcni failed: {result} {err}"

@@ -7,7 +7,7 @@ Each placement is judged twice: by the attachment's device in ``cni-dra status
 --json`` and by the kernel (the pod link's parent ifindex). Expected values are
 the demo's, written out here, never computed by cni-dra.
 
-Device names (eth-a, eth-b) differ from the host interface names (random veth
+The node is a :class:`netns_tests.bed.NodeBed`. Device names (eth-a, eth-b) differ from the host interface names (random veth
 names from ``make_parent_nic``), so the inventory's name -> ifName mapping is
 exercised too.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from netns_tests.bed import DRIVER, NodeBed
 from netns_tests.runner import (
     cni_dra_cli,
     cni_dra_status,
@@ -30,8 +31,8 @@ from netns_tests.runner import (
     link_in_netns,
     run_plugin,
 )
+from tests.builders import allocation_result, resource_claim
 
-DRIVER = "net.cni-dra.dev"
 POOL = "demo-node"
 SUBNET = "192.0.2.0/24"  # TEST-NET-1: documentation addresses, never routed
 IFNAME = "net1"
@@ -41,83 +42,15 @@ def _pod_uid(n: int) -> str:
     return f"00000000-0000-4000-8000-{n:012d}"
 
 
-def _inventory(nics: dict[str, str]) -> str:
-    """ResourceSlice JSON (the inventory may be YAML or JSON) for {device: ifName}."""
-    devices = [
-        {
-            "name": name,
-            "allowMultipleAllocations": True,
-            "attributes": {"ifName": {"string": ifname}},
-            "capacity": {
-                "bandwidth": {
-                    "value": "10G",
-                    "requestPolicy": {
-                        "default": "1G",
-                        "validRange": {"min": "100M", "step": "100M"},
-                    },
-                }
-            },
-        }
-        for name, ifname in nics.items()
-    ]
-    return json.dumps(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": f"{POOL}-{DRIVER}"},
-            "spec": {
-                "driver": DRIVER,
-                "nodeName": POOL,
-                "pool": {"name": POOL, "generation": 1, "resourceSliceCount": 1},
-                "devices": devices,
-            },
-        }
-    )
-
-
 def _claim(pod_uid: str, device: str, bandwidth: str, share_id: str) -> dict[str, Any]:
     """A resource.k8s.io/v1 ResourceClaim as the API server returns it once allocated."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {
-            "name": "pod5-net",
-            "namespace": "demo",
-            "uid": "5c1a1e00-0000-4000-8000-000000000005",
-        },
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": IFNAME,
-                        "exactly": {
-                            "deviceClassName": DRIVER,
-                            "allocationMode": "ExactCount",
-                            "count": 1,
-                            "capacity": {"requests": {"bandwidth": bandwidth}},
-                        },
-                    }
-                ]
-            }
-        },
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": IFNAME,
-                            "driver": DRIVER,
-                            "pool": POOL,
-                            "device": device,
-                            "consumedCapacity": {"bandwidth": bandwidth},
-                            "shareID": share_id,
-                        }
-                    ]
-                }
-            },
-            "reservedFor": [{"resource": "pods", "name": "pod5", "uid": pod_uid}],
-        },
-    }
+    return resource_claim(
+        allocation_result(device, request=IFNAME, pool=POOL, consumed={"bandwidth": bandwidth}, share_id=share_id),
+        uid="5c1a1e00-0000-4000-8000-000000000005", name="pod5-net", namespace="demo",
+        requests=[{"name": IFNAME, "exactly": {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+                                               "capacity": {"requests": {"bandwidth": bandwidth}}}}],
+        reserved_for=[{"resource": "pods", "name": "pod5", "uid": pod_uid}],
+    )
 
 
 def _names_remaining(text: str, names: tuple[str, ...], quantity: str) -> bool:
@@ -137,11 +70,12 @@ class Demo:
 
     def __init__(self, make_netns, make_parent_nic, tmp_path: Path) -> None:
         self.make_netns = make_netns
-        self.nics = {"eth-a": make_parent_nic(), "eth-b": make_parent_nic()}
-        self.state_dir = tmp_path / "state"
-        self.ipam_dir = tmp_path / "ipam"
-        self.inventory = tmp_path / "resourceslice.json"
-        self.inventory.write_text(_inventory(self.nics))
+        self.node = NodeBed(tmp_path, [make_parent_nic(), make_parent_nic()], devices=["eth-a", "eth-b"],
+                            pool=POOL, network="cni-dra-demo", version="1.1.0")
+        self.nics = self.node.parents
+        self.state_dir = self.node.state_dir
+        self.ipam_dir = self.node.ipam_dir
+        self.inventory = self.node.inventory
         self.netns: dict[str, str] = {}
 
     def conf(self, bandwidth: str | None, policy: str = "best-fit", state_dir: Path | None = None,

@@ -11,105 +11,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import subprocess
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from cni_dra.netlink.links import host_link, link_in_netns
-from netns_tests.runner import CNI_EXE, run_plugin, write_shared_nic_inventory
+from netns_tests.bed import NodeBed, start_fastpath_agent, stop_process
+from netns_tests.runner import CNI_EXE, run_plugin
 
-DRIVER = "net.cni-dra.dev"
 PATHS = ["agent", "local"]
 
 
-def _venv_python() -> str:
-    """The interpreter of the installed Python executable: the shebang of CNI_EXE, or of the
-    script the compiled thin client falls back to (named in the binary after
-    ``cni-dra-python-exe=``, see scripts/cni-dra-client.c)."""
-    data = Path(CNI_EXE).read_bytes()
-    if not data.startswith(b"#!"):
-        match = re.search(rb"cni-dra-python-exe=([^\0]+)\0", data)
-        assert match, f"{CNI_EXE} is neither a script nor the compiled thin client"
-        data = Path(os.fsdecode(match.group(1))).read_bytes()
-    return os.fsdecode(data.splitlines()[0][2:].split()[0])
-
-
-def _start_agent(sock: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [_venv_python(), "-I", "-m", "cni_dra.fastpath.server", "--socket", sock, "--cwd", os.getcwd()],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode()
-    if not line.startswith("ready"):
-        proc.kill()
-        proc.wait()
-        err = proc.stderr.read().decode() if proc.stderr else ""
-        _stop(proc)
-        raise RuntimeError(f"agent did not start (is this work tree installed? make install): {line!r} {err}")
-    return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for stream in (proc.stdout, proc.stderr):
-        if stream:
-            stream.close()
-
-
-@pytest.fixture(scope="module")
-def agent_socket(tmp_path_factory):
-    sock = str(tmp_path_factory.mktemp("fastpath") / "agent" / "agent.sock")
-    proc = _start_agent(sock)
-    try:
-        yield sock
-    finally:
-        _stop(proc)
-
-
 @pytest.fixture
-def node(tmp_path, make_parent_nic, agent_socket):
-    """Two 10G stand-in NICs; state, IPAM data and inventory under tmp_path."""
-    names = sorted([make_parent_nic(), make_parent_nic()])
-    inventory = write_shared_nic_inventory(tmp_path / "slice.json", dict(zip(("nic-a", "nic-b"), names)))
-
-    class Node:
-        parents = dict(zip(("nic-a", "nic-b"), names))
-        state_dir = tmp_path / "state"
-        ipam_dir = tmp_path / "ipam"
-        socket = agent_socket
-
-        def conf(self, bandwidth: str = "1G", **kw) -> dict:
-            c = {"cniVersion": "1.0.0", "name": "fpnet", "type": "cni-dra", "stateDir": str(self.state_dir),
-                 "inventory": str(inventory), "capacity": {"requests": {"bandwidth": bandwidth}},
-                 "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir), "ranges": [[{"subnet": "198.51.100.0/24"}]]}}
-            c.update(kw)
-            return c
-
-        def env(self, path: str) -> dict[str, str]:
-            return {"CNI_DRA_AGENT": "require" if path == "agent" else "off", "CNI_DRA_AGENT_SOCKET": self.socket}
-
-        def state(self) -> dict:
-            from cni_dra.state import StateStore
-
-            return StateStore(self.state_dir).read_files().model_dump(mode="json")  # snapshot + journal
-
-        def ipam_reservations(self) -> list[str]:
-            d = self.ipam_dir / "fpnet"
-            return sorted(p.name for p in d.iterdir() if p.name[0].isdigit()) if d.exists() else []
-
-    return Node()
+def node(make_node, fastpath_agent) -> NodeBed:
+    """Two 10G stand-in NICs (``nic-a``, ``nic-b``) on network ``fpnet``, the module's agent."""
+    return make_node(network="fpnet", agent_socket=fastpath_agent)
 
 
 def _plugin(node, path, command, conf, netns, cid, ifname="eth0"):
@@ -128,7 +46,7 @@ def test_add_check_del(node, make_netns, path):
     assert link is not None and link.kind == "macvlan"
     assert link.parent_index == host_link(node.parents["nic-a"]).index
     assert out["interfaces"][0]["mac"] == link.mac and out["ips"][0]["address"] in link.addresses
-    (att,) = node.state()["attachments"]
+    (att,) = node.state_doc()["attachments"]
     assert (att["containerID"], att["device"], att["phase"]) == (cid, "nic-a", "ready")
     assert node.ipam_reservations() == [out["ips"][0]["address"].split("/")[0]]
 
@@ -139,7 +57,7 @@ def test_add_check_del(node, make_netns, path):
         code, out3, err = _plugin(node, path, "DEL", conf, ns, cid)
         assert code == 0, (out3, err)
         assert link_in_netns(ns, "eth0") is None
-        assert node.state()["attachments"] == [] and node.ipam_reservations() == []
+        assert node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -149,7 +67,7 @@ def test_no_capacity_error_json(node, make_netns, path):
     assert code == 1 and out["code"] == 100 and out["cniVersion"] == "1.0.0", (out, err)
     assert "nic-a" in out["msg"] and "nic-b" in out["msg"]
     assert link_in_netns(ns, "eth0") is None
-    assert node.state()["attachments"] == [] and node.ipam_reservations() == []
+    assert node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -180,7 +98,7 @@ def test_relative_netns_is_refused_and_del_leaves_the_pod_intact(node, make_netn
     assert not os.path.isabs(here) and os.path.samefile(here, ns)
     code, out, err = _plugin(node, path, "ADD", conf, here, cid)
     assert code == 1 and out["code"] == 4 and "CNI_NETNS" in out["msg"], (out, err)
-    assert link_in_netns(ns, "eth0") is None and node.state()["attachments"] == [] and node.ipam_reservations() == []
+    assert link_in_netns(ns, "eth0") is None and node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
 
     code, out, err = _plugin(node, path, "ADD", conf, ns, cid)
     assert code == 0, (out, err)
@@ -189,11 +107,11 @@ def test_relative_netns_is_refused_and_del_leaves_the_pod_intact(node, make_netn
         code, out, err = _plugin(node, path, "DEL", conf, relative, cid)
         assert code == 1 and out["code"] == 4 and "not an absolute path" in out["msg"], (out, err)
         assert ip in link_in_netns(ns, "eth0").addresses
-        assert [a["phase"] for a in node.state()["attachments"]] == ["ready"]
+        assert [a["phase"] for a in node.state_doc()["attachments"]] == ["ready"]
         assert node.ipam_reservations() == [ip.split("/")[0]]
     code, out, err = _plugin(node, path, "DEL", conf, ns, cid)
     assert code == 0, (out, err)
-    assert link_in_netns(ns, "eth0") is None and node.state()["attachments"] == [] and node.ipam_reservations() == []
+    assert link_in_netns(ns, "eth0") is None and node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
 
 
 def _set_link(ifname: str, up: bool, netns: str | None = None) -> None:
@@ -275,22 +193,22 @@ def test_both_paths_at_once_never_overcommit(node, make_netns):
     assert len(ok) == 4, results
     assert all(r[1]["code"] == 100 for r in refused), refused
     per_device: dict[str, int] = {}
-    for att in node.state()["attachments"]:
+    for att in node.state_doc()["attachments"]:
         per_device[att["device"]] = per_device.get(att["device"], 0) + 1
     assert per_device == {"nic-a": 2, "nic-b": 2}
     assert all(link_in_netns(ns, "eth0") is not None for _, ns, _ in ok)
     for path, ns, cid in jobs:
         code, _, err = _plugin(node, path, "DEL", conf, ns, cid)
         assert code == 0, err
-    assert node.state()["attachments"] == []
+    assert node.state_doc()["attachments"] == []
 
 
 def test_killed_agent_falls_back_to_in_process(node, make_netns, tmp_path):
     sock = str(tmp_path / "dead" / "agent.sock")
-    proc = _start_agent(sock)
+    proc = start_fastpath_agent(sock)
     proc.kill()
     proc.wait()
-    _stop(proc)
+    stop_process(proc)
     assert os.path.exists(sock)  # stale socket left behind: connect is refused
     ns, cid = make_netns(), uuid.uuid4().hex
     env = {"CNI_DRA_AGENT_SOCKET": sock}
@@ -299,7 +217,7 @@ def test_killed_agent_falls_back_to_in_process(node, make_netns, tmp_path):
     assert link_in_netns(ns, "eth0") is not None
     code, _, err = run_plugin("DEL", node.conf(), container_id=cid, netns=ns, ifname="eth0", extra_env=env)
     assert code == 0, err
-    assert node.state()["attachments"] == []
+    assert node.state_doc()["attachments"] == []
 
 
 def test_agent_from_another_mount_namespace_is_declined(node, make_netns):
@@ -311,7 +229,7 @@ def test_agent_from_another_mount_namespace_is_declined(node, make_netns):
                           capture_output=True, timeout=60, check=False)
     out = json.loads(proc.stdout)
     assert proc.returncode == 1 and out["code"] == 11, (out, proc.stderr)
-    assert node.state()["attachments"] == [] and link_in_netns(ns, "eth0") is None
+    assert node.state_doc()["attachments"] == [] and link_in_netns(ns, "eth0") is None
 
 
 
@@ -365,9 +283,9 @@ def test_declined_invocation_runs_in_process_on_identical_stdin(node, make_netns
     code, out, err = run_plugin("ADD", conf, container_id=cid, netns=ns, ifname="eth0", extra_env=env)
     assert code == 0, (out, err)
     assert link_in_netns(ns, "eth0") is not None
-    (att,) = node.state()["attachments"]
+    (att,) = node.state_doc()["attachments"]
     assert att["containerID"] == cid and att["phase"] == "ready"
     assert stdins and all(s == stdins[0] and json.loads(s) == conf for s in stdins)
     code, _, err = run_plugin("DEL", conf, container_id=cid, netns=ns, ifname="eth0", extra_env=env)
     assert code == 0, err
-    assert link_in_netns(ns, "eth0") is None and node.state()["attachments"] == []
+    assert link_in_netns(ns, "eth0") is None and node.state_doc()["attachments"] == []

@@ -29,25 +29,27 @@ from pathlib import Path
 import pytest
 
 from cni_dra.quantity import Quantity
-from netns_tests.runner import link_in_netns, run_plugin
-from netns_tests.test_fastpath import _stop, _venv_python
-from netns_tests.test_reliability import Node, args, faults_on, parent_of, recover  # noqa: F401 - fixture
+from netns_tests.bed import NodeBed, parent_of, pod_args, recover, start_fastpath_agent, stop_process
+from netns_tests.runner import link_in_netns
 
 PATHS = ["local", "agent"]
 
 
 @pytest.fixture
-def node(tmp_path, make_parent_nic) -> Node:
-    return Node(tmp_path, [make_parent_nic(), make_parent_nic()])
+def node(make_node) -> NodeBed:
+    """Two 10G stand-in NICs (``nic-a``, ``nic-b``) on network ``relnet``."""
+    return make_node(network="relnet")
 
 
 class Bed:
-    """A node with two NICs and one pod ("keeper") attached before any fault."""
+    """The node with one pod ("keeper") attached before any fault, reached on ``path``; in
+    agent mode, its own agent (started afresh with each fault plan)."""
 
-    def __init__(self, node: Node, make_netns, path: str, tmp_path: Path) -> None:
+    def __init__(self, node: NodeBed, make_netns, path: str, tmp_path: Path) -> None:
         self.node, self.make_netns, self.path, self.tmp = node, make_netns, path, tmp_path
         self.agent: subprocess.Popen[bytes] | None = None
         self.socket = str(tmp_path / "agent" / "agent.sock")
+        node.socket = self.socket
         self.keeper_ns = make_netns()
         code, out, err = self.run("ADD", self.keeper_ns, "keeper")
         assert code == 0, (out, err)
@@ -58,19 +60,11 @@ class Bed:
         """A fast-path agent with one worker process and thread, so that a fault plan (counted
         per process) applies to the next request and the cache lives on after it."""
         self.stop_agent()
-        proc = subprocess.Popen(
-            [_venv_python(), "-I", "-m", "cni_dra.fastpath.server", "--socket", self.socket, "--cwd", os.getcwd(),
-             "--processes", "1", "--workers", "1"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env={**os.environ, **env},
-        )
-        self.agent = proc
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode()
-        assert line.startswith("ready"), (line, proc.stderr.read().decode() if proc.poll() is not None else "")
+        self.agent = start_fastpath_agent(self.socket, "--processes", "1", "--workers", "1", env=env)
 
     def stop_agent(self) -> None:
         if self.agent is not None:
-            _stop(self.agent)
+            stop_process(self.agent)
             self.agent = None
 
     def run(self, command: str, netns: str, cid: str, fault_env: dict[str, str] | None = None):
@@ -79,11 +73,11 @@ class Bed:
         if self.path == "agent":
             if fault_env is not None or self.agent is None:
                 self.start_agent(fault_env or {})
-            env = {"CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": self.socket}
+            extra = None
         else:
-            env = {"CNI_DRA_AGENT": "off", **(fault_env or {})}
-        return run_plugin(command, self.node.conf(), container_id=cid, netns=netns, ifname="eth0",
-                          cni_args=args(cid), extra_env=env)
+            extra = fault_env
+        return self.node.run(command, self.node.conf(), netns, cid, "eth0", cni_args=pod_args(cid), path=self.path,
+                             extra_env=extra)
 
     # -- invariants ------------------------------------------------------------------------
     def holds(self, cid: str, netns: str, ip: str | None = None) -> None:
@@ -91,7 +85,7 @@ class Bed:
         att = state.find("relnet", cid, "eth0")
         assert att is not None and att.phase == "ready", f"{cid}: {att}"
         assert link_in_netns(netns, "eth0") is not None, f"{cid}: no link"
-        reserved = {c: i for i, c in self.node.ipam().items()}
+        reserved = {c: i for i, c in self.node.ip_holders().items()}
         assert cid in reserved, f"{cid}: no address"
         if ip is not None:
             assert reserved[cid] == ip
@@ -99,7 +93,7 @@ class Bed:
     def absent(self, cid: str, netns: str) -> None:
         assert self.node.state().find("relnet", cid, "eth0") is None, f"{cid} still in state"
         assert link_in_netns(netns, "eth0") is None, f"{cid}: link left"
-        assert cid not in self.node.ipam().values(), f"{cid}: address left"
+        assert cid not in self.node.ip_holders().values(), f"{cid}: address left"
 
     def intact(self) -> None:
         """The keeper and the books: only ready attachments are charged, 1G each."""
@@ -128,7 +122,7 @@ def _faults(calls: list[str]) -> list[tuple[int, str]]:
 
 
 @pytest.fixture
-def bed(node, make_netns, tmp_path, faults_on, request):  # noqa: F811 - faults_on is the fixture
+def bed(node, make_netns, tmp_path, faults_on, request):
     b = Bed(node, make_netns, request.param, tmp_path)
     try:
         yield b
@@ -207,7 +201,7 @@ def _fill(where: Path, leave_bytes: int) -> Path:
 
 
 @pytest.fixture
-def small_state_dir(node: Node):
+def small_state_dir(node: NodeBed):
     _mount_tmpfs(node.state_dir, "1M")
     try:
         yield node.state_dir
@@ -252,7 +246,7 @@ def test_full_state_disk_never_costs_another_pod_its_network(node, make_netns, t
 
 
 @pytest.fixture
-def small_ipam_dir(node: Node):
+def small_ipam_dir(node: NodeBed):
     _mount_tmpfs(node.ipam_dir, "64k")
     try:
         yield node.ipam_dir

@@ -12,13 +12,14 @@ import ipaddress
 import pytest
 
 from netns_tests.runner import host_ifindex, link_in_netns
-from netns_tests.test_conformance_bed import (
+from netns_tests.bed import (
     CHECK_VERSIONS,
     IPAM_KINDS,
     RICH_VERSIONS,
+    SPEC_NODE,
     V4_SUBNET,
     V6_SUBNET,
-    Bed,
+    NodeBed,
     addr_flags,
     links_named,
 )
@@ -38,13 +39,13 @@ def _needs_ipvlan() -> None:
 
 
 @pytest.fixture
-def bed(tmp_path, make_parent_nic, make_netns) -> Bed:
-    return Bed(tmp_path, make_parent_nic, make_netns)
+def bed(make_node) -> NodeBed:
+    return make_node(nics=1, **SPEC_NODE)
 
 
 @pytest.fixture
-def bed2(tmp_path, make_parent_nic, make_netns) -> Bed:
-    return Bed(tmp_path, make_parent_nic, make_netns, nics=2)
+def bed2(make_node) -> NodeBed:
+    return make_node(nics=2, **SPEC_NODE)
 
 
 def _parent_mac(name: str) -> str:
@@ -90,19 +91,19 @@ def _check_addresses(ipam: str, res_ips: list[dict], link: dict) -> None:
 
 
 @pytest.mark.parametrize("version,ipam,mode", _grid())
-def test_ipvlan_add_check_status_gc_del(bed: Bed, version: str, ipam: str, mode: str) -> None:
+def test_ipvlan_add_check_status_gc_del(bed: NodeBed, version: str, ipam: str, mode: str) -> None:
     from cni_dra.netlink.links import link_in_netns as nl_link
 
     netns = bed.make_netns()
-    conf = bed.conf(version, ipam, linkType="ipvlan", mode=mode)
+    conf = bed.spec_conf(version, ipam, linkType="ipvlan", mode=mode)
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     assert res["cniVersion"] == version
     link = link_in_netns(netns, "eth0")
-    assert link["kind"] == "ipvlan" and link["parent_ifindex"] == host_ifindex(bed.parents[0])
+    assert link["kind"] == "ipvlan" and link["parent_ifindex"] == host_ifindex(bed.nics[0])
     info = nl_link(netns, "eth0")
     assert (info.mode, info.ipvlan_flag) == (mode, "bridge") and info.admin_up
-    assert link["mac"] == _parent_mac(bed.parents[0])  # an ipvlan has its parent's MAC
+    assert link["mac"] == _parent_mac(bed.nics[0])  # an ipvlan has its parent's MAC
     want_iface = {"name": "eth0", "mac": link["mac"], "sandbox": netns}
     if version == "1.1.0":
         want_iface["mtu"] = link["mtu"]  # interface mtu exists from 1.1.0 on
@@ -154,11 +155,11 @@ def test_ipvlan_add_check_status_gc_del(bed: Bed, version: str, ipam: str, mode:
 
 
 @pytest.mark.parametrize("flag", ["bridge", "private", "vepa"])
-def test_ipvlan_flags(bed: Bed, flag: str) -> None:
+def test_ipvlan_flags(bed: NodeBed, flag: str) -> None:
     from cni_dra.netlink.links import link_in_netns as nl_link
 
     netns = bed.make_netns()
-    conf = bed.conf("1.1.0", "l2", linkType="ipvlan", ipvlanFlag=flag)
+    conf = bed.spec_conf("1.1.0", "l2", linkType="ipvlan", ipvlanFlag=flag)
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     assert (nl_link(netns, "eth0").mode, nl_link(netns, "eth0").ipvlan_flag) == ("l2", flag)
@@ -166,26 +167,26 @@ def test_ipvlan_flags(bed: Bed, flag: str) -> None:
     assert bed.run("DEL", conf, netns, cid="c1")[0] == 0
 
 
-def test_check_notices_a_changed_mode(bed: Bed) -> None:
+def test_check_notices_a_changed_mode(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    conf = bed.conf("1.1.0", "l2", linkType="ipvlan", mode="l3")
+    conf = bed.spec_conf("1.1.0", "l2", linkType="ipvlan", mode="l3")
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     code, out, err = bed.run("CHECK", {**conf, "mode": "l2", "prevResult": res}, netns, cid="c1")
     assert code == 1 and out["code"] == 105 and "l3" in out["msg"], (out, err)
 
 
-def test_ipvlan_goes_to_the_nic_without_macvlan_and_the_reverse(bed2: Bed) -> None:
+def test_ipvlan_goes_to_the_nic_without_macvlan_and_the_reverse(bed2: NodeBed) -> None:
     """best-fit would stack everything on one NIC; link types keep them apart."""
     ns1, ns2, ns3 = bed2.make_netns(), bed2.make_netns(), bed2.make_netns()
-    macvlan, ipvlan = bed2.conf("1.1.0", "l2"), bed2.conf("1.1.0", "l2", linkType="ipvlan")
+    macvlan, ipvlan = bed2.spec_conf("1.1.0", "l2"), bed2.spec_conf("1.1.0", "l2", linkType="ipvlan")
     assert bed2.run("ADD", macvlan, ns1, cid="c1")[0] == 0
     code, res, err = bed2.run("ADD", ipvlan, ns2, cid="c2")
     assert code == 0, (res, err)
     parents = {d["name"]: d for d in bed2.status()["devices"]}
     by_cid = {a["containerID"]: a["device"] for a in bed2.status()["attachments"]}
     assert by_cid["c1"] != by_cid["c2"], parents
-    assert link_in_netns(ns2, "eth0")["parent_ifindex"] == host_ifindex(bed2.parents[bed2.devices.index(by_cid["c2"])])
+    assert link_in_netns(ns2, "eth0")["parent_ifindex"] == host_ifindex(bed2.nics[bed2.devices.index(by_cid["c2"])])
     # both NICs now carry one type each: a third macvlan goes next to the first
     code, res, err = bed2.run("ADD", macvlan, ns3, cid="c3")
     assert code == 0, (res, err)
@@ -193,7 +194,7 @@ def test_ipvlan_goes_to_the_nic_without_macvlan_and_the_reverse(bed2: Bed) -> No
     assert by_cid["c3"] == by_cid["c1"]
 
 
-def test_kernel_refusal_of_mixed_types_is_reported(bed: Bed) -> None:
+def test_kernel_refusal_of_mixed_types_is_reported(bed: NodeBed) -> None:
     """A macvlan made outside cni-dra (not in its state) on the parent: the kernel answers
     EBUSY to the ipvlan; cni-dra reports code 102 saying why, and leaves nothing."""
     import subprocess
@@ -201,10 +202,10 @@ def test_kernel_refusal_of_mixed_types_is_reported(bed: Bed) -> None:
     from netns_tests.conftest import delete_host_link, unique_name
 
     other = unique_name()
-    subprocess.run(["ip", "link", "add", other, "link", bed.parents[0], "type", "macvlan"], check=True)
+    subprocess.run(["ip", "link", "add", other, "link", bed.nics[0], "type", "macvlan"], check=True)
     try:
         netns = bed.make_netns()
-        code, out, err = bed.run("ADD", bed.conf("1.1.0", "host-local-v4", linkType="ipvlan"), netns, cid="c1")
+        code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "host-local-v4", linkType="ipvlan"), netns, cid="c1")
         assert code == 1 and out["code"] == 102, (out, err)
         assert "macvlan and ipvlan cannot share a parent" in out["msg"]
         assert link_in_netns(netns, "eth0") is None

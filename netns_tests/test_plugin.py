@@ -15,48 +15,9 @@ from pathlib import Path
 import pytest
 
 from cni_dra.netlink.links import host_link, link_in_netns
-from netns_tests.runner import CNI_EXE, CNI_PATH, cni_dra_status, run_plugin, write_shared_nic_inventory
-
-DRIVER = "net.cni-dra.dev"
-
-
-@pytest.fixture
-def node(tmp_path, make_parent_nic):
-    """Two 10G stand-in NICs in an inventory; state, IPAM data and inventory under tmp_path."""
-    nics = [make_parent_nic(), make_parent_nic()]
-    names = sorted(nics)
-    inventory = write_shared_nic_inventory(tmp_path / "slice.json", dict(zip(("nic-a", "nic-b"), names)))
-
-    class Node:
-        parents = dict(zip(("nic-a", "nic-b"), names))
-        state_dir = tmp_path / "state"
-        ipam_dir = tmp_path / "ipam"
-
-        def conf(self, bandwidth: str | None = "1G", version: str = "1.0.0", **kw) -> dict:
-            c = {
-                "cniVersion": version, "name": "testnet", "type": "cni-dra",
-                "stateDir": str(self.state_dir), "inventory": str(inventory),
-                "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
-                         "ranges": [[{"subnet": "198.51.100.0/24"}]]},
-            }
-            if bandwidth:
-                c["capacity"] = {"requests": {"bandwidth": bandwidth}}
-            c.update(kw)
-            return c
-
-        def status(self) -> dict:
-            return cni_dra_status(str(self.state_dir), str(inventory))
-
-        def consumed(self) -> dict[str, str]:
-            return {d["name"]: d["consumed"]["bandwidth"] for d in self.status()["devices"]}
-
-        def ipam_reservations(self) -> list[str]:
-            d = self.ipam_dir / "testnet"
-            if not d.exists():
-                return []
-            return sorted(p.name for p in d.iterdir() if p.name[0].isdigit())
-
-    return Node()
+from netns_tests.bed import DRIVER, parent_of
+from netns_tests.runner import CNI_EXE, CNI_PATH, run_plugin
+from tests.builders import allocation_result, resource_claim
 
 
 def _args(pod_uid: str) -> str:
@@ -70,26 +31,16 @@ def _add(node, netns, conf, cid=None, pod_uid=None, ifname="eth0"):
     return cid, code, out, err
 
 
-def _parent_of(netns: str, ifname: str = "eth0") -> str | None:
-    from cni_dra.netlink.links import host_link_by_index
-
-    link = link_in_netns(netns, ifname)
-    if link is None:
-        return None
-    parent = host_link_by_index(link.parent_index)
-    return parent.name if parent else None
-
-
 @pytest.mark.parametrize("policy,second", [("best-fit", "nic-a"), ("least-allocated", "nic-b")])
 def test_selection_policies(node, make_netns, policy, second):
     ns1, ns2 = make_netns(), make_netns()
     _, code, out, err = _add(node, ns1, node.conf("4G", selectionPolicy=policy))
     assert code == 0, (out, err)
-    assert _parent_of(ns1) == node.parents["nic-a"]  # tie broken by device name
+    assert parent_of(ns1) == node.parents["nic-a"]  # tie broken by device name
     _, code, out, err = _add(node, ns2, node.conf("3G", selectionPolicy=policy))
     assert code == 0, (out, err)
-    assert _parent_of(ns2) == node.parents[second]
-    assert node.consumed()[second] == ("7G" if second == "nic-a" else "3G")
+    assert parent_of(ns2) == node.parents[second]
+    assert node.reported_consumed()[second] == ("7G" if second == "nic-a" else "3G")
 
 
 def test_add_result_and_status(node, make_netns):
@@ -119,16 +70,13 @@ def test_no_room_error_names_request_and_remaining(node, make_netns):
 
 
 def _claim_doc(device: str, bw: str, share: str, pod_uid: str) -> dict:
-    return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "net-claim", "namespace": "ns", "uid": str(uuid.uuid4())},
-        "spec": {"devices": {"requests": [{"name": "net", "exactly": {
-            "deviceClassName": "cni-dra-shared-nic", "capacity": {"requests": {"bandwidth": bw}}}}]}},
-        "status": {"allocation": {"devices": {"results": [{
-            "request": "net", "driver": DRIVER, "pool": "n", "device": device,
-            "consumedCapacity": {"bandwidth": bw}, "shareID": share}]}},
-            "reservedFor": [{"resource": "pods", "name": "p", "uid": pod_uid}]},
-    }
+    return resource_claim(
+        allocation_result(device, consumed={"bandwidth": bw}, share_id=share),
+        uid=str(uuid.uuid4()), name="net-claim",
+        requests=[{"name": "net", "exactly": {"deviceClassName": "cni-dra-shared-nic",
+                                              "capacity": {"requests": {"bandwidth": bw}}}}],
+        reserved_for=[{"resource": "pods", "name": "p", "uid": pod_uid}],
+    )
 
 
 def _prepare(node, tmp_path, doc, pod_uid):
@@ -147,10 +95,10 @@ def test_claim_mode_uses_the_allocated_device(node, make_netns, tmp_path):
     # the config asks for 1G standalone: claim mode ignores it and honours the allocation
     _, code, out, err = _add(node, ns, node.conf("1G"), pod_uid=pod_uid)
     assert code == 0, (out, err)
-    assert _parent_of(ns) == node.parents["nic-b"]
+    assert parent_of(ns) == node.parents["nic-b"]
     att = node.status()["attachments"][0]
     assert (att["device"], att["shareID"], att["consumedCapacity"]) == ("nic-b", share, {"bandwidth": "6G"})
-    assert node.consumed() == {"nic-a": "0", "nic-b": "6G"}
+    assert node.reported_consumed() == {"nic-a": "0", "nic-b": "6G"}
 
 
 def test_prepared_claim_reserves_capacity_against_standalone(node, make_netns, tmp_path):
@@ -183,7 +131,7 @@ def test_del_twice_and_capacity_returns(node, make_netns):
         code, out, err = run_plugin("DEL", node.conf("4G"), container_id=cid, netns=ns, ifname="eth0")
         assert code == 0, (out, err)
     assert link_in_netns(ns, "eth0") is None
-    assert node.consumed() == {"nic-a": "0", "nic-b": "0"}
+    assert node.reported_consumed() == {"nic-a": "0", "nic-b": "0"}
     assert node.ipam_reservations() == []
 
 
@@ -266,7 +214,7 @@ def test_add_failing_after_ipam_rolls_back_everything(node, make_netns):
     assert link_in_netns(ns, "eth0") is None
     assert node.ipam_reservations() == []
     assert node.status()["attachments"] == []
-    assert node.consumed() == {"nic-a": "0", "nic-b": "0"}
+    assert node.reported_consumed() == {"nic-a": "0", "nic-b": "0"}
     # no temporary link left in the host either
     assert all(host_link(p) is not None for p in node.parents.values())
 
@@ -280,7 +228,7 @@ def test_one_claim_result_serves_one_interface(node, make_netns, tmp_path):
     _, code, out, _ = _add(node, ns, node.conf(None), cid=cid, pod_uid=pod_uid, ifname="eth5")
     assert code != 0 and out["code"] == 101 and "already used by interface net1" in out["msg"]
     assert link_in_netns(ns, "eth5") is None
-    assert node.consumed()["nic-a"] == "2G"
+    assert node.reported_consumed()["nic-a"] == "2G"
 
 
 def test_del_leaves_a_foreign_link_alone(node, make_netns):
@@ -326,7 +274,7 @@ def test_selection_skips_nics_whose_mtu_is_too_small(tmp_path, make_parent_nic, 
     ns = make_netns()
     code, out, err = run_plugin("ADD", conf, container_id="cm1", netns=ns, ifname="eth0")
     assert code == 0, (out, err)
-    assert _parent_of(ns) == big
+    assert parent_of(ns) == big
     code, out, _ = run_plugin("ADD", dict(conf, mtu=9000), container_id="cm2", netns=make_netns(), ifname="eth0")
     assert code != 0 and out["code"] == 7 and "mtu 9000" in out["msg"]
 
@@ -351,9 +299,9 @@ def test_best_fit_is_not_first_fit(node, make_netns, tmp_path):
     _prepare(node, tmp_path, _claim_doc("nic-b", "5G", str(uuid.uuid4()), pod_uid), pod_uid)
     ns1, ns2 = make_netns(), make_netns()
     assert _add(node, ns1, node.conf("3G"))[1] == 0
-    assert _parent_of(ns1) == node.parents["nic-b"]
+    assert parent_of(ns1) == node.parents["nic-b"]
     assert _add(node, ns2, node.conf("3G", selectionPolicy="least-allocated"))[1] == 0
-    assert _parent_of(ns2) == node.parents["nic-a"]
+    assert parent_of(ns2) == node.parents["nic-a"]
 
 
 def test_check_fails_on_mac_mismatch(node, make_netns):

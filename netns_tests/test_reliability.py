@@ -20,118 +20,21 @@ from pathlib import Path
 import pytest
 
 from cni_dra.faults import SWITCH_FILE
-from cni_dra.netlink.links import host_link, host_link_by_index, link_in_netns
+from cni_dra.netlink.links import host_link, link_in_netns
 from cni_dra.quantity import Quantity
-from cni_dra.state.models import SCHEMA_VERSION, NodeState
-from cni_dra.state.store import StateStore, encode_state
+from cni_dra.state.models import SCHEMA_VERSION
+from netns_tests.bed import DRIVER, NodeBed, parent_of, recover
 from netns_tests.conftest import remove_netns
-from netns_tests.runner import CNI_PATH, cni_dra_cli, run_plugin, write_shared_nic_inventory
+from netns_tests.runner import CNI_PATH, cni_dra_cli, run_plugin
 
-DRIVER = "net.cni-dra.dev"
 NET = "relnet"
 KILLED = -signal.SIGKILL
 
 
-class Node:
-    """Stand-in NICs (10G each) in an inventory; state, IPAM data, inventory under a tmp dir."""
-
-    def __init__(self, tmp_path: Path, nics: list[str], bandwidth: str = "10G") -> None:
-        self.parents = dict(zip((f"nic-{c}" for c in "abcdefgh"), sorted(nics)))
-        self.state_dir = tmp_path / "state"
-        self.ipam_dir = tmp_path / "ipam"
-        self.inventory = tmp_path / "slice.json"
-        self.capacity = Quantity.parse(bandwidth)
-        write_shared_nic_inventory(self.inventory, self.parents, bandwidth)
-
-    def conf(self, bandwidth: str | None = "1G", **kw) -> dict:
-        c = {
-            "cniVersion": "1.0.0", "name": NET, "type": "cni-dra",
-            "stateDir": str(self.state_dir), "inventory": str(self.inventory),
-            "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
-                     "ranges": [[{"subnet": "198.51.100.0/24"}]]},
-        }
-        if bandwidth:
-            c["capacity"] = {"requests": {"bandwidth": bandwidth}}
-        c.update(kw)
-        return c
-
-    # -- independent views -------------------------------------------------------------
-    def state(self) -> NodeState:
-        return StateStore(self.state_dir).read_files()  # snapshot + journal, as a new process reads them
-
-    def attachments(self) -> dict[str, str]:
-        """containerID → phase."""
-        return {a.containerID: a.phase for a in self.state().attachments}
-
-    def consumed(self) -> dict[str, Quantity]:
-        return self.state().consumed_by_device(DRIVER, "n")
-
-    def consumed_with_inventory(self) -> dict[str, dict[str, Quantity]]:
-        """As ADD counts: a record without amounts holds its inventory device whole."""
-        from cni_dra.dra.inventory import load_inventory
-
-        devices = {d.name: d for d in load_inventory(str(self.inventory)).spec.devices}
-        return self.state().consumed_by_device(DRIVER, "n", devices)
-
-    def ipam(self) -> dict[str, str]:
-        """host-local reservations: IP → container ID (the file's first line)."""
-        d = self.ipam_dir / NET
-        if not d.exists():
-            return {}
-        return {p.name: p.read_text().splitlines()[0] for p in d.iterdir() if p.name[0].isdigit()}
-
-    def write_state(self, state: NodeState) -> None:
-        (self.state_dir / "state.json").write_bytes(encode_state(state))
-
-
 @pytest.fixture
-def node(tmp_path, make_parent_nic) -> Node:
-    return Node(tmp_path, [make_parent_nic(), make_parent_nic()])
-
-
-@pytest.fixture
-def faults_on():
-    """The test switch that lets CNI_DRA_FAULT act (removed afterwards if we made it)."""
-    made = not os.path.exists(SWITCH_FILE)
-    os.makedirs(os.path.dirname(SWITCH_FILE), mode=0o700, exist_ok=True)
-    Path(SWITCH_FILE).touch(mode=0o600)
-    try:
-        yield
-    finally:
-        if made:
-            Path(SWITCH_FILE).unlink(missing_ok=True)
-
-
-def args(pod: str) -> str:
-    return f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID=c;K8S_POD_UID=uid-{pod}"
-
-
-def _fault_env(fault: str | None) -> dict[str, str] | None:
-    # In-process (not in a resident agent): the fault must kill the plugin process itself.
-    return {"CNI_DRA_FAULT": fault, "CNI_DRA_AGENT": "off"} if fault else None
-
-
-def add(node: Node, netns: str, cid: str, conf: dict | None = None, ifname: str = "eth0", fault: str | None = None):
-    return run_plugin("ADD", conf or node.conf(), container_id=cid, netns=netns, ifname=ifname, cni_args=args(cid),
-                      extra_env=_fault_env(fault))
-
-
-def delete(node: Node, netns: str, cid: str, conf: dict | None = None, ifname: str = "eth0", fault: str | None = None):
-    return run_plugin("DEL", conf or node.conf(), container_id=cid, netns=netns, ifname=ifname, cni_args=args(cid),
-                      extra_env=_fault_env(fault))
-
-
-def recover(node: Node) -> tuple[int, dict]:
-    proc = cni_dra_cli("state", "recover", "--state-dir", str(node.state_dir), "--cni-path", CNI_PATH, "--json")
-    return proc.returncode, json.loads(proc.stdout or "{}")
-
-
-def parent_of(netns: str, ifname: str = "eth0") -> str | None:
-    link = link_in_netns(netns, ifname)
-    if link is None:
-        return None
-    parent = host_link_by_index(link.parent_index)
-    return parent.name if parent else None
+def node(make_node) -> NodeBed:
+    """Two 10G stand-in NICs (``nic-a``, ``nic-b``) on network ``relnet``."""
+    return make_node(network=NET)
 
 
 # -- 1. kill at every step ------------------------------------------------------------------
@@ -141,11 +44,11 @@ ADD_STEPS_UNDONE = ["add:reserved", "add:link-created", "add:link-recorded", "ad
 @pytest.mark.parametrize("step", ADD_STEPS_UNDONE + ["add:ready", "state:tmp-written", "state:renamed"])
 def test_add_killed_at_step_then_recovered(node, make_netns, faults_on, step):
     ns_a, ns_b = make_netns(), make_netns()
-    code, out, err = add(node, ns_a, "pod-a")
+    code, out, err = node.add(ns_a, "pod-a")
     assert code == 0, (out, err)
     ip_a = out["ips"][0]["address"].split("/")[0]
 
-    code, out, err = add(node, ns_b, "pod-b", conf=node.conf("2G"), fault=step)
+    code, out, err = node.add(ns_b, "pod-b", conf=node.conf("2G"), fault=step)
     assert code == KILLED and out is None, (code, out, err)
 
     code, report = recover(node)
@@ -154,29 +57,29 @@ def test_add_killed_at_step_then_recovered(node, make_netns, faults_on, step):
     # (tmp-written: never renamed into place; renamed: in place, then killed).
     completed = step == "add:ready"
     if completed:
-        assert node.attachments() == {"pod-a": "ready", "pod-b": "ready"}
+        assert node.phases() == {"pod-a": "ready", "pod-b": "ready"}
         assert parent_of(ns_b) is not None
-        assert sorted(node.ipam().values()) == ["pod-a", "pod-b"]
+        assert sorted(node.ip_holders().values()) == ["pod-a", "pod-b"]
         assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("3G")
         assert report["changes"] == []
     else:
-        assert node.attachments() == {"pod-a": "ready"}, report
+        assert node.phases() == {"pod-a": "ready"}, report
         assert link_in_netns(ns_b, "eth0") is None
-        assert node.ipam() == {ip_a: "pod-a"}
+        assert node.ip_holders() == {ip_a: "pod-a"}
         assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("1G")
         # tmp-written: the reservation never landed, nothing to recover; otherwise a stale intent
         assert bool(report["changes"]) == (step != "state:tmp-written")
     assert parent_of(ns_a) == node.parents["nic-a"]  # the completed attachment is untouched
 
     # the runtime retries the ADD: it works (or returns the recorded result) with one link, one charge
-    code, out, err = add(node, ns_b, "pod-b", conf=node.conf("2G"))
+    code, out, err = node.add(ns_b, "pod-b", conf=node.conf("2G"))
     assert code == 0, (out, err)
     assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("3G")
-    assert sorted(node.ipam().values()) == ["pod-a", "pod-b"]
+    assert sorted(node.ip_holders().values()) == ["pod-a", "pod-b"]
     for ns, cid in ((ns_b, "pod-b"), (ns_a, "pod-a")):
-        code, out, err = delete(node, ns, cid)
+        code, out, err = node.delete(ns, cid)
         assert code == 0, (out, err)
-    assert node.attachments() == {} and node.ipam() == {}
+    assert node.phases() == {} and node.ip_holders() == {}
 
 
 @pytest.mark.parametrize("step", ["del:intent", "del:link-deleted", "del:ipam-released", "state:tmp-written"])
@@ -184,11 +87,11 @@ def test_add_killed_at_step_then_recovered(node, make_netns, faults_on, step):
 def test_del_killed_at_step_then_recovered(node, make_netns, faults_on, step, recovery):
     ns_a, ns_b, ns_c = make_netns(), make_netns(), make_netns()
     for ns, cid in ((ns_a, "pod-a"), (ns_b, "pod-b")):
-        code, out, err = add(node, ns, cid)
+        code, out, err = node.add(ns, cid)
         assert code == 0, (out, err)
-    ip_a = next(ip for ip, c in node.ipam().items() if c == "pod-a")
+    ip_a = next(ip for ip, c in node.ip_holders().items() if c == "pod-a")
 
-    code, out, err = delete(node, ns_b, "pod-b", fault=step)
+    code, out, err = node.delete(ns_b, "pod-b", fault=step)
     assert code == KILLED and out is None, (code, out, err)
 
     if recovery == "cli":
@@ -200,22 +103,22 @@ def test_del_killed_at_step_then_recovered(node, make_netns, faults_on, step, re
         if step == "state:tmp-written":
             expect["pod-b"] = "ready"
     else:
-        code, out, err = add(node, ns_c, "pod-c")
+        code, out, err = node.add(ns_c, "pod-c")
         assert code == 0, (out, err)
         expect = {"pod-a": "ready", "pod-c": "ready"}
         if step == "state:tmp-written":
             expect["pod-b"] = "ready"
-    assert node.attachments() == expect
+    assert node.phases() == expect
     if "pod-b" not in expect:
         assert link_in_netns(ns_b, "eth0") is None
-        assert "pod-b" not in node.ipam().values()
-    assert node.ipam()[ip_a] == "pod-a" and parent_of(ns_a) is not None
+        assert "pod-b" not in node.ip_holders().values()
+    assert node.ip_holders()[ip_a] == "pod-a" and parent_of(ns_a) is not None
 
     # the runtime's DEL retry succeeds whatever is left
-    code, out, err = delete(node, ns_b, "pod-b")
+    code, out, err = node.delete(ns_b, "pod-b")
     assert code == 0, (out, err)
-    assert link_in_netns(ns_b, "eth0") is None and "pod-b" not in node.ipam().values()
-    assert "pod-b" not in node.attachments()
+    assert link_in_netns(ns_b, "eth0") is None and "pod-b" not in node.ip_holders().values()
+    assert "pod-b" not in node.phases()
     consumed = node.consumed()["nic-a"]["bandwidth"]
     assert consumed == Quantity.parse("2G" if recovery == "next-add" else "1G")
 
@@ -225,10 +128,10 @@ def test_fault_env_alone_does_nothing(node, make_netns):
     if os.path.exists(SWITCH_FILE):
         pytest.skip("switch file present (another fault test runs in parallel)")
     ns = make_netns()
-    code, out, err = add(node, ns, "pod-a", fault="add:reserved")
+    code, out, err = node.add(ns, "pod-a", fault="add:reserved")
     assert code == 0, (out, err)
-    assert node.attachments() == {"pod-a": "ready"}
-    assert delete(node, ns, "pod-a")[0] == 0
+    assert node.phases() == {"pod-a": "ready"}
+    assert node.delete(ns, "pod-a")[0] == 0
 
 
 # -- 2. state integrity ---------------------------------------------------------------------
@@ -249,25 +152,25 @@ def _corrupt(path: Path, how: str) -> None:
 def test_corrupt_state_fails_closed_and_repair_rebuilds(node, make_netns, how):
     ns_a, ns_b, ns_c = make_netns(), make_netns(), make_netns()
     for ns, cid in ((ns_a, "pod-a"), (ns_b, "pod-b")):
-        code, out, err = add(node, ns, cid)
+        code, out, err = node.add(ns, cid)
         assert code == 0, (out, err)
     state_file = node.state_dir / "state.json"
     _corrupt(state_file, how)
     corrupt_bytes = state_file.read_bytes()
-    ipam_before = node.ipam()
+    ipam_before = node.ip_holders()
 
     # ADD fails closed: code 5, no link, no IPAM, the file untouched
-    code, out, err = add(node, ns_c, "pod-c")
+    code, out, err = node.add(ns_c, "pod-c")
     assert code == 1 and out["code"] == 5, (out, err)
     assert "corrupt" in out["msg"] and "state repair" in out["msg"]
-    assert link_in_netns(ns_c, "eth0") is None and node.ipam() == ipam_before
+    assert link_in_netns(ns_c, "eth0") is None and node.ip_holders() == ipam_before
     assert state_file.read_bytes() == corrupt_bytes
 
     # DEL still removes the link and releases the IPAM it can identify (the runtime's config)
-    code, out, err = delete(node, ns_a, "pod-a")
+    code, out, err = node.delete(ns_a, "pod-a")
     assert code == 0, (out, err)
     assert link_in_netns(ns_a, "eth0") is None
-    assert sorted(node.ipam().values()) == ["pod-b"]
+    assert sorted(node.ip_holders().values()) == ["pod-b"]
     assert state_file.read_bytes() == corrupt_bytes
 
     # repair: from the backup plus live links; pod-a's link is gone, pod-b's is live
@@ -278,15 +181,15 @@ def test_corrupt_state_fails_closed_and_repair_rebuilds(node, make_netns, how):
     text = "\n".join(report["changes"])
     assert "moved the unreadable state.json" in text and "from state.json.bak" in text
     assert "dropped attachment relnet/pod-a/eth0" in text
-    assert node.attachments() == {"pod-b": "ready"}
+    assert node.phases() == {"pod-b": "ready"}
     assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("1G")
     assert [p.name for p in node.state_dir.iterdir() if p.name.startswith("state.json.corrupt-")]
     # and the node works again
-    code, out, err = add(node, ns_c, "pod-c")
+    code, out, err = node.add(ns_c, "pod-c")
     assert code == 0, (out, err)
     for ns, cid in ((ns_b, "pod-b"), (ns_c, "pod-c")):
-        assert delete(node, ns, cid)[0] == 0
-    assert node.attachments() == {} and node.ipam() == {}
+        assert node.delete(ns, cid)[0] == 0
+    assert node.phases() == {} and node.ip_holders() == {}
 
 
 def test_old_schema_state_is_migrated(node, make_netns):
@@ -297,13 +200,13 @@ def test_old_schema_state_is_migrated(node, make_netns):
                      "consumedCapacity": {"bandwidth": "3G"}, "shareID": "4a5b"}]}}}}
     (node.state_dir / "state.json").write_text(json.dumps({"schemaVersion": 1, "claims": {"other": [claim]},
                                                            "attachments": []}))
-    code, out, err = add(node, ns, "pod-a")
+    code, out, err = node.add(ns, "pod-a")
     assert code == 0, (out, err)
     st = node.state()
     assert st.schemaVersion == SCHEMA_VERSION and st.claims["other"][0]["metadata"]["uid"] == "cu"
     # the migrated claim still counts: best-fit puts pod-a on nic-b (7G left) next to it
     assert node.consumed() == {"nic-b": {"bandwidth": Quantity.parse("4G")}}
-    assert delete(node, ns, "pod-a")[0] == 0
+    assert node.delete(ns, "pod-a")[0] == 0
 
 
 
@@ -315,26 +218,26 @@ def test_old_schema_attachment_without_amounts_holds_its_whole_nic(node, make_ne
     old = {"network": NET, "containerID": "pod-old", "ifname": "eth0", "netns": ns_old, "podUID": "uid-pod-old",
            "driver": DRIVER, "pool": "n", "device": "nic-a", "ifName": node.parents["nic-a"], "phase": "ready"}
     (node.state_dir / "state.json").write_text(json.dumps({"schemaVersion": 1, "claims": {}, "attachments": [old]}))
-    code, out, err = add(node, ns_x, "pod-x", conf=node.conf("6G"))
+    code, out, err = node.add(ns_x, "pod-x", conf=node.conf("6G"))
     assert code == 0, (out, err)
     assert parent_of(ns_x) == node.parents["nic-b"]
-    code, out, err = add(node, ns_y, "pod-y", conf=node.conf("6G"))
+    code, out, err = node.add(ns_y, "pod-y", conf=node.conf("6G"))
     assert code == 1 and out["code"] == 100, (out, err)
     assert "nic-a: remaining bandwidth 0 < 6G" in out["msg"]
     assert node.consumed_with_inventory()["nic-a"] == {"bandwidth": node.capacity}
-    assert delete(node, ns_old, "pod-old")[0] == 0  # its DEL releases the NIC
-    code, out, err = add(node, ns_y, "pod-y", conf=node.conf("6G"))
+    assert node.delete(ns_old, "pod-old")[0] == 0  # its DEL releases the NIC
+    code, out, err = node.add(ns_y, "pod-y", conf=node.conf("6G"))
     assert code == 0, (out, err)
     assert parent_of(ns_y) == node.parents["nic-a"]
     for ns, cid in ((ns_x, "pod-x"), (ns_y, "pod-y")):
-        assert delete(node, ns, cid)[0] == 0
-    assert node.attachments() == {} and node.ipam() == {}
+        assert node.delete(ns, cid)[0] == 0
+    assert node.phases() == {} and node.ip_holders() == {}
 
 # -- 3. reboots -----------------------------------------------------------------------------
 def test_reboot_releases_attachments_whose_netns_is_gone(node, make_netns):
     ns_a, ns_b, ns_c = make_netns(), make_netns(), make_netns()
     for ns, cid in ((ns_a, "pod-a"), (ns_b, "pod-b")):
-        code, out, err = add(node, ns, cid)
+        code, out, err = node.add(ns, cid)
         assert code == 0, (out, err)
     st = node.state()
     claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "status": {"allocation": {"devices": {
@@ -345,18 +248,18 @@ def test_reboot_releases_attachments_whose_netns_is_gone(node, make_netns):
     node.write_state(st)
     remove_netns(ns_a)  # pod-a's namespace did not survive the "reboot"
 
-    code, out, err = add(node, ns_c, "pod-c")  # first use after the reboot
+    code, out, err = node.add(ns_c, "pod-c")  # first use after the reboot
     assert code == 0, (out, err)
     st = node.state()
     assert {a.containerID for a in st.attachments} == {"pod-b", "pod-c"}
     assert st.claims["prepared-pod"][0]["metadata"]["uid"] == "cu"  # prepared claims stay
     assert st.bootID == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    assert sorted(node.ipam().values()) == ["pod-b", "pod-c"]  # pod-a's address released
+    assert sorted(node.ip_holders().values()) == ["pod-b", "pod-c"]  # pod-a's address released
     # pod-a's 1G is free again; best-fit put pod-c next to the prepared claim on nic-b
     assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("1G")},
                                "nic-b": {"bandwidth": Quantity.parse("4G")}}
     for ns, cid in ((ns_b, "pod-b"), (ns_c, "pod-c")):
-        assert delete(node, ns, cid)[0] == 0
+        assert node.delete(ns, cid)[0] == 0
 
 
 # -- 4. locking -----------------------------------------------------------------------------
@@ -364,114 +267,114 @@ def test_lock_held_gives_code_11_and_nothing_written(node, make_netns):
     import fcntl
 
     ns = make_netns()
-    code, out, err = add(node, ns, "pod-a")
+    code, out, err = node.add(ns, "pod-a")
     assert code == 0
     before = (node.state_dir / "state.json").read_bytes()
     ns2 = make_netns()
     fd = os.open(node.state_dir / "state.lock", os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        code, out, err = add(node, ns2, "pod-b", conf=node.conf(lockTimeoutSeconds=0.5))
+        code, out, err = node.add(ns2, "pod-b", conf=node.conf(lockTimeoutSeconds=0.5))
         assert code == 1 and out["code"] == 11, (out, err)
         assert "still held" in out["msg"]
         assert (node.state_dir / "state.json").read_bytes() == before
-        assert link_in_netns(ns2, "eth0") is None and list(node.ipam().values()) == ["pod-a"]
+        assert link_in_netns(ns2, "eth0") is None and list(node.ip_holders().values()) == ["pod-a"]
     finally:
         os.close(fd)
-    assert delete(node, ns, "pod-a")[0] == 0
+    assert node.delete(ns, "pod-a")[0] == 0
 
 
 # -- 5. namespaces --------------------------------------------------------------------------
 def test_host_netns_refused_on_add_and_del_touches_no_host_link(node, make_netns):
     host_ns = f"/proc/{os.getpid()}/ns/net"
     peer = node.parents["nic-b"] + "p"  # a host link; the name is valid for a pod interface too
-    code, out, err = add(node, host_ns, "pod-h", ifname="eth0")
+    code, out, err = node.add(host_ns, "pod-h", ifname="eth0")
     assert code == 1 and out["code"] == 4, (out, err)
     assert "host network namespace" in out["msg"]
-    assert node.attachments() == {} and node.ipam() == {}
+    assert node.phases() == {} and node.ip_holders() == {}
     assert host_link("eth0") is None or host_link("eth0").kind != "macvlan"
 
     # a host link already named like CNI_IFNAME does not break ADD (the link is made in the pod netns)
     ns = make_netns()
-    code, out, err = add(node, ns, "pod-a", ifname=peer)
+    code, out, err = node.add(ns, "pod-a", ifname=peer)
     assert code == 0, (out, err)
     assert link_in_netns(ns, peer).kind == "macvlan"
     peer_index = host_link(peer).index
 
     # DEL aimed at the host netns: releases state and IPAM, leaves the host link alone
-    code, out, err = delete(node, host_ns, "pod-a", ifname=peer)
+    code, out, err = node.delete(host_ns, "pod-a", ifname=peer)
     assert code == 0, (out, err)
     assert host_link(peer) is not None and host_link(peer).index == peer_index
-    assert node.attachments() == {} and node.ipam() == {}
-    assert delete(node, ns, "pod-a", ifname=peer)[0] == 0  # the runtime's real DEL
+    assert node.phases() == {} and node.ip_holders() == {}
+    assert node.delete(ns, "pod-a", ifname=peer)[0] == 0  # the runtime's real DEL
 
 
 def test_path_that_is_not_a_netns_is_refused(node, tmp_path):
     bogus = tmp_path / "not-a-netns"
     bogus.write_text("x")
-    code, out, err = add(node, str(bogus), "pod-a")
+    code, out, err = node.add(str(bogus), "pod-a")
     assert code == 1 and out["code"] == 4, (out, err)
     assert "not a network namespace" in out["msg"]
-    assert node.attachments() == {} and node.ipam() == {}
+    assert node.phases() == {} and node.ip_holders() == {}
 
 
 # -- 6. parent NIC trouble ------------------------------------------------------------------
-def test_down_or_missing_nic_is_skipped_and_named(tmp_path, make_parent_nic, make_netns):
+def test_down_or_missing_nic_is_skipped_and_named(make_node, make_netns):
     from netns_tests.conftest import _iproute, delete_host_link
 
-    nics = sorted([make_parent_nic(), make_parent_nic()])
-    node = Node(tmp_path, nics)
+    node = make_node(network=NET)
+    nics = node.nics
     with _iproute() as ipr:
         ipr.link("set", index=ipr.link_lookup(ifname=nics[0])[0], state="down")
     ns1, ns2 = make_netns(), make_netns()
-    code, out, err = add(node, ns1, "pod-a", conf=node.conf("6G"))
+    code, out, err = node.add(ns1, "pod-a", conf=node.conf("6G"))
     assert code == 0, (out, err)
     assert parent_of(ns1) == nics[1]  # nic-a (lower name, best-fit tie) is down: skipped
     delete_host_link(nics[1])  # nic-b vanishes under pod-a
-    code, out, err = add(node, ns2, "pod-b", conf=node.conf("1G"))
+    code, out, err = node.add(ns2, "pod-b", conf=node.conf("1G"))
     assert code == 1 and out["code"] == 100, (out, err)
     assert f"nic-a: interface {nics[0]} is down" in out["msg"]
     assert f"nic-b: interface {nics[1]} does not exist" in out["msg"]
-    code, out, err = delete(node, ns1, "pod-a")  # DEL is not blocked by the missing parent
+    code, out, err = node.delete(ns1, "pod-a")  # DEL is not blocked by the missing parent
     assert code == 0, (out, err)
-    assert node.attachments() == {} and node.ipam() == {}
+    assert node.phases() == {} and node.ip_holders() == {}
 
 
 # -- 8. runtime retries ---------------------------------------------------------------------
 def test_repeated_add_returns_same_result_and_id_reuse_after_del(node, make_netns):
     ns = make_netns()
-    code, first, err = add(node, ns, "pod-a", conf=node.conf("2G"))
+    code, first, err = node.add(ns, "pod-a", conf=node.conf("2G"))
     assert code == 0, (first, err)
-    code, again, err = add(node, ns, "pod-a", conf=node.conf("2G"))
+    code, again, err = node.add(ns, "pod-a", conf=node.conf("2G"))
     assert code == 0 and again == first, (again, err)
-    assert len(node.state().attachments) == 1 and len(node.ipam()) == 1
+    assert len(node.state().attachments) == 1 and len(node.ip_holders()) == 1
     assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("2G")
 
     ns2 = make_netns()  # same attachment key, another netns: a clear error, nothing charged
-    code, out, err = add(node, ns2, "pod-a", conf=node.conf("2G"))
+    code, out, err = node.add(ns2, "pod-a", conf=node.conf("2G"))
     assert code == 1 and out["code"] == 104 and "already attached" in out["msg"], (out, err)
-    assert link_in_netns(ns2, "eth0") is None and len(node.ipam()) == 1
+    assert link_in_netns(ns2, "eth0") is None and len(node.ip_holders()) == 1
 
-    assert delete(node, ns, "pod-a")[0] == 0
-    code, out, err = add(node, ns2, "pod-a", conf=node.conf("2G"))  # container ID reused after DEL
+    assert node.delete(ns, "pod-a")[0] == 0
+    code, out, err = node.add(ns2, "pod-a", conf=node.conf("2G"))  # container ID reused after DEL
     assert code == 0, (out, err)
-    assert node.attachments() == {"pod-a": "ready"} and parent_of(ns2) is not None
-    assert delete(node, ns2, "pod-a")[0] == 0
-    assert node.attachments() == {} and node.ipam() == {}
+    assert node.phases() == {"pod-a": "ready"} and parent_of(ns2) is not None
+    assert node.delete(ns2, "pod-a")[0] == 0
+    assert node.phases() == {} and node.ip_holders() == {}
 
 
 def test_state_files_are_private(node, make_netns):
     import stat
 
     ns = make_netns()
-    assert add(node, ns, "pod-a")[0] == 0
-    assert add(node, ns, "pod-a", ifname="eth1")[0] == 0  # a second write creates the backup
+    assert node.add(ns, "pod-a")[0] == 0
+    assert node.add(ns, "pod-a", ifname="eth1")[0] == 0  # a second write creates the backup
     assert stat.S_IMODE(os.stat(node.state_dir).st_mode) == 0o700
     for name in ("state.json", "state.json.bak", "state.lock"):
         st = os.stat(node.state_dir / name)
         assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o600, 0), name
     for ifname in ("eth0", "eth1"):
-        assert delete(node, ns, "pod-a", ifname=ifname)[0] == 0
+        assert node.delete(ns, "pod-a", ifname=ifname)[0] == 0
 
 
 def test_cli_recover_on_clean_state_does_nothing(node):
@@ -505,17 +408,17 @@ def test_temp_link_names_are_random_and_a_collision_is_retried(make_netns, make_
 
 def test_gc_recovers_a_crashed_add(node, make_netns, faults_on):
     ns_a, ns_b = make_netns(), make_netns()
-    assert add(node, ns_a, "pod-a")[0] == 0
-    code, out, err = add(node, ns_b, "pod-b", fault="add:ipam-recorded")
+    assert node.add(ns_a, "pod-a")[0] == 0
+    code, out, err = node.add(ns_b, "pod-b", fault="add:ipam-recorded")
     assert code == KILLED, (code, out, err)
-    assert node.attachments() == {"pod-a": "ready", "pod-b": "adding"}
+    assert node.phases() == {"pod-a": "ready", "pod-b": "adding"}
     gc_conf = node.conf() | {"cniVersion": "1.1.0", "cni.dev/valid-attachments": [
         {"containerID": "pod-a", "ifname": "eth0"}, {"containerID": "pod-b", "ifname": "eth0"}]}
     code, out, err = run_plugin("GC", gc_conf, container_id="", netns="", ifname="", cni_args=None)
     assert code == 0, (out, err)
-    assert node.attachments() == {"pod-a": "ready"}  # pod-b is "valid" but its ADD died: undone
-    assert link_in_netns(ns_b, "eth0") is None and list(node.ipam().values()) == ["pod-a"]
-    assert delete(node, ns_a, "pod-a")[0] == 0
+    assert node.phases() == {"pod-a": "ready"}  # pod-b is "valid" but its ADD died: undone
+    assert link_in_netns(ns_b, "eth0") is None and list(node.ip_holders().values()) == ["pod-a"]
+    assert node.delete(ns_a, "pod-a")[0] == 0
 
 
 def test_repair_charges_links_no_attachment_names(node, make_netns):
@@ -525,7 +428,7 @@ def test_repair_charges_links_no_attachment_names(node, make_netns):
     from pyroute2 import IPRoute
 
     ns_a, ns_x = make_netns(), make_netns()
-    assert add(node, ns_a, "pod-a")[0] == 0
+    assert node.add(ns_a, "pod-a")[0] == 0
     with IPRoute() as ipr:
         (parent,) = ipr.link_lookup(ifname=node.parents["nic-b"])
         fd = os.open(ns_x, os.O_RDONLY)
@@ -545,10 +448,10 @@ def test_repair_charges_links_no_attachment_names(node, make_netns):
                                "nic-b": {"bandwidth": Quantity.parse("10G")}}
     # nic-b is full until the stray link's pod is deleted: a new 1G pod goes to nic-a
     ns_c = make_netns()
-    assert add(node, ns_c, "pod-c")[0] == 0
+    assert node.add(ns_c, "pod-c")[0] == 0
     assert node.state().find(NET, "pod-c", "eth0").device == "nic-a"
-    code, out, err = delete(node, ns_x, "pod-x", ifname="stray0")
+    code, out, err = node.delete(ns_x, "pod-x", ifname="stray0")
     assert code == 0, (out, err)
     assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("2G")}}
-    assert delete(node, ns_a, "pod-a")[0] == 0
-    assert delete(node, ns_c, "pod-c")[0] == 0
+    assert node.delete(ns_a, "pod-a")[0] == 0
+    assert node.delete(ns_c, "pod-c")[0] == 0

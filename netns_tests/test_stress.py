@@ -23,7 +23,7 @@ from cni_dra.netlink.links import host_link_by_index, link_in_netns
 from cni_dra.quantity import Quantity
 from cni_dra.state import StateStore
 from netns_tests import runner
-from netns_tests.test_reliability import DRIVER, Node, args
+from netns_tests.bed import DRIVER, NodeBed, pod_args
 
 N = 200
 SIZES = ("100M", "200M", "300M")
@@ -35,7 +35,7 @@ run_plugin = runner.run_plugin
 class Checker(threading.Thread):
     """Reads the state under the lock until stopped; records every over-commit it sees."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeBed) -> None:
         super().__init__(daemon=True)
         self.node = node
         self.stop = threading.Event()
@@ -61,9 +61,8 @@ class Checker(threading.Thread):
             time.sleep(0.01)
 
 
-def test_200_concurrent_add_then_del(tmp_path, make_parent_nic, make_netns, monkeypatch):
-    monkeypatch.setattr(runner, "_TIMEOUT_S", TIMEOUT_S)
-    node = Node(tmp_path, [make_parent_nic() for _ in range(3)])
+def test_200_concurrent_add_then_del(make_node, make_netns):
+    node = make_node(nics=3, network="relnet")
     pods = [(f"pod-{i:03d}", make_netns(), SIZES[i % len(SIZES)]) for i in range(N)]
     checker = Checker(node)
     checker.start()
@@ -72,7 +71,8 @@ def test_200_concurrent_add_then_del(tmp_path, make_parent_nic, make_netns, monk
         def add(pod):
             cid, ns, size = pod
             conf = node.conf(size, lockTimeoutSeconds=120)
-            return run_plugin("ADD", conf, container_id=cid, netns=ns, ifname="eth0", cni_args=args(cid))
+            return run_plugin("ADD", conf, container_id=cid, netns=ns, ifname="eth0", cni_args=pod_args(cid),
+                              timeout_s=TIMEOUT_S)
 
         with ThreadPoolExecutor(max_workers=N) as pool:
             added = list(pool.map(add, pods))
@@ -96,7 +96,7 @@ def test_200_concurrent_add_then_del(tmp_path, make_parent_nic, make_netns, monk
 
         ips = [out["ips"][0]["address"] for _, out in ok]
         assert len(set(ips)) == len(ips), "duplicate IP"
-        assert sorted(node.ipam().values()) == sorted(pod[0] for pod, _ in ok)
+        assert sorted(node.ip_holders().values()) == sorted(pod[0] for pod, _ in ok)
         by_cid = {a.containerID: a for a in state.attachments}
         for (cid, ns, _), out in ok:
             link = link_in_netns(ns, "eth0")
@@ -109,7 +109,7 @@ def test_200_concurrent_add_then_del(tmp_path, make_parent_nic, make_netns, monk
         def delete(pod):
             cid, ns, size = pod
             return run_plugin("DEL", node.conf(size, lockTimeoutSeconds=120), container_id=cid, netns=ns,
-                              ifname="eth0", cni_args=args(cid))
+                              ifname="eth0", cni_args=pod_args(cid), timeout_s=TIMEOUT_S)
 
         t1 = time.monotonic()
         with ThreadPoolExecutor(max_workers=N) as pool:
@@ -123,7 +123,7 @@ def test_200_concurrent_add_then_del(tmp_path, make_parent_nic, make_netns, monk
     assert checker.reads > 20, checker.reads
     assert checker.violations == [], checker.violations[:5]
     assert node.state().attachments == []
-    assert node.ipam() == {}
+    assert node.ip_holders() == {}
     for cid, ns, _ in pods:
         assert link_in_netns(ns, "eth0") is None, cid
     print(f"\nstress: {len(ok)} ADD ok, {len(failed)} refused (code 100) in {t_add:.1f}s; "

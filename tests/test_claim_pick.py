@@ -6,12 +6,12 @@ import pytest
 
 from cni_dra.errors import ClaimError
 from cni_dra.verbs.common import claim_results_for
+from tests.builders import allocation_result, resource_claim
 
 
 def _claim(*results: tuple[str, str, str]) -> dict:
-    return {"metadata": {"name": "c", "namespace": "ns", "uid": "u"},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": r, "driver": drv, "pool": "p", "device": dev} for r, drv, dev in results]}}}}
+    """A claim with one result per (request, driver, device), all in pool ``p``."""
+    return resource_claim(*(allocation_result(dev, request=r, driver=drv, pool="p") for r, drv, dev in results))
 
 
 def test_no_result_of_this_driver_means_standalone():

@@ -9,19 +9,15 @@ import logging
 import pytest
 
 from cni_dra.cni import run
+from tests.builders import cni_env, netconf_bytes
 
 
 def _env(command: str, **extra: str) -> dict[str, str]:
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/nope",
-           "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin"}
-    env.update(extra)
-    return env
+    return cni_env(command, netns="/var/run/netns/nope", **extra)
 
 
 def _conf(**kw) -> bytes:
-    base = {"cniVersion": "1.0.0", "name": "net1", "type": "cni-dra"}
-    base.update(kw)
-    return json.dumps(base).encode()
+    return netconf_bytes("1.0.0", **kw)
 
 
 def _run(env, stdin: bytes) -> tuple[int, dict]:

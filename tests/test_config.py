@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from cni_dra.errors import DecodeError, IncompatibleVersionError, InvalidConfigError, UnsupportedFieldError
 from cni_dra.protocol.config import MAX_CONFIG_BYTES, load_conf
 from cni_dra.protocol.env import parse_env
 from cni_dra.quantity import Quantity
+from tests.builders import cni_env, netconf_bytes
 
 
 def _raw(**kw) -> bytes:
-    base = {"cniVersion": "1.1.0", "name": "net1", "type": "cni-dra"}
-    base.update(kw)
-    return json.dumps(base).encode()
+    return netconf_bytes(**kw)
 
 
 def _env(args: str = "") -> object:
-    e = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "eth0",
-         "CNI_PATH": "/opt/cni/bin"}
-    if args:
-        e["CNI_ARGS"] = args
-    return parse_env(e)
+    return parse_env(cni_env("ADD", args=args))
 
 
 def test_defaults():

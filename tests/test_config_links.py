@@ -3,7 +3,6 @@ mixed link types kept apart by the allocator; the netlink request for bcqueuelen
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,20 +13,15 @@ from cni_dra.errors import IncompatibleVersionError, InvalidConfigError, NoCapac
 from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
 from cni_dra.state import Attachment, NodeState
+from tests.builders import attachment, cni_env, device, netconf_bytes, write_slice
 
 
 def _raw(**kw) -> bytes:
-    base = {"cniVersion": "1.1.0", "name": "net1", "type": "cni-dra"}
-    base.update(kw)
-    return json.dumps(base).encode()
+    return netconf_bytes(**kw)
 
 
 def _env(args: str = "") -> object:
-    e = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "eth0",
-         "CNI_PATH": "/opt/cni/bin"}
-    if args:
-        e["CNI_ARGS"] = args
-    return parse_env(e)
+    return parse_env(cni_env("ADD", args=args))
 
 
 def test_ipvlan_defaults() -> None:
@@ -117,8 +111,7 @@ def test_malformed_mac_is_code_7(bad: str) -> None:
 
 
 def _att(device: str, link_type: str, cid: str = "c", pool: str = "n") -> Attachment:
-    return Attachment(network="net1", containerID=cid, ifname="eth0", driver="net.cni-dra.dev", pool=pool,
-                      device=device, ifName=f"if-{device}", linkType=link_type, phase="ready",
+    return attachment(cid, device, pool=pool, linkType=link_type,
                       consumedCapacity={"bandwidth": "0"})  # recorded: an empty record holds the whole NIC
 
 
@@ -140,13 +133,7 @@ class _Parent:
 def _inv(tmp_path: Path, conf: dict, devices: list[str]):
     from cni_dra.verbs.common import Invocation
 
-    inventory = tmp_path / "slice.json"
-    inventory.write_text(json.dumps({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
-        "spec": {"driver": "net.cni-dra.dev", "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
-                 "devices": [{"name": d, "allowMultipleAllocations": True, "attributes": {"ifName": {"string": f"if-{d}"}},
-                              "capacity": {"bandwidth": {"value": "10G"}}} for d in devices]},
-    }))
+    inventory = write_slice(tmp_path / "slice.json", [device(d) for d in devices])
     raw = _raw(inventory=str(inventory), stateDir=str(tmp_path / "st"), **conf)
     return Invocation(env=_env(), conf=load_conf(raw), raw=raw)
 

@@ -26,6 +26,7 @@ from cni_dra.cni import run
 from cni_dra.dra.inventory import parse_inventory
 from cni_dra.errors import CniError
 from cni_dra.protocol.env import parse_cni_args, parse_env
+from tests.builders import device, resource_slice
 
 EXAMPLES = int(os.environ.get("CNI_DRA_FUZZ_EXAMPLES", "10000"))  # lower it for a quick local run
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -125,13 +126,8 @@ def test_container_id_and_ifname_rules_hold():
     assert parse_env(base | {"CNI_CONTAINERID": "a1_b.c-d", "CNI_IFNAME": "a" * 15}).ifname == "a" * 15
 
 
-SLICE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
-         "spec": {"driver": "net.cni-dra.dev", "nodeName": "n", "pool": {"name": "n", "generation": 1,
-                                                                          "resourceSliceCount": 1},
-                  "devices": [{"name": "nic-a", "allowMultipleAllocations": True,
-                               "attributes": {"ifName": {"string": "eth1"}},
-                               "capacity": {"bandwidth": {"value": "10G", "requestPolicy": {
-                                   "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}}}]}}
+SLICE = resource_slice([device("nic-a", "eth1", request_policy={"default": "1G",
+                                                                 "validRange": {"min": "100M", "step": "100M"}})])
 
 
 @st.composite

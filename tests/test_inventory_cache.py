@@ -12,20 +12,11 @@ import pytest
 from cni_dra.dra import inventory
 from cni_dra.dra.inventory import load_inventory
 from cni_dra.errors import InventoryError
+from tests.builders import device, resource_slice
 
 
-def _slice(device: str, ifname: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": "n1"},
-        "spec": {
-            "driver": "nic.cni-dra.io",
-            "nodeName": "n1",
-            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": device, "attributes": {"ifName": {"string": ifname}}}],
-        },
-    }
+def _slice(name: str, ifname: str) -> dict[str, Any]:
+    return resource_slice([device(name, ifname, None, shared=False)], driver="nic.cni-dra.io", pool="n1")
 
 
 def _devices(path: Path) -> list[tuple[str, Any]]:

@@ -1,11 +1,15 @@
 """The tree speaks of the product: no tracker numbers in code, docstrings, comments or tests.
+And the tests stay easy to extend: no test module imports another test module.
 
 A reader of the code cannot open a tracker entry named by its number; what it refers to
-belongs in the text itself (or in the commit that made the change).
+belongs in the text itself (or in the commit that made the change). Shared test helpers
+live in ``tests/builders.py``, ``netns_tests/bed.py``, ``netns_tests/runner.py`` and the
+conftest files, so that a test module can be read, moved or deleted on its own.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -36,3 +40,44 @@ def test_no_tracker_numbers_in_the_tree() -> None:
             if TRACKER_REF.search(line):
                 hits.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert hits == []
+
+
+TEST_TREES = ("tests", "netns_tests")
+
+
+def _imported_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
+    """(line, dotted module name) of every import in ``tree``, top level or nested;
+    relative imports resolved against ``package``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            found.append((node.lineno, base))
+            # ``from pkg import test_x`` imports a module too
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names if alias.name.startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    hits = []
+    for top in TEST_TREES:
+        for path in sorted((REPO / top).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            package = ".".join(path.relative_to(REPO).parent.parts)
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for line, module in _imported_modules(tree, package):
+                if module.rsplit(".", 1)[-1].startswith("test_"):
+                    hits.append(f"{path.relative_to(REPO)}:{line}: imports {module}")
+    assert hits == []
+
+
+def test_the_import_check_sees_every_form() -> None:
+    src = "import tests.test_a\nfrom netns_tests.test_b import x\nfrom netns_tests import test_c\nfrom .test_d import y\n"
+    mods = [m for _, m in _imported_modules(ast.parse(src), "netns_tests")]
+    assert [m for m in mods if m.rsplit(".", 1)[-1].startswith("test_")] == [
+        "tests.test_a", "netns_tests.test_b", "netns_tests.test_c", "netns_tests.test_d"]

@@ -82,11 +82,11 @@ def link_type_conflicts(attachments: Iterable[Attachment], link_type: str, drive
 
 
 def _host_links_by_name(names: list[str]) -> dict[str, Any]:
-    from cni_dra.netlink.links import host_link
+    from cni_dra.netlink import links  # called as links.host_link: the seam tests patch
 
     out = {}
     for name in names:
-        info = host_link(name)
+        info = links.host_link(name)
         if info is not None:
             out[name] = info
     return out
@@ -427,10 +427,10 @@ def _announce(netns: str, ifname: str) -> None:
     """Set ``arp_notify`` and ``ndisc_notify`` on the new link, as the reference macvlan plugin
     does: neighbours learn the address when the link comes up or moves. ndisc_notify is
     skipped (logged) when the netns has IPv6 disabled. Raises IOFailureError (5)."""
-    from cni_dra.netlink.links import set_sysctl_in_netns
+    from cni_dra.netlink import links  # called as links.set_sysctl_in_netns: the seam tests patch
 
-    set_sysctl_in_netns(netns, f"net/ipv4/conf/{ifname}/arp_notify", 1)
+    links.set_sysctl_in_netns(netns, f"net/ipv4/conf/{ifname}/arp_notify", 1)
     try:
-        set_sysctl_in_netns(netns, f"net/ipv6/conf/{ifname}/ndisc_notify", 1)
+        links.set_sysctl_in_netns(netns, f"net/ipv6/conf/{ifname}/ndisc_notify", 1)
     except IOFailureError as exc:
         log.warning("ndisc_notify not set on %s (IPv6 disabled?): %s", ifname, exc.msg)

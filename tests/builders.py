@@ -1,0 +1,132 @@
+"""Builders of the documents unit tests feed cni-dra: CNI env, network config, ResourceSlice,
+allocated ResourceClaim, state Attachment.
+
+Each returns a fresh plain value (dict, bytes or model) with the defaults most tests want;
+keyword arguments name what a test changes. Nothing here touches the disk except
+:func:`write_slice`, and nothing asserts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DRIVER",
+    "allocation_result",
+    "attachment",
+    "cni_env",
+    "device",
+    "netconf",
+    "netconf_bytes",
+    "resource_claim",
+    "resource_slice",
+    "write_slice",
+]
+
+DRIVER = "net.cni-dra.dev"
+
+
+# -- the runtime's side ------------------------------------------------------------------------
+def cni_env(command: str = "ADD", *, container_id: str = "c1", netns: str = "/var/run/netns/x",
+            ifname: str = "eth0", path: str = "/opt/cni/bin", args: str | None = None,
+            **extra: str) -> dict[str, str]:
+    """The CNI_* variables a runtime sets for ``command``; ``args`` sets CNI_ARGS (unset if
+    None or empty), ``extra`` adds or overrides variables by name."""
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": ifname,
+           "CNI_PATH": path}
+    if args:
+        env["CNI_ARGS"] = args
+    env.update(extra)
+    return env
+
+
+def netconf(version: str = "1.1.0", name: str = "net1", **kw: Any) -> dict[str, Any]:
+    """A cni-dra network config: ``cniVersion``, ``name``, ``type`` and ``kw`` as given."""
+    conf: dict[str, Any] = {"cniVersion": version, "name": name, "type": "cni-dra"}
+    conf.update(kw)
+    return conf
+
+
+def netconf_bytes(version: str = "1.1.0", name: str = "net1", **kw: Any) -> bytes:
+    """:func:`netconf` as the JSON bytes a runtime writes to stdin."""
+    return json.dumps(netconf(version, name, **kw)).encode()
+
+
+# -- ResourceSlice (the inventory) -----------------------------------------------------------
+def device(name: str, ifname: str | None = None, bandwidth: str | None = "10G", *, shared: bool = True,
+           request_policy: Mapping[str, Any] | None = None,
+           attributes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One ResourceSlice device: attribute ``ifName`` (default ``if-<name>``; ``attributes``
+    adds more), capacity ``bandwidth`` (None: no capacity) with ``request_policy`` if given,
+    ``allowMultipleAllocations`` when ``shared``."""
+    dev: dict[str, Any] = {"name": name}
+    if shared:
+        dev["allowMultipleAllocations"] = True
+    dev["attributes"] = {"ifName": {"string": ifname if ifname is not None else f"if-{name}"}, **(attributes or {})}
+    if bandwidth is not None:
+        cap: dict[str, Any] = {"value": bandwidth}
+        if request_policy is not None:
+            cap["requestPolicy"] = dict(request_policy)
+        dev["capacity"] = {"bandwidth": cap}
+    return dev
+
+
+def resource_slice(devices: list[dict[str, Any]], *, driver: str = DRIVER, pool: str = "n",
+                   node: str | None = None, name: str | None = None) -> dict[str, Any]:
+    """A resource.k8s.io/v1 ResourceSlice of ``devices`` (see :func:`device`) for pool
+    ``pool`` on node ``node`` (default: the pool's name), named ``name`` (default: the pool's)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name or pool},
+        "spec": {"driver": driver, "nodeName": node or pool,
+                 "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
+    }
+
+
+def write_slice(path: Path, devices: list[dict[str, Any]], **kw: Any) -> Path:
+    """Write :func:`resource_slice` as JSON to ``path``; returns ``path``."""
+    path.write_text(json.dumps(resource_slice(devices, **kw)))
+    return path
+
+
+# -- ResourceClaim ----------------------------------------------------------------------------
+def allocation_result(device: str, *, request: str = "net", driver: str = DRIVER, pool: str = "n",
+                      consumed: Mapping[str, str] | None = None, share_id: str | None = None) -> dict[str, Any]:
+    """One ``status.allocation.devices.results`` entry; ``consumed`` becomes
+    ``consumedCapacity`` and ``share_id`` ``shareID`` (each left out when None)."""
+    result: dict[str, Any] = {"request": request, "driver": driver, "pool": pool, "device": device}
+    if consumed is not None:
+        result["consumedCapacity"] = dict(consumed)
+    if share_id is not None:
+        result["shareID"] = share_id
+    return result
+
+
+def resource_claim(*results: dict[str, Any], uid: str = "u", name: str = "c", namespace: str = "ns",
+                   requests: list[dict[str, Any]] | None = None,
+                   reserved_for: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An allocated ResourceClaim with ``results`` (see :func:`allocation_result`); ``requests``
+    fills ``spec.devices.requests`` and ``reserved_for`` ``status.reservedFor`` when given."""
+    claim: dict[str, Any] = {"metadata": {"name": name, "namespace": namespace, "uid": uid}}
+    if requests is not None:
+        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **claim,
+                 "spec": {"devices": {"requests": requests}}}
+    claim["status"] = {"allocation": {"devices": {"results": list(results)}}}
+    if reserved_for is not None:
+        claim["status"]["reservedFor"] = reserved_for
+    return claim
+
+
+# -- state ------------------------------------------------------------------------------------
+def attachment(cid: str = "c", device: str = "nic-a", *, network: str = "net1", ifname: str = "eth0",
+               driver: str = DRIVER, pool: str = "n", parent: str | None = None, phase: str = "ready",
+               **kw: Any) -> Any:
+    """A state :class:`~cni_dra.state.models.Attachment` of container ``cid`` on ``device``
+    (parent NIC ``parent``, default ``if-<device>``), ``phase`` ready unless told; ``kw``
+    sets any other field (``consumedCapacity``, ``linkType``, ``shareID``, ...)."""
+    from cni_dra.state.models import Attachment
+
+    return Attachment(network=network, containerID=cid, ifname=ifname, driver=driver, pool=pool, device=device,
+                      ifName=parent if parent is not None else f"if-{device}", phase=phase, **kw)
