@@ -22,8 +22,10 @@ Invariants checked after every run:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -122,12 +124,22 @@ def _faults(calls: list[str]) -> list[tuple[int, str]]:
 
 
 @pytest.fixture
-def bed(node, make_netns, tmp_path, faults_on, request):
-    b = Bed(node, make_netns, request.param, tmp_path)
-    try:
-        yield b
-    finally:
+def make_bed(node, make_netns, tmp_path, faults_on):
+    """``make_bed(path)``: a :class:`Bed` on ``path``; its agent is stopped afterwards."""
+    beds: list[Bed] = []
+
+    def make(path: str) -> Bed:
+        beds.append(Bed(node, make_netns, path, tmp_path))
+        return beds[-1]
+
+    yield make
+    for b in beds:
         b.stop_agent()
+
+
+@pytest.fixture
+def bed(make_bed, request):
+    return make_bed(request.param)
 
 
 @pytest.mark.parametrize("bed", PATHS, indirect=True)
@@ -181,13 +193,15 @@ def test_del_with_a_fault_at_each_state_io_call(bed: Bed) -> None:
 
 
 # -- a real full disk ---------------------------------------------------------------------------
-def _mount_tmpfs(where: Path, size: str) -> None:
+@contextlib.contextmanager
+def _tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted (0700) on ``where`` for the block; unmounted afterwards."""
     where.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)], check=True)
-
-
-def _umount(where: Path) -> None:
-    subprocess.run(["umount", "-l", str(where)], check=False)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def _fill(where: Path, leave_bytes: int) -> Path:
@@ -202,75 +216,63 @@ def _fill(where: Path, leave_bytes: int) -> Path:
 
 @pytest.fixture
 def small_state_dir(node: NodeBed):
-    _mount_tmpfs(node.state_dir, "1M")
-    try:
-        yield node.state_dir
-    finally:
-        _umount(node.state_dir)
+    with _tmpfs(node.state_dir, "1M") as where:
+        yield where
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_full_state_disk_never_costs_another_pod_its_network(node, make_netns, tmp_path, small_state_dir, path):
-    b = Bed(node, make_netns, path, tmp_path)
-    try:
-        filler = _fill(small_state_dir, 6 << 10)
-        pods = {f"pod-{i}": make_netns() for i in range(8)}
-        added, refused = {}, []
-        for cid, ns in pods.items():
-            code, out, err = b.run("ADD", ns, cid)
-            if code == 0:
-                added[cid] = out["ips"][0]["address"].split("/")[0]
-            else:
-                assert out is not None and out["code"] == 5, (cid, out, err)
-                assert "No space left on device" in out["msg"], out
-                assert "Traceback" not in err, err
-                refused.append(cid)
-            for done, ip in added.items():
-                b.holds(done, pods[done], ip)
-            for cid_refused in refused:
-                b.absent(cid_refused, pods[cid_refused])
-            b.holds("keeper", b.keeper_ns, b.keeper_ip)
-        assert refused, "the disk never filled up"
-        # DELs still work on the full disk or fail with code 5 and work once space is back
-        filler.unlink()
-        for cid in refused:
-            code, out, err = b.run("ADD", pods[cid], cid)
-            assert code == 0, (cid, out, err)
-        for cid, ns in pods.items():
-            code, out, err = b.run("DEL", ns, cid)
-            assert code == 0, (cid, out, err)
-            b.absent(cid, ns)
-        b.intact()
-    finally:
-        b.stop_agent()
+def test_full_state_disk_never_costs_another_pod_its_network(small_state_dir, make_bed, make_netns, path):
+    b = make_bed(path)
+    filler = _fill(small_state_dir, 6 << 10)
+    pods = {f"pod-{i}": make_netns() for i in range(8)}
+    added, refused = {}, []
+    for cid, ns in pods.items():
+        code, out, err = b.run("ADD", ns, cid)
+        if code == 0:
+            added[cid] = out["ips"][0]["address"].split("/")[0]
+        else:
+            assert out is not None and out["code"] == 5, (cid, out, err)
+            assert "No space left on device" in out["msg"], out
+            assert "Traceback" not in err, err
+            refused.append(cid)
+        for done, ip in added.items():
+            b.holds(done, pods[done], ip)
+        for cid_refused in refused:
+            b.absent(cid_refused, pods[cid_refused])
+        b.holds("keeper", b.keeper_ns, b.keeper_ip)
+    assert refused, "the disk never filled up"
+    # once space is back, the refused pods are added and every pod is deleted
+    filler.unlink()
+    for cid in refused:
+        code, out, err = b.run("ADD", pods[cid], cid)
+        assert code == 0, (cid, out, err)
+    for cid, ns in pods.items():
+        code, out, err = b.run("DEL", ns, cid)
+        assert code == 0, (cid, out, err)
+        b.absent(cid, ns)
+    b.intact()
 
 
 @pytest.fixture
 def small_ipam_dir(node: NodeBed):
-    _mount_tmpfs(node.ipam_dir, "64k")
-    try:
-        yield node.ipam_dir
-    finally:
-        _umount(node.ipam_dir)
+    with _tmpfs(node.ipam_dir, "64k") as where:
+        yield where
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_full_ipam_disk_fails_add_cleanly(node, make_netns, tmp_path, small_ipam_dir, path):
-    b = Bed(node, make_netns, path, tmp_path)
-    try:
-        filler = _fill(small_ipam_dir, 0)
-        ns = make_netns()
-        code, out, err = b.run("ADD", ns, "pod")
-        assert code != 0 and out is not None and "space" in out["msg"].lower() + str(out.get("details", "")).lower(), (out, err)
-        assert "Traceback" not in err
-        b.absent("pod", ns)
-        b.intact()
-        filler.unlink()
-        code, out, err = b.run("ADD", ns, "pod")
-        assert code == 0, (out, err)
-        b.holds("pod", ns)
-        assert b.run("DEL", ns, "pod")[0] == 0
-        b.absent("pod", ns)
-        b.intact()
-    finally:
-        b.stop_agent()
+def test_full_ipam_disk_fails_add_cleanly(small_ipam_dir, make_bed, make_netns, path):
+    b = make_bed(path)
+    filler = _fill(small_ipam_dir, 0)
+    ns = make_netns()
+    code, out, err = b.run("ADD", ns, "pod")
+    assert code != 0 and out is not None and "space" in out["msg"].lower() + str(out.get("details", "")).lower(), (out, err)
+    assert "Traceback" not in err
+    b.absent("pod", ns)
+    b.intact()
+    filler.unlink()
+    code, out, err = b.run("ADD", ns, "pod")
+    assert code == 0, (out, err)
+    b.holds("pod", ns)
+    assert b.run("DEL", ns, "pod")[0] == 0
+    b.absent("pod", ns)
+    b.intact()

@@ -110,12 +110,17 @@ def test_cli_allocate_accepts_a_slice_of_another_driver(tmp_path: Path) -> None:
     assert (res["driver"], res["device"], res["consumedCapacity"]) == (DRV, "gpu-0", {"bw": "4G"})
 
 
-def test_cli_allocate_state_with_a_slice_of_another_driver(tmp_path: Path) -> None:
-    state = tmp_path / "state"
+def _hold_7g(state: Path) -> None:
+    """A state in ``state`` where one ready attachment holds 7G of gpu-0."""
     with StateStore(state).transaction() as stt:
         stt.attachments.append(Attachment(
             network="n1", containerID="c1", ifname="eth0", driver=DRV, pool="n", device="gpu-0",
             ifName="x", consumedCapacity={"bw": Quantity.parse("7G")}, shareID="s1", phase="ready"))
+
+
+def test_cli_allocate_state_with_a_slice_of_another_driver(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    _hold_7g(state)
     inv = _write(tmp_path, "slice.json", _slice([_dev("gpu-0", "10G")]))
     c = _write(tmp_path, "c.json", _claim(_req("g", "4G")))
     r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={})
@@ -148,10 +153,7 @@ def test_cli_allocate_state_missing_dir_is_not_created(tmp_path: Path) -> None:
 def test_cli_allocate_state_does_not_wait_for_the_lock(tmp_path: Path) -> None:
     """A held state lock does not block the dry run (it would time out under read())."""
     state = tmp_path / "state"
-    with StateStore(state).transaction() as stt:
-        stt.attachments.append(Attachment(
-            network="n1", containerID="c1", ifname="eth0", driver=DRV, pool="n", device="gpu-0",
-            ifName="x", consumedCapacity={"bw": Quantity.parse("7G")}, shareID="s1", phase="ready"))
+    _hold_7g(state)
     before = sorted(os.listdir(state))
     inv = _write(tmp_path, "slice.json", _slice([_dev("gpu-0", "10G")]))
     c = _write(tmp_path, "c.json", _claim(_req("g", "2G")))

@@ -10,6 +10,7 @@ from cni_dra import ipam
 from cni_dra.cni import run
 from cni_dra.netlink import links, netns
 from cni_dra.state import Attachment, StateStore
+from tests.builders import device, write_slice
 
 
 def _setup(tmp_path, monkeypatch, delete_link, ipam_del):
@@ -94,17 +95,9 @@ def test_dhcp_is_released_before_the_link_goes(tmp_path, monkeypatch):
 
 # -- ADD ---------------------------------------------------------------------------------
 def _add_setup(tmp_path, monkeypatch, ipam_type, create, ipam_add):
-    import yaml
-
     from cni_dra.protocol.results import IPConfig, Result
 
-    (tmp_path / "slice.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
-        "spec": {"driver": "net.cni-dra.dev", "nodeName": "n", "pool": {"name": "n", "generation": 1,
-                 "resourceSliceCount": 1},
-                 "devices": [{"name": "nic-a", "allowMultipleAllocations": True,
-                              "attributes": {"ifName": {"string": "eth9"}},
-                              "capacity": {"bandwidth": {"value": "10G"}}}]}}))
+    write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
     conf = {"cniVersion": "1.0.0", "name": "net", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
             "inventory": str(tmp_path / "slice.yaml"), "ipam": {"type": ipam_type}}
     parent = links.LinkInfo(name="eth9", index=7, kind=None, mac="02:00:00:00:00:09", mtu=1500,

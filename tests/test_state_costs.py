@@ -14,13 +14,13 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cni_dra import ipam
 from cni_dra.cni import run
 from cni_dra.netlink import links, netns
 from cni_dra.protocol.results import IPConfig, Result
 from cni_dra.state import StateStore, fsio
+from tests.builders import device, write_slice
 
 ADD_COSTS = {"lock": 4, "fdatasync": 2}
 """Reserve (synced), the link and IPAM intent steps (not synced), ready (synced)."""
@@ -30,13 +30,7 @@ SYNCS = ("fsync", "fdatasync", "fsync_dir")
 
 
 def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, str], bytes]:
-    (tmp_path / "slice.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
-        "spec": {"driver": "net.cni-dra.dev", "nodeName": "n", "pool": {"name": "n", "generation": 1,
-                 "resourceSliceCount": 1},
-                 "devices": [{"name": "nic-a", "allowMultipleAllocations": True,
-                              "attributes": {"ifName": {"string": "eth9"}},
-                              "capacity": {"bandwidth": {"value": "10G"}}}]}}))
+    write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
     conf = {"cniVersion": "1.0.0", "name": "net", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
             "inventory": str(tmp_path / "slice.yaml"), "ipam": {"type": "host-local"}}
     parent = links.LinkInfo(name="eth9", index=7, kind=None, mac="02:00:00:00:00:09", mtu=1500,

@@ -42,6 +42,7 @@ from cni_dra.state import Attachment, StateStore, fsio
 from cni_dra.state.claims import prepare_claim, unprepare_claims
 from cni_dra.state.models import STEP_IPAM
 from cni_dra.state.store import JOURNAL_FILE, boot_id, current_owner
+from tests.builders import allocation_result, attachment, resource_claim
 
 NET = "net1"
 READY_AT = "2026-01-01T00:00:00Z"  # long ago: GC's grace period is over
@@ -49,22 +50,19 @@ IPAM_CONF = json.dumps({"cniVersion": "1.1.0", "name": NET, "type": "cni-dra", "
 
 
 def _att(cid: str, *, phase: str = "ready", bw: str = "1G", device: str = "nic-a") -> Attachment:
-    return Attachment(
-        network=NET, containerID=cid, ifname="eth0", netns="", driver="d", pool="p", device=device,
-        ifName=f"eth-{device[-1]}", consumedCapacity={"bandwidth": bw}, phase=phase,
-        owner=current_owner() if phase != "ready" else None, readyAt=READY_AT if phase == "ready" else None,
-        ipamType="fake-ipam", ipamConf=IPAM_CONF,
+    return attachment(
+        cid, device, network=NET, driver="d", pool="p", parent=f"eth-{device[-1]}", phase=phase, netns="",
+        consumedCapacity={"bandwidth": bw}, owner=current_owner() if phase != "ready" else None,
+        readyAt=READY_AT if phase == "ready" else None, ipamType="fake-ipam", ipamConf=IPAM_CONF,
     )
 
 
 def _claim(uid: str, bw: str) -> dict:
-    return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": f"c-{uid}", "namespace": "ns", "uid": uid},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "net", "driver": "d", "pool": "p", "device": "nic-b",
-             "consumedCapacity": {"bandwidth": bw}, "shareID": "5f0c1a2b-0000-4000-8000-000000000001"}]}}},
-    }
+    return resource_claim(
+        allocation_result("nic-b", driver="d", pool="p", consumed={"bandwidth": bw},
+                          share_id="5f0c1a2b-0000-4000-8000-000000000001"),
+        uid=uid, name=f"c-{uid}",
+    )
 
 
 def _seed(state_dir: Path) -> None:

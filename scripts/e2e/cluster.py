@@ -42,6 +42,8 @@ NICS = {"cde2e-nic0": "cde2e-nic0p", "cde2e-nic1": "cde2e-nic1p"}  # NIC -> its 
 NIC_BANDWIDTH = "10G"
 POD_SUBNET = "10.244.77.0/24"
 SERVICE_RANGE = "10.96.0.0/24"
+FEATURE_GATES = "--feature-gates=DRAConsumableCapacity=true"
+"""The same gates for every control-plane component (on by default in 1.37; said anyway)."""
 APISERVER_PORT = 16443
 ETCD_PORT = 23790
 CNI_EXE = os.environ.get("CNI_DRA_TEST_EXE", "/opt/cni/bin/cni-dra")
@@ -501,24 +503,28 @@ def start_apiserver(bins: dict[str, str]) -> None:
         "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
         "--allow-privileged=true",
         "--runtime-config=resource.k8s.io/v1=true",
-        "--feature-gates=DRAConsumableCapacity=true",
+        FEATURE_GATES,
         "--profiling=false", "--v=1",
     ])
+
+
+def _kubeconfig_flags(kubeconfig: str) -> list[str]:
+    """A controller's own, authentication and authorization kubeconfig: one file for all three."""
+    return [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}"]
 
 
 def start_controller_manager(bins: dict[str, str]) -> None:
     pki = p("pki")
     start("kube-controller-manager", [
         f"{bins['kube']}/kube-controller-manager",
-        f"--kubeconfig={pki}/controller-manager.kubeconfig",
-        f"--authentication-kubeconfig={pki}/controller-manager.kubeconfig",
-        f"--authorization-kubeconfig={pki}/controller-manager.kubeconfig",
+        *_kubeconfig_flags(f"{pki}/controller-manager.kubeconfig"),
         "--bind-address=127.0.0.1", "--secure-port=10357",
         f"--service-account-private-key-file={pki}/sa.key", f"--root-ca-file={pki}/ca.crt",
         "--use-service-account-credentials=true", "--leader-elect=false",
         f"--service-cluster-ip-range={SERVICE_RANGE}",
         "--controllers=*,-nodeipam",
-        "--feature-gates=DRAConsumableCapacity=true", "--v=1",
+        FEATURE_GATES, "--v=1",
     ])
 
 
@@ -526,11 +532,9 @@ def start_scheduler(bins: dict[str, str]) -> None:
     pki = p("pki")
     start("kube-scheduler", [
         f"{bins['kube']}/kube-scheduler",
-        f"--kubeconfig={pki}/scheduler.kubeconfig",
-        f"--authentication-kubeconfig={pki}/scheduler.kubeconfig",
-        f"--authorization-kubeconfig={pki}/scheduler.kubeconfig",
+        *_kubeconfig_flags(f"{pki}/scheduler.kubeconfig"),
         "--bind-address=127.0.0.1", "--secure-port=10359", "--leader-elect=false",
-        "--feature-gates=DRAConsumableCapacity=true", "--v=2",
+        FEATURE_GATES, "--v=2",
     ])
 
 
