@@ -231,6 +231,32 @@ def test_one_claim_result_serves_one_interface(node, make_netns, tmp_path):
     assert node.reported_consumed()["nic-a"] == "2G"
 
 
+def test_claim_shared_by_two_pods_is_one_share_charged_once(node, make_netns, tmp_path):
+    """A ResourceClaim shared by two pods (prepared for both, as the agent does from
+    status.reservedFor): both interfaces on the allocated NIC with its shareID, the share
+    charged once; the first pod's DEL leaves the second pod's interface and the charge."""
+    pod1, pod2, share = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    doc = _claim_doc("nic-b", "2G", share, pod1)
+    _prepare(node, tmp_path, doc, pod1)
+    _prepare(node, tmp_path, doc, pod2)
+    ns1, ns2 = make_netns(), make_netns()
+    cid1, code, out, err = _add(node, ns1, node.conf(None), pod_uid=pod1)
+    assert code == 0, (out, err)
+    cid2, code, out, err = _add(node, ns2, node.conf(None), pod_uid=pod2)
+    assert code == 0, (out, err)
+    assert parent_of(ns1) == parent_of(ns2) == node.parents["nic-b"]
+    atts = node.status()["attachments"]
+    assert sorted(a["podUID"] for a in atts) == sorted([pod1, pod2])
+    assert {a["shareID"] for a in atts} == {share}
+    assert node.reported_consumed() == {"nic-a": "0", "nic-b": "2G"}
+    code, out, err = run_plugin("DEL", node.conf(None), container_id=cid1, netns=ns1, ifname="eth0",
+                                cni_args=_args(pod1))
+    assert code == 0, (out, err)
+    assert link_in_netns(ns1, "eth0") is None and link_in_netns(ns2, "eth0") is not None
+    assert [a["podUID"] for a in node.status()["attachments"]] == [pod2]
+    assert node.reported_consumed() == {"nic-a": "0", "nic-b": "2G"}
+
+
 def test_del_leaves_a_foreign_link_alone(node, make_netns):
     ns = make_netns()
     import subprocess

@@ -7,6 +7,10 @@ Serves over HTTP on 127.0.0.1 (random port):
   ``spec.nodeName=..,spec.driver=..``), ``GET|PUT|DELETE .../resourceslices/NAME``
   (PUT checks ``metadata.resourceVersion``: stale → 409)
 * ``GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME``
+* ``GET /apis/resource.k8s.io/v1/resourceclaims`` (list, and ``watch=true`` from a
+  ``resourceVersion``: one JSON event per line, ADDED/MODIFIED of every claim change
+  after it, until ``timeoutSeconds``; an injected ``fail("WATCH", ...)`` status is sent as
+  the watch's ERROR event, as the API server reports an expired resourceVersion (410))
 * ``PATCH .../resourceclaims/NAME/status`` with ``application/apply-patch+yaml``
   (server-side apply: ``status.devices[]`` merged by (driver, pool, device, shareID), a
   manager's entries missing from its next apply removed;
@@ -56,6 +60,8 @@ class FakeApiServer:
     failures: list[list[Any]] = field(default_factory=list)  # [method, path regex, status, count]
     owned: dict[tuple[str, str, str], set[tuple[Any, ...]]] = field(default_factory=dict)  # SSA ownership
     lock: threading.RLock = field(default_factory=threading.RLock)
+    events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # claim changes (rv, type, obj)
+    closing: threading.Event = field(default_factory=threading.Event)
     _rv: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -67,6 +73,11 @@ class FakeApiServer:
                 pass
 
             def _do(self) -> None:
+                parts = urlsplit(self.path)
+                if self.command == "GET" and parts.path == f"{_V1}/resourceclaims" and \
+                        parse_qs(parts.query).get("watch") == ["true"]:
+                    server.watch(self, parse_qs(parts.query))
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 status, doc = server.handle(self.command, self.path, self.headers.get("Content-Type", ""), raw)
@@ -86,6 +97,7 @@ class FakeApiServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.closing.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
@@ -111,11 +123,63 @@ class FakeApiServer:
         claim.setdefault("kind", "ResourceClaim")
         meta = claim.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
-        meta["resourceVersion"] = str(next(self._rv))
         ResourceV1ResourceClaim.model_validate(claim)  # the test's own claim must be valid too
         with self.lock:
-            self.claims[(meta["namespace"], meta["name"])] = claim
+            key = (meta["namespace"], meta["name"])
+            kind = "MODIFIED" if key in self.claims else "ADDED"
+            self.claims[key] = claim
+            self._changed(kind, claim)
         return claim
+
+    def _changed(self, kind: str, claim: dict[str, Any]) -> None:
+        """A new resourceVersion for ``claim`` and its watch event (under the lock)."""
+        rv = next(self._rv)
+        claim["metadata"]["resourceVersion"] = str(rv)
+        self.events.append((rv, kind, copy.deepcopy(claim)))
+
+    def watch(self, handler: BaseHTTPRequestHandler, query: dict[str, list[str]]) -> None:
+        """Stream claim events after ``resourceVersion`` until ``timeoutSeconds`` (or close)."""
+        import time
+
+        rv = int((query.get("resourceVersion") or ["0"])[0] or 0)
+        timeout_s = float((query.get("timeoutSeconds") or ["30"])[0])
+        path = f"{_V1}/resourceclaims"
+        with self.lock:
+            self.requests.append(Recorded("WATCH", path, query, "", None))
+            failed = None
+            for f in self.failures:
+                if f[3] > 0 and f[0] == "WATCH" and re.fullmatch(f[1], path):
+                    f[3] -= 1
+                    failed = f[2]
+                    break
+        # as the API server does: HTTP/1.1, one chunk per event (a client reads each at once)
+        handler.protocol_version = "HTTP/1.1"
+        handler.close_connection = True
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+
+        def send(data: bytes) -> None:
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            handler.wfile.flush()
+
+        try:
+            if failed is not None:
+                send(json.dumps({"type": "ERROR", "object": _status(failed, "too old resource version")}).encode() + b"\n")
+            else:
+                end = time.monotonic() + timeout_s
+                while time.monotonic() < end and not self.closing.is_set():
+                    with self.lock:
+                        new = [e for e in self.events if e[0] > rv]
+                    for r, kind, obj in new:
+                        send(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                        rv = r
+                    time.sleep(0.02)
+            send(b"")
+        except OSError:  # the client went away
+            pass
 
     def fail(self, method: str, path_regex: str, status: int, count: int = 1) -> None:
         """Answer the next ``count`` requests matching (method, path regex) with ``status``."""
@@ -144,6 +208,9 @@ class FakeApiServer:
                 return 422, _status(422, str(exc))
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], ctype: str, body: Any) -> tuple[int, Any]:
+        if path == f"{_V1}/resourceclaims" and method == "GET":
+            return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                         "metadata": {"resourceVersion": str(next(self._rv))}, "items": list(self.claims.values())}
         if m := re.fullmatch(r"/api/v1/nodes/([^/]+)", path):
             node = self.nodes.get(m[1])
             return (200, node) if node and method == "GET" else (404, _status(404, "node not found"))
@@ -208,7 +275,7 @@ class FakeApiServer:
                 devices[:] = [d for d in devices if _key(d) not in applied and _key(d) not in before]
                 devices.extend(copy.deepcopy(e) for e in applied.values())
                 self.owned[(m[1], m[2], manager)] = set(applied)
-                cur["metadata"]["resourceVersion"] = str(next(self._rv))
+                self._changed("MODIFIED", cur)
                 return 200, cur
         return 404, _status(404, f"no route for {method} {path}")
 

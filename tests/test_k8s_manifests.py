@@ -99,6 +99,7 @@ def test_rbac_allows_every_agent_call():
         ("resource.k8s.io", "resourceslices", "create"), ("resource.k8s.io", "resourceslices", "update"),
         ("resource.k8s.io", "resourceslices", "delete"),
         ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),
         ("resource.k8s.io", "resourceclaims/status", "patch"),
     }
     assert needed <= allowed

@@ -221,3 +221,25 @@ def test_restarted_agent_notices_a_later_del(world):
         st.remove("net", "c1", "net1")
     restarted.sync()
     assert server.claims[("default", "c1")]["status"]["devices"] == []
+
+
+def test_claim_shared_by_two_pods_reports_one_entry_that_follows_the_live_interface(world):
+    """Two pods' interfaces use the one share of a shared claim: one status.devices entry,
+    the first ready interface's networkData; when that pod's DEL removes its attachment,
+    the entry is applied again with the other pod's interface, not left stale."""
+    server, claim, store, writer, _, _ = world
+    uid = claim["metadata"]["uid"]
+    add_ready(store, uid)
+    other = dict(RESULT, interfaces=[{"name": "net1", "mac": "02:11:22:33:44:66", "sandbox": "/var/run/netns/q"}],
+                 ips=[{"address": "192.0.2.8/24", "interface": 0}])
+    add_ready(store, uid, containerID="c2", podUID="pod-b", result=other)
+    writer.sync()
+    (entry,) = server.claims[("default", "c1")]["status"]["devices"]
+    assert entry["networkData"]["ips"] == ["192.0.2.7/24", "2001:db8::7/64"]
+    with store.transaction() as st:
+        st.remove("net", "c1", "net1")
+    writer.sync()
+    (entry,) = server.claims[("default", "c1")]["status"]["devices"]
+    assert entry["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.8/24"],
+                                    "hardwareAddress": "02:11:22:33:44:66"}
+    assert "pod-b" in entry["conditions"][0]["message"]

@@ -6,6 +6,8 @@ Parts (each a service with ``start()``/``stop()``):
 * the DRA kubelet plugin (:class:`cni_dra.k8s.kubelet_plugin.KubeletPlugin`) with
   :class:`cni_dra.agent.driver.ClaimDriver` behind it;
 * the link watch (:class:`cni_dra.agent.linkwatch.LinkWatch`), which asks for a publish;
+* the claim watch (:class:`cni_dra.agent.claimwatch.ClaimWatch`), which gives the pods
+  that share a prepared claim (``status.reservedFor``) their copy in the node state;
 * extra services: the fast-path server (:mod:`cni_dra.fastpath.server`) when
   ``cni_dra.fastpath`` is installed (guarded import), plus any the caller passes.
 
@@ -76,6 +78,7 @@ class Agent:
     """Wire the parts for ``cfg``; ``api`` (a :class:`cni_dra.k8s.api.KubeApi`) for tests."""
 
     def __init__(self, cfg: AgentConfig, api: Any = None) -> None:
+        from cni_dra.agent.claimwatch import ClaimWatch
         from cni_dra.agent.driver import ClaimDriver
         from cni_dra.agent.linkwatch import LinkWatch
         from cni_dra.agent.metrics import AgentMetrics
@@ -86,6 +89,7 @@ class Agent:
         from cni_dra.k8s.kubelet_plugin import KubeletPlugin
         from cni_dra.netlink.links import host_link
         from cni_dra.state import StateStore
+        from cni_dra.state.claims import share_prepared_claim
 
         self.cfg = cfg
         self.driver_name = load_inventory(cfg.inventory).spec.driver  # a bad inventory fails first
@@ -114,7 +118,10 @@ class Agent:
         )
         self.links_changed = threading.Event()
         self.linkwatch = LinkWatch(self.links_changed.set)
-        self.services: list[Any] = [self.plugin, self.linkwatch] + list(cfg.extra) + extra_services(cfg)
+        self.claimwatch = ClaimWatch(self.api, lambda uid, pods: share_prepared_claim(cfg.state_dir, uid, pods))
+        self.services: list[Any] = (
+            [self.plugin, self.linkwatch, self.claimwatch] + list(cfg.extra) + extra_services(cfg)
+        )
         self.metrics_port: int | None = None
         self._started: list[Any] = []
 

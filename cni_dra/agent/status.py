@@ -7,7 +7,9 @@ subresource, field manager = the driver name, forced) one ``status.devices[]`` e
 share this node holds for it, keyed by (driver, pool, device, shareID) (KEP-4817):
 
 * every ``ready`` attachment of the claim: ``networkData`` {interfaceName, ips (CIDR),
-  hardwareAddress} and condition ``Ready=True`` (reason ``InterfaceReady``);
+  hardwareAddress} and condition ``Ready=True`` (reason ``InterfaceReady``); for a claim
+  shared by pods, whose one share is used by several interfaces, the first ready one
+  (the entry follows the next when that one is deleted);
 * every failed ADD recorded for a share with no ready attachment: ``Ready=False`` with
   the error class as reason and the CNI code and message.
 
@@ -44,11 +46,13 @@ def _entry_key(e: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _ready_keys(state: Any, uid: str) -> frozenset[tuple[Any, ...]]:
-    return frozenset(
-        (a.driver, a.pool, a.device, a.shareID or None)
-        for a in state.attachments
-        if a.claim is not None and a.claim.uid == uid and a.phase == "ready" and a.result
-    )
+    """The ready shares of claim ``uid`` with the interface each entry reports (a claim
+    shared by pods: the first ready attachment's), so that a change of either is applied."""
+    seen: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    for a in state.attachments:
+        if a.claim is not None and a.claim.uid == uid and a.phase == "ready" and a.result:
+            seen.setdefault((a.driver, a.pool, a.device, a.shareID or None), a.key)
+    return frozenset(k + v for k, v in seen.items())
 
 
 def _now() -> str:
@@ -67,6 +71,8 @@ def claim_status_body(claim: dict[str, str], state: Any, records: list[dict[str,
         if att.shareID:
             entry["shareID"] = att.shareID
         key = _entry_key(entry)
+        if key in entries:  # a claim shared by pods: the first ready interface reports the share
+            continue
         entry["conditions"] = [{
             "type": "Ready", "status": "True", "reason": "InterfaceReady",
             "message": f"interface {att.ifname} of pod {att.podUID or '?'} on host NIC {att.ifName}",

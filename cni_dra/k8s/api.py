@@ -14,6 +14,7 @@ above never see client models. Errors are translated:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from cni_dra.errors import InvalidConfigError, IOFailureError, TryAgainLaterError
@@ -123,6 +124,47 @@ class KubeApi:
             namespace,
             missing_ok=True,
         )
+
+    def list_resource_claims(self) -> tuple[list[dict[str, Any]], str]:
+        """Every ResourceClaim (all namespaces) and the list's resourceVersion, to watch from.
+        Raises IOFailureError (5)."""
+        out = self._call("list resourceclaims", self._resource.list_resource_claim_for_all_namespaces)
+        return list(out.get("items") or []), str((out.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch_resource_claims(self, resource_version: str, *, timeout_s: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """ResourceClaim events of all namespaces after ``resource_version``, as (type, claim)
+        with type ADDED, MODIFIED, DELETED or BOOKMARK (only its resourceVersion); the server ends the
+        watch after ``timeout_s``. A resourceVersion too old to watch from (HTTP 410 Gone) →
+        TryAgainLaterError (11): list again. Other failures → IOFailureError (5)."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        # The item type is named explicitly: the client derives "V1ResourceClaim" from the
+        # list's type name, a model it does not have (the objects are not decoded anyway).
+        w = watch.Watch(return_type="ResourceV1ResourceClaim")
+        events = w.stream(
+            self._resource.list_resource_claim_for_all_namespaces,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+            allow_watch_bookmarks=True,
+            deserialize=False,
+            _request_timeout=timeout_s + _TIMEOUT_S,
+        )
+        try:
+            for event in events:
+                kind, obj = event.get("type"), event.get("object")
+                if kind in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK") and isinstance(obj, dict):
+                    yield kind, obj
+        except ApiException as exc:
+            msg = f"failed to watch resourceclaims: HTTP {exc.status} {exc.reason or ''}".rstrip()
+            if exc.status == 410:
+                raise TryAgainLaterError(msg) from exc
+            raise IOFailureError(msg, _message(exc.body)) from exc
+        except (HTTPError, OSError, ValueError) as exc:
+            raise IOFailureError(f"failed to watch resourceclaims: {exc}") from exc
+        finally:
+            w.stop()
 
     def apply_resource_claim_status(
         self, namespace: str, name: str, body: dict[str, Any], *, field_manager: str

@@ -8,10 +8,11 @@ Claims are stored as the API server returns them (resource.k8s.io/v1 ResourceCla
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
-__all__ = ["prepare_claim", "unprepare_claims", "check_claim_against_inventory"]
+__all__ = ["prepare_claim", "unprepare_claims", "check_claim_against_inventory", "prepared_claim_pods", "share_prepared_claim"]
 
 
 _SHARE_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -59,6 +60,7 @@ def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any]) -> bo
     if claim.status is None or claim.status.allocation is None:
         raise InvalidConfigError(f"failed to prepare claim {claim.metadata.name}: it has no status.allocation")
     uid = claim.metadata.uid or claim.metadata.name
+    claim_obj = copy.deepcopy(claim_obj)  # the state's own copy: the caller may change theirs
     with StateStore(state_dir).transaction() as state:
         existing = state.claims.setdefault(pod_uid, [])
         for i, c in enumerate(existing):
@@ -85,3 +87,36 @@ def unprepare_claims(state_dir: str, pod_uid: str, claim_uid: str | None = None)
         else:
             state.claims.pop(pod_uid, None)
         return removed
+
+
+def prepared_claim_pods(state: Any, claim_uid: str) -> set[str]:
+    """The pod UIDs that hold a prepared copy of claim ``claim_uid`` in ``state``."""
+    return {
+        pod for pod, claims in state.claims.items()
+        if any((c.get("metadata") or {}).get("uid") == claim_uid for c in claims)
+    }
+
+
+def share_prepared_claim(state_dir: str, claim_uid: str, pod_uids: set[str]) -> list[str]:
+    """Let more pods use a prepared claim: each pod of ``pod_uids`` that does not hold claim
+    ``claim_uid`` gets the prepared copy (a ResourceClaim shared by pods; the kubelet
+    prepares a claim once, for the pods reserved at that moment, and the agent learns the
+    later ones from ``status.reservedFor``). A claim that is not prepared here is left
+    alone. Returns the pods added (none: nothing is written)."""
+    from cni_dra.state.store import StateStore
+
+    store = StateStore(state_dir)
+    holders = prepared_claim_pods(store.read(), claim_uid)
+    if not holders or not pod_uids - holders:
+        return []
+    with store.transaction() as state:
+        holders = prepared_claim_pods(state, claim_uid)
+        if not holders:  # unprepared meanwhile
+            return []
+        prepared = next(
+            c for c in state.claims[min(holders)] if (c.get("metadata") or {}).get("uid") == claim_uid
+        )
+        added = sorted(pod_uids - holders)
+        for pod in added:
+            state.claims[pod] = [*state.claims.get(pod, []), prepared]
+        return added

@@ -131,6 +131,14 @@ class Attachment(BaseModel):
         """(network name, container ID, ifname): the CNI attachment key."""
         return (self.network, self.containerID, self.ifname)
 
+    def share_key(self) -> tuple[str, str, str, str, str, str | None] | None:
+        """(driver, pool, device, claim UID, request, shareID) of a claim-mode attachment,
+        None in standalone mode. Attachments of several pods that use one ResourceClaim
+        (a claim shared by pods) have the same key: they hold one share, charged once."""
+        if self.claim is None:
+            return None
+        return (self.driver, self.pool, self.device, self.claim.uid, self.claim.request, self.shareID)
+
     def charged(self, device: Any | None) -> dict[str, Quantity]:
         """What this attachment holds on ``device`` (the resource.k8s.io/v1 Device it names,
         None when the inventory lacks it), as every sum of consumed capacity counts it.
@@ -318,7 +326,8 @@ class NodeState(BaseModel):
 
         Counts every attachment (``adding`` and ``ready``) plus every prepared claim result of
         that driver and pool that no attachment uses yet (the scheduler already granted it),
-        each exactly once. ``devices`` (name → resource.k8s.io/v1 Device; the ADD path, the
+        each exactly once; the attachments of several pods sharing one claim's share
+        (:meth:`Attachment.share_key`) count as one. ``devices`` (name → resource.k8s.io/v1 Device; the ADD path, the
         status report and ``allocate --state-dir`` pass the inventory's) lets a record that names
         no amount hold its device's whole capacity (:meth:`Attachment.charged`): an
         attachment without ``consumedCapacity``, which then also covers the prepared results
@@ -339,8 +348,14 @@ class NodeState(BaseModel):
         used_shares: set[tuple[str, str, str | None]] = set()
         whole: set[tuple[str, str]] = set()  # (device, claim uid) held whole by an unrecorded attachment
         with_claims = bool(self.claims)  # shares in use matter only against prepared claims
+        counted: set[tuple[str, str, str, str, str, str | None]] = set()
         for att in self.attachments:
             if att.driver == driver and att.pool == pool:
+                key = att.share_key()
+                if key is not None:
+                    if key in counted:  # a claim shared by pods: its share counts once
+                        continue
+                    counted.add(key)
                 slot_n = sums.get(att.device)
                 if slot_n is None:
                     slot_n = sums[att.device] = {}

@@ -6,7 +6,9 @@ Steps (each effect registers its undo; a failure undoes them in reverse and re-r
 
 1. under the state lock: choose the device (claim mode: the pod's prepared allocation
    result; standalone: :func:`cni_dra.allocator.select_device` over the inventory) and
-   record the attachment in phase ``adding`` — the capacity is charged from here on;
+   record the attachment in phase ``adding`` — the capacity is charged from here on (a
+   ResourceClaim shared by several pods: each pod's interface uses the claim's one share,
+   charged once, on the device the scheduler allocated);
 2. create the macvlan in the pod netns (temporary name, then CNI_IFNAME);
 3. IPAM ADD (the plugin named by ``ipam.type``), then addresses and routes on the link;
 4. under the lock: the attachment becomes ``ready`` with the CNI result.
@@ -149,14 +151,10 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
                 f"failed to honour {where}: device {res.get('pool')}/{name} is not in this node's inventory "
                 f"(pool {pool}: {', '.join(sorted(devices))})"
             )
-        for other in state.attachments:
-            if (
-                other.claim is not None
-                and other.claim.uid == meta.get("uid", "")
-                and other.claim.request == res.get("request", "")
-                and other.shareID == res.get("shareID")
-                and other.device == name
-            ):
+        share = (driver, pool, name, meta.get("uid", ""), res.get("request", ""), res.get("shareID"))
+        sharing = [a for a in state.attachments if a.share_key() == share]
+        for other in sharing:
+            if not pod_uid or other.podUID == pod_uid:
                 raise ClaimError(
                     f"failed to honour {where} for interface {env.ifname}: that allocation result is already used "
                     f"by interface {other.ifname} of container {other.containerID}"
@@ -171,17 +169,24 @@ def _reserve(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> A
             # shared one by a result that records no amount (its share is unknown).
             consumption = whole_capacity(device)
         share_id = res.get("shareID")
-        others = [a for a in state.attachments if a.driver == driver and a.pool == pool and a.device == name]
-        on_node: dict[str, Quantity] = {}
-        for a in others:
-            for k, v in a.charged(device).items():  # a record without amounts: the whole device
-                on_node[k] = on_node[k] + v if k in on_node else v
         mixed = link_type_conflicts(state.attachments, conf.linkType, driver, pool).get(name)
         if mixed:
             raise ClaimError(f"failed to honour {where} on device {name}: the NIC {mixed}")
-        reason = check_fits(device, on_node, consumption)
-        if reason:
-            raise ClaimError(f"failed to honour {where} on device {name}: allocation no longer fits: {reason}")
+        if not sharing:  # another pod of a shared claim already holds (and is charged) this share
+            on_node: dict[str, Quantity] = {}
+            counted: set[Any] = set()
+            for a in state.attachments:
+                if a.driver != driver or a.pool != pool or a.device != name:
+                    continue
+                key = a.share_key()
+                if key is not None and key in counted:  # one share of a claim shared by pods
+                    continue
+                counted.add(key)
+                for k, v in a.charged(device).items():  # a record without amounts: the whole device
+                    on_node[k] = on_node[k] + v if k in on_node else v
+            reason = check_fits(device, on_node, consumption)
+            if reason:
+                raise ClaimError(f"failed to honour {where} on device {name}: allocation no longer fits: {reason}")
         return Attachment(
             **common,
             device=name,

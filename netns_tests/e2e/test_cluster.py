@@ -391,12 +391,6 @@ def test_claim_is_deallocated_and_its_status_entry_removed_after_its_pod(api, cl
     assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cni-dra gives one allocation result to one interface, and learns a claim's pods only from "
-    "NodePrepareResources; the kubelet prepares a claim once, so a pod reserved later is not "
-    "known: its ADD is either refused ('already used by interface eth0') or, when the claim "
-    "was prepared before the pod was reserved, treated as a claim-less pod and charged a "
-    "standalone 1G outside the scheduler's books"))
 def test_one_claim_shared_by_two_pods_is_charged_once(api, cluster):
     """A ResourceClaim (2G) used by two pods: one allocation, one shareID, both pods on
     that NIC, the share charged once (the books equal the scheduler's 2G)."""
@@ -410,6 +404,16 @@ def test_one_claim_shared_by_two_pods_is_charged_once(api, cluster):
     atts = books(cluster)["attachments"]
     assert len(atts) == 2 and {a["shareID"] for a in atts} == {res["shareID"]}
     assert booked(cluster) == scheduled(api, cluster)
+    uids = {pod(api, n)["metadata"]["uid"] for n in ("pod-s1", "pod-s2")}
+    assert {a["podUID"] for a in atts} == uids
+    assert {kernel_eth0(u)["parent_ifindex"] for u in uids} == {host_ifindex(res["device"])}
+    # the first pod goes: the second keeps its interface and the share; then the second goes
+    delete_pods(api, "pod-s1")
+    (left,) = books(cluster)["attachments"]
+    assert left["podName"] == "pod-s2" and booked(cluster) == scheduled(api, cluster)
+    delete_pods(api, "pod-s2")
+    wait_for(lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
+             "shared claim unprepared after its last pod", 60)
 
 
 def test_standalone_pod_is_charged_but_invisible_to_the_scheduler(api, cluster):

@@ -1,0 +1,129 @@
+"""A ResourceClaim shared by several pods: the agent follows ``status.reservedFor`` of the
+claims prepared on this node (list, then watch, on the local API stand-in) and gives each
+pod the prepared copy; the node books hold the claim's one share once however many pods'
+interfaces use it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cni_dra.agent.claimwatch import ClaimWatch, reserved_pods
+from cni_dra.k8s.api import KubeApi
+from cni_dra.quantity import Quantity
+from cni_dra.state import ClaimRef, StateStore
+from cni_dra.state.claims import prepare_claim, share_prepared_claim
+from tests.builders import DRIVER, allocation_result, attachment, resource_claim
+from tests.k8s_apiserver import FakeApiServer, allocated_claim
+
+SHARE = "5b1e2c3d-4f5a-4b6c-8d7e-9f0a1b2c3d4e"
+
+
+def wait_for(cond, timeout_s=20.0):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def reserved(*uids: str) -> list[dict[str, str]]:
+    return [{"resource": "pods", "name": f"p{i}", "uid": u} for i, u in enumerate(uids)]
+
+
+# -- the state side ---------------------------------------------------------------------------
+def test_reserved_pods_takes_core_pods_only():
+    claim = {"status": {"reservedFor": [*reserved("a", "b"), {"apiGroup": "example.com", "resource": "pods",
+                                                                "name": "x", "uid": "c"},
+                                        {"resource": "jobs", "name": "j", "uid": "d"}]}}
+    assert reserved_pods(claim) == {"a", "b"}
+    assert reserved_pods({}) == set()
+
+
+def test_share_prepared_claim_adds_the_prepared_copy_to_new_pods_only(tmp_path):
+    claim = resource_claim(allocation_result("nic-a", consumed={"bandwidth": "2G"}, share_id=SHARE),
+                           uid="u1", reserved_for=reserved("pod-a"))
+    prepare_claim(str(tmp_path), "pod-a", claim)
+    assert share_prepared_claim(str(tmp_path), "u1", {"pod-a", "pod-b"}) == ["pod-b"]
+    st = StateStore(tmp_path).read()
+    assert st.claims["pod-b"] == [claim] and st.claims["pod-a"] == [claim]
+    assert share_prepared_claim(str(tmp_path), "u1", {"pod-a", "pod-b"}) == []  # idempotent
+
+
+def test_share_prepared_claim_leaves_claims_not_prepared_here_alone(tmp_path):
+    store = StateStore(tmp_path)
+    assert share_prepared_claim(str(tmp_path), "unknown", {"pod-x"}) == []
+    assert not (tmp_path / "state.json").exists()  # nothing written at all
+    prepare_claim(str(tmp_path), "pod-a", resource_claim(allocation_result("nic-a"), uid="u1"))
+    stamp = store.change_stamp()
+    assert share_prepared_claim(str(tmp_path), "u2", {"pod-x"}) == []
+    assert store.change_stamp() == stamp and "pod-x" not in store.read().claims
+
+
+def shared(cid: str, pod: str, share: str = SHARE, uid: str = "u1", **kw):
+    return attachment(cid, "nic-a", pool="n", podUID=pod, shareID=share, consumedCapacity={"bandwidth": "2G"},
+                      claim=ClaimRef(namespace="ns", name="c", uid=uid, request="net"), **kw)
+
+
+def test_one_share_used_by_two_pods_is_charged_once(tmp_path):
+    claim = resource_claim(allocation_result("nic-a", consumed={"bandwidth": "2G"}, share_id=SHARE), uid="u1")
+    store = StateStore(tmp_path)
+    with store.transaction() as st:
+        st.claims = {"pod-a": [claim], "pod-b": [claim]}
+        st.attachments.append(shared("c1", "pod-a"))
+        st.attachments.append(shared("c2", "pod-b"))
+    assert store.read().consumed_by_device(DRIVER, "n") == {"nic-a": {"bandwidth": Quantity.parse("2G")}}
+    # two shares of one claim (two requests on one device) are two charges
+    with store.transaction() as st:
+        st.attachments.append(shared("c3", "pod-c", share="6f1e2c3d-4f5a-4b6c-8d7e-9f0a1b2c3d4e"))
+        st.attachments.append(attachment("c4", "nic-a", pool="n", podUID="pod-d", consumedCapacity={"bandwidth": "1G"}))
+    assert store.read().consumed_by_device(DRIVER, "n") == {"nic-a": {"bandwidth": Quantity.parse("5G")}}
+
+
+# -- the watch, against the API stand-in ----------------------------------------------------------
+@pytest.fixture
+def world(tmp_path):
+    with FakeApiServer() as server:
+        api = KubeApi.from_config(host=server.url)
+        watch = ClaimWatch(api, lambda uid, pods: share_prepared_claim(str(tmp_path), uid, pods))
+        yield server, watch, StateStore(tmp_path)
+        watch.stop()
+        api.close()
+
+
+def test_pods_reserved_later_get_the_prepared_claim(world):
+    server, watch, store = world
+    claim = server.add_claim(allocated_claim("c1", pool="node-1", device="nic-a", bandwidth="2G",
+                                             share_id=SHARE, pod_uids=["pod-a"]))
+    other = server.add_claim(allocated_claim("c2", pool="node-9", device="nic-z", bandwidth="1G",
+                                             share_id=SHARE, pod_uids=["pod-x"]))
+    prepare_claim(str(store.dir), "pod-a", claim)
+    watch.start()
+    assert watch.synced.wait(10)
+    claim["status"]["reservedFor"] = reserved("pod-a", "pod-b")
+    server.add_claim(claim)  # the scheduler reserves it for a second pod
+    other["status"]["reservedFor"] = reserved("pod-x", "pod-y")
+    server.add_claim(other)  # a claim of another node: not prepared here
+    copies = wait_for(lambda: store.read().claims.get("pod-b"))
+    assert [c["metadata"]["uid"] for c in copies] == [claim["metadata"]["uid"]]
+    assert copies[0]["status"]["allocation"] == claim["status"]["allocation"]
+    time.sleep(0.3)
+    assert set(store.read().claims) == {"pod-a", "pod-b"}
+
+
+def test_the_first_list_catches_up_and_an_expired_watch_lists_again(world):
+    server, watch, store = world
+    claim = server.add_claim(allocated_claim("c1", pool="node-1", device="nic-a", bandwidth="2G",
+                                             share_id=SHARE, pod_uids=["pod-a", "pod-b"]))
+    prepare_claim(str(store.dir), "pod-a", claim)  # prepared before pod-b was reserved
+    server.fail("WATCH", r".*/resourceclaims", 410)
+    watch.start()
+    wait_for(lambda: "pod-b" in store.read().claims)
+    wait_for(lambda: len(server.requests_for("GET", r".*/v1/resourceclaims")) >= 2)  # 410: a fresh list
+    claim["status"]["reservedFor"] = reserved("pod-a", "pod-b", "pod-c")
+    server.add_claim(claim)
+    wait_for(lambda: "pod-c" in store.read().claims)
+    assert server.invalid == []
