@@ -282,7 +282,7 @@ class StateStore:
         ``durable=False``: a journal record is appended but not ``fdatasync``'ed (the next
         durable commit flushes it). It survives the death of the process (the kernel holds
         it), not a kernel crash; for records that recovery can do without after a reboot
-        (intent steps: :func:`cni_dra.verbs.recover.record_step`)."""
+        (intent steps: :func:`cni_dra.verbs.intent.record_step`)."""
         with txn.transaction(self, durable) as state:
             yield state
 

@@ -271,7 +271,8 @@ def cmd_add(inv: Invocation) -> Result:
     from cni_dra.netlink import links
     from cni_dra.state.models import STEP_IPAM, STEP_LINK, ready_at
     from cni_dra.state.owner import current_owner
-    from cni_dra.verbs.recover import record_step, recover_pending
+    from cni_dra.verbs.intent import record_step
+    from cni_dra.verbs.recover import recover_pending
 
     env, conf = inv.env, inv.conf
     if not conf.ipam_type and not version_at_least(conf.cniVersion, "0.3.0"):

@@ -5,12 +5,9 @@ attachment is already gone, when CNI_NETNS is empty or no longer exists, and (cn
 when the parent NIC is gone. Capacity is released last, so a DEL that fails halfway (the
 runtime retries it) never frees capacity whose link or IP is still held.
 
-The IPAM plugin's DEL runs in a thread while this one deletes the link: the two do not
-depend on each other (the reference macvlan plugin releases IPAM first, then deletes the
-link), and the kernel takes most of a DEL's time unregistering the link. Both are waited
-for before the capacity is released; a link error is raised first, with the IPAM error
-noted on it. Except for ``dhcp``: its daemon sends the DHCPRELEASE through the pod's
-link, so its DEL finishes before the link goes, in the reference order.
+Steps: the ``deleting`` intent (:mod:`cni_dra.verbs.intent`, after recovering stale
+intents); the link and IPAM released (:func:`cni_dra.verbs.release.release`: IPAM DEL
+beside the link deletion, ``dhcp`` first); the record dropped.
 
 Errors: IpamError (the IPAM plugin's code), NetlinkError (102), TryAgainLaterError (11),
 StateError (5).
@@ -21,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from cni_dra.faults import fault_point
-from cni_dra.verbs.common import Concurrently, Invocation, ipam_codes
+from cni_dra.verbs.common import Invocation
 
 __all__ = ["cmd_del"]
 
@@ -30,47 +27,30 @@ log = logging.getLogger("cni_dra.del")
 
 def cmd_del(inv: Invocation) -> None:
     """Run DEL for ``inv`` (idempotent). See module docstring."""
-    from cni_dra import ipam
-    from cni_dra.netlink import links
     from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
+    from cni_dra.verbs.intent import begin_delete, finish_delete
+    from cni_dra.verbs.release import IpamRelease, release
 
     env, conf = inv.env, inv.conf
     key = (conf.name, env.container_id, env.ifname)
-    from cni_dra.verbs.recover import begin_delete
-
     att = begin_delete(inv)  # recovery, then the "deleting" intent; None if absent or state unreadable
     fault_point("del:intent")
     ipam_type = conf.ipam_type or (att.ipamType if att else None)
-    release = None
+    ipam = None
     if ipam_type:
-        raw = inv.raw if conf.ipam_type else (att.ipamConf or "").encode()
-        if ipam_type == "dhcp":  # the release goes out through the link: before it is deleted
-            with ipam_codes():
-                ipam.ipam_del(ipam_type, raw, inv.environ, env.path)
+        raw = inv.raw if conf.ipam_type else (att.ipamConf or "").encode() if att else b""
+        ipam = IpamRelease(ipam_type, raw, inv.environ)
+    delete_link = False
+    if env.netns and netns_ops.netns_exists(env.netns):
+        if netns_ops.is_host_netns(env.netns):
+            log.warning("DEL %s: CNI_NETNS %s is the host namespace; no link is touched", key, env.netns)
+        elif att is not None or _ours_without_record(inv):
+            delete_link = True
         else:
-            release = Concurrently(lambda: ipam.ipam_del(ipam_type, raw, inv.environ, env.path))
-    try:
-        if env.netns and netns_ops.netns_exists(env.netns):
-            if netns_ops.is_host_netns(env.netns):
-                log.warning("DEL %s: CNI_NETNS %s is the host namespace; no link is touched", key, env.netns)
-            elif att is not None or _ours_without_record(inv):
-                links.delete_link(env.netns, env.ifname)
-            else:
-                log.warning("DEL %s: no attachment recorded and %s is not a cni-dra link; left alone", key, env.ifname)
-        fault_point("del:link-deleted")
-    except BaseException as exc:
-        if release is not None:
-            ipam_error = release.wait()[1]
-            if ipam_error is not None:
-                exc.add_note(f"IPAM DEL failed as well: {ipam_error}")
-        raise
-    if release is not None:
-        with ipam_codes():
-            release.result()
-    fault_point("del:ipam-released")
+            log.warning("DEL %s: no attachment recorded and %s is not a cni-dra link; left alone", key, env.ifname)
+    release(env.netns or "", env.ifname, delete_link=delete_link, ipam=ipam, cni_path=env.path, faults="del")
     if att is not None:
-        with inv.store.transaction(durable=False) as state:  # see begin_delete: a reboot releases it
-            state.remove(*key)
+        finish_delete(inv)
 
 
 def _ours_without_record(inv: Invocation) -> bool:

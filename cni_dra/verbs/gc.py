@@ -68,9 +68,9 @@ def cmd_gc(inv: Invocation) -> None:
         return
 
     from cni_dra import ipam
-    from cni_dra.netlink import links
     from cni_dra.netlink.netns import is_host_netns, netns_exists
     from cni_dra.verbs.recover import recover_pending
+    from cni_dra.verbs.release import release_attachment
 
     recover_pending(inv)  # stale intents and attachments lost in a reboot, before judging the rest
     keep = {(a.get("containerID"), a.get("ifname")) for a in valid}
@@ -93,12 +93,8 @@ def cmd_gc(inv: Invocation) -> None:
     errors: list[CniError] = []
     for att in stale:
         try:
-            if att.netns and netns_exists(att.netns) and not is_host_netns(att.netns):
-                links.delete_link(att.netns, att.ifname)
-            if att.ipamType and att.ipamConf:
-                env = inv.environ | {"CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns}
-                with ipam_codes():
-                    ipam.ipam_del(att.ipamType, att.ipamConf.encode(), env, inv.env.path)
+            usable = bool(att.netns) and netns_exists(att.netns) and not is_host_netns(att.netns)
+            release_attachment(att, inv.environ, inv.env.path, delete_link=usable)
             with inv.store.transaction() as state:
                 state.remove(*att.key)
         except CniError as exc:

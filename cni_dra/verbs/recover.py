@@ -3,7 +3,8 @@
 Intent records (:mod:`cni_dra.state.models`): ADD records its attachment as ``adding`` with
 its owner process before the first side effect and appends a step after each
 (:data:`~cni_dra.state.models.STEP_LINK`, :data:`~cni_dra.state.models.STEP_IPAM`); DEL marks
-it ``deleting`` before its first. An intent whose owner process is dead is *stale*.
+it ``deleting`` before its first (:mod:`cni_dra.verbs.intent`). An intent whose owner
+process is dead is *stale*.
 
 :func:`recover` (run at the start of ADD, DEL and GC, and by ``cni-dra state recover``):
 
@@ -13,7 +14,8 @@ it ``deleting`` before its first. An intent whose owner process is dead is *stal
    prepared claims stay: the kubelet prepares them again after a reboot;
 2. outside the lock, per attachment and per step: ``adding`` is undone (the link is deleted
    when the step says it was made, or when a link of that name sits on the recorded parent;
-   IPAM is released when its step was reached), ``deleting`` is finished (link, IPAM);
+   IPAM is released when its step was reached), ``deleting`` is finished (link, IPAM),
+   both through :func:`cni_dra.verbs.release.release_attachment`;
 3. under the lock, drop the attachment, releasing its capacity.
 
 The runtime never saw a result for an ``adding`` attachment, so undoing is right; it will
@@ -34,13 +36,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass, field
 
-from cni_dra.errors import CniError, StateError, StateWriteError, TryAgainLaterError
+from cni_dra.errors import CniError, TryAgainLaterError
 from cni_dra.state import Attachment, NodeState, StateStore
 from cni_dra.state.models import STEP_IPAM, STEP_LINK, Owner
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
 from cni_dra.verbs.common import Invocation
 
-__all__ = ["RecoveryReport", "recover", "recover_pending", "record_step", "begin_delete", "repair"]
+__all__ = ["RecoveryReport", "recover", "recover_pending", "repair"]
 
 log = logging.getLogger("cni_dra.recover")
 
@@ -81,39 +83,25 @@ def _netns_gone(path: str) -> bool:
         return False  # exists but is odd: not ours to judge gone
 
 
-def _ipam_release(att: Attachment, environ: Mapping[str, str], cni_path: Sequence[str] | None) -> bool:
-    from cni_dra import ipam
-
-    if not (att.ipamType and att.ipamConf):
-        return False
-    env = dict(environ) | {"CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns}
-    if cni_path:
-        env["CNI_PATH"] = ":".join(cni_path)
-    ipam.ipam_del(att.ipamType, att.ipamConf.encode(), env, list(cni_path) if cni_path else None)
-    return True
-
-
 def _undo(
     att: Attachment, environ: Mapping[str, str], cni_path: Sequence[str] | None, *, earlier_boot: bool = False
 ) -> str:
     """Undo (``adding``) or finish (``deleting``, ``ready``) one attachment's side effects."""
     from cni_dra.netlink import links
+    from cni_dra.verbs.release import release_attachment
 
-    done = []
     finishing = att.phase != "adding"
+    remove = False
     if _netns_usable(att.netns):
         remove = finishing or STEP_LINK in att.steps
         if not remove:  # crashed between creating the link and recording it?
             parent = links.host_parent_of(att.netns, att.ifname)
             remove = parent is not None and parent.name == att.ifName
-        if remove and links.delete_link(att.netns, att.ifname):
-            done.append(f"link {att.ifname} deleted in {att.netns}")
     # ``earlier_boot``: the intent's owner ran in an earlier boot, so its last step records
     # may be lost (they are not fsync'ed, see record_step): release IPAM anyway; an IPAM DEL
     # of nothing is a no-op.
-    if finishing or STEP_LINK in att.steps or STEP_IPAM in att.steps or earlier_boot:
-        if _ipam_release(att, environ, cni_path):
-            done.append(f"IPAM {att.ipamType} released")
+    ipam = finishing or STEP_LINK in att.steps or STEP_IPAM in att.steps or earlier_boot
+    done = release_attachment(att, environ, cni_path, delete_link=remove, release_ipam=ipam)
     done.append(f"{_charge(att)} on {att.device} released")
     return "; ".join(done)
 
@@ -193,57 +181,6 @@ def recover(
 def recover_pending(inv: Invocation) -> RecoveryReport:
     """:func:`recover` for a plugin invocation (start of ADD, DEL, GC). Raises as :func:`recover`."""
     return recover(inv.store, environ=inv.environ, cni_path=inv.env.path)
-
-
-def record_step(inv: Invocation, step: str) -> None:
-    """Append ``step`` to the intent of this invocation's attachment (under the lock)."""
-    key = (inv.conf.name, inv.env.container_id, inv.env.ifname)
-    # Not fsync'ed: the record outlives this process (a crash), and after a kernel crash the
-    # reboot rule of _undo releases IPAM of a previous boot's intent whatever its steps say.
-    with inv.store.transaction(durable=False) as st:
-        att = st.find(*key)
-        if att is not None and step not in att.steps:
-            att.steps = [*att.steps, step]  # assigned, so the store journals it
-
-
-def begin_delete(inv: Invocation) -> Attachment | None:
-    """Start of DEL: recovery, then mark the attachment ``deleting`` (the intent) and return it.
-
-    Returns None when the attachment is not in state, or when the state file is unreadable:
-    DEL then still removes the link and releases IPAM from the runtime's config (logged).
-    Raises TryAgainLaterError (11) while an ADD of the same attachment is in flight or the
-    lock times out.
-    """
-    key = (inv.conf.name, inv.env.container_id, inv.env.ifname)
-    try:
-        recover_pending(inv)
-        # Not fsync'ed (nor is DEL's removal, cni_dra.verbs.delete): a DEL record lost in a
-        # kernel crash leaves the attachment charged until the first ADD/DEL/GC after the
-        # reboot, which releases every attachment of the previous boot whose netns is gone.
-        with inv.store.transaction(durable=False) as st:
-            att = st.find(*key)
-            if att is None:
-                # A placeholder that ``state repair`` made for this pod's untracked link.
-                for placeholder in st.attachments:
-                    if (placeholder.network == REPAIR_NETWORK and placeholder.netns == (inv.env.netns or "")
-                            and placeholder.ifname == inv.env.ifname and inv.env.netns):
-                        st.attachments.remove(placeholder)
-                        log.info("DEL %s: released the repair placeholder of %s", key, placeholder.ifname)
-                        break
-                return None
-            if att.phase == "adding" and owner_alive(att.owner):
-                raise TryAgainLaterError(
-                    f"failed to delete {inv.env.ifname} for container {inv.env.container_id}: an ADD of "
-                    "the same attachment is still in progress"
-                )
-            att.phase = "deleting"
-            att.owner = current_owner()
-            return att.model_copy(deep=True)
-    except StateWriteError:
-        raise  # nothing written, nothing removed: the runtime retries the DEL
-    except StateError as exc:
-        log.error("DEL %s: %s; removing the link and releasing IPAM from the runtime's config only", key, exc.msg)
-        return None
 
 
 def _live_links(state: NodeState) -> dict[tuple[str, str], str]:

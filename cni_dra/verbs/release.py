@@ -1,0 +1,105 @@
+"""Release one attachment's side effects: its link in the pod netns and its IPAM reservation.
+
+The one path by which DEL, GC and recovery take an attachment's link and address away (the
+capacity goes when the caller drops the record, always after this has succeeded, so a
+failure never frees capacity whose link or IP is still held).
+
+The IPAM plugin's DEL runs in a thread while the link is deleted: the two do not depend on
+each other (the reference macvlan plugin releases IPAM first, then deletes the link), and
+the kernel takes most of the time unregistering the link. Both are waited for; a link
+error is raised first, with the IPAM error noted on it. Except for ``dhcp``: its daemon
+sends the DHCPRELEASE through the pod's link, so its DEL finishes before the link goes,
+in the reference order.
+
+Errors: NetlinkError (102), IpamError (the plugin's code; its catch-all 999 becomes 103).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cni_dra.faults import fault_point
+from cni_dra.state import Attachment
+from cni_dra.verbs.common import Concurrently, ipam_codes
+
+__all__ = ["IpamRelease", "release", "release_attachment"]
+
+
+@dataclass(frozen=True)
+class IpamRelease:
+    """An IPAM DEL to run: the plugin ``type``, the network config it gets on stdin and
+    the CNI environment (CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS, ...)."""
+
+    type: str
+    config: bytes
+    environ: Mapping[str, str]
+
+
+def release(
+    netns: str,
+    ifname: str,
+    *,
+    delete_link: bool,
+    ipam: IpamRelease | None,
+    cni_path: Sequence[str] | None,
+    faults: str | None = None,
+) -> list[str]:
+    """Delete link ``ifname`` in ``netns`` (when ``delete_link``) and run ``ipam``'s DEL.
+
+    ``faults``: the prefix of the crash-test fault points passed on the way (``del``: after
+    the link is gone, ``del:link-deleted``; after IPAM, ``del:ipam-released``). Returns what
+    was done, in words. Raises as the module docstring says.
+    """
+    from cni_dra import ipam as ipam_plugins
+    from cni_dra.netlink import links
+
+    done: list[str] = []
+    pending = None
+    if ipam is not None:
+        path = list(cni_path) if cni_path else None
+        if ipam.type == "dhcp":  # the release goes out through the link: before it is deleted
+            with ipam_codes():
+                ipam_plugins.ipam_del(ipam.type, ipam.config, ipam.environ, path)
+            done.append(f"IPAM {ipam.type} released")
+        else:
+            pending = Concurrently(lambda: ipam_plugins.ipam_del(ipam.type, ipam.config, ipam.environ, path))
+    try:
+        if delete_link and links.delete_link(netns, ifname):
+            done.insert(0, f"link {ifname} deleted in {netns}")
+        if faults:
+            fault_point(f"{faults}:link-deleted")
+    except BaseException as exc:
+        if pending is not None:
+            ipam_error = pending.wait()[1]
+            if ipam_error is not None:
+                exc.add_note(f"IPAM DEL failed as well: {ipam_error}")
+        raise
+    if pending is not None:
+        with ipam_codes():
+            pending.result()
+        done.append(f"IPAM {ipam.type} released")  # type: ignore[union-attr]
+    if faults:
+        fault_point(f"{faults}:ipam-released")
+    return done
+
+
+def release_attachment(
+    att: Attachment,
+    environ: Mapping[str, str],
+    cni_path: Sequence[str] | None,
+    *,
+    delete_link: bool = True,
+    release_ipam: bool = True,
+) -> list[str]:
+    """:func:`release` of a recorded attachment: its link (``delete_link``; the caller has
+    checked that its netns is usable and not the host's) and, with ``release_ipam``, the
+    IPAM DEL with the config recorded at ADD, in ``environ`` plus the attachment's
+    CNI_CONTAINERID, CNI_IFNAME and CNI_NETNS (and CNI_PATH from ``cni_path``)."""
+    ipam = None
+    if release_ipam and att.ipamType and att.ipamConf:
+        env = dict(environ) | {"CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns}
+        if cni_path:
+            env["CNI_PATH"] = ":".join(cni_path)
+        ipam = IpamRelease(att.ipamType, att.ipamConf.encode(), env)
+    return release(att.netns, att.ifname, delete_link=delete_link, ipam=ipam, cni_path=cni_path)
