@@ -25,6 +25,9 @@ Errors (CNI spec 1.1.0 "Error"; cni-dra codes in :mod:`cni_dra.errors`):
   network namespace or is the host one; ``ifname`` is not a valid interface
   name (CNI spec "Parameters": CNI_IFNAME) or already exists in the netns;
 * :class:`~cni_dra.errors.InvalidConfigError` (7): bad mode, MAC or MTU;
+
+Interface names, MACs and the macvlan/ipvlan mode tables are :mod:`cni_dra.iface`'s, the
+rules the CNI protocol layer applies too.
 * :class:`~cni_dra.errors.IOFailureError` (5): a sysctl file cannot be written.
 """
 
@@ -52,6 +55,7 @@ from cni_dra.errors import (
     IOFailureError,
     NetlinkError,
 )
+from cni_dra.iface import IPVLAN_FLAGS, IPVLAN_MODES, MACVLAN_MODES, validate_ifname, validate_mac
 from cni_dra.netlink.netns import (
     current_netns_identity,
     host_netns_identity,
@@ -82,23 +86,13 @@ __all__ = [
     "set_sysctl_in_netns",
 ]
 
-# <linux/if_link.h>: enum macvlan_mode (bit values) and ipvlan mode/flags.
-MACVLAN_MODES: dict[str, int] = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8, "source": 16}
-IPVLAN_MODES: dict[str, int] = {"l2": 0, "l3": 1, "l3s": 2}
-IPVLAN_FLAGS: dict[str, int] = {"bridge": 0, "private": 1, "vepa": 2}
-
 TEMP_NAME_PREFIX = "cdra"
 """Links are created as ``cdra<10 hex>`` in the target netns and then renamed."""
 
 _TEMP_NAME_ATTEMPTS = 8
-_IFNAMSIZ = 16
 _MIN_MTU = 68  # RFC 791 minimum for IPv4
-_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _IFF_UP = 0x1
 _IFF_LOWER_UP = 0x10000  # <linux/if.h>: the driver signals carrier (L1 up)
-# Bytes the kernel's isspace() matches (lib/ctype.c: \t\n\v\f\r, space, 0xa0); dev_valid_name()
-# rejects names containing them, so UTF-8 names with a 0xa0 byte ("à" = c3 a0) fail too.
-_KERNEL_SPACE_BYTES = frozenset(b"\t\n\v\f\r \xa0")
 
 
 @dataclass(frozen=True)
@@ -389,49 +383,6 @@ def _get_link(ipr: Any, *, ifname: str | None = None, index: int | None = None) 
     return msgs[0] if msgs else None
 
 
-# --------------------------------------------------------------------------- validation
-
-
-def _is_space(c: str) -> bool:
-    # Unicode White_Space as Go's unicode.IsSpace (what the reference skel checks); Python's
-    # str.isspace() also counts the ASCII separators 0x1c-0x1f, which the kernel accepts.
-    return c.isspace() and c not in "\x1c\x1d\x1e\x1f"
-
-
-def validate_ifname(ifname: str) -> None:
-    """Check an interface name as CNI spec 1.1.0 "Parameters" (CNI_IFNAME) requires.
-
-    At most 15 bytes (UTF-8), not empty, not ``.`` or ``..``, no NUL, ``%``, ``/``, ``:`` or
-    whitespace (Unicode whitespace, and the bytes the kernel's ``dev_valid_name``
-    treats as space). Raises :class:`InvalidEnvironmentError` (code 4).
-    """
-    problem = None
-    if not isinstance(ifname, str) or not ifname:
-        problem = "empty"
-    elif len(ifname.encode()) >= _IFNAMSIZ:
-        problem = f"longer than {_IFNAMSIZ - 1} bytes"
-    elif ifname in (".", ".."):
-        problem = "reserved name"
-    elif "\x00" in ifname:
-        problem = "contains a NUL character"
-    elif "%" in ifname:
-        problem = "contains '%' (the kernel expands it as a name pattern like eth%d)"
-    elif any(c in "/:" or _is_space(c) for c in ifname) or any(b in _KERNEL_SPACE_BYTES for b in ifname.encode()):
-        problem = "contains '/', ':' or a whitespace character or byte"
-    if problem:
-        raise InvalidEnvironmentError(f"failed to validate interface name {ifname!r}: {problem}")
-
-
-def _validate_mac(mac: str) -> str:
-    if not _MAC_RE.match(mac):
-        raise InvalidConfigError(f"failed to validate mac {mac!r}: not of the form aa:bb:cc:dd:ee:ff")
-    if int(mac[:2], 16) & 1:
-        raise InvalidConfigError(f"failed to validate mac {mac}: multicast address")
-    if mac == "00:00:00:00:00:00":
-        raise InvalidConfigError(f"failed to validate mac {mac}: all-zero address")
-    return mac.lower()
-
-
 # --------------------------------------------------------------------------- host links
 
 
@@ -616,7 +567,7 @@ def _create_sublink(
 ) -> LinkInfo:
     validate_ifname(ifname)
     if mac is not None:
-        mac = _validate_mac(mac)
+        mac = validate_mac(mac)
     if mtu is not None and (not isinstance(mtu, int) or isinstance(mtu, bool) or mtu < _MIN_MTU):
         raise InvalidConfigError(f"failed to create {kind} {ifname}: mtu {mtu!r} is not an integer >= {_MIN_MTU}")
     fd = open_netns(netns)
