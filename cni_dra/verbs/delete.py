@@ -31,7 +31,7 @@ log = logging.getLogger("cni_dra.del")
 def cmd_del(inv: Invocation) -> None:
     """Run DEL for ``inv`` (idempotent). See module docstring."""
     from cni_dra import ipam
-    from cni_dra.netlink import links
+    from cni_dra.netlink import sublink  # called through the module: the seam tests patch
     from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
 
     env, conf = inv.env, inv.conf
@@ -54,7 +54,7 @@ def cmd_del(inv: Invocation) -> None:
             if netns_ops.is_host_netns(env.netns):
                 log.warning("DEL %s: CNI_NETNS %s is the host namespace; no link is touched", key, env.netns)
             elif att is not None or _ours_without_record(inv):
-                links.delete_link(env.netns, env.ifname)
+                sublink.delete_link(env.netns, env.ifname)
             else:
                 log.warning("DEL %s: no attachment recorded and %s is not a cni-dra link; left alone", key, env.ifname)
         fault_point("del:link-deleted")
@@ -82,14 +82,14 @@ def _ours_without_record(inv: Invocation) -> bool:
     """
     from cni_dra.dra.models import device_attribute
     from cni_dra.errors import CniError
-    from cni_dra.netlink import links
+    from cni_dra.netlink import info
 
     env = inv.env
     try:
-        link = links.link_in_netns(env.netns, env.ifname)
+        link = info.link_in_netns(env.netns, env.ifname)
         if link is None or link.kind not in ("macvlan", "ipvlan"):
             return False
-        parent = links.host_parent_of(env.netns, env.ifname)
+        parent = info.host_parent_of(env.netns, env.ifname)
         slice_ = inv.inventory
     except CniError:
         return False

@@ -68,7 +68,7 @@ def cmd_gc(inv: Invocation) -> None:
         return
 
     from cni_dra import ipam
-    from cni_dra.netlink import links
+    from cni_dra.netlink import sublink
     from cni_dra.netlink.netns import is_host_netns, netns_exists
     from cni_dra.verbs.recover import recover_pending
 
@@ -94,7 +94,7 @@ def cmd_gc(inv: Invocation) -> None:
     for att in stale:
         try:
             if att.netns and netns_exists(att.netns) and not is_host_netns(att.netns):
-                links.delete_link(att.netns, att.ifname)
+                sublink.delete_link(att.netns, att.ifname)
             if att.ipamType and att.ipamConf:
                 env = inv.environ | {"CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns}
                 with ipam_codes():

@@ -97,16 +97,16 @@ def _undo(
     att: Attachment, environ: Mapping[str, str], cni_path: Sequence[str] | None, *, earlier_boot: bool = False
 ) -> str:
     """Undo (``adding``) or finish (``deleting``, ``ready``) one attachment's side effects."""
-    from cni_dra.netlink import links
+    from cni_dra.netlink import info, sublink
 
     done = []
     finishing = att.phase != "adding"
     if _netns_usable(att.netns):
         remove = finishing or STEP_LINK in att.steps
         if not remove:  # crashed between creating the link and recording it?
-            parent = links.host_parent_of(att.netns, att.ifname)
+            parent = info.host_parent_of(att.netns, att.ifname)
             remove = parent is not None and parent.name == att.ifName
-        if remove and links.delete_link(att.netns, att.ifname):
+        if remove and sublink.delete_link(att.netns, att.ifname):
             done.append(f"link {att.ifname} deleted in {att.netns}")
     # ``earlier_boot``: the intent's owner ran in an earlier boot, so its last step records
     # may be lost (they are not fsync'ed, see record_step): release IPAM anyway; an IPAM DEL
@@ -248,14 +248,14 @@ def begin_delete(inv: Invocation) -> Attachment | None:
 
 def _live_links(state: NodeState) -> dict[tuple[str, str], str]:
     """(netns, ifname) → host parent name for each attachment whose link is alive."""
-    from cni_dra.netlink import links
+    from cni_dra.netlink import info
 
     out = {}
     for att in state.attachments:
         if not _netns_usable(att.netns):
             continue
         try:
-            parent = links.host_parent_of(att.netns, att.ifname)
+            parent = info.host_parent_of(att.netns, att.ifname)
         except CniError:
             continue
         if parent is not None:
@@ -272,7 +272,7 @@ def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[tup
     names: (netns path, link name, link kind, parent host name)."""
     import os
 
-    from cni_dra.netlink import links
+    from cni_dra.netlink import info
     from cni_dra.netlink.netns import in_netns
 
     found = []
@@ -286,11 +286,11 @@ def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[tup
             continue
         try:
             with in_netns(path):
-                kids = [(li.name, li.kind) for li in links.list_host_links() if li.kind in ("macvlan", "ipvlan")]
+                kids = [(li.name, li.kind) for li in info.list_host_links() if li.kind in ("macvlan", "ipvlan")]
             for kid, kind in kids:
                 if (path, kid) in known:
                     continue
-                parent = links.host_parent_of(path, kid)
+                parent = info.host_parent_of(path, kid)
                 if parent is not None and parent.name in parents:
                     found.append((path, kid, str(kind), parent.name))
         except CniError:
