@@ -5,8 +5,11 @@ Expected values come from the kernel through pyroute2 used directly, never from 
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +19,7 @@ import pytest
 from cni_dra.netlink import _pyroute2, addr, netns, sockets, sublink
 from cni_dra.netlink import info as linkinfo
 from netns_tests.conftest import unique_name
+from netns_tests.runner import CNI_PATH
 
 
 @pytest.fixture
@@ -163,3 +167,56 @@ def test_configure_interface_without_describe_applies_and_returns_none(make_netn
     assert addrs == {"10.23.0.5/24"}
     assert "192.168.51.0/24" in dsts
 
+
+class _Counted:
+    """An IPRoute whose requests (link/addr/route/get_netnsid calls) are counted by kind and action."""
+
+    def __init__(self, ipr: Any, counts: Counter[str]) -> None:
+        self._ipr, self._counts = ipr, counts
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._ipr, name)
+        if name not in ("link", "addr", "route", "get_netnsid"):
+            return attr
+
+        def counted(*a: Any, **kw: Any) -> Any:
+            self._counts[f"{name} {a[0]}" if a else name] += 1
+            return attr(*a, **kw)
+
+        return counted
+
+
+# What one ADD (host-local, one address, one route) and one DEL cost today: the parent's
+# lookup, the temporary link made in the pod netns, renamed and set up in one request,
+# read back, then the address and the route. A change that adds a request shows here.
+ADD_REQUESTS = {"socket": 3, "link get": 4, "link add": 1, "link set": 1, "addr add": 1, "route add": 1}
+DEL_REQUESTS = {"socket": 1, "link del": 1}
+
+
+def test_add_and_del_send_no_more_netlink_requests_than_before(make_node, make_netns, monkeypatch) -> None:
+    from cni_dra.cni import run
+
+    real = _pyroute2.load()
+    counts: Counter[str] = Counter()
+
+    def counting_iproute(*a: Any, **kw: Any) -> Any:
+        counts["socket"] += 1
+        return _Counted(real.IPRoute(*a, **kw), counts)
+
+    node, ns = make_node(nics=1), make_netns()
+    conf = json.dumps(node.spec_conf(version="1.0.0", ipam="host-local-v4")).encode()
+    env = {"CNI_CONTAINERID": unique_name(), "CNI_NETNS": ns, "CNI_IFNAME": "eth0", "CNI_PATH": CNI_PATH,
+           "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    sockets.drop_held()  # the main thread's kept socket is opened (and counted) by the ADD
+    fake = SimpleNamespace(IPRoute=counting_iproute, NetlinkError=real.NetlinkError)
+    monkeypatch.setattr(_pyroute2, "load", lambda: fake)
+    seen = {}
+    try:
+        for command in ("ADD", "DEL"):
+            counts.clear()
+            out = io.StringIO()
+            assert run({**env, "CNI_COMMAND": command}, conf, out) == 0, out.getvalue()
+            seen[command] = dict(counts)
+    finally:
+        sockets.drop_held()
+    assert seen == {"ADD": ADD_REQUESTS, "DEL": DEL_REQUESTS}
