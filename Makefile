@@ -57,7 +57,7 @@ test: install
 # more under user-mode-linux (scripts/uml-run), one pytest process, venv python called
 # directly. When neither works they are skipped and the reason is printed.
 ipvlan-uml:
-	@if $(PY) -c 'from cni_dra.netlink.links import link_kind_supported as k; raise SystemExit(not k("ipvlan"))'; then \
+	@if $(PY) -c 'from cni_dra.netlink.sublink import link_kind_supported as k; raise SystemExit(not k("ipvlan"))'; then \
 	   echo "ipvlan: this kernel has ipvlan; netns_tests/test_ipvlan.py ran natively"; \
 	 elif why=$$(scripts/uml-run --check 2>&1); then \
 	   echo "ipvlan: this kernel has no ipvlan; running netns_tests/test_ipvlan.py under scripts/uml-run"; \

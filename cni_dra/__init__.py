@@ -2,7 +2,8 @@
 
 Layers, bottom to top (README "Architecture"):
 
-* ``cni_dra.errors``, ``cni_dra.quantity``, ``cni_dra.dra`` (resource.k8s.io/v1 models),
+* ``cni_dra.errors``, ``cni_dra.quantity``, ``cni_dra.iface`` (interface name, MAC and
+  macvlan/ipvlan mode rules), ``cni_dra.dra`` (resource.k8s.io/v1 models),
   ``cni_dra.protocol`` (CNI env, config, results, versions) and ``cni_dra.allocator``
   (pure KEP-5075 functions);
 * ``cni_dra.netlink`` (pyroute2), ``cni_dra.ipam`` (IPAM plugin delegation),

@@ -30,7 +30,7 @@ def device_name_for(ifname: str) -> str:
 
 def discover_slice(*, interfaces: list[str], default_bandwidth: str, driver: str, node_name: str | None) -> dict[str, Any]:
     """Return the ResourceSlice document (a dict) for the host's NICs."""
-    from cni_dra.netlink.links import link_speed_bps, list_host_links
+    from cni_dra.netlink.info import link_speed_bps, list_host_links
 
     default_bps = Quantity.parse(default_bandwidth)
     node = node_name or socket.gethostname()

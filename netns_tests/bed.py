@@ -283,7 +283,7 @@ def recover(node: NodeBed) -> tuple[int, dict[str, Any]]:
 
 def parent_of(netns: str, ifname: str = "eth0") -> str | None:
     """Host name of the parent of ``ifname`` in ``netns`` (None: no such link or parent)."""
-    from cni_dra.netlink.links import host_link_by_index, link_in_netns
+    from cni_dra.netlink.info import host_link_by_index, link_in_netns
 
     link = link_in_netns(netns, ifname)
     if link is None:

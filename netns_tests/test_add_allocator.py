@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from cni_dra.netlink.links import host_link_by_index, link_in_netns
+from cni_dra.netlink.info import host_link_by_index, link_in_netns
 from netns_tests.runner import CNI_EXE, CNI_PATH, cni_dra_status, run_plugin
 
 DRIVER = "net.cni-dra.dev"

@@ -456,7 +456,7 @@ def test_duplicate_mac_outside_our_state_is_refused_by_the_kernel(bed: NodeBed) 
 
 
 def test_bcqueuelen_and_notify_sysctls(bed: NodeBed) -> None:
-    from cni_dra.netlink.links import link_in_netns as nl_link
+    from cni_dra.netlink.info import link_in_netns as nl_link
 
     netns = bed.make_netns()
     code, res, err = bed.run("ADD", bed.spec_conf("1.1.0", "l2", bcqueuelen=321), netns, cid="c1")
@@ -468,7 +468,7 @@ def test_bcqueuelen_and_notify_sysctls(bed: NodeBed) -> None:
 
 @pytest.mark.parametrize("mode", ["bridge", "private", "vepa", "passthru"])
 def test_macvlan_modes(bed: NodeBed, mode: str) -> None:
-    from cni_dra.netlink.links import link_in_netns as nl_link
+    from cni_dra.netlink.info import link_in_netns as nl_link
 
     netns = bed.make_netns()
     conf = bed.spec_conf("1.1.0", "l2", mode=mode)
@@ -485,7 +485,7 @@ def test_l2_only_link_is_up_without_addresses(bed: NodeBed) -> None:
     assert code == 0, (res, err)
     link = link_in_netns(netns, "eth0")
     assert link["ipv4"] == [] and link["ipv6"] == []
-    from cni_dra.netlink.links import link_in_netns as nl_link
+    from cni_dra.netlink.info import link_in_netns as nl_link
 
     assert nl_link(netns, "eth0").admin_up
 

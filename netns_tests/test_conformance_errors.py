@@ -140,7 +140,7 @@ def test_ipv6_dad_wait_is_bounded_and_rolls_back(bed: NodeBed) -> None:
 
 
 def test_ipvlan_on_a_kernel_without_it_is_102_and_leaves_nothing(bed: NodeBed) -> None:
-    from cni_dra.netlink.links import link_kind_supported
+    from cni_dra.netlink.sublink import link_kind_supported
 
     if link_kind_supported("ipvlan"):
         pytest.skip("this kernel has ipvlan (test_ipvlan.py covers it)")

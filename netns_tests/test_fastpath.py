@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cni_dra.netlink.links import host_link, link_in_netns
+from cni_dra.netlink.info import host_link, link_in_netns
 from netns_tests.bed import NodeBed, start_fastpath_agent, stop_process
 from netns_tests.runner import CNI_EXE, run_plugin
 

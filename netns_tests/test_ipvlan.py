@@ -32,7 +32,7 @@ SKIP_REASON = (
 
 @pytest.fixture(autouse=True)
 def _needs_ipvlan() -> None:
-    from cni_dra.netlink.links import link_kind_supported
+    from cni_dra.netlink.sublink import link_kind_supported
 
     if not link_kind_supported("ipvlan"):
         pytest.skip(SKIP_REASON)
@@ -92,7 +92,7 @@ def _check_addresses(ipam: str, res_ips: list[dict], link: dict) -> None:
 
 @pytest.mark.parametrize("version,ipam,mode", _grid())
 def test_ipvlan_add_check_status_gc_del(bed: NodeBed, version: str, ipam: str, mode: str) -> None:
-    from cni_dra.netlink.links import link_in_netns as nl_link
+    from cni_dra.netlink.info import link_in_netns as nl_link
 
     netns = bed.make_netns()
     conf = bed.spec_conf(version, ipam, linkType="ipvlan", mode=mode)
@@ -156,7 +156,7 @@ def test_ipvlan_add_check_status_gc_del(bed: NodeBed, version: str, ipam: str, m
 
 @pytest.mark.parametrize("flag", ["bridge", "private", "vepa"])
 def test_ipvlan_flags(bed: NodeBed, flag: str) -> None:
-    from cni_dra.netlink.links import link_in_netns as nl_link
+    from cni_dra.netlink.info import link_in_netns as nl_link
 
     netns = bed.make_netns()
     conf = bed.spec_conf("1.1.0", "l2", linkType="ipvlan", ipvlanFlag=flag)

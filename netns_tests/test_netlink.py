@@ -26,7 +26,9 @@ from cni_dra.errors import (
     InvalidEnvironmentError,
     NetlinkError,
 )
-from cni_dra.netlink import links, netns
+from cni_dra import iface
+from cni_dra.netlink import addr, netns, sublink, sysctl
+from cni_dra.netlink import info as linkinfo
 from netns_tests.conftest import delete_host_link, remove_netns
 
 PY = sys.executable
@@ -84,7 +86,7 @@ def host_sublinks(parent: str) -> list[str]:
 
 def no_temp_links(path: str | None) -> None:
     names = ns_links(path) if path else host_links()
-    assert not [n for n in names if n.startswith(links.TEMP_NAME_PREFIX)]
+    assert not [n for n in names if n.startswith(sublink.TEMP_NAME_PREFIX)]
 
 
 # --------------------------------------------------------------------------- namespaces
@@ -234,7 +236,7 @@ def test_in_netns_exits_the_process_when_it_cannot_return(make_netns) -> None:
 def test_host_link_queries_match_the_kernel(make_parent_nic) -> None:
     parent = make_parent_nic(mtu=1400)
     seen = host_links()[parent]
-    info = links.host_link(parent)
+    info = linkinfo.host_link(parent)
     assert info is not None
     assert (info.name, info.index, info.kind, info.mtu, info.mac) == (
         parent,
@@ -244,28 +246,28 @@ def test_host_link_queries_match_the_kernel(make_parent_nic) -> None:
         seen.get_attr("IFLA_ADDRESS"),
     )
     assert info.admin_up
-    assert links.host_link_by_index(seen["index"]) == info
-    assert parent in {li.name for li in links.list_host_links()}
-    assert links.host_link("cdt-nonexist0") is None
+    assert linkinfo.host_link_by_index(seen["index"]) == info
+    assert parent in {li.name for li in linkinfo.list_host_links()}
+    assert linkinfo.host_link("cdt-nonexist0") is None
 
 
 def test_link_speed_of_missing_link_is_none() -> None:
-    assert links.link_speed_bps("cdt-nonexist0") is None
+    assert linkinfo.link_speed_bps("cdt-nonexist0") is None
 
 
 def test_link_kind_probe() -> None:
-    assert links.link_kind_supported("macvlan") is True
+    assert sublink.link_kind_supported("macvlan") is True
     no_temp_links(None)
 
 
 # --------------------------------------------------------------------------- macvlan create
 
 
-@pytest.mark.parametrize("mode", sorted(links.MACVLAN_MODES))
+@pytest.mark.parametrize("mode", sorted(iface.MACVLAN_MODES))
 def test_create_macvlan_in_fresh_netns(make_netns, make_parent_nic, mode: str) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    info = links.create_macvlan(parent=parent, netns=path, ifname="eth0", mode=mode)
+    info = sublink.create_macvlan(parent=parent, netns=path, ifname="eth0", mode=mode)
 
     seen = ns_links(path)
     assert set(seen) == {"lo", "eth0"}  # no temporary link left in the netns
@@ -286,14 +288,14 @@ def test_create_macvlan_in_fresh_netns(make_netns, make_parent_nic, mode: str) -
     assert info.parent_index == parent_msg["index"]
     assert info.parent_netnsid == eth0.get_attr("IFLA_LINK_NETNSID") is not None
 
-    resolved = links.host_parent_of(path, "eth0")
+    resolved = linkinfo.host_parent_of(path, "eth0")
     assert resolved is not None and resolved.name == parent
 
 
 def test_create_macvlan_with_mtu_and_mac(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic(mtu=9000)
     path = make_netns()
-    info = links.create_macvlan(parent=parent, netns=path, ifname="net1", mtu=1400, mac="02:AA:bb:01:02:03")
+    info = sublink.create_macvlan(parent=parent, netns=path, ifname="net1", mtu=1400, mac="02:AA:bb:01:02:03")
     eth = ns_links(path)["net1"]
     assert eth.get_attr("IFLA_MTU") == 1400
     assert eth.get_attr("IFLA_ADDRESS") == "02:aa:bb:01:02:03"
@@ -304,7 +306,7 @@ def test_create_macvlan_mtu_above_parent_is_code_7_and_creates_nothing(make_netn
     parent = make_parent_nic(mtu=1500)
     path = make_netns()
     with pytest.raises(InvalidConfigError) as exc:
-        links.create_macvlan(parent=parent, netns=path, ifname="eth0", mtu=9000)
+        sublink.create_macvlan(parent=parent, netns=path, ifname="eth0", mtu=9000)
     assert exc.value.code == 7
     assert set(ns_links(path)) == {"lo"}
 
@@ -317,7 +319,7 @@ def test_create_macvlan_ifname_collision_leaves_nothing(make_netns, make_parent_
     before_ns = {name: m["index"] for name, m in ns_links(path).items()}
 
     with pytest.raises(InvalidEnvironmentError) as exc:
-        links.create_macvlan(parent=parent, netns=path, ifname="eth0")
+        sublink.create_macvlan(parent=parent, netns=path, ifname="eth0")
     assert exc.value.code == 4
     assert "eth0 already exists" in exc.value.msg
 
@@ -331,7 +333,7 @@ def test_create_macvlan_ifname_collision_leaves_nothing(make_netns, make_parent_
 def test_create_macvlan_missing_parent_names_it(make_netns) -> None:
     path = make_netns()
     with pytest.raises(NetlinkError) as exc:
-        links.create_macvlan(parent="cdt-noparent0", netns=path, ifname="eth0")
+        sublink.create_macvlan(parent="cdt-noparent0", netns=path, ifname="eth0")
     assert exc.value.code == 102
     assert "cdt-noparent0" in exc.value.msg
     assert set(ns_links(path)) == {"lo"}
@@ -340,7 +342,7 @@ def test_create_macvlan_missing_parent_names_it(make_netns) -> None:
 def test_create_macvlan_into_host_netns_is_refused(make_parent_nic) -> None:
     parent = make_parent_nic()
     with pytest.raises(InvalidEnvironmentError) as exc:
-        links.create_macvlan(parent=parent, netns="/proc/self/ns/net", ifname="cdt-mv0")
+        sublink.create_macvlan(parent=parent, netns="/proc/self/ns/net", ifname="cdt-mv0")
     assert "host network namespace" in exc.value.msg
     assert host_sublinks(parent) == []
     assert "cdt-mv0" not in host_links()
@@ -349,24 +351,24 @@ def test_create_macvlan_into_host_netns_is_refused(make_parent_nic) -> None:
 def test_create_macvlan_missing_netns_is_code_3(make_parent_nic, tmp_path) -> None:
     parent = make_parent_nic()
     with pytest.raises(ContainerUnknownError):
-        links.create_macvlan(parent=parent, netns=str(tmp_path / "gone"), ifname="eth0")
+        sublink.create_macvlan(parent=parent, netns=str(tmp_path / "gone"), ifname="eth0")
     assert host_sublinks(parent) == []
 
 
 def test_failure_after_create_deletes_the_link(make_netns, make_parent_nic, monkeypatch) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    real = links._link_info
+    real = linkinfo.decode_link
     calls = []
 
     def broken(msg, addresses=None):  # fails on the final read-back, after rename and up
         calls.append(1)
         raise OSError(5, "injected")
 
-    monkeypatch.setattr(links, "_link_info", broken)
+    monkeypatch.setattr(linkinfo, "decode_link", broken)
     with pytest.raises(NetlinkError) as exc:
-        links.create_macvlan(parent=parent, netns=path, ifname="eth0")
-    monkeypatch.setattr(links, "_link_info", real)
+        sublink.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    monkeypatch.setattr(linkinfo, "decode_link", real)
     assert calls
     assert "injected" in exc.value.msg or "Input/output error" in exc.value.msg
     assert set(ns_links(path)) == {"lo"}
@@ -375,8 +377,8 @@ def test_failure_after_create_deletes_the_link(make_netns, make_parent_nic, monk
 def test_two_macvlans_on_one_parent_in_two_netns(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     a, b = make_netns(), make_netns()
-    ia = links.create_macvlan(parent=parent, netns=a, ifname="eth0")
-    ib = links.create_macvlan(parent=parent, netns=b, ifname="eth0")
+    ia = sublink.create_macvlan(parent=parent, netns=a, ifname="eth0")
+    ib = sublink.create_macvlan(parent=parent, netns=b, ifname="eth0")
     assert ia.mac != ib.mac
     assert ns_links(a)["eth0"].get_attr("IFLA_ADDRESS") == ia.mac
     assert ns_links(b)["eth0"].get_attr("IFLA_ADDRESS") == ib.mac
@@ -388,42 +390,42 @@ def test_two_macvlans_on_one_parent_in_two_netns(make_netns, make_parent_nic) ->
 def test_delete_twice(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    links.create_macvlan(parent=parent, netns=path, ifname="eth0")
-    assert links.delete_link(path, "eth0") is True
+    sublink.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    assert sublink.delete_link(path, "eth0") is True
     assert set(ns_links(path)) == {"lo"}
-    assert links.delete_link(path, "eth0") is False
+    assert sublink.delete_link(path, "eth0") is False
     assert parent in host_links()
 
 
 def test_delete_after_netns_removed(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    links.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    sublink.create_macvlan(parent=parent, netns=path, ifname="eth0")
     remove_netns(path)
     assert not os.path.exists(path)
-    assert links.delete_link(path, "eth0") is False
+    assert sublink.delete_link(path, "eth0") is False
 
 
 def test_delete_with_unmounted_netns_file(tmp_path) -> None:
     leftover = tmp_path / "cni-1234"
     leftover.touch()
-    assert links.delete_link(str(leftover), "eth0") is False
+    assert sublink.delete_link(str(leftover), "eth0") is False
 
 
 def test_delete_after_parent_removed(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    links.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    sublink.create_macvlan(parent=parent, netns=path, ifname="eth0")
     delete_host_link(parent)
     assert "eth0" not in ns_links(path)  # the kernel removed the macvlan with its parent
-    assert links.delete_link(path, "eth0") is False
+    assert sublink.delete_link(path, "eth0") is False
 
 
 def test_delete_host_link(make_parent_nic) -> None:
     parent = make_parent_nic()
-    assert links.delete_link(None, parent) is True
+    assert sublink.delete_link(None, parent) is True
     assert parent not in host_links()
-    assert links.delete_link(None, parent) is False
+    assert sublink.delete_link(None, parent) is False
 
 
 # --------------------------------------------------------------------------- configure
@@ -434,12 +436,12 @@ def test_configure_interface_adds_exactly_what_is_given(make_netns, make_parent_
 
     parent = make_parent_nic()
     path = make_netns()
-    links.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    sublink.create_macvlan(parent=parent, netns=path, ifname="eth0")
     addresses = [("10.22.0.5/24", "10.22.0.1"), ("fd00:22::5/64", "fd00:22::1")]
     routes = [("0.0.0.0/0", "10.22.0.1"), ("192.168.50.0/24", None)]
-    info = links.configure_interface(path, "eth0", addresses=addresses, routes=routes)
+    info = addr.configure_interface(path, "eth0", addresses=addresses, routes=routes)
     # Applying the same result again is not an error (a retried ADD).
-    links.configure_interface(path, "eth0", addresses=addresses, routes=routes)
+    addr.configure_interface(path, "eth0", addresses=addresses, routes=routes)
 
     with ns_ipr(path) as ipr:
         (idx,) = ipr.link_lookup(ifname="eth0")
@@ -485,28 +487,28 @@ IFA_F_DADFAILED = 0x08
 def test_configure_waits_for_dad_when_there_is_a_v6_gateway(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    links.create_macvlan(parent=parent, netns=path, ifname="eth0")
-    links.configure_interface(path, "eth0", addresses=[("fd00:44::5/64", "fd00:44::1")], routes=[])
+    sublink.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    addr.configure_interface(path, "eth0", addresses=[("fd00:44::5/64", "fd00:44::1")], routes=[])
     assert not ipv6_flags(path, "eth0", "fd00:44::5/64") & IFA_F_TENTATIVE
 
 
 def test_configure_does_not_wait_without_a_v6_gateway(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    links.create_macvlan(parent=parent, netns=path, ifname="eth0")
-    links.configure_interface(path, "eth0", addresses=[("fd00:45::5/64", None)], routes=[])
+    sublink.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    addr.configure_interface(path, "eth0", addresses=[("fd00:45::5/64", None)], routes=[])
     assert ipv6_flags(path, "eth0", "fd00:45::5/64") & IFA_F_TENTATIVE  # DAD takes ~1 s
 
 
 def test_configure_reports_duplicate_ipv6_address(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     a, b = make_netns(), make_netns()
-    links.create_macvlan(parent=parent, netns=a, ifname="eth0")
-    links.create_macvlan(parent=parent, netns=b, ifname="eth0")
+    sublink.create_macvlan(parent=parent, netns=a, ifname="eth0")
+    sublink.create_macvlan(parent=parent, netns=b, ifname="eth0")
     result = [("fd00:46::5/64", "fd00:46::1")]
-    links.configure_interface(a, "eth0", addresses=result, routes=[])
+    addr.configure_interface(a, "eth0", addresses=result, routes=[])
     with pytest.raises(NetlinkError) as exc:  # a's macvlan answers b's DAD probe (bridge mode)
-        links.configure_interface(b, "eth0", addresses=result, routes=[])
+        addr.configure_interface(b, "eth0", addresses=result, routes=[])
     assert "fd00:46::5/64" in exc.value.msg and "duplicate" in exc.value.msg
     assert ipv6_flags(b, "eth0", "fd00:46::5/64") & IFA_F_DADFAILED
 
@@ -514,28 +516,28 @@ def test_configure_reports_duplicate_ipv6_address(make_netns, make_parent_nic) -
 def test_configure_interface_bad_gateway_is_netlink_error(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    links.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    sublink.create_macvlan(parent=parent, netns=path, ifname="eth0")
     with pytest.raises(NetlinkError) as exc:
-        links.configure_interface(path, "eth0", addresses=[], routes=[("0.0.0.0/0", "10.99.0.1")])
+        addr.configure_interface(path, "eth0", addresses=[], routes=[("0.0.0.0/0", "10.99.0.1")])
     assert "add route 0.0.0.0/0 via 10.99.0.1 dev eth0" in exc.value.msg
 
 
 def test_configure_missing_link_is_netlink_error(make_netns) -> None:
     path = make_netns()
     with pytest.raises(NetlinkError):
-        links.configure_interface(path, "eth0", addresses=[("10.0.0.1/24", None)], routes=[])
+        addr.configure_interface(path, "eth0", addresses=[("10.0.0.1/24", None)], routes=[])
 
 
 def test_link_in_netns_reports_addresses(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    links.create_macvlan(parent=parent, netns=path, ifname="eth0")
+    sublink.create_macvlan(parent=parent, netns=path, ifname="eth0")
     with ns_ipr(path) as ipr:
         (idx,) = ipr.link_lookup(ifname="eth0")
         ipr.addr("add", index=idx, address="10.7.0.9", prefixlen=16)
-    info = links.link_in_netns(path, "eth0")
+    info = linkinfo.link_in_netns(path, "eth0")
     assert info is not None and "10.7.0.9/16" in (info.addresses or ())
-    assert links.link_in_netns(path, "eth9") is None
+    assert linkinfo.link_in_netns(path, "eth9") is None
 
 
 # --------------------------------------------------------------------------- sysctl
@@ -549,7 +551,7 @@ def test_sysctl_written_in_the_netns_not_the_host(make_netns, key: str) -> None:
     k = key.format(**{"if": "lo"})
     host_before = Path(f"/proc/sys/{k}").read_text().strip()
     target = "0" if host_before == "1" else "1"
-    links.set_sysctl_in_netns(path, k, target)
+    sysctl.set_sysctl_in_netns(path, k, target)
     assert nsenter_cat(path, f"/proc/sys/{k}") == target
     assert Path(f"/proc/sys/{k}").read_text().strip() == host_before
 
@@ -557,8 +559,8 @@ def test_sysctl_written_in_the_netns_not_the_host(make_netns, key: str) -> None:
 def test_sysctl_for_interface_only_in_netns(make_netns, make_parent_nic) -> None:
     parent = make_parent_nic()
     path = make_netns()
-    links.create_macvlan(parent=parent, netns=path, ifname="cdtonly0")
-    links.set_sysctl_in_netns(path, "net/ipv4/conf/cdtonly0/arp_notify", 1)
+    sublink.create_macvlan(parent=parent, netns=path, ifname="cdtonly0")
+    sysctl.set_sysctl_in_netns(path, "net/ipv4/conf/cdtonly0/arp_notify", 1)
     assert nsenter_cat(path, "/proc/sys/net/ipv4/conf/cdtonly0/arp_notify") == "1"
     assert not os.path.exists("/proc/sys/net/ipv4/conf/cdtonly0")
 
@@ -567,26 +569,26 @@ def test_sysctl_for_interface_only_in_netns(make_netns, make_parent_nic) -> None
 
 
 def test_create_ipvlan(make_netns, make_parent_nic) -> None:
-    if not links.link_kind_supported("ipvlan"):
+    if not sublink.link_kind_supported("ipvlan"):
         pytest.skip("kernel has no ipvlan (RTM_NEWLINK kind ipvlan answers EOPNOTSUPP)")
     parent = make_parent_nic()
     path = make_netns()
-    info = links.create_ipvlan(parent=parent, netns=path, ifname="eth0", mode="l3", flag="private")
+    info = sublink.create_ipvlan(parent=parent, netns=path, ifname="eth0", mode="l3", flag="private")
     eth0 = ns_links(path)["eth0"]
     assert kind_of(eth0) == "ipvlan"
     data = eth0.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
     assert data.get_attr("IFLA_IPVLAN_MODE") == 1
     assert (info.kind, info.mode, info.ipvlan_flag) == ("ipvlan", "l3", "private")
-    assert links.delete_link(path, "eth0") is True
+    assert sublink.delete_link(path, "eth0") is True
 
 
 def test_create_ipvlan_unsupported_cleans_up(make_netns, make_parent_nic) -> None:
-    if links.link_kind_supported("ipvlan"):
+    if sublink.link_kind_supported("ipvlan"):
         pytest.skip("kernel supports ipvlan; this checks the unsupported path")
     parent = make_parent_nic()
     path = make_netns()
     with pytest.raises(NetlinkError) as exc:
-        links.create_ipvlan(parent=parent, netns=path, ifname="eth0")
+        sublink.create_ipvlan(parent=parent, netns=path, ifname="eth0")
     assert "does not support link kind ipvlan" in exc.value.msg
     assert set(ns_links(path)) == {"lo"}
 
@@ -611,7 +613,7 @@ def test_ifname_validation_matches_the_kernel(make_netns, make_parent_nic) -> No
     def check(name: str) -> None:
         assume(name not in ("lo", "cdtpeer0"))
         try:
-            links.validate_ifname(name)
+            iface.validate_ifname(name)
             ours = True
         except InvalidEnvironmentError:
             ours = False
@@ -633,13 +635,13 @@ def test_ifname_validation_matches_the_kernel(make_netns, make_parent_nic) -> No
         cni_stricter = any(ord(c) > 127 and c.isspace() for c in name)
         assert ours == kernel or (cni_stricter and not ours)
         if ours:
-            info = links.create_macvlan(parent=parent, netns=path, ifname=name)
+            info = sublink.create_macvlan(parent=parent, netns=path, ifname=name)
             assert info.name == name
             assert kind_of(ns_links(path)[name]) == "macvlan"
-            assert links.delete_link(path, name) is True
+            assert sublink.delete_link(path, name) is True
         else:
             with pytest.raises(InvalidEnvironmentError):
-                links.create_macvlan(parent=parent, netns=path, ifname=name)
+                sublink.create_macvlan(parent=parent, netns=path, ifname=name)
         assert set(ns_links(path)) == {"lo"}
 
     check()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_dra.netlink.links import host_link, link_in_netns
+from cni_dra.netlink.info import host_link, link_in_netns
 from netns_tests.bed import DRIVER, parent_of
 from netns_tests.runner import CNI_EXE, CNI_PATH, run_plugin
 from tests.builders import allocation_result, resource_claim
@@ -177,7 +177,7 @@ def test_check_after_add_then_fails_when_link_removed(node, make_netns):
     checked = dict(conf, prevResult=out)
     code, cout, err = run_plugin("CHECK", checked, container_id=cid, netns=ns, ifname="eth0")
     assert code == 0, (cout, err)
-    from cni_dra.netlink.links import delete_link
+    from cni_dra.netlink.sublink import delete_link
 
     assert delete_link(ns, "eth0")
     code, cout, _ = run_plugin("CHECK", checked, container_id=cid, netns=ns, ifname="eth0")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cni_dra.faults import SWITCH_FILE
-from cni_dra.netlink.links import host_link, link_in_netns
+from cni_dra.netlink.info import host_link, link_in_netns
 from cni_dra.quantity import Quantity
 from cni_dra.state.models import SCHEMA_VERSION
 from netns_tests.bed import DRIVER, NodeBed, parent_of, recover
@@ -390,17 +390,17 @@ def test_temp_link_names_are_random_and_a_collision_is_retried(make_netns, make_
     creation picks another and leaves the squatter alone."""
     from pyroute2 import IPRoute
 
-    from cni_dra.netlink import links
+    from cni_dra.netlink import sublink
 
-    names = {links._temp_name() for _ in range(50)}
-    assert len(names) == 50 and all(n.startswith(links.TEMP_NAME_PREFIX) and len(n) <= 15 for n in names)
+    names = {sublink.temp_name() for _ in range(50)}
+    assert len(names) == 50 and all(n.startswith(sublink.TEMP_NAME_PREFIX) and len(n) <= 15 for n in names)
     ns, parent = make_netns(), make_parent_nic()
-    squatter = links.TEMP_NAME_PREFIX + "0000000000"
+    squatter = sublink.TEMP_NAME_PREFIX + "0000000000"
     with IPRoute(netns=ns) as ipr:
         ipr.link("add", ifname=squatter, kind="veth", peer="sq-peer")
-    handed = iter([squatter, links.TEMP_NAME_PREFIX + "1111111111"])
-    monkeypatch.setattr(links, "_temp_name", lambda: next(handed))
-    info = links.create_macvlan(parent=parent, netns=ns, ifname="eth0")
+    handed = iter([squatter, sublink.TEMP_NAME_PREFIX + "1111111111"])
+    monkeypatch.setattr(sublink, "temp_name", lambda: next(handed))
+    info = sublink.create_macvlan(parent=parent, netns=ns, ifname="eth0")
     assert info.name == "eth0" and info.kind == "macvlan"
     assert link_in_netns(ns, squatter) is not None and link_in_netns(ns, squatter).kind == "veth"
     assert next(handed, None) is None  # both names were asked for

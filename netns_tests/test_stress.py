@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from cni_dra.netlink.links import host_link_by_index, link_in_netns
+from cni_dra.netlink.info import host_link_by_index, link_in_netns
 from cni_dra.quantity import Quantity
 from cni_dra.state import StateStore
 from netns_tests import runner

@@ -1,7 +1,7 @@
 """CHECK fails, naming the cause, when the attachment cannot pass traffic: the pod's link or
 its parent NIC administratively down, or without carrier (``ip link``'s NO-CARRIER).
 
-The link layer is stubbed with :class:`~cni_dra.netlink.links.LinkInfo` values here;
+The link layer is stubbed with :class:`~cni_dra.netlink.info.LinkInfo` values here;
 netns_tests/test_fastpath.py makes the same cases with real links.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from cni_dra.errors import CheckFailedError
-from cni_dra.netlink import links
-from cni_dra.netlink.links import LinkInfo
+from cni_dra.netlink import info
+from cni_dra.netlink.info import LinkInfo
 from cni_dra.verbs import check
 
 NETNS = "/var/run/netns/pod-1"
@@ -65,8 +65,8 @@ def _parent(**changes: Any) -> LinkInfo:
     ids=["pod-link-admin-down", "parent-admin-down", "parent-no-carrier", "pod-link-no-carrier"],
 )
 def test_check_names_why_the_link_cannot_pass_traffic(monkeypatch, pod, parent, says) -> None:
-    monkeypatch.setattr(links, "link_in_netns", lambda netns, ifname: _pod_link(**pod))
-    monkeypatch.setattr(links, "host_link", lambda name: _parent(**parent))
+    monkeypatch.setattr(info, "link_in_netns", lambda netns, ifname: _pod_link(**pod))
+    monkeypatch.setattr(info, "host_link", lambda name: _parent(**parent))
     with pytest.raises(CheckFailedError) as ei:
         check.cmd_check(_inv())
     assert ei.value.code == 105
@@ -74,13 +74,13 @@ def test_check_names_why_the_link_cannot_pass_traffic(monkeypatch, pod, parent, 
 
 
 def test_check_passes_when_both_links_are_up_with_carrier(monkeypatch) -> None:
-    monkeypatch.setattr(links, "link_in_netns", lambda netns, ifname: _pod_link())
-    monkeypatch.setattr(links, "host_link", lambda name: _parent())
+    monkeypatch.setattr(info, "link_in_netns", lambda netns, ifname: _pod_link())
+    monkeypatch.setattr(info, "host_link", lambda name: _parent())
     check.cmd_check(_inv())
 
 
 def test_operstate_unknown_with_carrier_passes(monkeypatch) -> None:
     """Drivers that do not track operstate report UNKNOWN: the carrier bit decides."""
-    monkeypatch.setattr(links, "link_in_netns", lambda netns, ifname: _pod_link(operstate="UNKNOWN"))
-    monkeypatch.setattr(links, "host_link", lambda name: _parent(operstate="UNKNOWN"))
+    monkeypatch.setattr(info, "link_in_netns", lambda netns, ifname: _pod_link(operstate="UNKNOWN"))
+    monkeypatch.setattr(info, "host_link", lambda name: _parent(operstate="UNKNOWN"))
     check.cmd_check(_inv())

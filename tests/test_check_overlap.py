@@ -10,8 +10,8 @@ import pytest
 
 from cni_dra import ipam
 from cni_dra.errors import CheckFailedError, IpamError
-from cni_dra.netlink import links
-from cni_dra.netlink.links import LinkInfo
+from cni_dra.netlink import info
+from cni_dra.netlink.info import LinkInfo
 from cni_dra.verbs import check
 
 NETNS = "/var/run/netns/pod-1"
@@ -48,7 +48,7 @@ def _link(**changes: Any) -> LinkInfo:
 
 @pytest.fixture
 def parent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(links, "host_link", lambda name: _link(name=name, index=5, kind=None, parent_index=None))
+    monkeypatch.setattr(info, "host_link", lambda name: _link(name=name, index=5, kind=None, parent_index=None))
 
 
 def test_ipam_check_runs_while_the_link_is_verified(monkeypatch: pytest.MonkeyPatch, parent: None) -> None:
@@ -63,7 +63,7 @@ def test_ipam_check_runs_while_the_link_is_verified(monkeypatch: pytest.MonkeyPa
         return _link()
 
     monkeypatch.setattr(ipam, "ipam_check", fake_ipam_check)
-    monkeypatch.setattr(links, "link_in_netns", link_in_netns)
+    monkeypatch.setattr(info, "link_in_netns", link_in_netns)
     check.cmd_check(_inv())
     assert seen == [True]
 
@@ -82,7 +82,7 @@ def test_a_link_mismatch_is_reported_before_an_ipam_failure(monkeypatch: pytest.
         return _link(mac="02:00:00:00:00:99")
 
     monkeypatch.setattr(ipam, "ipam_check", fake_ipam_check)
-    monkeypatch.setattr(links, "link_in_netns", link_in_netns)
+    monkeypatch.setattr(info, "link_in_netns", link_in_netns)
     with pytest.raises(CheckFailedError, match="MAC is 02:00:00:00:00:99"):
         check.cmd_check(_inv())
     assert ipam_done == [True]  # the plugin finished before CHECK returned
@@ -93,7 +93,7 @@ def test_an_ipam_failure_alone_is_raised_with_code_103_for_999(monkeypatch: pyte
         raise IpamError("failed to check IPAM host-local: no IP allocated", code=999)
 
     monkeypatch.setattr(ipam, "ipam_check", fake_ipam_check)
-    monkeypatch.setattr(links, "link_in_netns", lambda netns, ifname: _link())
+    monkeypatch.setattr(info, "link_in_netns", lambda netns, ifname: _link())
     with pytest.raises(IpamError) as exc:
         check.cmd_check(_inv())
     assert exc.value.code == 103
@@ -103,6 +103,6 @@ def test_an_ipam_failure_alone_is_raised_with_code_103_for_999(monkeypatch: pyte
 def test_a_good_link_and_ipam_pass(monkeypatch: pytest.MonkeyPatch, parent: None) -> None:
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr(ipam, "ipam_check", lambda *a, **kw: calls.append(a))
-    monkeypatch.setattr(links, "link_in_netns", lambda netns, ifname: _link())
+    monkeypatch.setattr(info, "link_in_netns", lambda netns, ifname: _link())
     check.cmd_check(_inv())
     assert calls == [("host-local", b"{}", {}, ["/opt/cni/bin"])]

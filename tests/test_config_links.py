@@ -221,11 +221,11 @@ def test_macvlan_newlink_carries_bcqueuelen() -> None:
     from pyroute2.iproute.linux import IPBatch
     from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-    from cni_dra.netlink import links
+    from cni_dra.netlink import _pyroute2, sublink
 
-    links._pr()
-    spec = links._link_add_spec(kind="macvlan", parent_index=4, netns_fd=5,
-                                data={"macvlan_mode": 4, "macvlan_bc_queue_len": 4321}, mtu=None, mac=None)
+    _pyroute2.load()
+    spec = sublink.SubLinkSpec.macvlan(parent="p", netns="/nonexistent", ifname="t", bcqueuelen=4321).newlink(
+        parent_index=4, netns_fd=5)
     ipb = IPBatch()
     try:
         ipb.link("add", ifname="t", **spec)
@@ -243,10 +243,10 @@ def test_macvlan_newlink_carries_bcqueuelen() -> None:
 
 @pytest.mark.parametrize("bad", [-1, 2**32, True, "10"])
 def test_create_macvlan_refuses_bad_bcqueuelen(bad) -> None:
-    from cni_dra.netlink import links
+    from cni_dra.netlink import sublink
 
     with pytest.raises(InvalidConfigError, match="bcqueuelen"):
-        links.create_macvlan(parent="p", netns="/nonexistent", ifname="eth0", bcqueuelen=bad)
+        sublink.create_macvlan(parent="p", netns="/nonexistent", ifname="eth0", bcqueuelen=bad)
 
 
 # --------------------------------------------------------------------------- IPAM codes

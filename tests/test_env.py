@@ -144,14 +144,15 @@ def test_invalid_container_ids_are_code_4(cid: str) -> None:
     assert info.value.code == 4
 
 
-@pytest.mark.parametrize("name", ["eth0", "a", "x" * 15, "net1.100", "é" * 7])
+@pytest.mark.parametrize("name", ["eth0", "a", "x" * 15, "net1.100", "é" * 7, "a\x1fb", "-", "@"])
 def test_valid_ifnames(name: str) -> None:
     assert validate_ifname(name) == name
 
 
 @pytest.mark.parametrize(
     "name",
-    ["", ".", "..", "x" * 16, "é" * 8, "a/b", "a:b", "a b", "a\tb", "a\nb", "a\u00a0b", "a\udc80"],
+    ["", ".", "..", "x" * 16, "é" * 8, "a/b", "a:b", "a b", "a\tb", "a\nb", "a\u00a0b", "a\udc80",
+     "eth%d", "a\x00b", "à", "a\u2003b", "a\x85"],
 )
 def test_invalid_ifnames_are_code_4(name: str) -> None:
     with pytest.raises(InvalidEnvironmentError) as info:
@@ -166,10 +167,15 @@ def test_invalid_ifname_through_parse_env_on_del() -> None:
 
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=20))
 def test_ifname_rule_matches_the_spec_definition(name: str) -> None:
+    # CNI spec "Parameters" (whitespace as the reference skel's unicode.IsSpace: Unicode
+    # White_Space, which leaves out the ASCII separators 0x1c-0x1f that str.isspace counts),
+    # and what the kernel would not keep as sent: NUL, '%', a 0xa0 byte (its isspace()).
+    raw = name.encode("utf-8")
     ok = (
-        0 < len(name.encode("utf-8")) <= 15
+        0 < len(raw) <= 15
         and name not in (".", "..")
-        and not any(c in "/:" or c.isspace() for c in name)
+        and not any(c in "/:\x00%" or (c.isspace() and c not in "\x1c\x1d\x1e\x1f") for c in name)
+        and 0xA0 not in raw
     )
     if ok:
         assert validate_ifname(name) == name

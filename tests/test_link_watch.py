@@ -10,7 +10,7 @@ import pytest
 
 from cni_dra.agent.linkwatch import LinkWatch
 from cni_dra.errors import NetlinkError
-from cni_dra.netlink import watch
+from cni_dra.netlink import sockets, watch
 
 
 def test_link_events_subscribe_wait_and_close() -> None:
@@ -26,7 +26,7 @@ def test_link_events_that_cannot_open_raise_netlink_error(monkeypatch: pytest.Mo
     def refuse(*args: object) -> None:
         raise cause
 
-    monkeypatch.setattr(watch.socket, "socket", refuse)
+    monkeypatch.setattr(sockets.socket, "socket", refuse)
     with pytest.raises(NetlinkError, match="^failed to subscribe to link events: ") as err:
         watch.LinkEvents()
     assert err.value.__cause__ is cause

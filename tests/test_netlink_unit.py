@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cni_dra.errors import InvalidConfigError, InvalidEnvironmentError
-from cni_dra.netlink import links
+from cni_dra import iface
+from cni_dra.netlink import _pyroute2, addr, info, sublink, sysctl
 
 MISSING_NETNS = "/nonexistent/cni-dra-test/netns"
 REPO = Path(__file__).resolve().parents[1]
@@ -37,13 +38,13 @@ def test_importing_the_package_does_not_import_pyroute2() -> None:
 
 @given(st.text(NAME_CHARS, min_size=1, max_size=15).filter(lambda s: s not in (".", "..")))
 def test_valid_ifnames_pass(name: str) -> None:
-    links.validate_ifname(name)
+    iface.validate_ifname(name)
 
 
 @given(st.text(NAME_CHARS, min_size=16, max_size=40))
 def test_ifnames_over_15_bytes_fail(name: str) -> None:
     with pytest.raises(InvalidEnvironmentError):
-        links.validate_ifname(name)
+        iface.validate_ifname(name)
 
 
 @given(
@@ -53,19 +54,19 @@ def test_ifnames_over_15_bytes_fail(name: str) -> None:
 )
 def test_ifnames_with_forbidden_chars_fail(a: str, bad: str, b: str) -> None:
     with pytest.raises(InvalidEnvironmentError) as exc:
-        links.validate_ifname(a + bad + b)
+        iface.validate_ifname(a + bad + b)
     assert exc.value.code == 4
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "é" * 8, "eth%d", "%", "a\x00b", "\xa0", "à", "a\u2003b", "a\x85"])
 def test_special_ifnames_fail(name: str) -> None:
     with pytest.raises(InvalidEnvironmentError):
-        links.validate_ifname(name)
+        iface.validate_ifname(name)
 
 
 @pytest.mark.parametrize("name", ["a\x1fb", "eth0.100", "é" * 7, "x" * 15, "-", "@"])
 def test_unusual_but_valid_ifnames_pass(name: str) -> None:
-    links.validate_ifname(name)  # the kernel keeps these as sent (see netns_tests)
+    iface.validate_ifname(name)  # the kernel keeps these as sent (see netns_tests)
 
 
 # --------------------------------------------------------------------------- speed
@@ -80,45 +81,45 @@ def _sysfs(tmp_path: Path, name: str, content: str) -> str:
 @given(st.integers(min_value=1, max_value=10**7))
 def test_speed_positive_mbps_is_bits_per_second(tmp_path_factory, mbps: int) -> None:
     root = _sysfs(tmp_path_factory.mktemp("sys"), "eth0", f"{mbps}\n")
-    assert links.link_speed_bps("eth0", sysfs_net=root) == mbps * 1_000_000
+    assert info.link_speed_bps("eth0", sysfs_net=root) == mbps * 1_000_000
 
 
 @given(st.integers(max_value=0))
 def test_speed_unknown_or_nonpositive_is_none(tmp_path_factory, mbps: int) -> None:
     root = _sysfs(tmp_path_factory.mktemp("sys"), "eth0", f"{mbps}\n")
-    assert links.link_speed_bps("eth0", sysfs_net=root) is None
+    assert info.link_speed_bps("eth0", sysfs_net=root) is None
 
 
 @pytest.mark.parametrize("content", ["", "fast\n", "10.5\n", "\xff"])
 def test_speed_garbage_is_none(tmp_path: Path, content: str) -> None:
-    assert links.link_speed_bps("eth0", sysfs_net=_sysfs(tmp_path, "eth0", content)) is None
+    assert info.link_speed_bps("eth0", sysfs_net=_sysfs(tmp_path, "eth0", content)) is None
 
 
 def test_speed_missing_file_is_none(tmp_path: Path) -> None:
-    assert links.link_speed_bps("eth0", sysfs_net=str(tmp_path)) is None
+    assert info.link_speed_bps("eth0", sysfs_net=str(tmp_path)) is None
 
 
 def test_speed_name_cannot_escape_sysfs(tmp_path: Path) -> None:
     (tmp_path / "speed").write_text("1000\n")
     inner = tmp_path / "net"
     inner.mkdir()
-    assert links.link_speed_bps("..", sysfs_net=str(inner)) is None
+    assert info.link_speed_bps("..", sysfs_net=str(inner)) is None
 
 
 # --------------------------------------------------------------------------- create validation
 
 
-@given(st.text(max_size=20).filter(lambda s: s not in links.MACVLAN_MODES))
+@given(st.text(max_size=20).filter(lambda s: s not in iface.MACVLAN_MODES))
 def test_unknown_macvlan_mode_is_code_7(mode: str) -> None:
     with pytest.raises(InvalidConfigError) as exc:
-        links.create_macvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0", mode=mode)
+        sublink.create_macvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0", mode=mode)
     assert exc.value.code == 7
 
 
 @pytest.mark.parametrize(("mode", "flag"), [("l4", "bridge"), ("L2", "bridge"), ("l2", "vepa2"), ("l3", "")])
 def test_unknown_ipvlan_mode_or_flag_is_code_7(mode: str, flag: str) -> None:
     with pytest.raises(InvalidConfigError):
-        links.create_ipvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0", mode=mode, flag=flag)
+        sublink.create_ipvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0", mode=mode, flag=flag)
 
 
 @pytest.mark.parametrize(
@@ -128,18 +129,18 @@ def test_unknown_ipvlan_mode_or_flag_is_code_7(mode: str, flag: str) -> None:
 )
 def test_bad_mac_is_code_7(mac: str) -> None:
     with pytest.raises(InvalidConfigError):
-        links.create_macvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0", mac=mac)
+        sublink.create_macvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0", mac=mac)
 
 
 @pytest.mark.parametrize("mtu", [0, 67, -1, 1500.0, "1500", True])
 def test_bad_mtu_is_code_7(mtu: object) -> None:
     with pytest.raises(InvalidConfigError):
-        links.create_macvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0", mtu=mtu)  # type: ignore[arg-type]
+        sublink.create_macvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0", mtu=mtu)  # type: ignore[arg-type]
 
 
 def test_bad_ifname_is_checked_before_the_netns() -> None:
     with pytest.raises(InvalidEnvironmentError):
-        links.create_macvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0:1")
+        sublink.create_macvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0:1")
 
 
 # --------------------------------------------------------------------------- configure / sysctl validation
@@ -157,7 +158,7 @@ def test_bad_ifname_is_checked_before_the_netns() -> None:
 )
 def test_configure_rejects_bad_input_before_touching_the_netns(addresses, routes) -> None:
     with pytest.raises(InvalidConfigError):
-        links.configure_interface(MISSING_NETNS, "eth0", addresses=addresses, routes=routes)
+        addr.configure_interface(MISSING_NETNS, "eth0", addresses=addresses, routes=routes)
 
 
 @pytest.mark.parametrize(
@@ -167,7 +168,7 @@ def test_configure_rejects_bad_input_before_touching_the_netns(addresses, routes
 )
 def test_sysctl_key_outside_net_is_code_7(key: str) -> None:
     with pytest.raises(InvalidConfigError):
-        links.set_sysctl_in_netns(MISSING_NETNS, key, 1)
+        sysctl.set_sysctl_in_netns(MISSING_NETNS, key, 1)
 
 
 # --------------------------------------------------------------------------- ipvlan wire format
@@ -180,7 +181,7 @@ def _compile_newlink(ifname: str, spec: dict) -> object:
     from pyroute2.iproute.linux import IPBatch
     from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-    links._pr()  # registers the ipvlan attribute table
+    _pyroute2.load()  # registers the ipvlan attribute table
     ipb = IPBatch()
     try:
         ipb.link("add", ifname=ifname, **spec)
@@ -192,17 +193,12 @@ def _compile_newlink(ifname: str, spec: dict) -> object:
     return msg
 
 
-@pytest.mark.parametrize("mode", sorted(links.IPVLAN_MODES))
-@pytest.mark.parametrize("flag", sorted(links.IPVLAN_FLAGS))
+@pytest.mark.parametrize("mode", sorted(iface.IPVLAN_MODES))
+@pytest.mark.parametrize("flag", sorted(iface.IPVLAN_FLAGS))
 def test_ipvlan_newlink_carries_mode_and_flags(mode: str, flag: str) -> None:
-    spec = links._link_add_spec(
-        kind="ipvlan",
-        parent_index=7,
-        netns_fd=3,
-        data={"ipvlan_mode": links.IPVLAN_MODES[mode], "ipvlan_flags": links.IPVLAN_FLAGS[flag]},
-        mtu=1400,
-        mac=None,
-    )
+    spec = sublink.SubLinkSpec.ipvlan(
+        parent="eth0", netns=MISSING_NETNS, ifname="eth0", mode=mode, flag=flag, mtu=1400
+    ).newlink(parent_index=7, netns_fd=3)
     msg = _compile_newlink("cdratest", spec)
     data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
     # <linux/if_link.h>: IPVLAN_MODE_L2=0, L3=1, L3S=2; IPVLAN_F_PRIVATE=1, IPVLAN_F_VEPA=2.
@@ -213,20 +209,15 @@ def test_ipvlan_newlink_carries_mode_and_flags(mode: str, flag: str) -> None:
     assert msg.get_attr("IFLA_MTU") == 1400
     assert msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") == "ipvlan"
     msg["index"] = 9
-    info = links._link_info(msg)
-    assert (info.kind, info.mode, info.ipvlan_flag) == ("ipvlan", mode, flag)
+    link = info.decode_link(msg)
+    assert (link.kind, link.mode, link.ipvlan_flag) == ("ipvlan", mode, flag)
 
 
-@pytest.mark.parametrize("mode", sorted(links.MACVLAN_MODES))
+@pytest.mark.parametrize("mode", sorted(iface.MACVLAN_MODES))
 def test_macvlan_newlink_carries_mode_and_mac(mode: str) -> None:
-    spec = links._link_add_spec(
-        kind="macvlan",
-        parent_index=4,
-        netns_fd=5,
-        data={"macvlan_mode": links.MACVLAN_MODES[mode]},
-        mtu=None,
-        mac="02:00:00:00:00:01",
-    )
+    spec = sublink.SubLinkSpec.macvlan(
+        parent="eth0", netns=MISSING_NETNS, ifname="eth0", mode=mode, mac="02:00:00:00:00:01"
+    ).newlink(parent_index=4, netns_fd=5)
     msg = _compile_newlink("cdratest", spec)
     data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
     # <linux/if_link.h> enum macvlan_mode: private 1, vepa 2, bridge 4, passthru 8, source 16.

@@ -17,7 +17,7 @@ import pytest
 
 from cni_dra import ipam
 from cni_dra.cni import run
-from cni_dra.netlink import links, netns
+from cni_dra.netlink import addr, info, netns, sublink, sysctl
 from cni_dra.protocol.results import IPConfig, Result
 from cni_dra.state import StateStore, fsio
 from tests.builders import device, write_slice
@@ -33,17 +33,17 @@ def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, st
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
     conf = {"cniVersion": "1.0.0", "name": "net", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
             "inventory": str(tmp_path / "slice.yaml"), "ipam": {"type": "host-local"}}
-    parent = links.LinkInfo(name="eth9", index=7, kind=None, mac="02:00:00:00:00:09", mtu=1500,
+    parent = info.LinkInfo(name="eth9", index=7, kind=None, mac="02:00:00:00:00:09", mtu=1500,
                             operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
-    link = links.LinkInfo(name="eth0", index=2, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500,
+    link = info.LinkInfo(name="eth0", index=2, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500,
                           operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
     monkeypatch.setattr(netns, "netns_exists", lambda path: True)
     monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
-    monkeypatch.setattr(links, "host_link", lambda name: parent if name == "eth9" else None)
-    monkeypatch.setattr(links, "create_macvlan", lambda **kw: link)
-    monkeypatch.setattr(links, "set_sysctl_in_netns", lambda *a: None)
-    monkeypatch.setattr(links, "configure_interface", lambda *a, **k: None)
-    monkeypatch.setattr(links, "delete_link", lambda *a: True)
+    monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
+    monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: link)
+    monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
+    monkeypatch.setattr(addr, "configure_interface", lambda *a, **k: None)
+    monkeypatch.setattr(sublink, "delete_link", lambda *a: True)
     monkeypatch.setattr(ipam, "ipam_add", lambda *a, **k: Result(ips=[IPConfig(address="192.0.2.5/24")]))
     monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
     env = {"CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0",

@@ -87,7 +87,7 @@ class Agent:
         from cni_dra.dra.inventory import load_inventory, slice_to_dict
         from cni_dra.k8s.api import KubeApi
         from cni_dra.k8s.kubelet_plugin import KubeletPlugin
-        from cni_dra.netlink.links import host_link
+        from cni_dra.netlink.info import host_link
         from cni_dra.state import StateStore
         from cni_dra.state.claims import share_prepared_claim
 

@@ -138,7 +138,8 @@ class FastpathServer:
 
     def _work(self) -> None:
         from cni_dra.errors import CniError
-        from cni_dra.netlink.links import host_link, keep_host_socket
+        from cni_dra.netlink.info import host_link
+        from cni_dra.netlink.sockets import keep_host_socket
 
         with keep_host_socket():  # one host rtnetlink socket per worker, not one per request
             try:
@@ -376,13 +377,14 @@ def _warm_imports() -> None:
     import cni_dra.cni  # noqa: F401
     import cni_dra.dra.inventory  # noqa: F401
     import cni_dra.ipam  # noqa: F401
-    import cni_dra.netlink.links as links
+    import cni_dra.netlink  # noqa: F401 - every netlink module (addr, info, sublink, sysctl)
     import cni_dra.protocol.config  # noqa: F401
     import cni_dra.verbs.add  # noqa: F401
     import cni_dra.verbs.check  # noqa: F401
     import cni_dra.verbs.delete  # noqa: F401
+    from cni_dra.netlink import info
 
-    links.host_link("lo")
+    info.host_link("lo")  # loads pyroute2 and opens the main thread's kept socket
 
 
 def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, log_level: str) -> int:

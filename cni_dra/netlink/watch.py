@@ -3,8 +3,9 @@
 The subscription lives in the namespace of the thread that opens it (the agent's: the
 host's, the DaemonSet uses hostNetwork). Messages are drained, not parsed: any
 RTM_NEWLINK/RTM_DELLINK only means "something changed", and the caller decides what to
-look at again. Standard library only (a raw ``AF_NETLINK`` socket); pyroute2 is not
-needed and not imported.
+look at again. The socket is a raw ``AF_NETLINK`` one from
+:func:`cni_dra.netlink.sockets.subscribe`, where every rtnetlink socket of cni-dra is
+opened; pyroute2 is not needed and not loaded.
 
 Errors (cni-dra codes in :mod:`cni_dra.errors`):
 
@@ -16,14 +17,12 @@ Errors (cni-dra codes in :mod:`cni_dra.errors`):
 from __future__ import annotations
 
 import select
-import socket
 
-from cni_dra.errors import NetlinkError
+from cni_dra.netlink import sockets
 
 __all__ = ["LinkEvents"]
 
-_NETLINK_ROUTE = 0
-_RTMGRP_LINK = 0x1
+_RTMGRP_LINK = 0x1  # <linux/rtnetlink.h>
 _RECV_BYTES = 65536
 
 
@@ -36,16 +35,7 @@ class LinkEvents:
     """
 
     def __init__(self) -> None:
-        try:
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_ROUTE)
-        except OSError as exc:
-            raise NetlinkError(f"failed to subscribe to link events: {exc}") from exc
-        try:
-            sock.bind((0, _RTMGRP_LINK))
-        except OSError as exc:
-            sock.close()
-            raise NetlinkError(f"failed to subscribe to link events: {exc}") from exc
-        self._sock = sock
+        self._sock = sockets.subscribe(_RTMGRP_LINK, "subscribe to link events")
 
     def fileno(self) -> int:
         """The socket's descriptor (for ``select``)."""

@@ -12,7 +12,6 @@ runtimeConfig key is honoured only when its capability is declared in ``capabili
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -22,6 +21,7 @@ from cni_dra.errors import (
     InvalidConfigError,
     UnsupportedFieldError,
 )
+from cni_dra.iface import CONFIG_MACVLAN_MODES, IPVLAN_FLAGS, IPVLAN_MODES, validate_mac
 from cni_dra.protocol.env import CniEnv
 from cni_dra.protocol.versions import check_supported
 from cni_dra.quantity import QuantityField
@@ -32,13 +32,9 @@ __all__ = [
     "DEFAULT_STATE_DIR",
     "DEFAULT_INVENTORY",
     "LINK_TYPES",
-    "MACVLAN_MODES",
-    "IPVLAN_MODES",
-    "IPVLAN_FLAGS",
     "CapacityRequest",
     "DeviceSelector",
     "NetConf",
-    "normalize_mac",
     "load_conf",
     "peek_cni_version",
 ]
@@ -52,29 +48,6 @@ DEFAULT_INVENTORY = "/etc/cni-dra/resourceslice.yaml"
 
 LINK_TYPES: tuple[str, ...] = ("macvlan", "ipvlan")
 """``linkType`` values: the kind of link created in the pod netns."""
-MACVLAN_MODES: tuple[str, ...] = ("bridge", "private", "vepa", "passthru")
-"""macvlan ``mode`` values (default bridge), as the reference macvlan plugin."""
-IPVLAN_MODES: tuple[str, ...] = ("l2", "l3", "l3s")
-"""ipvlan ``mode`` values (default l2), as the reference ipvlan plugin."""
-IPVLAN_FLAGS: tuple[str, ...] = ("bridge", "private", "vepa")
-"""ipvlan ``ipvlanFlag`` values (default bridge; kernel IPVLAN_F_PRIVATE/IPVLAN_F_VEPA)."""
-
-_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
-
-
-def normalize_mac(value: str) -> str:
-    """Validate a unicast Ethernet MAC ``xx:xx:xx:xx:xx:xx`` and return it lowercase.
-
-    Raises ``ValueError`` for a malformed, all-zero or multicast (I/G bit set) address.
-    """
-    if not _MAC_RE.match(value):
-        raise ValueError(f"malformed MAC address {value!r} (want xx:xx:xx:xx:xx:xx)")
-    first = int(value[:2], 16)
-    if first & 1:
-        raise ValueError(f"MAC address {value!r} is multicast")
-    if value.replace(":", "") == "000000000000":
-        raise ValueError(f"MAC address {value!r} is all zeros")
-    return value.lower()
 
 
 class CapacityRequest(BaseModel):
@@ -185,8 +158,8 @@ class NetConf(BaseModel):
         # Defaults depend on linkType, so they are filled here (the model is frozen).
         if self.linkType == "macvlan":
             mode = self.mode or "bridge"
-            if mode not in MACVLAN_MODES:
-                raise ValueError(f"mode {mode!r} is not a macvlan mode (one of {', '.join(MACVLAN_MODES)})")
+            if mode not in CONFIG_MACVLAN_MODES:
+                raise ValueError(f"mode {mode!r} is not a macvlan mode (one of {', '.join(CONFIG_MACVLAN_MODES)})")
             if self.ipvlanFlag is not None:
                 raise ValueError("ipvlanFlag applies to linkType ipvlan only")
             object.__setattr__(self, "mode", mode)
@@ -208,7 +181,12 @@ class NetConf(BaseModel):
     @field_validator("mac")
     @classmethod
     def _mac(cls, v: str | None) -> str | None:
-        return None if v is None else normalize_mac(v)
+        if v is None:
+            return None
+        try:
+            return validate_mac(v)
+        except InvalidConfigError as exc:  # pydantic gathers ValueErrors into one message
+            raise ValueError(exc.msg) from exc
 
     @field_validator("name")
     @classmethod

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NewType
 
+from cni_dra import iface
 from cni_dra.errors import InvalidEnvironmentError, UnsupportedFieldError
+from cni_dra.iface import MAX_IFNAME_BYTES, IfName
 
 __all__ = [
     "COMMANDS",
@@ -42,9 +44,6 @@ __all__ = [
 
 ContainerID = NewType("ContainerID", str)
 """The runtime's container ID (``CNI_CONTAINERID``)."""
-
-IfName = NewType("IfName", str)
-"""A Linux interface name, at most 15 bytes (``CNI_IFNAME``)."""
 
 COMMANDS: tuple[str, ...] = ("ADD", "DEL", "CHECK", "STATUS", "GC", "VERSION")
 """Every ``CNI_COMMAND`` of CNI spec 1.1.0."""
@@ -80,9 +79,6 @@ MAX_ARGS_BYTES = 4096
 MAX_ARG_VALUE_BYTES = 1024
 """Largest single ``CNI_ARGS`` value accepted, in UTF-8 bytes (our limit)."""
 
-MAX_IFNAME_BYTES = 15
-"""Linux IFNAMSIZ (16) minus the terminating NUL."""
-
 _CONTAINER_ID_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
 
 
@@ -111,26 +107,17 @@ def validate_container_id(container_id: str) -> ContainerID:
 
 
 def validate_ifname(ifname: str) -> IfName:
-    """Return ``ifname`` if it is a valid Linux interface name.
+    """Return ``ifname`` if it is a valid Linux interface name (``CNI_IFNAME``).
 
-    Rules (CNI spec 1.1.0 "Parameters", ``CNI_IFNAME``): not empty, at most 15 bytes,
-    not ``.`` or ``..``, no ``/``, ``:`` or whitespace.
+    The rule is :func:`cni_dra.iface.validate_ifname`'s, the one the netlink layer applies
+    to the links it creates (CNI spec 1.1.0 "Parameters": not empty, at most 15 bytes, not
+    ``.`` or ``..``, no ``/``, ``:`` or whitespace; and what else the kernel would not keep
+    as sent: NUL, ``%``).
 
     Raises:
         InvalidEnvironmentError: (code 4) any rule broken; the message says which.
     """
-    reason = ""
-    if not ifname:
-        reason = "is empty"
-    elif _utf8_len(ifname, "CNI_IFNAME") > MAX_IFNAME_BYTES:
-        reason = f"is longer than {MAX_IFNAME_BYTES} bytes"
-    elif ifname in (".", ".."):
-        reason = "is '.' or '..'"
-    elif any(c in "/:" or c.isspace() for c in ifname):
-        reason = "contains '/', ':' or whitespace"
-    if reason:
-        raise InvalidEnvironmentError(f"invalid CNI_IFNAME {ifname!r}: interface name {reason}")
-    return IfName(ifname)
+    return iface.validate_ifname(ifname, var="CNI_IFNAME")
 
 
 def validate_netns(netns: str) -> str:

@@ -84,13 +84,13 @@ def link_type_conflicts(attachments: Iterable[Attachment], link_type: str, drive
 
 
 def _host_links_by_name(names: list[str]) -> dict[str, Any]:
-    from cni_dra.netlink import links  # called as links.host_link: the seam tests patch
+    from cni_dra.netlink import info  # called as info.host_link: the seam tests patch
 
     out = {}
     for name in names:
-        info = links.host_link(name)
-        if info is not None:
-            out[name] = info
+        found = info.host_link(name)
+        if found is not None:
+            out[name] = found
     return out
 
 
@@ -268,7 +268,7 @@ def _result_from(inv: Invocation, link: Any, ipam_result: Result | None) -> Resu
 def cmd_add(inv: Invocation) -> Result:
     """Run ADD for ``inv``; returns the CNI result (newest schema). See module docstring."""
     from cni_dra import ipam
-    from cni_dra.netlink import links
+    from cni_dra.netlink import addr, sublink  # called through the modules: the seams tests patch
     from cni_dra.state.models import STEP_IPAM, STEP_LINK, ready_at
     from cni_dra.state.owner import current_owner
     from cni_dra.verbs.intent import record_step
@@ -341,16 +341,16 @@ def cmd_add(inv: Invocation) -> Result:
             undo.append(release_ipam)
         # 3. the link
         if conf.linkType == "ipvlan":
-            link = links.create_ipvlan(
+            link = sublink.create_ipvlan(
                 parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode,
                 flag=conf.ipvlanFlag or "bridge", mtu=conf.mtu, parent_link=parent,
             )
         else:
-            link = links.create_macvlan(
+            link = sublink.create_macvlan(
                 parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode, mtu=conf.mtu,
                 mac=conf.mac, bcqueuelen=conf.bcqueuelen, parent_link=parent,
             )
-        undo.append(lambda: links.delete_link(env.netns, env.ifname))
+        undo.append(lambda: sublink.delete_link(env.netns, env.ifname))
         _announce(env.netns, env.ifname)
         fault_point("add:link-created")
         record_step(inv, STEP_LINK)
@@ -370,7 +370,7 @@ def cmd_add(inv: Invocation) -> Result:
             record_step(inv, STEP_IPAM)
             fault_point("add:ipam-recorded")
         if ipam_result is not None:
-            links.configure_interface(
+            addr.configure_interface(
                 env.netns,
                 env.ifname,
                 addresses=[(ip.address, ip.gateway) for ip in ipam_result.ips],
@@ -433,10 +433,10 @@ def _announce(netns: str, ifname: str) -> None:
     """Set ``arp_notify`` and ``ndisc_notify`` on the new link, as the reference macvlan plugin
     does: neighbours learn the address when the link comes up or moves. ndisc_notify is
     skipped (logged) when the netns has IPv6 disabled. Raises IOFailureError (5)."""
-    from cni_dra.netlink import links  # called as links.set_sysctl_in_netns: the seam tests patch
+    from cni_dra.netlink import sysctl  # called as sysctl.set_sysctl_in_netns: the seam tests patch
 
-    links.set_sysctl_in_netns(netns, f"net/ipv4/conf/{ifname}/arp_notify", 1)
+    sysctl.set_sysctl_in_netns(netns, f"net/ipv4/conf/{ifname}/arp_notify", 1)
     try:
-        links.set_sysctl_in_netns(netns, f"net/ipv6/conf/{ifname}/ndisc_notify", 1)
+        sysctl.set_sysctl_in_netns(netns, f"net/ipv6/conf/{ifname}/ndisc_notify", 1)
     except IOFailureError as exc:
         log.warning("ndisc_notify not set on %s (IPv6 disabled?): %s", ifname, exc.msg)

@@ -62,14 +62,14 @@ def _ours_without_record(inv: Invocation) -> bool:
     """
     from cni_dra.dra.models import device_attribute
     from cni_dra.errors import CniError
-    from cni_dra.netlink import links
+    from cni_dra.netlink import info
 
     env = inv.env
     try:
-        link = links.link_in_netns(env.netns, env.ifname)
+        link = info.link_in_netns(env.netns, env.ifname)
         if link is None or link.kind not in ("macvlan", "ipvlan"):
             return False
-        parent = links.host_parent_of(env.netns, env.ifname)
+        parent = info.host_parent_of(env.netns, env.ifname)
         slice_ = inv.inventory
     except CniError:
         return False

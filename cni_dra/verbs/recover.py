@@ -87,7 +87,7 @@ def _undo(
     att: Attachment, environ: Mapping[str, str], cni_path: Sequence[str] | None, *, earlier_boot: bool = False
 ) -> str:
     """Undo (``adding``) or finish (``deleting``, ``ready``) one attachment's side effects."""
-    from cni_dra.netlink import links
+    from cni_dra.netlink import info
     from cni_dra.verbs.release import release_attachment
 
     finishing = att.phase != "adding"
@@ -95,7 +95,7 @@ def _undo(
     if _netns_usable(att.netns):
         remove = finishing or STEP_LINK in att.steps
         if not remove:  # crashed between creating the link and recording it?
-            parent = links.host_parent_of(att.netns, att.ifname)
+            parent = info.host_parent_of(att.netns, att.ifname)
             remove = parent is not None and parent.name == att.ifName
     # ``earlier_boot``: the intent's owner ran in an earlier boot, so its last step records
     # may be lost (they are not fsync'ed, see record_step): release IPAM anyway; an IPAM DEL
@@ -185,14 +185,14 @@ def recover_pending(inv: Invocation) -> RecoveryReport:
 
 def _live_links(state: NodeState) -> dict[tuple[str, str], str]:
     """(netns, ifname) → host parent name for each attachment whose link is alive."""
-    from cni_dra.netlink import links
+    from cni_dra.netlink import info
 
     out = {}
     for att in state.attachments:
         if not _netns_usable(att.netns):
             continue
         try:
-            parent = links.host_parent_of(att.netns, att.ifname)
+            parent = info.host_parent_of(att.netns, att.ifname)
         except CniError:
             continue
         if parent is not None:
@@ -209,7 +209,7 @@ def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[tup
     names: (netns path, link name, link kind, parent host name)."""
     import os
 
-    from cni_dra.netlink import links
+    from cni_dra.netlink import info
     from cni_dra.netlink.netns import in_netns
 
     found = []
@@ -223,11 +223,11 @@ def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[tup
             continue
         try:
             with in_netns(path):
-                kids = [(li.name, li.kind) for li in links.list_host_links() if li.kind in ("macvlan", "ipvlan")]
+                kids = [(li.name, li.kind) for li in info.list_host_links() if li.kind in ("macvlan", "ipvlan")]
             for kid, kind in kids:
                 if (path, kid) in known:
                     continue
-                parent = links.host_parent_of(path, kid)
+                parent = info.host_parent_of(path, kid)
                 if parent is not None and parent.name in parents:
                     found.append((path, kid, str(kind), parent.name))
         except CniError:

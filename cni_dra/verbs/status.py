@@ -28,7 +28,7 @@ def cmd_status(inv: Invocation) -> None:
     """Run STATUS for ``inv``. Raises PluginNotAvailableError (50) or the IPAM plugin's error."""
     from cni_dra import ipam
     from cni_dra.dra.models import device_attribute
-    from cni_dra.netlink import links  # called as links.host_link: the seam tests patch
+    from cni_dra.netlink import info  # called as info.host_link: the seam tests patch
 
     conf = inv.conf
     try:
@@ -36,7 +36,7 @@ def cmd_status(inv: Invocation) -> None:
     except CniError as exc:
         raise PluginNotAvailableError(f"plugin not available: inventory {conf.inventory}: {exc.msg}") from exc
     names = [device_attribute(d, "ifName", slice_.spec.driver) for d in slice_.spec.devices]
-    if not any(isinstance(n, str) and links.host_link(n) is not None for n in names):
+    if not any(isinstance(n, str) and info.host_link(n) is not None for n in names):
         raise PluginNotAvailableError(
             f"plugin not available: none of the inventory's NICs exists on this host ({', '.join(map(str, names))})"
         )
