@@ -1,6 +1,6 @@
 """The compiled thin client (scripts/cni-dra-client.c), built into tmp with ``cc``.
 
-It must speak the wire format of :mod:`cni_dra.fastpath.client` to the agent, print the
+It must speak the wire format of :mod:`cni_dra.fastpath.wire` to the agent, print the
 agent's answer only when it is ``ok <code>``, and in every other case exec the Python
 executable with the same argv, environment and stdin. Two builds: one whose fallback is
 the real Python executable (scripts/cni-dra.in, running this work tree), one whose fallback
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_dra.fastpath.client import MAX_MESSAGE_BYTES, caller_identity, decode_frames, encode_frames
+from cni_dra.fastpath.wire import MAX_MESSAGE_BYTES, caller_identity, decode_frames, encode_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "scripts" / "cni-dra-client.c"
