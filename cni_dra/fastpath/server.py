@@ -15,7 +15,7 @@ A request is *declined* (the client then runs it in-process) when:
 * the request is malformed or larger than :data:`~cni_dra.fastpath.wire.MAX_MESSAGE_BYTES`.
 
 Wire format: :mod:`cni_dra.fastpath.wire`. ``cni-dra agent`` runs it as one of its services
-(:func:`agent_service`). Logging goes through the ``cni_dra`` logger of
+(:class:`cni_dra.agent.fastpath.FastpathService`). Logging goes through the ``cni_dra`` logger of
 the hosting process (``CNI_DRA_LOG_FILE`` of a request is not honoured).
 
 Run standalone (tests, ``make bench``): ``python -m cni_dra.fastpath.server --socket PATH``
@@ -53,9 +53,7 @@ from cni_dra.fastpath.wire import (
 __all__ = [
     "DEFAULT_WORKERS",
     "DEFAULT_PROCESSES",
-    "AgentService",
     "FastpathServer",
-    "agent_service",
     "start_fastpath",
     "serve",
     "main",
@@ -342,33 +340,6 @@ def _worker_process_main(argv: list[str]) -> int:
     for worker in server._workers:
         worker.join(timeout=30)
     return 0
-
-
-class AgentService:
-    """The fast path as a service of ``cni-dra agent`` (``start()``/``stop()``).
-
-    ``socket_path``: where the thin client looks (``CNI_DRA_AGENT_SOCKET``, default
-    :data:`~cni_dra.fastpath.wire.DEFAULT_SOCKET`). The agent must run in the host's
-    mount and network namespaces with working directory ``/``, else requests are declined
-    and the client works in-process (correct, slower).
-    """
-
-    def __init__(self, socket_path: str) -> None:
-        self.socket_path = socket_path
-        self._server: FastpathServer | None = None
-
-    def start(self) -> None:
-        self._server = start_fastpath(self.socket_path, processes=DEFAULT_PROCESSES)
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-
-
-def agent_service(*, state_dir: str, inventory: str) -> AgentService:
-    """Factory the agent calls (``state_dir``/``inventory`` come from each invocation's config)."""
-    del state_dir, inventory
-    return AgentService(os.environ.get("CNI_DRA_AGENT_SOCKET", DEFAULT_SOCKET))
 
 
 def _warm_imports() -> None:
