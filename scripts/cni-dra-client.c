@@ -9,7 +9,8 @@
  * When the agent answers "ok <code>", it writes the agent's stdout and exits with <code>.
  * In every other case it execs the Python executable CNI_DRA_PYTHON_EXE with the same argv
  * and environment and the same stdin (bytes already read are put back through a memfd):
- * - no CNI_COMMAND (the operator CLI), CNI_DRA_AGENT=off, unreadable stdin or timeout:
+ * - no CNI_COMMAND (the operator CLI), CNI_DRA_AGENT=off, unreadable stdin or an unusable
+ *   CNI_DRA_AGENT_TIMEOUT:
  *   without asking the agent; the Python executable decides (cni_dra.main);
  * - after asking, when the agent did not serve (no trusted socket, declined, malformed,
  *   timeout, any error): with CNI_DRA_AGENT_ASKED=<why> added, so the Python executable
