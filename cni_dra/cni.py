@@ -85,11 +85,10 @@ def run(environ: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
         return 1
 
 
-def main(stdin: bytes | None = None) -> int:
-    """Process entry: real env, stdin (unless already read and given as bytes) and stdout."""
+def main(stdin: bytes) -> int:
+    """Process entry: :func:`run` on the real environment and stdout, with ``stdin`` as read
+    by the executable (:func:`cni_dra.main.read_stdin`); returns the exit code."""
     _setup_logging(os.environ)
-    # At most MAX_CONFIG_BYTES + 1 (1 MiB + 1): a larger config is refused (code 6) without reading it all.
-    data = stdin if stdin is not None else sys.stdin.buffer.read((1 << 20) + 1) if os.environ.get("CNI_COMMAND") != "VERSION" or not sys.stdin.isatty() else b""
-    code = run(os.environ, data, sys.stdout)
+    code = run(os.environ, stdin, sys.stdout)
     sys.stdout.flush()
     return code

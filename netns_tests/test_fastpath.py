@@ -240,7 +240,7 @@ def declining_agent(tmp_path):
     import socket
     import threading
 
-    from cni_dra.fastpath.client import decode_frames, encode_frames
+    from cni_dra.fastpath.wire import decode_frames, encode_frames
 
     d = tmp_path / "declining"
     d.mkdir(mode=0o700)

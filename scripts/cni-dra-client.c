@@ -1,20 +1,33 @@
-/* cni-dra-client: the compiled thin client installed as /opt/cni/bin/cni-dra.
+/* cni-dra-client: the compiled client installed as /opt/cni/bin/cni-dra.
  *
- * It hands one CNI invocation to the resident agent (cni_dra/fastpath/server.py) over
- * its unix socket, speaking exactly the wire format of cni_dra/fastpath/client.py, and
- * mirrors every check that client makes. When the agent answers "ok <code>", it writes
- * the agent's stdout and exits with <code>. In every other case (no CNI_COMMAND: the
- * operator CLI; CNI_DRA_AGENT=off; no trusted socket; declined; malformed; timeout; any
- * error) it execs the Python executable CNI_DRA_PYTHON_EXE with the same argv and
- * environment and the same stdin (bytes already read are put back through a memfd), so
- * all CNI logic, error JSON and fallback rules stay in Python, in one place.
- * Why C: measured here, an agent-served invocation costs ~1.4 ms wall, 1.0 ms CPU, against
- * ~10 ms wall, 9.6 ms CPU with `python -IS` and cni_dra.fastpath.client (README "Performance").
- * Built by scripts/install.sh: cc -O2 -DCNI_DRA_PYTHON_EXE='"PATH"' (libc only). */
+ * It hands one CNI invocation to the resident agent (cni_dra/fastpath/server.py) over its
+ * unix socket and makes the checks cni_dra/fastpath/client.py makes. The wire format and
+ * the client's environment are defined in ONE place, cni_dra/fastpath/wire.py: every
+ * constant below marked "wire.py" repeats one of its names, and tests/test_client_wire.py
+ * compiles this file and checks each against that module.
+ *
+ * When the agent answers "ok <code>", it writes the agent's stdout and exits with <code>.
+ * In every other case it execs the Python executable CNI_DRA_PYTHON_EXE with the same argv
+ * and environment and the same stdin (bytes already read are put back through a memfd):
+ * - no CNI_COMMAND (the operator CLI), CNI_DRA_AGENT=off, unreadable stdin or an unusable
+ *   CNI_DRA_AGENT_TIMEOUT:
+ *   without asking the agent; the Python executable decides (cni_dra.main);
+ * - after asking, when the agent did not serve (no trusted socket, declined, malformed,
+ *   timeout, any error): with CNI_DRA_AGENT_ASKED=<why> added, so the Python executable
+ *   works in-process at once instead of asking again (and names <why> under
+ *   CNI_DRA_AGENT=require).
+ * All CNI logic and error JSON stay in Python; the one reply written here is for when the
+ * Python executable cannot be run at all (CNI error JSON, code 999, exit 1).
+ * Why C: measured here, an agent-served invocation costs ~1.1 ms wall, 0.7 ms CPU, against
+ * ~10 ms wall, 9.3 ms CPU with `python -IS` (README "Performance").
+ * Built by scripts/install.sh: cc -O2 -Wall -Wextra -Werror -DCNI_DRA_PYTHON_EXE='"PATH"'
+ * (libc only); tests/test_client_shim.py also builds it with -fsanitize=address,undefined. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,18 +43,48 @@
 #error "build with -DCNI_DRA_PYTHON_EXE='\"/path/to/python/cni-dra\"'"
 #endif
 
-#define MAGIC "CNIDRA-FP1\n"
+#define STR_(x) #x
+#define STR(x) STR_(x)
+/* wire.py: framing */
+#define WIRE_VERSION 1
+#define MAGIC "CNIDRA-FP" STR(WIRE_VERSION) "\n"
 #define MAGIC_LEN (sizeof MAGIC - 1)
+#define FRAME_HEADER_BYTES 4
+#define REQUEST_FRAMES 4
+#define RESPONSE_FRAMES 2
+#define MAX_MESSAGE_BYTES (16u << 20)
+#define STDIN_LIMIT_BYTES ((1u << 20) + 1) /* past 1 MiB the config is refused: stop reading */
+#define STATUS_OK "ok"
+#define STATUS_DECLINED "declined"
+/* wire.py: the client's environment and defaults */
 #define DEFAULT_SOCKET "/run/cni-dra/agent.sock"
 #define DEFAULT_TIMEOUT_S 60.0
 #define CONNECT_TIMEOUT_S 2
-#define MAX_MESSAGE_BYTES (16u << 20)
-#define STDIN_LIMIT ((1u << 20) + 1) /* client.py _read_fd: past 1 MiB the config is refused */
+#define ENV_MODE "CNI_DRA_AGENT"
+#define ENV_SOCKET "CNI_DRA_AGENT_SOCKET"
+#define ENV_TIMEOUT "CNI_DRA_AGENT_TIMEOUT"
+#define ENV_ASKED "CNI_DRA_AGENT_ASKED"
 
 extern char **environ;
 
 /* Where the fallback lives, findable in the binary (tests read it: netns_tests/runner.py). */
 __attribute__((used)) static const char python_exe_tag[] = "cni-dra-python-exe=" CNI_DRA_PYTHON_EXE;
+
+/* Why the agent did not serve, as client.py's last_refusal words it (for CNI_DRA_AGENT=require). */
+static char why[512];
+
+__attribute__((format(printf, 1, 2))) static void refuse(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+}
+
+/* An OSError's words: "[Errno N] message"; a timeout's: "timed out". */
+static void refuse_errno(const char *prefix, int err) {
+    if (err == EAGAIN || err == ETIMEDOUT) refuse("%stimed out", prefix);
+    else refuse("%s[Errno %d] %s", prefix, err, strerror(err));
+}
 
 struct buf { char *p; size_t len, cap; };
 
@@ -64,8 +107,17 @@ static int put(struct buf *b, const void *data, size_t n) {
 }
 
 static int put_frame(struct buf *b, const void *data, size_t n) {
-    unsigned char hdr[4] = {n >> 24, n >> 16, n >> 8, n};
-    return n > UINT32_MAX || put(b, hdr, 4) || put(b, data, n);
+    unsigned char hdr[FRAME_HEADER_BYTES];
+    if (n > UINT32_MAX) return -1;
+    for (int i = 0; i < FRAME_HEADER_BYTES; i++) hdr[i] = (unsigned char)(n >> (8 * (FRAME_HEADER_BYTES - 1 - i)));
+    return put(b, hdr, sizeof hdr) || put(b, data, n);
+}
+
+static size_t get_frame_len(const char *p) {
+    const unsigned char *h = (const unsigned char *)p;
+    size_t n = 0;
+    for (int i = 0; i < FRAME_HEADER_BYTES; i++) n = n << 8 | h[i];
+    return n;
 }
 
 static int write_all(int fd, const char *p, size_t n) {
@@ -78,27 +130,29 @@ static int write_all(int fd, const char *p, size_t n) {
     return 0;
 }
 
-/* Run the Python executable with our argv and environment, stdin as we found it. */
-static _Noreturn void fallback(char **argv, const struct buf *in, int consumed) {
-    if (consumed) {
-        int fd = memfd_create("cni-dra-stdin", 0);
-        if (fd < 0 || write_all(fd, in->p, in->len) || lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) < 0) {
-            int e = errno;
-            printf("{\"cniVersion\": \"1.1.0\", \"code\": 999, \"msg\": \"failed to keep stdin for "
-                   "%s: %s\"}\n", CNI_DRA_PYTHON_EXE, strerror(e));
-            exit(1);
-        }
-        if (fd != 0) close(fd);
-    }
-    execv(CNI_DRA_PYTHON_EXE, argv);
-    int e = errno;
+/* The Python executable cannot be run at all: the one reply written here (for the CLI, a line on stderr). */
+static _Noreturn void cannot_run(const char *what, int err) {
     const char *cmd = getenv("CNI_COMMAND");
     if (cmd && *cmd)
-        printf("{\"cniVersion\": \"1.1.0\", \"code\": 999, \"msg\": \"failed to run %s: %s\"}\n",
-               CNI_DRA_PYTHON_EXE, strerror(e));
+        printf("{\"cniVersion\": \"1.1.0\", \"code\": 999, \"msg\": \"failed to %s %s: %s\"}\n", what,
+               CNI_DRA_PYTHON_EXE, strerror(err));
     else
-        fprintf(stderr, "cni-dra: failed to run %s: %s\n", CNI_DRA_PYTHON_EXE, strerror(e));
+        fprintf(stderr, "cni-dra: failed to %s %s: %s\n", what, CNI_DRA_PYTHON_EXE, strerror(err));
     exit(1);
+}
+
+/* Run the Python executable with our argv and environment, stdin as we found it; `asked`:
+ * we asked the agent and it did not serve (ENV_ASKED=<why> tells the Python executable). */
+static _Noreturn void fallback(char **argv, const struct buf *in, int consumed, int asked) {
+    if (consumed) {
+        int fd = memfd_create("cni-dra-stdin", 0);
+        if (fd < 0 || write_all(fd, in->p, in->len) || lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) < 0)
+            cannot_run("keep stdin for", errno);
+        if (fd != 0) close(fd);
+    }
+    if (asked && setenv(ENV_ASKED, *why ? why : "not served", 1)) cannot_run("hand over to", errno);
+    execv(CNI_DRA_PYTHON_EXE, argv);
+    cannot_run("run", errno);
 }
 
 /* client.py _socket_is_ours: a socket owned by our euid, in a directory only we may write. */
@@ -118,7 +172,7 @@ static int socket_is_ours(const char *path) {
     return S_ISSOCK(st.st_mode) && st.st_uid == euid && dst.st_uid == euid && !(dst.st_mode & 022);
 }
 
-/* client.py caller_identity: mnt=DEV:INO net=DEV:INO root=DEV:INO; its length or -1. */
+/* wire.py caller_identity: mnt=DEV:INO net=DEV:INO root=DEV:INO; its length or -1. */
 static int ident(char *out, size_t size) {
     struct stat m, n, r;
     if (stat("/proc/thread-self/ns/mnt", &m) || stat("/proc/thread-self/ns/net", &n) || stat("/", &r))
@@ -127,20 +181,25 @@ static int ident(char *out, size_t size) {
                        (unsigned long long)m.st_dev, (unsigned long long)m.st_ino,
                        (unsigned long long)n.st_dev, (unsigned long long)n.st_ino,
                        (unsigned long long)r.st_dev, (unsigned long long)r.st_ino);
-    return len > 0 && (size_t)len < size ? len : -1;
+    if (len > 0 && (size_t)len < size) return len;
+    errno = ENAMETOOLONG;
+    return -1;
 }
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Wait until fd is ready for `events` or the deadline passes; 0 when ready. */
+/* Wait until fd is ready for `events` or the deadline passes; 0 when ready, else -1 with errno. */
 static int wait_fd(int fd, short events, double deadline) {
     for (;;) {
         double left = deadline - now_s();
-        if (left <= 0) return -1;
+        if (left <= 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
         struct pollfd p = {fd, events, 0};
         int r = poll(&p, 1, left > 86400.0 ? 86400000 : (int)(left * 1000) + 1);
         if (r > 0) return 0;
@@ -148,79 +207,142 @@ static int wait_fd(int fd, short events, double deadline) {
     }
 }
 
-/* client.py ask_agent: the agent's exit code and stdout in *out_code / *resp, or -1. */
-static int ask_agent(const char *path, double timeout_s, const struct buf *in, struct buf *resp,
-                     size_t *out_off, size_t *out_len, int *out_code) {
-    struct buf req = {0};
-    char id[256], cwd[4096];
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (!socket_is_ours(path) || strlen(path) >= sizeof addr.sun_path) return -1;
-    strcpy(addr.sun_path, path);
-    int idlen = ident(id, sizeof id);
-    if (idlen < 0 || !getcwd(cwd, sizeof cwd)) return -1;
-    struct buf env = {0};
-    for (char **e = environ; *e; e++) { /* os.environb: entries with '=', first of a key wins */
+/* wire.py encode_environment of os.environb: entries with '=', the first of a key wins. */
+static int put_environment(struct buf *env) {
+    for (char **e = environ; *e; e++) {
         const char *eq = strchr(*e, '=');
         if (!eq) continue;
         int dup = 0;
         for (char **f = environ; f < e && !dup; f++)
             dup = !strncmp(*f, *e, (size_t)(eq - *e) + 1);
         if (dup) continue;
-        if ((env.len && put(&env, "", 1)) || put(&env, *e, strlen(*e))) return -1;
+        if ((env->len && put(env, "", 1)) || put(env, *e, strlen(*e))) return -1;
     }
-    if (put(&req, MAGIC, MAGIC_LEN) || put_frame(&req, id, (size_t)idlen) ||
-        put_frame(&req, cwd, strlen(cwd)) || put_frame(&req, env.p, env.len) ||
-        put_frame(&req, in->p, in->len))
+    return 0;
+}
+
+/* wire.py decode_frames(data, RESPONSE_FRAMES) and the status check of client.py ask_agent:
+ * 0 with the exit code and the stdout frame, or -1 with `why` set. */
+static int decode_answer(const struct buf *resp, size_t *out_off, size_t *out_len, int *out_code) {
+    size_t pos = MAGIC_LEN, off[RESPONSE_FRAMES], len[RESPONSE_FRAMES];
+    if (resp->len < MAGIC_LEN || memcmp(resp->p, MAGIC, MAGIC_LEN)) {
+        refuse("no whole answer: bad magic");
         return -1;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
+    }
+    for (int i = 0; i < RESPONSE_FRAMES; i++) {
+        if (resp->len - pos < FRAME_HEADER_BYTES) {
+            refuse("no whole answer: truncated frame header");
+            return -1;
+        }
+        len[i] = get_frame_len(resp->p + pos);
+        off[i] = pos + FRAME_HEADER_BYTES;
+        if (resp->len - off[i] < len[i]) {
+            refuse("no whole answer: truncated frame");
+            return -1;
+        }
+        pos = off[i] + len[i];
+    }
+    if (pos != resp->len) {
+        refuse("no whole answer: trailing bytes");
+        return -1;
+    }
+    const char *status = resp->p + off[0];
+    size_t word = strlen(STATUS_OK);
+    if (len[0] < word || memcmp(status, STATUS_OK, word) || (len[0] > word && status[word] != ' ')) {
+        refuse("%.*s", (int)(len[0] < sizeof why ? len[0] : sizeof why - 1), status); /* "declined <reason>" */
+        return -1;
+    }
+    char digits[41], *end;
+    size_t n = len[0] - word;
+    if (n == 0 || n >= sizeof digits || memchr(status + word, 0, n)) {
+        refuse("malformed answer");
+        return -1;
+    }
+    memcpy(digits, status + word, n);
+    digits[n] = 0;
+    errno = 0;
+    long code = strtol(digits, &end, 10); /* int(rest): digits, optional sign and spaces */
+    while (*end == ' ' || *end == '\t' || *end == '\n') end++;
+    if (errno || end == digits || *end || code < INT_MIN || code > INT_MAX) {
+        refuse("malformed answer");
+        return -1;
+    }
+    *out_code = (int)code, *out_off = off[1], *out_len = len[1];
+    return 0;
+}
+
+/* client.py ask_agent: 0 with the agent's exit code and stdout (in *resp), or -1 with `why` set. */
+static int ask_agent(const char *path, double timeout_s, const struct buf *in, struct buf *resp,
+                     size_t *out_off, size_t *out_len, int *out_code) {
+    struct buf req = {0}, env = {0};
+    char id[256], cwd[4096];
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int fd = -1, ok = -1;
+    refuse("no socket we trust there (absent, or not owned by us in a directory only we can write)");
+    if (!socket_is_ours(path)) return -1;
+    if (strlen(path) >= sizeof addr.sun_path) {
+        refuse("no whole answer: AF_UNIX path too long");
+        return -1;
+    }
+    strcpy(addr.sun_path, path);
+    int idlen = ident(id, sizeof id);
+    if (idlen < 0 || !getcwd(cwd, sizeof cwd)) {
+        refuse_errno("cannot describe the caller: ", errno);
+        return -1;
+    }
+    if (put_environment(&env) || put(&req, MAGIC, MAGIC_LEN) || put_frame(&req, id, (size_t)idlen) ||
+        put_frame(&req, cwd, strlen(cwd)) || put_frame(&req, env.p, env.len) || put_frame(&req, in->p, in->len)) {
+        refuse("cannot describe the caller: out of memory");
+        goto out;
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct timeval ct = {CONNECT_TIMEOUT_S, 0}; /* a blocking unix connect waits for backlog room */
     struct ucred cred;
     socklen_t clen = sizeof cred;
-    double deadline;
-    int ok = -1;
-    if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &ct, sizeof ct) ||
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &ct, sizeof ct) ||
         connect(fd, (struct sockaddr *)&addr, sizeof addr) ||
-        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) || cred.uid != geteuid())
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen)) {
+        refuse_errno("no whole answer: ", errno);
         goto out;
-    deadline = now_s() + timeout_s;
+    }
+    if (cred.uid != geteuid()) {
+        refuse("the listener runs as another uid");
+        goto out;
+    }
+    double deadline = now_s() + timeout_s;
     for (size_t sent = 0; sent < req.len;) {
         ssize_t w = send(fd, req.p + sent, req.len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w >= 0) sent += (size_t)w;
-        else if ((errno != EAGAIN && errno != EINTR) || wait_fd(fd, POLLOUT, deadline)) goto out;
+        else if ((errno != EAGAIN && errno != EINTR) || wait_fd(fd, POLLOUT, deadline)) {
+            refuse_errno("no whole answer: ", errno);
+            goto out;
+        }
     }
-    if (shutdown(fd, SHUT_WR)) goto out;
+    if (shutdown(fd, SHUT_WR)) {
+        refuse_errno("no whole answer: ", errno);
+        goto out;
+    }
     for (;;) {
-        if (reserve(resp, 65536)) goto out;
+        if (reserve(resp, 65536)) {
+            refuse("no whole answer: out of memory");
+            goto out;
+        }
         ssize_t r = recv(fd, resp->p + resp->len, resp->cap - resp->len, MSG_DONTWAIT);
         if (r == 0) break;
         if (r > 0) {
             resp->len += (size_t)r;
-            if (resp->len > MAX_MESSAGE_BYTES) goto out;
-        } else if ((errno != EAGAIN && errno != EINTR) || wait_fd(fd, POLLIN, deadline)) goto out;
+            if (resp->len > MAX_MESSAGE_BYTES) {
+                refuse("answer too large");
+                goto out;
+            }
+        } else if ((errno != EAGAIN && errno != EINTR) || wait_fd(fd, POLLIN, deadline)) {
+            refuse_errno("no whole answer: ", errno);
+            goto out;
+        }
     }
-    /* decode_frames(data, 2): MAGIC, status, stdout, nothing after */
-    size_t pos = MAGIC_LEN, off[2], len[2];
-    if (resp->len < MAGIC_LEN || memcmp(resp->p, MAGIC, MAGIC_LEN)) goto out;
-    for (int i = 0; i < 2; i++) {
-        if (resp->len - pos < 4) goto out;
-        const unsigned char *h = (const unsigned char *)resp->p + pos;
-        len[i] = (size_t)h[0] << 24 | (size_t)h[1] << 16 | (size_t)h[2] << 8 | h[3];
-        off[i] = pos + 4;
-        if (resp->len - off[i] < len[i]) goto out;
-        pos = off[i] + len[i];
-    }
-    if (pos != resp->len || len[0] < 4 || len[0] > 40 || memcmp(resp->p + off[0], "ok ", 3)) goto out;
-    char status[41], *end;
-    memcpy(status, resp->p + off[0] + 3, len[0] - 3);
-    status[len[0] - 3] = 0;
-    errno = 0;
-    long code = strtol(status, &end, 10); /* int(rest): digits, optional sign and spaces */
-    while (*end == ' ' || *end == '\t' || *end == '\n') end++;
-    if (errno || end == status || *end) goto out;
-    *out_code = (int)code, *out_off = off[1], *out_len = len[1], ok = 0;
+    ok = decode_answer(resp, out_off, out_len, out_code);
 out:
-    close(fd);
+    if (fd >= 0) close(fd);
     free(req.p), free(env.p);
     return ok;
 }
@@ -229,36 +351,37 @@ int main(int argc, char **argv) {
     (void)argc;
     struct buf in = {0}, resp = {0};
     const char *command = getenv("CNI_COMMAND");
-    if (!command || !*command) fallback(argv, &in, 0); /* not a plugin invocation: the CLI */
-    const char *mode = getenv("CNI_DRA_AGENT");
-    if (mode && !strcmp(mode, "off")) fallback(argv, &in, 0);
+    if (!command || !*command) fallback(argv, &in, 0, 0); /* not a plugin invocation: the CLI */
+    const char *mode = getenv(ENV_MODE);
+    if (mode && !strcmp(mode, "off")) fallback(argv, &in, 0, 0);
     int consumed = 0;
-    if (!(strcmp(command, "VERSION") == 0 && isatty(0))) {
-        if (!(in.p = malloc(STDIN_LIMIT))) fallback(argv, &in, 0);
-        in.cap = STDIN_LIMIT;
-        while (in.len < STDIN_LIMIT) {
-            ssize_t r = read(0, in.p + in.len, STDIN_LIMIT - in.len);
+    if (!(strcmp(command, "VERSION") == 0 && isatty(0))) { /* as cni_dra.main.read_stdin */
+        if (!(in.p = malloc(STDIN_LIMIT_BYTES))) fallback(argv, &in, 0, 0);
+        in.cap = STDIN_LIMIT_BYTES;
+        while (in.len < STDIN_LIMIT_BYTES) {
+            ssize_t r = read(0, in.p + in.len, STDIN_LIMIT_BYTES - in.len);
             if (r < 0 && errno == EINTR) continue;
-            if (r < 0) fallback(argv, &in, in.len > 0); /* Python meets the error, or what we got */
+            if (r < 0) fallback(argv, &in, in.len > 0, 0); /* Python meets the error, or what we got */
             if (r == 0) break;
             in.len += (size_t)r;
         }
         consumed = 1;
     }
-    const char *path = getenv("CNI_DRA_AGENT_SOCKET");
+    const char *path = getenv(ENV_SOCKET);
     if (!path || !*path) path = DEFAULT_SOCKET;
     double timeout_s = DEFAULT_TIMEOUT_S;
-    const char *t = getenv("CNI_DRA_AGENT_TIMEOUT");
+    const char *t = getenv(ENV_TIMEOUT);
     if (t && *t) {
         char *end;
         double v = strtod(t, &end);
         while (*end == ' ' || *end == '\t' || *end == '\n') end++;
         if (end != t && !*end && !strpbrk(t, "xX")) timeout_s = v; /* float(): no hex */
     }
-    if (!isfinite(timeout_s) || timeout_s < 0) fallback(argv, &in, consumed); /* as Python: no agent */
+    if (!isfinite(timeout_s) || timeout_s < 0) fallback(argv, &in, consumed, 0); /* Python decides */
     size_t off, len;
     int code;
-    if (ask_agent(path, timeout_s, &in, &resp, &off, &len, &code)) fallback(argv, &in, consumed);
-    if (write_all(1, resp.p + off, len)) return 1;
-    return code & 0xff;
+    if (ask_agent(path, timeout_s, &in, &resp, &off, &len, &code)) fallback(argv, &in, consumed, 1);
+    int failed = write_all(1, resp.p + off, len);
+    free(in.p), free(resp.p);
+    return failed ? 1 : code & 0xff;
 }

@@ -1,11 +1,14 @@
-"""The compiled thin client (scripts/cni-dra-client.c), built into tmp with ``cc``.
+"""The compiled client (scripts/cni-dra-client.c), built into tmp with ``cc``.
 
-It must speak the wire format of :mod:`cni_dra.fastpath.client` to the agent, print the
-agent's answer only when it is ``ok <code>``, and in every other case exec the Python
-executable with the same argv, environment and stdin. Two builds: one whose fallback is
-the real Python executable (scripts/cni-dra.in, running this work tree), one whose fallback
-is a recorder script that saves what it received. A fake agent (a unix-socket server in a
-thread speaking :func:`encode_frames`/:func:`decode_frames`) plays the agent.
+It must speak :mod:`cni_dra.fastpath.wire` to the agent, print the agent's answer only when
+it is ``ok <code>``, and in every other case exec the Python executable with the same argv,
+environment and stdin; after asking the agent, with ``CNI_DRA_AGENT_ASKED=<why>`` added, so
+that the Python executable does not ask again. Builds: one whose fallback is the real Python
+executable (scripts/cni-dra.in, running this work tree), one whose fallback is a recorder
+script that saves what it received, and both again with ``-fsanitize=address,undefined``.
+A fake agent (a unix-socket server in a thread speaking
+:func:`encode_frames`/:func:`decode_frames`) plays the agent; the real server
+(:func:`cni_dra.fastpath.server.start_fastpath`) too, where it says so.
 """
 
 from __future__ import annotations
@@ -25,22 +28,39 @@ from pathlib import Path
 
 import pytest
 
-from cni_dra.fastpath.client import MAX_MESSAGE_BYTES, caller_identity, decode_frames, encode_frames
+from cni_dra.fastpath.wire import (
+    ENV_ASKED,
+    MAX_MESSAGE_BYTES,
+    STDIN_LIMIT_BYTES,
+    caller_identity,
+    decode_frames,
+    encode_frames,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "scripts" / "cni-dra-client.c"
 CC = shutil.which("cc")
-STDIN_LIMIT = (1 << 20) + 1  # client.py _read_fd
+STDIN_LIMIT = STDIN_LIMIT_BYTES
 BASE_ENV = {"PATH": "/usr/bin:/bin"}
 
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build scripts/cni-dra-client.c")
 
 
-def _build(out: Path, python_exe: str) -> str:
-    subprocess.run(
-        [CC, "-O2", "-Wall", "-Wextra", "-Werror", f'-DCNI_DRA_PYTHON_EXE="{python_exe}"', "-o", str(out), str(SOURCE)],
-        check=True, capture_output=True,
+# As scripts/install.sh builds it; warnings are errors.
+CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
+SANITIZE = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+            "-Wall", "-Wextra", "-Werror"]
+# Any report fails the run (exit 86) and says so on stderr; leaks are checked at exit.
+SANITIZER_ENV = {"ASAN_OPTIONS": "detect_leaks=1:exitcode=86:abort_on_error=0",
+                 "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=86"}
+
+
+def _build(out: Path, python_exe: str, flags: list[str] = CFLAGS) -> str:
+    proc = subprocess.run(
+        [CC, *flags, f'-DCNI_DRA_PYTHON_EXE="{python_exe}"', "-o", str(out), str(SOURCE)],
+        check=False, capture_output=True, text=True,
     )
+    assert proc.returncode == 0, proc.stderr  # a warning fails the build
     return str(out)
 
 
@@ -215,14 +235,37 @@ ANSWERS = {
 }
 
 
+# Why each was not served, as CNI_DRA_AGENT_ASKED carries it (the words of client.py's last_refusal).
+WHY = {
+    "declined": "declined caller sees another namespace",
+    "closed": "no whole answer: bad magic",
+    "bad magic": "no whole answer: bad magic",
+    "trailing bytes": "no whole answer: trailing bytes",
+    "truncated": "no whole answer: truncated frame",
+    "not an int": "malformed answer",
+    "too large": "answer too large",
+}
+
+
 @pytest.mark.parametrize("answer", ANSWERS)
 def test_any_answer_but_ok_execs_python_with_identical_input(rec, fake_agent, answer):
     agent = fake_agent(ANSWERS[answer])
     env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path, "CNI_ARGS": "K=V;A=B"}
     stdin = _big_config()
     assert _run(rec.recording, env, stdin, args=("one", "two words")) == (0, b"fallback-ran\n")
-    assert rec.recorded() == {"argv": [b"one", b"two words"], "env": {**BASE_ENV, **env}, "stdin": stdin}
+    handed = {**BASE_ENV, **env, ENV_ASKED: WHY[answer]}
+    assert rec.recorded() == {"argv": [b"one", b"two words"], "env": handed, "stdin": stdin}
     assert agent.connections == 1
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_the_python_client_words_each_refusal_the_same(fake_agent, answer):
+    """What the compiled client hands over is what the Python client would have said."""
+    from cni_dra.fastpath import client
+
+    agent = fake_agent(ANSWERS[answer])
+    assert client.ask_agent({b"CNI_COMMAND": b"ADD"}, b"{}", agent.path, timeout_s=30) is None
+    assert client.last_refusal == WHY[answer]
 
 
 def test_declined_then_python_answers_in_process(builds, fake_agent):
@@ -232,7 +275,7 @@ def test_declined_then_python_answers_in_process(builds, fake_agent):
     expected = _run(builds.python, {**env, **ABSENT}, stdin)
     assert json.loads(expected[1])["cniVersion"] == "0.4.0"
     assert _run(builds.real, env, stdin) == expected
-    assert agent.connections == 2  # the shim, then the Python client once more
+    assert agent.connections == 1  # the compiled client only: the Python executable works at once
 
 
 def test_stdin_is_read_up_to_the_limit_and_passed_on(rec, fake_agent):
@@ -259,6 +302,7 @@ def test_no_answer_within_the_timeout_execs_python(rec, fake_agent):
         release.set()
     recorded = rec.recorded()
     assert recorded is not None and recorded["stdin"] == b"{}"
+    assert recorded["env"][ENV_ASKED] == "no whole answer: timed out"
 
 
 @pytest.mark.parametrize("env", [{}, {"CNI_COMMAND": ""}, {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT": "off"}])
@@ -369,3 +413,90 @@ def test_failing_exec_prints_cni_error_json(tmp_path):
     doc = json.loads(out)
     assert code == 1 and doc["code"] == 999 and doc["cniVersion"] == "1.1.0"
     assert str(tmp_path / "missing" / "cni-dra") in doc["msg"] and "No such file" in doc["msg"]
+
+
+def test_require_names_why_the_compiled_client_was_not_served(builds, fake_agent):
+    """``CNI_DRA_AGENT=require``: the agent is asked once, by the compiled client; the Python
+    executable's code 11 names the reason it handed over."""
+    agent = fake_agent(ANSWERS["declined"])
+    env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": agent.path}
+    code, out = _run(builds.real, env, b'{"cniVersion": "1.0.0"}')
+    doc = json.loads(out)
+    assert code == 1 and doc["code"] == 11 and doc["cniVersion"] == "1.0.0"
+    assert "declined caller sees another namespace" in doc["msg"] and agent.path in doc["msg"]
+    assert agent.connections == 1
+
+
+@pytest.fixture(scope="module")
+def sanitized(builds, tmp_path_factory) -> Builds:
+    """The client built with AddressSanitizer and UndefinedBehaviorSanitizer (each finding
+    fails the run), against the same fallbacks as :func:`builds`."""
+    d = tmp_path_factory.mktemp("asan")
+    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-o", str(d / "probe"), "-"],
+                           input="int main(void) { return 0; }\n", capture_output=True, text=True, check=False)
+    if probe.returncode != 0 or subprocess.run([str(d / "probe")], check=False).returncode != 0:
+        pytest.skip(f"{CC} cannot build or run sanitizer programs here: {probe.stderr.strip()}")
+    return Builds(
+        real=_build(d / "cni-dra", builds.python, SANITIZE), python=builds.python,
+        recording=_build(d / "cni-dra-rec", str(builds.record_dir.parent / "recorder"), SANITIZE),
+        record_dir=builds.record_dir,
+    )
+
+
+def _run_sanitized(exe: str, env: dict[str, str], stdin: bytes = b"", cwd: str | None = None) -> tuple[int, bytes]:
+    proc = subprocess.run([exe], input=stdin, env={**BASE_ENV, **SANITIZER_ENV, **env}, capture_output=True,
+                          timeout=120, check=False, cwd=cwd)
+    for marker in (b"AddressSanitizer", b"LeakSanitizer", b"runtime error", b"UndefinedBehaviorSanitizer"):
+        assert marker not in proc.stderr, proc.stderr.decode(errors="replace")
+    assert proc.returncode != 86, proc.stderr.decode(errors="replace")
+    return proc.returncode, proc.stdout
+
+
+def test_sanitized_build_relays_a_fake_agents_answers(sanitized, fake_agent):
+    small = fake_agent(lambda frames: encode_frames(b"ok 3", b'{"some": "stdout"}\n'))
+    env = {"CNI_COMMAND": "DEL", "CNI_DRA_AGENT_SOCKET": small.path}
+    assert _run_sanitized(sanitized.recording, env, b'{"cniVersion": "1.1.0"}') == (3, b'{"some": "stdout"}\n')
+    big = fake_agent(lambda frames: encode_frames(b"ok 0", b"y" * (1 << 20)))
+    env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": big.path}
+    assert _run_sanitized(sanitized.recording, env, _big_config()) == (0, b"y" * (1 << 20))
+    assert big.requests[0][3] == _big_config()
+
+
+@pytest.mark.parametrize("answer", ["declined", "truncated", "not an int", "too large"])
+def test_sanitized_build_hands_every_refusal_over(sanitized, rec, fake_agent, answer):
+    agent = fake_agent(ANSWERS[answer])
+    env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path}
+    assert _run_sanitized(sanitized.recording, env, b"{}") == (0, b"fallback-ran\n")
+    recorded = rec.recorded()
+    assert recorded is not None and recorded["stdin"] == b"{}" and recorded["env"][ENV_ASKED] == WHY[answer]
+
+
+def test_sanitized_build_against_the_real_agent_and_without_one(sanitized, builds, tmp_path):
+    """Served by :func:`start_fastpath` (this process's namespaces and working directory);
+    then with the agent gone, answered in-process by the Python executable."""
+    from cni_dra.fastpath.server import start_fastpath
+
+    stdin = b'{"cniVersion": "0.4.0"}'
+    expected = _run(builds.python, {"CNI_COMMAND": "VERSION", **ABSENT}, stdin)
+    assert json.loads(expected[1])["cniVersion"] == "0.4.0"
+    server = start_fastpath(str(tmp_path / "agent" / "fp.sock"), warm=False, workers=2)
+    try:
+        env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": server.socket_path, "CNI_DRA_AGENT": "require"}
+        for _ in range(3):
+            assert _run_sanitized(sanitized.real, env, stdin, cwd=os.getcwd()) == expected
+        assert server.served == 3
+    finally:
+        server.stop()
+    for socket_path in (server.socket_path, ABSENT["CNI_DRA_AGENT_SOCKET"]):
+        env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": socket_path}
+        assert _run_sanitized(sanitized.real, env, stdin) == expected
+    env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT": "require", **ABSENT}
+    code, out = _run_sanitized(sanitized.real, env, stdin)
+    assert code == 1 and json.loads(out)["code"] == 11
+
+
+def test_sanitized_build_of_a_missing_python_executable(tmp_path):
+    exe = _build(tmp_path / "cni-dra", str(tmp_path / "missing" / "cni-dra"), SANITIZE)
+    code, out = _run_sanitized(exe, {"CNI_COMMAND": "ADD", **ABSENT}, b"{}")
+    doc = json.loads(out)
+    assert code == 1 and doc["code"] == 999 and "No such file" in doc["msg"]

@@ -16,13 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_dra.fastpath.client import (
-    MAGIC,
-    ask_agent,
-    caller_identity,
-    decode_frames,
-    encode_frames,
-)
+from cni_dra.fastpath.client import ask_agent
+from cni_dra.fastpath.wire import MAGIC, caller_identity, decode_frames, encode_frames
 from cni_dra.fastpath.server import start_fastpath
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,15 +39,17 @@ def test_truncated_or_padded_frames_are_refused(parts, data):
         decode_frames(wire + b"x", len(parts))
 
 
-def test_client_imports_only_the_standard_library():
+@pytest.mark.parametrize("module", ["cni_dra.fastpath.client", "cni_dra.main"])
+def test_client_imports_only_the_standard_library(module):
+    """The Python executable's entry (cni_dra.main) and the client load in milliseconds."""
     code = (
-        f"import sys; sys.path.insert(0, {str(ROOT)!r}); import cni_dra.fastpath.client; "
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); import {module}; "
         "print('\\n'.join(sorted(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-IS", "-c", code], capture_output=True, text=True, check=True).stdout
     mods = set(out.split())
     ours = {m for m in mods if m.split(".")[0] == "cni_dra"}
-    assert ours == {"cni_dra", "cni_dra.fastpath", "cni_dra.fastpath.client"}
+    assert ours <= {"cni_dra", "cni_dra.main", "cni_dra.fastpath", "cni_dra.fastpath.client", "cni_dra.fastpath.wire"}
     assert not {m for m in mods if m.split(".")[0] in THIRD_PARTY}
     assert "asyncio" not in mods and "socket" not in mods  # _socket only: socket.py costs ~9 ms
 
@@ -149,8 +146,8 @@ def test_malformed_request_is_declined(agent):
 
 
 def _plugin(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
-    """The thin client as the executable runs it (-IS), from this work tree."""
-    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.fastpath.client import main; sys.exit(main())"
+    """The Python executable's entry as it runs it (-IS), from this work tree."""
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.main import main; sys.exit(main())"
     proc = subprocess.run(
         [sys.executable, "-IS", "-c", code], input=stdin, env=env, capture_output=True, check=False, cwd=os.getcwd()
     )
@@ -201,7 +198,7 @@ def test_deeply_nested_json_leaves_no_traceback_on_either_path(agent, path):
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x",
            "CNI_DRA_AGENT": mode, "CNI_DRA_AGENT_SOCKET": agent.socket_path}
     stdin = b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "prevResult": ' + b"{\"a\":" * 5000 + b"1" + b"}" * 5001
-    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.fastpath.client import main; sys.exit(main())"
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.main import main; sys.exit(main())"
     try:
         proc = subprocess.run([sys.executable, "-IS", "-c", code], input=stdin, env=env, capture_output=True, check=False)
     finally:
@@ -324,7 +321,7 @@ def test_worker_processes_serve_while_the_agent_cannot_and_leave_with_it(tmp_pat
 def test_require_says_why_the_agent_did_not_serve(agent, tmp_path):
     """``CNI_DRA_AGENT=require``: the code 11 message names the reason (here the agent
     declined a caller in another working directory)."""
-    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.fastpath.client import main; sys.exit(main())"
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.main import main; sys.exit(main())"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": "VERSION", "CNI_DRA_AGENT": "require",
            "CNI_DRA_AGENT_SOCKET": agent.socket_path}
     proc = subprocess.run([sys.executable, "-IS", "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,

@@ -161,18 +161,17 @@ def test_inventory_parser_raises_only_cni_errors(text):
         assert exc.code == 7, exc
 
 
-@pytest.mark.parametrize("entry", [
-    "from cni_dra.cni import main",
-    "from cni_dra.fastpath.client import main",  # what /opt/cni/bin/cni-dra runs (agent off: in-process)
-])
-def test_oversize_stdin_is_refused_without_reading_it_all(entry):
+def test_oversize_stdin_is_refused_without_reading_it_all():
     """A process given 64 MiB on stdin answers code 6 after reading just over 1 MiB."""
     import subprocess
     import sys
 
     from cni_dra.protocol.config import MAX_CONFIG_BYTES
 
-    assert MAX_CONFIG_BYTES == 1 << 20  # cni.main reads at most this + 1
+    from cni_dra.fastpath.wire import STDIN_LIMIT_BYTES
+
+    assert STDIN_LIMIT_BYTES == MAX_CONFIG_BYTES + 1  # cni_dra.main.read_stdin reads at most this
+    entry = "from cni_dra.main import main"  # what the executable runs (agent off: in-process)
     env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/nonexistent", "CNI_IFNAME": "eth0",
            "CNI_PATH": "/nonexistent", "PATH": "/usr/bin:/bin", "CNI_DRA_AGENT": "off"}
     proc = subprocess.Popen([sys.executable, "-c", f"import sys; {entry}; sys.exit(main())"],

@@ -5,17 +5,15 @@ drift repair, restart without loss, cleanup, extra services."""
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import threading
 import time
-import types
 
 import grpc
 import pytest
 import yaml
 
-from cni_dra.agent.main import Agent, AgentConfig, extra_services
+from cni_dra.agent.main import Agent, AgentConfig
 from cni_dra.k8s.protos import load
 from cni_dra.state import Attachment, ClaimRef, StateStore
 from cni_dra.state.claim_status import claim_status_record
@@ -62,7 +60,7 @@ def config(short, inv, server, **kw) -> AgentConfig:
     base = dict(node_name="node-1", inventory=inv, state_dir=f"{short}/state",
                 kubeconfig=write_kubeconfig(f"{short}/kubeconfig", server.url),
                 plugin_dir=f"{short}/plugins", registry_dir=f"{short}/reg", metrics_address="127.0.0.1:0",
-                resync_s=0.3, poll_s=0.05)
+                resync_s=0.3, poll_s=0.05, fastpath_socket=f"{short}/fastpath/agent.sock", fastpath_processes=1)
     base.update(kw)
     return AgentConfig(**base)
 
@@ -162,39 +160,21 @@ def test_publish_failures_are_retried(env):
     assert len(server.requests_for("POST", r".*/resourceslices")) == 3
 
 
-def test_fastpath_service_started_when_installed(env, monkeypatch):
-    server, short, inv = env
-    made = {}
-
-    def agent_service(*, state_dir, inventory):
-        made["svc"] = FakeService()
-        made["args"] = (state_dir, inventory)
-        return made["svc"]
-
-    pkg = types.ModuleType("cni_dra.fastpath")
-    mod = types.ModuleType("cni_dra.fastpath.server")
-    mod.agent_service = agent_service
-    pkg.server = mod
-    monkeypatch.setitem(sys.modules, "cni_dra.fastpath", pkg)
-    monkeypatch.setitem(sys.modules, "cni_dra.fastpath.server", mod)
-    cfg = config(short, inv, server)
-    with Running(cfg):
-        wait_for(lambda: SLICE in server.slices)
-    assert made["args"] == (cfg.state_dir, cfg.inventory)
-    assert made["svc"].events == ["start", "stop"]
-
-
-def test_agent_runs_the_fast_path_service(env, tmp_path, monkeypatch):
+def test_agent_runs_the_fast_path_service(env):
+    """The fast path is one of the agent's services: its socket (0600) serves plugin
+    invocations while the agent runs, and is gone once it stopped."""
     import os
     import stat
 
+    from cni_dra.fastpath.client import ask_agent
+
     server, short, inv = env
-    sock = str(tmp_path / "fp" / "agent.sock")
-    monkeypatch.setenv("CNI_DRA_AGENT_SOCKET", sock)
-    (svc,) = extra_services(config(short, inv, server))
-    svc.start()
-    try:
-        assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
-    finally:
-        svc.stop()
-    assert not os.path.exists(sock)
+    cfg = config(short, inv, server)
+    with Running(cfg) as agent:
+        wait_for(lambda: os.path.exists(cfg.fastpath_socket))
+        assert stat.S_IMODE(os.stat(cfg.fastpath_socket).st_mode) == 0o600
+        assert agent.fastpath in agent.services
+        answer = ask_agent({b"CNI_COMMAND": b"VERSION"}, b'{"cniVersion": "1.0.0"}', cfg.fastpath_socket,
+                           timeout_s=30)
+        assert answer is not None and answer[0] == 0 and b"supportedVersions" in answer[1]
+    assert not os.path.exists(cfg.fastpath_socket)

@@ -8,8 +8,9 @@ Parts (each a service with ``start()``/``stop()``):
 * the link watch (:class:`cni_dra.agent.linkwatch.LinkWatch`), which asks for a publish;
 * the claim watch (:class:`cni_dra.agent.claimwatch.ClaimWatch`), which gives the pods
   that share a prepared claim (``status.reservedFor``) their copy in the node state;
-* extra services: the fast-path server (:mod:`cni_dra.fastpath.server`) when
-  ``cni_dra.fastpath`` is installed (guarded import), plus any the caller passes.
+* the fast path (:class:`cni_dra.agent.fastpath.FastpathService`): plugin invocations served
+  on ``fastpath_socket`` from the agent's warm imports;
+* any extra services the caller passes.
 
 The loop publishes the ResourceSlice at start, after link events (debounced) and every
 ``resync_s`` (drift: someone else changed or deleted the slice), retrying failures with
@@ -23,15 +24,15 @@ the node's slice.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cni_dra.errors import CniError
+from cni_dra.fastpath.wire import DEFAULT_SOCKET
 
-__all__ = ["AgentConfig", "Agent", "Service", "extra_services"]
+__all__ = ["AgentConfig", "Agent", "Service"]
 
 log = logging.getLogger("cni_dra.agent")
 
@@ -57,21 +58,9 @@ class AgentConfig:
     link_debounce_s: float = 0.5
     poll_s: float = 0.2
     cleanup: bool = False
+    fastpath_socket: str = DEFAULT_SOCKET  # where plugin invocations are served
+    fastpath_processes: int | None = None  # accepting processes; None: one per CPU, at most 4
     extra: list[Any] = field(default_factory=list)  # more services to run
-
-
-def extra_services(cfg: AgentConfig) -> list[Service]:
-    """Services from optional packages: ``cni_dra.fastpath.server.agent_service(state_dir=,
-    inventory=)`` when that module exists (the fast path), else none."""
-    try:
-        from cni_dra.fastpath import server as fastpath  # type: ignore[import-not-found]
-    except ImportError:
-        return []
-    factory = getattr(fastpath, "agent_service", None)
-    if factory is None:
-        log.warning("cni_dra.fastpath.server has no agent_service(); fast path not started")
-        return []
-    return [factory(state_dir=cfg.state_dir, inventory=cfg.inventory)]
 
 
 class Agent:
@@ -80,6 +69,7 @@ class Agent:
     def __init__(self, cfg: AgentConfig, api: Any = None) -> None:
         from cni_dra.agent.claimwatch import ClaimWatch
         from cni_dra.agent.driver import ClaimDriver
+        from cni_dra.agent.fastpath import FastpathService
         from cni_dra.agent.linkwatch import LinkWatch
         from cni_dra.agent.metrics import AgentMetrics
         from cni_dra.agent.publisher import Publisher
@@ -118,10 +108,9 @@ class Agent:
         )
         self.links_changed = threading.Event()
         self.linkwatch = LinkWatch(self.links_changed.set)
+        self.fastpath = FastpathService(cfg.fastpath_socket, processes=cfg.fastpath_processes)
         self.claimwatch = ClaimWatch(self.api, lambda uid, pods: share_prepared_claim(cfg.state_dir, uid, pods))
-        self.services: list[Any] = (
-            [self.plugin, self.linkwatch, self.claimwatch] + list(cfg.extra) + extra_services(cfg)
-        )
+        self.services: list[Any] = [self.plugin, self.linkwatch, self.claimwatch, self.fastpath] + list(cfg.extra)
         self.metrics_port: int | None = None
         self._started: list[Any] = []
 

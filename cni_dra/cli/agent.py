@@ -1,6 +1,6 @@
 """``cni-dra agent``: the node agent (ResourceSlice publisher, DRA kubelet plugin, claim
-status writer, metrics). A thin shell over :mod:`cni_dra.agent.main`; SIGTERM and SIGINT
-stop it cleanly."""
+status writer, metrics, the plugin's fast path). A thin shell over :mod:`cni_dra.agent.main`;
+SIGTERM and SIGINT stop it cleanly."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import threading
 import click
 
 from cni_dra.cli.options import INVENTORY_OPT, STATE_DIR_OPT
+from cni_dra.fastpath.wire import DEFAULT_SOCKET
 
 __all__ = ["agent"]
 
@@ -31,10 +32,13 @@ __all__ = ["agent"]
               help="Seconds between drift checks of the published slice.")
 @click.option("--cleanup/--no-cleanup", envvar="CNI_DRA_CLEANUP", default=False, show_default=True,
               help="Delete the node's ResourceSlice on exit.")
+@click.option("--fastpath-socket", envvar="CNI_DRA_AGENT_SOCKET", default=DEFAULT_SOCKET, show_default=True,
+              help="Unix socket on which plugin invocations are served (where the plugin looks).")
 @click.option("--log-level", envvar="CNI_DRA_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str, plugin_dir: str | None,
-          registry_dir: str, metrics_address: str, resync_interval: float, cleanup: bool, log_level: str) -> None:
+          registry_dir: str, metrics_address: str, resync_interval: float, cleanup: bool, fastpath_socket: str,
+          log_level: str) -> None:
     """Run the node agent until SIGTERM/SIGINT."""
     from cni_dra.agent.main import Agent, AgentConfig
 
@@ -43,7 +47,7 @@ def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str
         kubeconfig = kubeconfig.split(":")[0]
     cfg = AgentConfig(node_name=node_name, inventory=inventory, state_dir=state_dir, kubeconfig=kubeconfig,
                       plugin_dir=plugin_dir, registry_dir=registry_dir, metrics_address=metrics_address,
-                      resync_s=resync_interval, cleanup=cleanup)
+                      resync_s=resync_interval, cleanup=cleanup, fastpath_socket=fastpath_socket)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,13 +1,18 @@
-"""The fast path: a thin plugin executable talking to a resident agent over a unix socket.
+"""The fast path: the plugin executable hands its invocation to the resident agent over a unix socket.
 
-* :mod:`cni_dra.fastpath.client` — what ``/opt/cni/bin/cni-dra`` runs first. Standard
-  library only (it loads in a few milliseconds): it sends the invocation (environment and
-  stdin) to the agent and prints the agent's answer; when the agent is absent, refuses or
-  does not answer, it runs the very same :func:`cni_dra.cni.run` in-process.
-* :mod:`cni_dra.fastpath.server` — the agent side (:func:`start_fastpath`), hosted by
-  ``cni-dra agent``: warm imports, a few worker threads running
-  :func:`cni_dra.cni.run` (network namespace switches are per thread; the state file lock
-  serialises agent threads with in-process invocations).
+* :mod:`cni_dra.fastpath.wire` — the wire format and the client's environment, defined
+  once; the compiled client (``scripts/cni-dra-client.c``, what ``/opt/cni/bin/cni-dra``
+  is) repeats its constants and a test checks them against it.
+* :mod:`cni_dra.fastpath.client` — the Python client (:func:`~cni_dra.fastpath.client.ask_agent`),
+  standard library only; :func:`cni_dra.main.main` uses it when the Python executable is
+  the plugin itself (no C compiler) and the compiled client has not already asked.
+* :mod:`cni_dra.fastpath.server` — the agent side (:func:`start_fastpath`), run by
+  ``cni-dra agent`` as one of its services (:mod:`cni_dra.agent.fastpath`): warm imports,
+  a few worker threads running :func:`cni_dra.cni.run` (network namespace switches are per
+  thread; the state file lock serialises agent threads with in-process invocations).
+
+When the agent does not serve, the invocation runs in-process (:func:`cni_dra.main.plugin`),
+the same :func:`cni_dra.cni.run` on the same input.
 
 This package ``__init__`` imports nothing: the client must stay cheap.
 """

@@ -12,9 +12,10 @@ A request is *declined* (the client then runs it in-process) when:
 * the peer's uid (``SO_PEERCRED``) is not the agent's euid (the connection is just closed);
 * the caller's mount namespace, network namespace or root directory differ from the
   agent's, or its working directory does: paths in the input could then name other objects;
-* the request is malformed or larger than :data:`~cni_dra.fastpath.client.MAX_MESSAGE_BYTES`.
+* the request is malformed or larger than :data:`~cni_dra.fastpath.wire.MAX_MESSAGE_BYTES`.
 
-Wire format: :mod:`cni_dra.fastpath.client`. Logging goes through the ``cni_dra`` logger of
+Wire format: :mod:`cni_dra.fastpath.wire`. ``cni-dra agent`` runs it as one of its services
+(:class:`cni_dra.agent.fastpath.FastpathService`). Logging goes through the ``cni_dra`` logger of
 the hosting process (``CNI_DRA_LOG_FILE`` of a request is not honoured).
 
 Run standalone (tests, ``make bench``): ``python -m cni_dra.fastpath.server --socket PATH``
@@ -37,10 +38,14 @@ import time
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from cni_dra.fastpath.client import (
+from cni_dra.fastpath.wire import (
     DEFAULT_SOCKET,
     MAX_MESSAGE_BYTES,
+    REQUEST_FRAMES,
+    STATUS_DECLINED,
+    STATUS_OK,
     caller_identity,
+    decode_environment,
     decode_frames,
     encode_frames,
 )
@@ -48,9 +53,7 @@ from cni_dra.fastpath.client import (
 __all__ = [
     "DEFAULT_WORKERS",
     "DEFAULT_PROCESSES",
-    "AgentService",
     "FastpathServer",
-    "agent_service",
     "start_fastpath",
     "serve",
     "main",
@@ -173,13 +176,8 @@ class FastpathServer:
         if request is None:
             return self._decline("request too large")
         try:
-            ident, cwd, env_block, stdin = decode_frames(request, 4)
-            environ = {}
-            for item in env_block.split(b"\0") if env_block else []:
-                key, sep, value = item.partition(b"=")
-                if not sep:
-                    raise ValueError("environment entry without '='")
-                environ[os.fsdecode(key)] = os.fsdecode(value)
+            ident, cwd, env_block, stdin = decode_frames(request, REQUEST_FRAMES)
+            environ = decode_environment(env_block)
         except ValueError as exc:
             return self._decline(f"malformed request: {exc}")
         mine = caller_identity()
@@ -198,13 +196,13 @@ class FastpathServer:
             "fastpath: %s exit %d in %.1f ms (%.1f ms CPU in this thread)", environ.get("CNI_COMMAND"), code,
             (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3,
         )
-        return f"ok {code}".encode(), out.getvalue().encode()
+        return STATUS_OK + f" {code}".encode(), out.getvalue().encode()
 
     def _decline(self, reason: str) -> tuple[bytes, bytes]:
         log.info("fastpath: declined: %s", reason)
         with self._count_lock:
             self.declined += 1
-        return f"declined {reason}".encode(), b""
+        return STATUS_DECLINED + f" {reason}".encode(), b""
 
 
 def _recv_all(conn: socket.socket) -> bytes | None:
@@ -343,33 +341,6 @@ def _worker_process_main(argv: list[str]) -> int:
     for worker in server._workers:
         worker.join(timeout=30)
     return 0
-
-
-class AgentService:
-    """The fast path as a service of ``cni-dra agent`` (``start()``/``stop()``).
-
-    ``socket_path``: where the thin client looks (``CNI_DRA_AGENT_SOCKET``, default
-    :data:`~cni_dra.fastpath.client.DEFAULT_SOCKET`). The agent must run in the host's
-    mount and network namespaces with working directory ``/``, else requests are declined
-    and the client works in-process (correct, slower).
-    """
-
-    def __init__(self, socket_path: str) -> None:
-        self.socket_path = socket_path
-        self._server: FastpathServer | None = None
-
-    def start(self) -> None:
-        self._server = start_fastpath(self.socket_path, processes=DEFAULT_PROCESSES)
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-
-
-def agent_service(*, state_dir: str, inventory: str) -> AgentService:
-    """Factory the agent calls (``state_dir``/``inventory`` come from each invocation's config)."""
-    del state_dir, inventory
-    return AgentService(os.environ.get("CNI_DRA_AGENT_SOCKET", DEFAULT_SOCKET))
 
 
 def _warm_imports() -> None:

@@ -1,0 +1,39 @@
+"""The agent's fast-path service: plugin invocations served from the agent's warm imports.
+
+``cni-dra agent`` always runs it (:class:`cni_dra.agent.main.Agent`): it listens on the
+socket the plugin's clients look for (``--fastpath-socket``, ``CNI_DRA_AGENT_SOCKET``,
+default ``/run/cni-dra/agent.sock``) with one accepting process per CPU
+(:data:`cni_dra.fastpath.server.DEFAULT_PROCESSES`). The server itself, and the wire format
+it speaks, are :mod:`cni_dra.fastpath`. The agent must run in the node's mount and network
+namespaces with working directory ``/``, else requests are declined and the plugin works
+in-process (correct, slower).
+"""
+
+from __future__ import annotations
+
+from cni_dra.fastpath.server import DEFAULT_PROCESSES, FastpathServer, start_fastpath
+
+__all__ = ["FastpathService"]
+
+
+class FastpathService:
+    """The fast-path listener as a service of the agent (``start()``/``stop()``).
+
+    ``socket_path``: where it listens; ``processes``: processes accepting on it (None: one
+    per CPU, at most 4).
+    """
+
+    def __init__(self, socket_path: str, *, processes: int | None = None) -> None:
+        self.socket_path = socket_path
+        self.processes = DEFAULT_PROCESSES if processes is None else processes
+        self._server: FastpathServer | None = None
+
+    def start(self) -> None:
+        """Listen and serve. Raises OSError (or PermissionError for an unsafe directory)."""
+        self._server = start_fastpath(self.socket_path, processes=self.processes)
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket file (in-flight requests finish)."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None

@@ -1,0 +1,154 @@
+"""The Python executable's entry (scripts/cni-dra.in and :func:`cni_dra.main.main`): one
+dispatch on ``CNI_COMMAND``, at most one question to the agent, and one "cannot load" reply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import cni_dra.main as entry
+from cni_dra.fastpath.wire import ENV_ASKED, encode_frames
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_ENV = {"PATH": "/usr/bin:/bin"}
+
+
+def _executable(tmp: Path, purelib: Path) -> Path:
+    """scripts/cni-dra.in as install.sh writes it, with ``purelib`` as the package's home."""
+    exe = tmp / "libexec" / "cni-dra"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    text = (ROOT / "scripts" / "cni-dra.in").read_text()
+    exe.write_text(text.replace("@PYTHON@", sys.executable).replace("@PURELIB@", str(purelib)))
+    exe.chmod(0o755)
+    return exe
+
+
+def _run(exe: Path, env: dict[str, str], stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([str(exe)], input=stdin, env={**BASE_ENV, **env}, capture_output=True, timeout=60,
+                          check=False)
+
+
+@pytest.fixture
+def counting_agent(tmp_path) -> Iterator[tuple[str, list[int]]]:
+    """A fake agent that answers ``ok 0`` with ``agent`` and counts connections."""
+    d = tmp_path / "agent"
+    d.mkdir(mode=0o700)
+    path = str(d / "fp.sock")
+    count: list[int] = []
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                count.append(1)
+                while conn.recv(1 << 16):
+                    pass
+                conn.sendall(encode_frames(b"ok 0", b"agent"))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path, count
+    finally:
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        thread.join(timeout=5)
+
+
+def test_without_the_handoff_the_agent_is_asked_once(tmp_path, counting_agent):
+    path, count = counting_agent
+    proc = _run(_executable(tmp_path, ROOT), {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": path}, b"{}")
+    assert (proc.returncode, proc.stdout) == (0, b"agent")
+    assert len(count) == 1
+
+
+def test_after_the_handoff_the_agent_is_not_asked_again(tmp_path, counting_agent):
+    path, count = counting_agent
+    env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": path, ENV_ASKED: "declined test"}
+    proc = _run(_executable(tmp_path, ROOT), env, b'{"cniVersion": "0.4.0"}')
+    assert proc.returncode == 0 and json.loads(proc.stdout)["cniVersion"] == "0.4.0"
+    assert count == []
+
+
+def test_the_handoff_never_reaches_the_plugin(monkeypatch, counting_agent):
+    """The variable is gone from the environment before the in-process run (and the IPAM
+    plugins it execs) see it."""
+    path, count = counting_agent
+    seen = {}
+
+    def fake_cni_main(stdin: bytes) -> int:
+        seen["environ"] = dict(os.environ)
+        seen["stdin"] = stdin
+        return 0
+
+    import cni_dra.cni
+
+    monkeypatch.setenv("CNI_COMMAND", "ADD")
+    monkeypatch.setenv("CNI_DRA_AGENT_SOCKET", path)
+    monkeypatch.setenv(ENV_ASKED, "declined test")
+    monkeypatch.setattr(entry, "read_stdin", lambda command: b"{}")
+    monkeypatch.setattr(cni_dra.cni, "main", fake_cni_main)
+    assert entry.main() == 0
+    assert ENV_ASKED not in seen["environ"] and seen["environ"]["CNI_COMMAND"] == "ADD"
+    assert seen["stdin"] == b"{}" and count == []
+
+
+def test_require_after_the_handoff_names_the_reason(tmp_path, counting_agent):
+    path, count = counting_agent
+    env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": path,
+           ENV_ASKED: "declined caller's working directory differs from the agent's"}
+    proc = _run(_executable(tmp_path, ROOT), env, b'{"cniVersion": "1.0.0"}')
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["code"] == 11 and doc["cniVersion"] == "1.0.0"
+    assert f"failed to reach cni-dra agent at {path}: declined caller's working directory" in doc["msg"]
+    assert count == []
+
+
+def _package_without(tmp_path: Path, missing: str) -> Path:
+    """A copy of cni_dra whose module ``missing`` (a file under cni_dra/) is gone."""
+    home = tmp_path / "home"
+    shutil.copytree(ROOT / "cni_dra", home / "cni_dra", ignore=shutil.ignore_patterns("__pycache__"))
+    (home / "cni_dra" / missing).unlink()
+    return home
+
+
+@pytest.mark.parametrize("missing", ["main.py", "cni.py"])
+def test_a_broken_install_answers_cni_error_999(tmp_path, missing):
+    """Whether the entry itself or the in-process plugin cannot be imported, the one reply:
+    CNI error JSON, code 999, the config's cniVersion, on stdout; exit 1."""
+    exe = _executable(tmp_path, _package_without(tmp_path, missing))
+    env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT": "off"}
+    proc = _run(exe, env, b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra"}')
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1
+    assert doc["code"] == 999 and doc["cniVersion"] == "1.0.0"
+    assert doc["msg"] == f"failed to load cni-dra from {sys.executable}: ModuleNotFoundError"
+    assert "cni_dra." + missing.removesuffix(".py") in doc["details"]
+
+
+def test_a_broken_install_fails_the_cli_with_a_traceback(tmp_path):
+    exe = _executable(tmp_path, _package_without(tmp_path, "main.py"))
+    proc = _run(exe, {}, b"")
+    assert proc.returncode == 1 and proc.stdout == b"" and b"Traceback" in proc.stderr
+
+
+def test_the_cli_runs_without_cni_command(tmp_path):
+    proc = subprocess.run([str(_executable(tmp_path, ROOT)), "--version"], env=BASE_ENV, capture_output=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith(b"cni-dra, version ")
