@@ -353,6 +353,8 @@ def _warm_imports() -> None:
     import cni_dra.verbs.add  # noqa: F401
     import cni_dra.verbs.check  # noqa: F401
     import cni_dra.verbs.delete  # noqa: F401
+    import cni_dra.verbs.intent  # noqa: F401
+    import cni_dra.verbs.release  # noqa: F401
     from cni_dra.netlink import info
 
     info.host_link("lo")  # loads pyroute2 and opens the main thread's kept socket
