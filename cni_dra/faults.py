@@ -24,11 +24,9 @@ FAULT_ENV = "CNI_DRA_FAULT"
 SWITCH_FILE = "/run/cni-dra/test-faults-enabled"
 
 FAULT_POINTS: tuple[str, ...] = (
-    "add:reserved",  # attachment recorded as "adding" (capacity charged), nothing else done
-    "add:link-created",  # link exists in the pod netns, not yet recorded as a step
-    "add:link-recorded",  # step "link" recorded
-    "add:ipam-done",  # IPAM ADD returned, not yet recorded
-    "add:ipam-recorded",  # step "ipam" recorded, addresses not configured yet
+    "add:reserved",  # attachment recorded as "adding" (capacity charged, IPAM step), nothing else done
+    "add:link-created",  # link exists in the pod netns, IPAM may be running
+    "add:ipam-done",  # IPAM ADD returned, addresses not configured yet
     "add:ready",  # attachment "ready" with its result, result not printed yet
     "del:intent",  # attachment marked "deleting", nothing removed yet
     "del:link-deleted",  # link gone, IPAM still reserved

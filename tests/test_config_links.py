@@ -139,22 +139,22 @@ def _inv(tmp_path: Path, conf: dict, devices: list[str]):
 
 
 def test_allocator_skips_a_nic_of_the_other_type_even_if_best_fit_prefers_it(tmp_path: Path) -> None:
-    from cni_dra.verbs.add import _reserve
+    from cni_dra.verbs.add import plan_attachment
 
     inv = _inv(tmp_path, {"linkType": "ipvlan", "capacity": {"requests": {"bandwidth": "1G"}}}, ["a", "b"])
     state = NodeState(attachments=[_att("a", "macvlan", "1")])  # a has less left: best-fit's pick
     state.attachments[0].consumedCapacity = {"bandwidth": "5G"}
-    att = _reserve(inv, state, {"if-a": _Parent(), "if-b": _Parent()})
+    att = plan_attachment(inv, state, {"if-a": _Parent(), "if-b": _Parent()})
     assert att.device == "b" and att.linkType == "ipvlan"
 
 
 def test_allocator_explains_when_only_the_other_type_has_room(tmp_path: Path) -> None:
-    from cni_dra.verbs.add import _reserve
+    from cni_dra.verbs.add import plan_attachment
 
     inv = _inv(tmp_path, {"capacity": {"requests": {"bandwidth": "1G"}}}, ["a"])
     state = NodeState(attachments=[_att("a", "ipvlan", "1")])
     with pytest.raises(NoCapacityError) as info:
-        _reserve(inv, state, {"if-a": _Parent()})
+        plan_attachment(inv, state, {"if-a": _Parent()})
     assert "a: carries ipvlan links, so it cannot take macvlan" in info.value.msg
 
 
@@ -269,14 +269,14 @@ def test_ipam_catch_all_becomes_103_other_codes_stay(given, want) -> None:
     policy=st.sampled_from(["best-fit", "least-allocated"]),
 )
 def test_reserve_never_mixes_link_types_on_a_nic(tmp_path_factory, placed, link_type, policy) -> None:
-    from cni_dra.verbs.add import _reserve
+    from cni_dra.verbs.add import plan_attachment
 
     inv = _inv(tmp_path_factory.mktemp("inv"), {"linkType": link_type, "selectionPolicy": policy}, ["a", "b", "c"])
     state = NodeState(attachments=[_att(dev, lt, str(i)) for i, (dev, lt) in enumerate(placed)])
     parents = {f"if-{d}": _Parent() for d in "abc"}
     other = {dev for dev, lt in placed if lt != link_type}
     try:
-        att = _reserve(inv, state, parents)
+        att = plan_attachment(inv, state, parents)
     except NoCapacityError as exc:
         assert other == {"a", "b", "c"}, exc.msg  # refused only when every NIC has the other type
         assert all(f"{d}: carries" in exc.msg for d in "abc")

@@ -22,8 +22,8 @@ from cni_dra.protocol.results import IPConfig, Result
 from cni_dra.state import StateStore, fsio
 from tests.builders import device, write_slice
 
-ADD_COSTS = {"lock": 4, "fdatasync": 2}
-"""Reserve (synced), the link and IPAM intent steps (not synced), ready (synced)."""
+ADD_COSTS = {"lock": 2, "fdatasync": 2}
+"""Reserve (synced; the intent with its IPAM step) and ready (synced)."""
 DEL_COSTS = {"lock": 2}
 """The ``deleting`` intent and the removal, neither synced (a retried DEL finishes either)."""
 SYNCS = ("fsync", "fdatasync", "fsync_dir")

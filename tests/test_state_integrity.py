@@ -323,7 +323,7 @@ def test_recovered_claim_mode_add_leaves_a_failure_record_for_the_agent(tmp_path
 
 
 def test_recover_releases_ipam_of_a_previous_boot_intent_whatever_its_steps(tmp_path):
-    """Intent steps are journaled without fsync (record_step): after a kernel crash an ADD's
+    """Intent steps of older versions were journaled without fsync: after a kernel crash an ADD's
     "ipam" step may be lost though host-local kept the address, so an intent whose owner ran
     in an earlier boot gets an IPAM DEL anyway; one of this boot with no step does not."""
     log = tmp_path / "ipam.log"

@@ -282,7 +282,7 @@ class StateStore:
         ``durable=False``: a journal record is appended but not ``fdatasync``'ed (the next
         durable commit flushes it). It survives the death of the process (the kernel holds
         it), not a kernel crash; for records that recovery can do without after a reboot
-        (intent steps: :func:`cni_dra.verbs.intent.record_step`)."""
+        (DEL's intent and removal: :mod:`cni_dra.verbs.intent`)."""
         with txn.transaction(self, durable) as state:
             yield state
 

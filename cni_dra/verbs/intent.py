@@ -2,15 +2,21 @@
 recoverable (:mod:`cni_dra.verbs.recover` finishes or undoes them).
 
 ADD records its attachment as ``adding`` with its owner process before the first side
-effect (the reserving transaction in :mod:`cni_dra.verbs.add`) and appends a step after
-each (:func:`record_step`: :data:`~cni_dra.state.models.STEP_LINK`,
-:data:`~cni_dra.state.models.STEP_IPAM`). DEL marks it ``deleting`` before its first
-(:func:`begin_delete`) and drops it after the last (:func:`finish_delete`).
+effect, in its reserving transaction (:mod:`cni_dra.verbs.add`), which returns an
+:class:`AddIntent`; the IPAM step (:data:`~cni_dra.state.models.STEP_IPAM`) is recorded
+there too when the network has IPAM (recovery then runs the IPAM DEL, a no-op when the
+ADD had not reached IPAM), and the link needs no step: recovery deletes a link of that
+name only when it sits on the recorded parent NIC, never another plugin's. The intent
+ends with :meth:`AddIntent.complete` or :meth:`AddIntent.abandon`. DEL marks it
+``deleting`` before its first effect (:func:`begin_delete`) and drops it after the last
+(:func:`finish_delete`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 from cni_dra.errors import StateError, StateWriteError, TryAgainLaterError
 from cni_dra.state import Attachment
@@ -18,20 +24,9 @@ from cni_dra.state.owner import current_owner, owner_alive
 from cni_dra.verbs.common import Invocation
 from cni_dra.verbs.recover import REPAIR_NETWORK, recover_pending
 
-__all__ = ["record_step", "begin_delete", "finish_delete"]
+__all__ = ["AddIntent", "begin_delete", "finish_delete"]
 
 log = logging.getLogger("cni_dra.intent")
-
-
-def record_step(inv: Invocation, step: str) -> None:
-    """Append ``step`` to the intent of this invocation's attachment (under the lock)."""
-    key = (inv.conf.name, inv.env.container_id, inv.env.ifname)
-    # Not fsync'ed: the record outlives this process (a crash), and after a kernel crash the
-    # reboot rule of _undo releases IPAM of a previous boot's intent whatever its steps say.
-    with inv.store.transaction(durable=False) as st:
-        att = st.find(*key)
-        if att is not None and step not in att.steps:
-            att.steps = [*att.steps, step]  # assigned, so the store journals it
 
 
 def begin_delete(inv: Invocation) -> Attachment | None:
@@ -79,3 +74,44 @@ def finish_delete(inv: Invocation) -> None:
     # Not fsync'ed (see begin_delete): a reboot releases it.
     with inv.store.transaction(durable=False) as state:
         state.remove(inv.conf.name, inv.env.container_id, inv.env.ifname)
+
+
+class AddIntent:
+    """The handle of an ADD in progress, returned by its reserving transaction (the
+    attachment recorded ``adding`` with its owner and steps, capacity charged).
+
+    :meth:`complete` makes it ``ready`` with its result (one synced transaction, which also
+    leaves the claim status record of a claim-mode attachment); :meth:`abandon` drops it,
+    releasing the capacity (the ADD's last undo).
+    """
+
+    def __init__(self, inv: Invocation, att: Attachment) -> None:
+        self.inv = inv
+        self.att = att  # as reserved (a copy: not the state's object)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.att.key
+
+    def complete(self, result: dict[str, Any]) -> None:
+        """Record ``result`` (CNI 1.1.0 form): phase ``ready``, ``readyAt`` now, no owner
+        or steps. Raises StateError (5), ClaimError (101) if the record vanished."""
+        from cni_dra.errors import ClaimError
+        from cni_dra.state.claim_status import claim_status_record
+        from cni_dra.state.models import ready_at
+
+        with self.inv.store.transaction() as state:
+            recorded = state.find(*self.key)
+            if recorded is None:  # pragma: no cover - only a concurrent GC/repair could do this
+                raise ClaimError(f"failed to complete ADD of {self.key}: the attachment vanished from state")
+            recorded.phase = "ready"
+            recorded.readyAt = ready_at(time.time())  # GC spares it for a grace period
+            recorded.result = result
+            if recorded.claim is not None:  # claim mode: the agent writes it into the claim's status
+                state.statusUpdates.append(claim_status_record(recorded))
+            recorded.owner, recorded.steps = None, []
+
+    def abandon(self) -> None:
+        """Drop the record (capacity released)."""
+        with self.inv.store.transaction() as state:
+            state.remove(*self.key)

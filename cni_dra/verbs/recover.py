@@ -94,12 +94,12 @@ def _undo(
     remove = False
     if _netns_usable(att.netns):
         remove = finishing or STEP_LINK in att.steps
-        if not remove:  # crashed between creating the link and recording it?
+        if not remove:  # an ADD that died: its link, if it made it, sits on the recorded parent
             parent = info.host_parent_of(att.netns, att.ifname)
             remove = parent is not None and parent.name == att.ifName
-    # ``earlier_boot``: the intent's owner ran in an earlier boot, so its last step records
-    # may be lost (they are not fsync'ed, see record_step): release IPAM anyway; an IPAM DEL
-    # of nothing is a no-op.
+    # ``earlier_boot``: the intent's owner ran in an earlier boot; records of older versions
+    # kept their steps unsynced, so the last may be lost: release IPAM anyway (an IPAM DEL
+    # of nothing is a no-op). STEP_LINK is only in such older records.
     ipam = finishing or STEP_LINK in att.steps or STEP_IPAM in att.steps or earlier_boot
     done = release_attachment(att, environ, cni_path, delete_link=remove, release_ipam=ipam)
     done.append(f"{_charge(att)} on {att.device} released")
