@@ -265,81 +265,108 @@ def repair(
     """
     report = RecoveryReport()
     with store.replace() as view:
-        if view.current is not None:
-            base = view.current
-            if view.error is not None:  # the snapshot is good, its journal is not
-                report.changes.append(f"state unreadable: {view.error.msg.split(';')[0]}")
-                report.changes.append(
-                    f"kept {store.path.name} and the journal records before the bad one; moved the journal to "
-                    f"{view.journal_aside.name if view.journal_aside else '-'}"
-                )
-        elif view.error is None:
-            report.changes.append("no state file: nothing to repair")
+        base = _repair_base(store, view, report)
+        if base is None:
             return report
-        else:
-            report.changes.append(f"state unreadable: {view.error.msg.split(';')[0]}")
-            if view.aside is not None:
-                report.changes.append(f"moved the unreadable {store.path.name} to {view.aside.name}")
-            if view.backup is not None:
-                base = view.backup
-                report.changes.append(
-                    f"restored {len(base.attachments)} attachment(s) and "
-                    f"{sum(map(len, base.claims.values()))} prepared claim(s) from {store.backup_path.name}"
-                )
-            else:
-                why = view.backup_error.msg if view.backup_error else "no backup"
-                report.changes.append(f"{why}: starting from an empty state (prepared claims are lost; "
-                                      "the kubelet prepares them again)")
-                base = NodeState()
         live = _live_links(base)
-        keep = []
-        for att in base.attachments:
-            parent = live.get((att.netns, att.ifname))
-            # An in-flight intent stays, unless it is an ADD whose link is live: the records
-            # past a bad journal line are lost, so its "ready" may have been among them, and
-            # its owner (a resident agent) lives on; it is kept as ready below, else its DEL
-            # would answer "ADD in progress" for as long as the agent runs.
-            if att.phase != "ready" and owner_alive(att.owner) and not (
-                att.phase == "adding" and parent == att.ifName
-            ):
-                keep.append(att)
-                continue
-            if att.phase != "deleting" and parent == att.ifName:
-                if att.phase == "adding":  # the backup is one write behind: the ADD may have completed
-                    report.changes.append(f"kept {_describe(att)} as ready: its link is live on {parent}")
-                    att.phase, att.owner, att.steps = "ready", None, []
-                keep.append(att)
-                continue
-            try:
-                earlier = att.owner is not None and bool(att.owner.boot) and att.owner.boot != boot_id()
-                what = _undo(att, environ, cni_path, earlier_boot=earlier)
-            except CniError as exc:
-                report.errors.append(f"{_describe(att)}: {exc.msg}; kept")
-                keep.append(att)
-                continue
-            report.changes.append(f"dropped {_describe(att)}: link not live; {what}")
-        base.attachments = keep
+        base.attachments = _reconcile(base.attachments, live, environ, cni_path, report)
         base.bootID = boot_id()
-        by_parent = {}
-        if slice_ is not None:
-            from cni_dra.dra.models import device_attribute
-
-            by_parent = {device_attribute(d, "ifName", slice_.spec.driver): d for d in slice_.spec.devices}
-        for netns, kid, kind, parent_name in _untracked_links(set(live), set(parents)):
-            device = by_parent.get(parent_name)
-            where = f"{kid} in {netns} on {parent_name}"
-            if device is None:
-                report.changes.append(f"untracked link {where}: not charged (no inventory device for it)")
-                continue
-            base.attachments.append(Attachment(
-                network=REPAIR_NETWORK, containerID=f"repair-{netns.rsplit('/', 1)[-1]}"[:128], ifname=kid,
-                netns=netns, driver=slice_.spec.driver, pool=slice_.spec.pool.name, device=device.name,
-                ifName=parent_name, linkType=kind, phase="ready",
-                consumedCapacity={k: c.value for k, c in device.capacity.items()},
-            ))
-            report.changes.append(
-                f"untracked link {where}: charged the whole capacity of device {device.name} "
-                "(its share is unknown) until its pod's DEL"
-            )
+        base.attachments.extend(_charge_untracked(set(live), parents, slice_, report))
         view.write(base)
     return report
+
+
+def _repair_base(store: StateStore, view: Any, report: RecoveryReport) -> NodeState | None:
+    """What repair starts from: the current state (its journal cut at a bad record), else
+    the backup, else an empty state; None when there is no state file at all."""
+    if view.current is not None:
+        if view.error is not None:  # the snapshot is good, its journal is not
+            report.changes.append(f"state unreadable: {view.error.msg.split(';')[0]}")
+            report.changes.append(
+                f"kept {store.path.name} and the journal records before the bad one; moved the journal to "
+                f"{view.journal_aside.name if view.journal_aside else '-'}"
+            )
+        return view.current
+    if view.error is None:
+        report.changes.append("no state file: nothing to repair")
+        return None
+    report.changes.append(f"state unreadable: {view.error.msg.split(';')[0]}")
+    if view.aside is not None:
+        report.changes.append(f"moved the unreadable {store.path.name} to {view.aside.name}")
+    if view.backup is not None:
+        base = view.backup
+        report.changes.append(
+            f"restored {len(base.attachments)} attachment(s) and "
+            f"{sum(map(len, base.claims.values()))} prepared claim(s) from {store.backup_path.name}"
+        )
+        return base
+    why = view.backup_error.msg if view.backup_error else "no backup"
+    report.changes.append(f"{why}: starting from an empty state (prepared claims are lost; "
+                          "the kubelet prepares them again)")
+    return NodeState()
+
+
+def _reconcile(
+    attachments: list[Attachment],
+    live: Mapping[tuple[str, str], str],
+    environ: Mapping[str, str],
+    cni_path: Sequence[str] | None,
+    report: RecoveryReport,
+) -> list[Attachment]:
+    """The attachments repair keeps (see :func:`repair`); the others are released."""
+    keep = []
+    for att in attachments:
+        parent = live.get((att.netns, att.ifname))
+        # An in-flight intent stays, unless it is an ADD whose link is live: the records
+        # past a bad journal line are lost, so its "ready" may have been among them, and
+        # its owner (a resident agent) lives on; it is kept as ready below, else its DEL
+        # would answer "ADD in progress" for as long as the agent runs.
+        if att.phase != "ready" and owner_alive(att.owner) and not (
+            att.phase == "adding" and parent == att.ifName
+        ):
+            keep.append(att)
+            continue
+        if att.phase != "deleting" and parent == att.ifName:
+            if att.phase == "adding":  # the backup is one write behind: the ADD may have completed
+                report.changes.append(f"kept {_describe(att)} as ready: its link is live on {parent}")
+                att.phase, att.owner, att.steps = "ready", None, []
+            keep.append(att)
+            continue
+        try:
+            earlier = att.owner is not None and bool(att.owner.boot) and att.owner.boot != boot_id()
+            what = _undo(att, environ, cni_path, earlier_boot=earlier)
+        except CniError as exc:
+            report.errors.append(f"{_describe(att)}: {exc.msg}; kept")
+            keep.append(att)
+            continue
+        report.changes.append(f"dropped {_describe(att)}: link not live; {what}")
+    return keep
+
+
+def _charge_untracked(
+    known: set[tuple[str, str]], parents: Sequence[str], slice_: Any, report: RecoveryReport
+) -> list[Attachment]:
+    """Placeholder attachments charging untracked links on inventory NICs (see :func:`repair`)."""
+    out: list[Attachment] = []
+    by_parent = {}
+    if slice_ is not None:
+        from cni_dra.dra.models import device_attribute
+
+        by_parent = {device_attribute(d, "ifName", slice_.spec.driver): d for d in slice_.spec.devices}
+    for netns, kid, kind, parent_name in _untracked_links(known, set(parents)):
+        device = by_parent.get(parent_name)
+        where = f"{kid} in {netns} on {parent_name}"
+        if device is None:
+            report.changes.append(f"untracked link {where}: not charged (no inventory device for it)")
+            continue
+        out.append(Attachment(
+            network=REPAIR_NETWORK, containerID=f"repair-{netns.rsplit('/', 1)[-1]}"[:128], ifname=kid,
+            netns=netns, driver=slice_.spec.driver, pool=slice_.spec.pool.name, device=device.name,
+            ifName=parent_name, linkType=kind, phase="ready",
+            consumedCapacity={k: c.value for k, c in device.capacity.items()},
+        ))
+        report.changes.append(
+            f"untracked link {where}: charged the whole capacity of device {device.name} "
+            "(its share is unknown) until its pod's DEL"
+        )
+    return out
