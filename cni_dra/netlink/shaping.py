@@ -75,6 +75,7 @@ _TC_H_INGRESS = 0xFFFFFFF1
 _TBF_HANDLE = 0x10000  # 1:
 _INGRESS_HANDLE = 0xFFFF0000  # ffff:
 _FILTER_PRIO = 1
+_FILTER_CLASSID = 0x10001  # 1:1, as tc and the reference plugin set it; unused by a redirect
 _ETH_P_ALL = 0x0003
 _TIME_UNITS_PER_SEC = 1_000_000
 _MAX_U32 = 2**32 - 1
@@ -290,7 +291,8 @@ def _delete_qdisc(ipr: Any, index: int, parent: int, kind: str) -> bool:
     if msg is None or msg.get_attr("TCA_KIND") != kind:
         return False
     try:
-        ipr.tc("del", kind, index, msg["handle"], parent=parent)
+        # no kind: pyroute2 would build (and demand) a tbf's parameters for a deletion
+        ipr.tc("del", index=index, handle=msg["handle"], parent=parent)
     except _pyroute2.load().NetlinkError as exc:
         if _code(exc) in (errno.ENOENT, errno.EINVAL, errno.ENODEV):
             return False
@@ -346,7 +348,7 @@ def _add_redirect(ipr: Any, pod_idx: int, ifb_idx: int) -> None:
     """Ingress qdisc on the pod interface, and its u32 match-all filter redirecting to the ifb."""
     ipr.tc("add", "ingress", pod_idx, _INGRESS_HANDLE)
     ipr.tc("add-filter", "u32", pod_idx, parent=_INGRESS_HANDLE, prio=_FILTER_PRIO, protocol=_ETH_P_ALL,
-           keys=["0x0/0x0+0"], action=dict(kind="mirred", direction="egress", action="redirect", ifindex=ifb_idx))
+           target=_FILTER_CLASSID, keys=["0x0/0x0+0"], action=dict(kind="mirred", direction="egress", action="redirect", ifindex=ifb_idx))
 
 
 def _remove_all(ipr: Any, ifname: str) -> None:
