@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from cni_dra.errors import CniError, ContainerUnknownError, InvalidConfigError, InvalidEnvironmentError, NetlinkError
+from cni_dra.errors import ContainerUnknownError, InvalidConfigError, InvalidEnvironmentError, NetlinkError
 from cni_dra.iface import validate_ifname
 from cni_dra.netlink import _pyroute2, sockets
 from cni_dra.netlink.netns import netns_exists
@@ -383,14 +383,16 @@ def apply_shaping(netns: str, ifname: str, spec: ShapeSpec) -> ShapeInfo:
     with sockets.netns_iproute(netns) as ipr:
         pod_idx = _pod_index(ipr, netns, ifname)
         try:
-            _apply(ipr, netns, ifname, pod_idx, egress, ingress)
+            with _pyroute2.translated(f"shape {ifname} in netns {netns}"):
+                _apply(ipr, netns, ifname, pod_idx, egress, ingress)
         except BaseException:
             try:
                 _remove_all(ipr, ifname)
             except Exception:  # noqa: BLE001 - the first error is the one to report
                 pass
             raise
-        return _read(ipr, ifname)
+        with _pyroute2.translated(f"read shaping of {ifname} in netns {netns}"):
+            return _read(ipr, ifname)
 
 
 def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, egress: Tbf | None, ingress: Tbf | None) -> None:
@@ -398,8 +400,6 @@ def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, egress: Tbf | None, 
     if egress is not None:
         try:
             _replace_tbf(ipr, pod_idx, egress)
-        except CniError:
-            raise
         except (OSError, _pyroute2.load().NetlinkError) as exc:
             raise _kernel_lacks(exc, "the tbf qdisc", f"shape egress of {where}") from exc
     else:
