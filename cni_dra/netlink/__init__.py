@@ -14,7 +14,9 @@ One module per job:
   the kernel's link kinds;
 * :mod:`cni_dra.netlink.addr`: addresses, routes and IPv6 DAD on a pod link;
 * :mod:`cni_dra.netlink.sysctl`: per-netns sysctls;
-* :mod:`cni_dra.netlink.watch`: link-change notifications (:class:`LinkEvents`).
+* :mod:`cni_dra.netlink.watch`: link-change notifications (:class:`LinkEvents`);
+* :mod:`cni_dra.netlink.shaping`: traffic control on a pod interface (tbf egress, ingress
+  through an ifb device), applied, removed and read back.
 
 Interface names, MACs and macvlan/ipvlan modes follow :mod:`cni_dra.iface`, the rules the
 CNI protocol layer applies too. Importing this package does not import pyroute2.
