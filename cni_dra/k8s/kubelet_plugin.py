@@ -94,7 +94,8 @@ def _health_servicer(serving: threading.Event) -> Any:
         def _status(self, service: str) -> int | None:
             if service not in ("",) + HEALTH_SERVICES:
                 return None
-            return status_cls.SERVING if serving.is_set() else status_cls.NOT_SERVING
+            status: int = status_cls.SERVING if serving.is_set() else status_cls.NOT_SERVING
+            return status
 
         def Check(self, request: Any, context: Any) -> Any:  # noqa: N802
             import grpc
