@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from cni_dra.errors import CniError, TryAgainLaterError
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state.models import STEP_IPAM, STEP_LINK, Owner
+from cni_dra.state.models import STEP_IPAM, STEP_LINK, AttachmentList, Owner
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
 from cni_dra.verbs.common import Invocation
 
@@ -212,7 +212,7 @@ def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[tup
     from cni_dra.netlink import info
     from cni_dra.netlink.netns import in_netns
 
-    found = []
+    found: list[tuple[str, str, str, str]] = []
     try:
         names = sorted(os.listdir("/var/run/netns"))
     except OSError:
@@ -292,7 +292,7 @@ def repair(
                                       "the kubelet prepares them again)")
                 base = NodeState()
         live = _live_links(base)
-        keep = []
+        keep: list[Attachment] = []
         for att in base.attachments:
             parent = live.get((att.netns, att.ifname))
             # An in-flight intent stays, unless it is an ADD whose link is live: the records
@@ -318,7 +318,7 @@ def repair(
                 keep.append(att)
                 continue
             report.changes.append(f"dropped {_describe(att)}: link not live; {what}")
-        base.attachments = keep
+        base.attachments = AttachmentList(keep)
         base.bootID = boot_id()
         by_parent = {}
         if slice_ is not None:
