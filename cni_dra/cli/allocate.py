@@ -54,7 +54,7 @@ __all__ = ["make_allocate_command", "read_node_usage", "run_allocate", "StateRea
 StateReader = Callable[[str, ResourceSlice], "NodeUsage | Mapping[str, Mapping[str, Quantity]]"]
 
 
-def read_node_usage(state_dir: str, slice_: ResourceSlice) -> NodeUsage:
+def read_node_usage(state_dir: str, slice_: ResourceSlice) -> dict[str, dict[str, Quantity]]:
     """What the node state in ``state_dir`` charges per device of ``slice_``'s pool.
 
     A dry run: a lock-free snapshot (``StateStore.peek``), so nothing, not even
