@@ -12,6 +12,7 @@ CNI_BIN   ?= /opt/cni/bin
 PYTEST    := $(PY) -m pytest
 # CI=true: plain output, no cache directory written into the fresh clone.
 PYTEST_FLAGS ?= $(if $(filter true,$(CI)),-p no:cacheprovider,)
+MYPY_FLAGS   ?= $(if $(filter true,$(CI)),--cache-dir=/dev/null,)
 
 export CNI_DRA_VENV := $(VENV)
 export CNI_BIN_DIR  := $(CNI_BIN)
@@ -27,7 +28,7 @@ help:
 	@echo "make test     install what tests need, run tests/ then netns_tests/ (root)"
 	@echo "make check    make test, then make e2e (what CI runs; README's test command)"
 	@echo "make install  apt deps + venv + $(CNI_BIN)/cni-dra + reference plugins on $(CNI_BIN)"
-	@echo "make lint     import-linter layer contracts (.importlinter), shellcheck"
+	@echo "make lint     import-linter layer contracts (.importlinter), mypy (strict) over cni_dra/, shellcheck"
 	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
 	@echo "make clean    remove build leftovers from the work tree"
 	@echo "make e2e      real one-node Kubernetes (kubelet, containerd, scheduler...) + cni-dra scenarios (root)"
@@ -83,6 +84,7 @@ netns: install
 
 lint: venv
 	@$(VENV)/bin/lint-imports .importlinter
+	@$(PY) -m mypy $(MYPY_FLAGS)
 	@if command -v shellcheck >/dev/null; then shellcheck scripts/demo.sh scripts/install.sh scripts/pytest-run scripts/uml-run scripts/e2e/build-kube scripts/e2e/fetch-runtime .ci/run; \
 	 else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
@@ -113,5 +115,5 @@ cluster-down:
 	@$(PY) scripts/e2e/cluster.py down
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf build dist *.egg-info .pytest_cache .hypothesis .mypy_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -21,9 +21,12 @@ import logging
 import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import CniError
+
+if TYPE_CHECKING:
+    from cni_dra.k8s.api import KubeApi
 
 __all__ = ["slice_name", "desired_slice", "pci_info", "Publisher", "PCIE_ROOT_ATTRIBUTE"]
 
@@ -121,7 +124,7 @@ class Publisher:
 
     def __init__(
         self,
-        api: Any,
+        api: KubeApi,
         *,
         node_name: str,
         inventory: Callable[[], dict[str, Any]],

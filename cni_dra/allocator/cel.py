@@ -88,10 +88,10 @@ def _semver_key(v: Any) -> tuple[Any, ...]:
 
 def _cmp(a: Any, b: Any) -> int:
     if isinstance(a, dict) and _V in a:
-        ka, kb = _semver_key(a), _semver_key(b)
-    else:
-        ka, kb = _as_quantity(a), _as_quantity(b)  # type: ignore[assignment]
-    return (ka > kb) - (ka < kb)
+        va, vb = _semver_key(a), _semver_key(b)
+        return (va > vb) - (va < vb)
+    qa, qb = _as_quantity(a), _as_quantity(b)
+    return (qa > qb) - (qa < qb)
 
 
 def _quantity(s: str) -> dict[str, str]:

@@ -329,11 +329,11 @@ class _Search:
             ok = attr is not None and (
                 all(v == attr for v in values) if c.match_attribute is not None else attr not in values
             )
-            if not ok:
+            if attr is None or not ok:  # ok is False whenever attr is None
                 for j in added:
                     self.constraint_values[j].pop()
                 return False, []
-            values.append(attr)  # type: ignore[arg-type]
+            values.append(attr)
             added.append(i)
         return True, added
 
@@ -634,7 +634,8 @@ class _Explain:
                 if per:
                     text += " (" + "; ".join(f"{n}: {w}" for n, w in sorted(per.items())) + ")"
                 out[alts[0].base] = text
-            if any(a is None for a in solo):
+            fitted = [a for a in solo if a is not None]
+            if len(fitted) < len(solo):
                 return out
             chosen = list(range(len(self.requests)))
             for i in list(chosen):
@@ -642,12 +643,12 @@ class _Explain:
                 if trial and not self.fits([self.requests[k] for k in trial], everything):
                     chosen = trial
             cs = self.minimal_constraints([self.requests[k] for k in chosen])
-            reqs = [solo[k] for k in chosen]
+            reqs = [fitted[k] for k in chosen]
             names = _names([self.requests[k][0].base for k in chosen])
             if cs:  # constraints make it fail; name what they compete for too, if anything
-                why = " / ".join([self.describe_constraints(cs, reqs), *self.sharing_conflicts(reqs)])  # type: ignore[arg-type]
+                why = " / ".join([self.describe_constraints(cs, reqs), *self.sharing_conflicts(reqs)])
             else:
-                why = self.describe_sharing(reqs)  # type: ignore[arg-type]
+                why = self.describe_sharing(reqs)
             head = f"requests {names} fit alone but not together" if len(chosen) > 1 else f"request {names} does not fit"
             out["claim"] = f"{head}: {why}"
         except _Abort as exc:

@@ -58,6 +58,11 @@ class Selection:
     shared: bool = True
 
 
+def _unqualified(name: str) -> str:
+    """``"dom/id"`` → ``"id"``: the sort key of capacity names."""
+    return split_qualified_name(name)[1]
+
+
 def rank_key(
     device: Device,
     consumed_on_node: Mapping[str, Quantity],
@@ -66,11 +71,13 @@ def rank_key(
     driver: str = "",
 ) -> tuple[int, ...]:
     """Remaining nano-units after the allocation, in ranking-capacity order (see module doc)."""
+    keys: Sequence[str | None]  # a requested name the device lacks resolves to None
     if requests:
-        names = sorted(requests, key=lambda n: split_qualified_name(n)[1])
+        names = sorted(requests, key=_unqualified)
         keys = [resolve_capacity_name(device, n, driver) for n in names]
     else:
-        keys = sorted(device.capacity, key=lambda k: split_qualified_name(k)[1])
+        names = sorted(device.capacity, key=_unqualified)
+        keys = names
     out = []
     for key in keys:
         if key is None:  # pragma: no cover - fitting devices have every requested capacity

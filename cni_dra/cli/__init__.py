@@ -62,9 +62,12 @@ def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None)
         click.echo(json.dumps(report, indent=2))
         return
     click.echo(f"driver {report['driver']}  pool {report['pool']}")
-    rows = [("DEVICE", "IFNAME", "CAPACITY", "CONSUMED", "REMAINING")]
+
+    def fmt(m: dict[str, Any]) -> str:
+        return ",".join(f"{k}={v}" for k, v in m.items()) or "-"
+
+    rows: list[tuple[str, ...]] = [("DEVICE", "IFNAME", "CAPACITY", "CONSUMED", "REMAINING")]
     for d in report["devices"]:
-        fmt = lambda m: ",".join(f"{k}={v}" for k, v in m.items()) or "-"  # noqa: E731
         rows.append((d["name"], str(d["ifName"]), fmt(d["capacity"]), fmt(d["consumed"]), fmt(d["remaining"])))
     _table(rows)
     click.echo("")

@@ -38,7 +38,7 @@ from typing import Any
 import click
 
 from cni_dra.allocator.claims import ClaimNoFit, NodeUsage, allocate_claims
-from cni_dra.allocator.select import POLICIES
+from cni_dra.allocator.select import POLICIES, Policy
 from cni_dra.cli.options import state_dir_option
 from cni_dra.dra.claims import load_claims, load_consumed
 from cni_dra.dra.inventory import load_inventory
@@ -54,7 +54,7 @@ __all__ = ["make_allocate_command", "read_node_usage", "run_allocate", "StateRea
 StateReader = Callable[[str, ResourceSlice], "NodeUsage | Mapping[str, Mapping[str, Quantity]]"]
 
 
-def read_node_usage(state_dir: str, slice_: ResourceSlice) -> NodeUsage:
+def read_node_usage(state_dir: str, slice_: ResourceSlice) -> dict[str, dict[str, Quantity]]:
     """What the node state in ``state_dir`` charges per device of ``slice_``'s pool.
 
     A dry run: a lock-free snapshot (``StateStore.peek``), so nothing, not even
@@ -76,10 +76,10 @@ def run_allocate(
     claims: Sequence[Any],
     usage: NodeUsage,
     share_id: Callable[[], str],
-    policy: str = "first-fit",
+    policy: Policy = "first-fit",
 ) -> tuple[list[dict[str, Any]], bool]:
     """Allocate ``claims`` in order; return (output entries, all fitted)."""
-    outcomes = allocate_claims(claims, slice_, usage, share_id, policy)  # type: ignore[arg-type]
+    outcomes = allocate_claims(claims, slice_, usage, share_id, policy)
     out: list[dict[str, Any]] = []
     ok = True
     for claim, res in zip(claims, outcomes):
@@ -149,7 +149,7 @@ def make_allocate_command(
         claim_paths: tuple[str, ...],
         state_dir: str | None,
         consumed: str | None,
-        policy: str,
+        policy: Policy,  # one of POLICIES (click.Choice)
         output: str,
     ) -> None:
         """Print the status.allocation each CLAIM would get on this node (dry run)."""

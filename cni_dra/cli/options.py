@@ -29,7 +29,7 @@ def _remember_alias(ctx: click.Context, param: click.Parameter, value: str | Non
 
 
 def _resolve_alias(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    alias = ctx.meta.get(_ALIAS_KEY)
+    alias: tuple[str, str] | None = ctx.meta.get(_ALIAS_KEY)
     if alias is None:
         return value
     name, alias_value = alias

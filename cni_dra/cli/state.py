@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import click
 
 from cni_dra.cli.options import STATE_DIR_OPT
 from cni_dra.protocol.config import DEFAULT_INVENTORY
+
+if TYPE_CHECKING:
+    from cni_dra.verbs.recover import RecoveryReport
 
 __all__ = ["state"]
 
@@ -33,7 +37,7 @@ _CNI_PATH = click.option(
 _JSON = click.option("--json", "as_json", is_flag=True, envvar="CNI_DRA_JSON", help="Print {changes, errors} as JSON.")
 
 
-def _print(report, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+def _print(report: RecoveryReport, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"changes": report.changes, "errors": report.errors}, indent=2))
     else:

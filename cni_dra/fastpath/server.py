@@ -206,7 +206,8 @@ class FastpathServer:
 
 
 def _recv_all(conn: socket.socket) -> bytes | None:
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         chunk = conn.recv(1 << 16)
         if not chunk:

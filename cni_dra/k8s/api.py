@@ -14,8 +14,8 @@ above never see client models. Errors are translated:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, overload
 
 from cni_dra.errors import InvalidConfigError, IOFailureError, TryAgainLaterError
 
@@ -61,7 +61,20 @@ class KubeApi:
         self._client.close()
 
     # -- helpers ---------------------------------------------------------------------------
-    def _call(self, what: str, fn: Any, *args: Any, missing_ok: bool = False, **kwargs: Any) -> Any:
+    @overload
+    def _call(
+        self, what: str, fn: Callable[..., object], *args: Any, missing_ok: Literal[False] = False, **kwargs: Any
+    ) -> dict[str, Any]: ...
+
+    @overload
+    def _call(
+        self, what: str, fn: Callable[..., object], *args: Any, missing_ok: Literal[True], **kwargs: Any
+    ) -> dict[str, Any] | None: ...
+
+    def _call(
+        self, what: str, fn: Callable[..., object], *args: Any, missing_ok: bool = False, **kwargs: Any
+    ) -> dict[str, Any] | None:
+        """``fn(*args, **kwargs)``'s object as JSON-ready dicts (None: 404 with ``missing_ok``)."""
         from kubernetes.client.exceptions import ApiException
         from pydantic import ValidationError
         from urllib3.exceptions import HTTPError
@@ -79,7 +92,8 @@ class KubeApi:
             raise IOFailureError(msg, _message(exc.body)) from exc
         except (HTTPError, OSError) as exc:
             raise IOFailureError(f"failed to {what}: {exc}") from exc
-        return self._client.sanitize_for_serialization(obj)
+        out: dict[str, Any] = self._client.sanitize_for_serialization(obj)
+        return out
 
     # -- core/v1 ---------------------------------------------------------------------------
     def get_node(self, name: str) -> dict[str, Any] | None:

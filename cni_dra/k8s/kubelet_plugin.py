@@ -52,7 +52,7 @@ def _error_text(exc: BaseException) -> str:
 def _dra_servicer(proto: str, driver: Any) -> Any:
     pb2, services = load(proto)
 
-    class DRAPlugin(services.DRAPluginServicer):  # type: ignore[misc, name-defined]
+    class DRAPlugin(services.DRAPluginServicer):  # type: ignore[misc, name-defined]  # generated at build time or in memory: no types
         def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC name
             resp = pb2.NodePrepareResourcesResponse()
             for claim in request.claims:
@@ -90,11 +90,12 @@ def _health_servicer(serving: threading.Event) -> Any:
     pb2, services = load("health_v1")
     status_cls = pb2.HealthCheckResponse
 
-    class Health(services.HealthServicer):  # type: ignore[misc, name-defined]
+    class Health(services.HealthServicer):  # type: ignore[misc, name-defined]  # generated at build time or in memory: no types
         def _status(self, service: str) -> int | None:
             if service not in ("",) + HEALTH_SERVICES:
                 return None
-            return status_cls.SERVING if serving.is_set() else status_cls.NOT_SERVING
+            status: int = status_cls.SERVING if serving.is_set() else status_cls.NOT_SERVING
+            return status
 
         def Check(self, request: Any, context: Any) -> Any:  # noqa: N802
             import grpc
@@ -120,7 +121,7 @@ def _health_servicer(serving: threading.Event) -> Any:
 def _registration_servicer(plugin: KubeletPlugin) -> Any:
     pb2, services = load("pluginregistration_v1")
 
-    class Registration(services.RegistrationServicer):  # type: ignore[misc, name-defined]
+    class Registration(services.RegistrationServicer):  # type: ignore[misc, name-defined]  # generated at build time or in memory: no types
         def GetInfo(self, request: Any, context: Any) -> Any:  # noqa: N802
             return pb2.PluginInfo(
                 type="DRAPlugin",

@@ -50,4 +50,5 @@ def load(name: str) -> tuple[ModuleType, ModuleType]:
 
     if str(_ROOT) not in sys.path:  # the proto path is resolved against sys.path
         sys.path.append(str(_ROOT))
-    return grpc.protos_and_services(f"cni_dra/k8s/proto/{name}.proto")
+    modules: tuple[ModuleType, ModuleType] = grpc.protos_and_services(f"cni_dra/k8s/proto/{name}.proto")
+    return modules

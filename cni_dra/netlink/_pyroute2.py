@@ -33,7 +33,7 @@ def load() -> SimpleNamespace:
     from pyroute2.netlink.exceptions import NetlinkError as PrNetlinkError
     from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
-    class ipvlan_data(nla):  # noqa: N801 - pyroute2 naming
+    class ipvlan_data(nla):  # type: ignore[misc]  # noqa: N801 - pyroute2 naming; nla is untyped (Any)
         # pyroute2 0.9.7 knows IFLA_IPVLAN_MODE only; add IFLA_IPVLAN_FLAGS (<linux/if_link.h>).
         prefix = "IFLA_"
         nla_map = (
@@ -42,7 +42,7 @@ def load() -> SimpleNamespace:
             ("IFLA_IPVLAN_FLAGS", "uint16"),
         )
 
-    class macvlan_data(macvx_data):  # noqa: N801 - pyroute2 naming
+    class macvlan_data(macvx_data):  # type: ignore[misc]  # noqa: N801 - pyroute2 naming; macvx_data is untyped (Any)
         # pyroute2 0.9.7 stops at IFLA_MACVLAN_MACADDR_COUNT; the kernel (5.11+) also has
         # the broadcast queue length (<linux/if_link.h> IFLA_MACVLAN_BC_QUEUE_LEN = 7, _USED = 8).
         nla_map = (

@@ -125,13 +125,13 @@ def _parse(addresses: Sequence[tuple[str, str | None]], routes: Sequence[tuple[s
         if gw_ip.version != iface.version:
             raise InvalidConfigError(f"failed to parse address {cidr} gateway {gw}: address families differ")
         v6_gateway = v6_gateway or gw_ip.version == 6
-    parsed_routes = []
+    parsed_routes: list[tuple[_Network, _Address | None]] = []
     for dst, gw in routes:
         net = _parse_net(dst)
-        gw_ip = _parse_ip(gw, "gateway") if gw is not None else None
-        if gw_ip is not None and gw_ip.version != net.version:
+        via = _parse_ip(gw, "gateway") if gw is not None else None
+        if via is not None and via.version != net.version:
             raise InvalidConfigError(f"failed to add route {dst} via {gw}: address families differ")
-        parsed_routes.append((net, gw_ip))
+        parsed_routes.append((net, via))
     return _Plan(addresses=parsed_addrs, routes=parsed_routes, v6_gateway=v6_gateway)
 
 

@@ -35,8 +35,12 @@ import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from cni_dra.errors import ContainerUnknownError, InvalidEnvironmentError, IOFailureError
+
+if TYPE_CHECKING:
+    import ctypes  # imported at run time only where os.setns is missing
 
 __all__ = [
     "EXIT_WRONG_NETNS",
@@ -81,10 +85,10 @@ def _setns(fd: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-_LIBC = None
+_LIBC: ctypes.CDLL | None = None
 
 
-def _libc():  # type: ignore[no-untyped-def]
+def _libc() -> ctypes.CDLL:
     global _LIBC
     if _LIBC is None:
         import ctypes

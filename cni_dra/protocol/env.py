@@ -237,9 +237,9 @@ class CniEnv:
     """
 
     command: str
-    container_id: str = ""
+    container_id: ContainerID = ContainerID("")
     netns: str = ""
-    ifname: str = ""
+    ifname: IfName = IfName("")
     path: tuple[str, ...] = ()
     args: CniArgs = field(default_factory=CniArgs)
     raw: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False, hash=False)
@@ -280,8 +280,8 @@ def parse_env(env: Mapping[str, str], extra_known_args: Iterable[str] = ()) -> C
             f"required env variable{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing for {command}"
         )
 
-    container_id = env.get("CNI_CONTAINERID", "")
-    ifname = env.get("CNI_IFNAME", "")
+    container_id = ContainerID(env.get("CNI_CONTAINERID", ""))  # validated below where the verb requires it
+    ifname = IfName(env.get("CNI_IFNAME", ""))
     netns = env.get("CNI_NETNS", "")
     if command in ("ADD", "CHECK", "DEL"):
         validate_container_id(container_id)

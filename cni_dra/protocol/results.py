@@ -22,7 +22,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from cni_dra.errors import DecodeError, IncompatibleVersionError
 from cni_dra.protocol.versions import LATEST_VERSION, check_supported, parse_version
@@ -268,7 +268,10 @@ class _Reader:
         return values
 
 
-def _build(kind: type, where: str, **kwargs: Any) -> Any:
+_T = TypeVar("_T")
+
+
+def _build(kind: type[_T], where: str, **kwargs: Any) -> _T:
     try:
         return kind(**kwargs)
     except ValueError as exc:

@@ -176,7 +176,7 @@ def apply_records(state: NodeState, records: list[list[Any]]) -> None:
     when malformed). O(records): a put of a listed key updates that attachment in place
     (its position and identity stay), a new key is appended, a del unlists by identity."""
     atts = state.attachments
-    index = atts.index()
+    index = atts.by_key()
     for ops in records:
         for op in ops:
             if "put" in op:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,11 +168,12 @@ def write_snapshot(store: StateStore, state: NodeState) -> None:
                 os.unlink(t)
         raise StateWriteError(f"failed to write state {store.path}: {exc.strerror}; nothing was changed") from exc
     fault_point("state:renamed")
-    for what, step in (
+    after: tuple[tuple[str, Callable[[], None]], ...] = (
         ("rename the backup copy", lambda: fsio.rename(bak_tmp, store.backup_path)),
         ("sync the state directory", lambda: fsio.fsync_dir(store.dir)),
         ("remove the folded journal", lambda: fsio.unlink(store.journal_path)),
-    ):
+    )
+    for what, step in after:
         try:
             step()
         except FileNotFoundError:

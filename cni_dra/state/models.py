@@ -38,10 +38,11 @@ change that needs no new schema version; a change of meaning does.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, Self, SupportsIndex
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, model_validator
+from pydantic_core import CoreSchema, core_schema
 
 from cni_dra.quantity import Quantity, QuantityField
 
@@ -188,7 +189,7 @@ registers the attachment here. Change an attachment by assigning its fields
 (``att.steps = [*att.steps, step]``), never by mutating a field's value in place."""
 
 
-class AttachmentList(list):  # type: ignore[type-arg]
+class AttachmentList(list[Attachment]):
     """``NodeState.attachments``: a list that indexes its attachments by key and logs, since
     :meth:`begin`, what was appended and removed (``events``) and whether anything else
     changed its order (``reordered``: insert, item assignment, slice deletion, sort,
@@ -196,11 +197,16 @@ class AttachmentList(list):  # type: ignore[type-arg]
     the whole list. An attachment's key fields must not be reassigned while it is listed.
     """
 
-    def __init__(self, items: Any = ()) -> None:
+    def __init__(self, items: Iterable[Attachment] = ()) -> None:
         super().__init__(items)
         self.events: list[tuple[bool, Attachment]] = []  # (added?, attachment), in order
         self.reordered = False
         self._index: dict[tuple[str, str, str], Attachment] | None = None
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        """Validated and serialised as a ``list[Attachment]``, then wrapped in this class."""
+        return core_schema.no_info_after_validator_function(cls, handler(list[Attachment]))
 
     def __reduce__(self) -> tuple[Any, ...]:  # copies start with a fresh log and index
         return (AttachmentList, (list(self),))
@@ -210,7 +216,7 @@ class AttachmentList(list):  # type: ignore[type-arg]
         self.events = []
         self.reordered = False
 
-    def index(self) -> dict[tuple[str, str, str], Attachment]:
+    def by_key(self) -> dict[tuple[str, str, str], Attachment]:
         """Key → attachment (built on first use, then kept up to date)."""
         if self._index is None:
             self._index = {a.key: a for a in self}
@@ -234,15 +240,16 @@ class AttachmentList(list):  # type: ignore[type-arg]
         super().append(att)
         self._added(att)
 
-    def extend(self, items: Any) -> None:
+    def extend(self, items: Iterable[Attachment]) -> None:
         for att in list(items):
             self.append(att)
 
-    def __iadd__(self, items: Any) -> AttachmentList:
+    # list.__iadd__ takes any iterable, while typeshed's list.__add__ takes only a list.
+    def __iadd__(self, items: Iterable[Attachment], /) -> Self:  # type: ignore[override,misc]
         self.extend(items)
         return self
 
-    def pop(self, i: int = -1) -> Attachment:
+    def pop(self, i: SupportsIndex = -1) -> Attachment:
         att = super().pop(i)
         self._dropped(att)
         return att
@@ -259,7 +266,7 @@ class AttachmentList(list):  # type: ignore[type-arg]
             self._dropped(att)
         super().clear()
 
-    def insert(self, i: Any, att: Any) -> None:
+    def insert(self, i: SupportsIndex, att: Attachment) -> None:
         super().insert(i, att)
         self._messed()
 
@@ -271,7 +278,7 @@ class AttachmentList(list):  # type: ignore[type-arg]
         super().__delitem__(i)
         self._messed()
 
-    def __imul__(self, n: Any) -> AttachmentList:
+    def __imul__(self, n: SupportsIndex) -> Self:
         super().__imul__(n)
         self._messed()
         return self
@@ -293,7 +300,7 @@ class NodeState(BaseModel):
     schemaVersion: int = SCHEMA_VERSION
     bootID: str | None = None
     claims: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
-    attachments: list[Attachment] = Field(default_factory=list)  # an AttachmentList once validated
+    attachments: AttachmentList = Field(default_factory=AttachmentList)
     # ResourceClaim status records left by ADD for the agent (cni_dra.state.claim_status)
     statusUpdates: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -310,7 +317,7 @@ class NodeState(BaseModel):
 
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None (an index lookup)."""
-        return self.attachments.index().get((network, container_id, ifname))
+        return self.attachments.by_key().get((network, container_id, ifname))
 
     def remove(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """Remove and return the attachment with that key (None when absent)."""
@@ -381,14 +388,14 @@ class NodeState(BaseModel):
                 for res in _claim_results(claim):
                     if res.get("driver") != driver or res.get("pool") != pool:
                         continue
-                    key = (res.get("device", ""), uid, res.get("shareID"))
-                    if key in used_shares or key[:2] in whole:
+                    share = (res.get("device", ""), uid, res.get("shareID"))
+                    if share in used_shares or share[:2] in whole:
                         continue
-                    used_shares.add(key)  # the same claim prepared for two pods counts once
+                    used_shares.add(share)  # the same claim prepared for two pods counts once
                     cc = res.get("consumedCapacity") or {}
-                    device = (devices or {}).get(res.get("device", ""))
-                    if not cc and device is not None:  # dedicated (none recorded), or unknown: whole
-                        charge(device.name, whole_capacity(device))
+                    dev = (devices or {}).get(res.get("device", ""))
+                    if not cc and dev is not None:  # dedicated (none recorded), or unknown: whole
+                        charge(dev.name, whole_capacity(dev))
                         continue
                     charge(res.get("device", ""), {k: Quantity.parse(v) for k, v in cc.items()})
         return out

@@ -49,7 +49,7 @@ class Before:
 
     def __init__(self, state: NodeState) -> None:
         self.list = state.attachments
-        index = self.list.index()
+        index = self.list.by_key()
         self.touched_outside = any(index.get(a.key) is a for a in TOUCHED.values())
         TOUCHED.clear()
         self.list.begin()
@@ -72,7 +72,7 @@ class Before:
                 ops.append(put_op(att))
             else:
                 ops.append(del_op(att.key))
-        index = atts.index()  # added ones were serialised just now, with their later changes
+        index = atts.by_key()  # added ones were serialised just now, with their later changes
         for att in list(TOUCHED.values()):
             if id(att) not in added and index.get(att.key) is att:
                 ops.append(put_op(att))

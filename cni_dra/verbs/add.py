@@ -134,7 +134,7 @@ def _host_links(slice_: Any) -> dict[str, Any]:
     return out
 
 
-def _undo_with(undo: ExitStack, step: Callable[[], None]) -> None:
+def _undo_with(undo: ExitStack, step: Callable[[], object]) -> None:
     """Register an undo step that, when it fails, is logged and the next ones still run
     (the runtime gets the ADD's own error)."""
 
@@ -221,14 +221,14 @@ def _start_ipam(inv: Invocation, undo: ExitStack) -> Concurrently | None:
     the link: that one runs after it, in the reference order, see :func:`_ipam_result`)."""
     from cni_dra import ipam
 
-    env, conf = inv.env, inv.conf
-    if not conf.ipam_type or conf.ipam_type == "dhcp":
+    env, ipam_type = inv.env, inv.conf.ipam_type
+    if not ipam_type or ipam_type == "dhcp":
         return None
-    job = Concurrently(lambda: ipam.ipam_add(conf.ipam_type, inv.raw, inv.environ, env.path))
+    job = Concurrently(lambda: ipam.ipam_add(ipam_type, inv.raw, inv.environ, env.path))
 
     def release_ipam() -> None:
         if job.wait()[1] is None:  # it allocated: give it back
-            ipam.ipam_del(conf.ipam_type, inv.raw, inv.environ, env.path)
+            ipam.ipam_del(ipam_type, inv.raw, inv.environ, env.path)
 
     _undo_with(undo, release_ipam)
     return job
@@ -259,16 +259,16 @@ def _ipam_result(inv: Invocation, job: Concurrently | None, undo: ExitStack) -> 
     """The IPAM plugin's result: the thread's, or (dhcp) the ADD run now, with its undo."""
     from cni_dra import ipam
 
-    env, conf = inv.env, inv.conf
+    env, ipam_type = inv.env, inv.conf.ipam_type
     result: Result | None = None
     if job is not None:
         with ipam_codes():
             result = job.result()
-    elif conf.ipam_type:  # dhcp
+    elif ipam_type:  # dhcp
         with ipam_codes():
-            result = ipam.ipam_add(conf.ipam_type, inv.raw, inv.environ, env.path)
-        _undo_with(undo, lambda: ipam.ipam_del(conf.ipam_type, inv.raw, inv.environ, env.path))
-    if conf.ipam_type:
+            result = ipam.ipam_add(ipam_type, inv.raw, inv.environ, env.path)
+        _undo_with(undo, lambda: ipam.ipam_del(ipam_type, inv.raw, inv.environ, env.path))
+    if ipam_type:
         fault_point("add:ipam-done")
     return result
 

@@ -43,10 +43,11 @@ def cmd_check(inv: Invocation) -> None:
     if att is None or att.phase != "ready":
         raise ContainerUnknownError(f"failed to check {what}: no attachment on network {conf.name!r} in state")
     ipam_check = None
-    if conf.ipam_type:  # read-only: runs while the link is verified
+    ipam_type = conf.ipam_type
+    if ipam_type:  # read-only: runs while the link is verified
         from cni_dra import ipam
 
-        ipam_check = Concurrently(lambda: ipam.ipam_check(conf.ipam_type, inv.raw, inv.environ, env.path))
+        ipam_check = Concurrently(lambda: ipam.ipam_check(ipam_type, inv.raw, inv.environ, env.path))
     try:
         _check_link(inv, att, prev, what)
     finally:
@@ -94,9 +95,9 @@ def _check_link(inv: Invocation, att: Any, prev: Any, what: str) -> None:
         raise CheckFailedError(f"failed to check {what}: it was added in netns {sandbox}, not in CNI_NETNS {env.netns}")
     if ours:
         want_mac = prev.interfaces[ours[-1]].mac
-        if want_mac and want_mac.lower() != link.mac.lower():
+        if want_mac and want_mac.lower() != (link.mac or "").lower():
             raise CheckFailedError(f"failed to check {what}: MAC is {link.mac}, prevResult says {want_mac}")
-    have = {ipaddress.ip_interface(a) for a in link.addresses}
+    have = {ipaddress.ip_interface(a) for a in link.addresses or ()}  # link_in_netns always reads them
     for ip in prev.ips:
         if ours and ip.interface is not None and ip.interface not in ours:
             continue

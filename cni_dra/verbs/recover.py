@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 
 from cni_dra.errors import CniError, TryAgainLaterError
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state.models import STEP_IPAM, STEP_LINK, Owner
+from cni_dra.state.models import STEP_IPAM, STEP_LINK, AttachmentList, Owner
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
+from cni_dra.state.repair import RepairView
 from cni_dra.verbs.common import Invocation
 
 __all__ = ["RecoveryReport", "recover", "recover_pending", "repair"]
@@ -212,7 +213,7 @@ def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[tup
     from cni_dra.netlink import info
     from cni_dra.netlink.netns import in_netns
 
-    found = []
+    found: list[tuple[str, str, str, str]] = []
     try:
         names = sorted(os.listdir("/var/run/netns"))
     except OSError:
@@ -269,14 +270,14 @@ def repair(
         if base is None:
             return report
         live = _live_links(base)
-        base.attachments = _reconcile(base.attachments, live, environ, cni_path, report)
+        base.attachments = AttachmentList(_reconcile(base.attachments, live, environ, cni_path, report))
         base.bootID = boot_id()
         base.attachments.extend(_charge_untracked(set(live), parents, slice_, report))
         view.write(base)
     return report
 
 
-def _repair_base(store: StateStore, view: Any, report: RecoveryReport) -> NodeState | None:
+def _repair_base(store: StateStore, view: RepairView, report: RecoveryReport) -> NodeState | None:
     """What repair starts from: the current state (its journal cut at a bad record), else
     the backup, else an empty state; None when there is no state file at all."""
     if view.current is not None:

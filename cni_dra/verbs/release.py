@@ -78,7 +78,8 @@ def release(
     if pending is not None:
         with ipam_codes():
             pending.result()
-        done.append(f"IPAM {ipam.type} released")  # type: ignore[union-attr]
+        assert ipam is not None  # pending is only set for an IPAM release
+        done.append(f"IPAM {ipam.type} released")
     if faults:
         fault_point(f"{faults}:ipam-released")
     return done

@@ -52,7 +52,7 @@ def cmd_status(inv: Invocation) -> None:
         )
 
 
-def dhcp_socket_missing(ipam_conf: dict) -> str | None:
+def dhcp_socket_missing(ipam_conf: dict[str, object]) -> str | None:
     """For ``ipam.type`` dhcp: the daemon socket path (``ipam.daemonSocketPath``, default
     :data:`DHCP_DEFAULT_SOCKET`) when no socket is there; None otherwise or for other types."""
     if ipam_conf.get("type") != "dhcp":
