@@ -15,13 +15,14 @@ the test's own inputs, never from cni-dra.
 
 from __future__ import annotations
 
+import functools
+
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import pytest
 from cni_dra.k8s.protos import load
 from netns_tests.runner import CNI_EXE, cni_dra_status, host_ifindex, k8s_cni_args, link_in_netns, run_plugin
 from netns_tests.bed import NodeBed
+from tests import builders
 from tests.k8s_apiserver import DRIVER, FakeApiServer, allocated_claim, write_kubeconfig
 
 NODE = "node-1"
@@ -40,14 +42,7 @@ POD_UID = "7a1e2b3c-4d5e-4f60-8a7b-9c0d1e2f3a4b"
 SHARE = "0f9e8d7c-6b5a-4c3d-9e2f-1a0b9c8d7e6f"
 
 
-def wait_for(cond, timeout_s=40.0, what="condition"):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout_s}s")
+wait_for = functools.partial(builders.wait_for, timeout_s=40.0)
 
 
 def free_port() -> int:

@@ -9,7 +9,8 @@ keyword arguments name what a test changes. Nothing here touches the disk except
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,16 @@ def attachment(cid: str = "c", device: str = "nic-a", *, network: str = "net1", 
 
     return Attachment(network=network, containerID=cid, ifname=ifname, driver=driver, pool=pool, device=device,
                       ifName=parent if parent is not None else f"if-{device}", phase=phase, **kw)
+
+
+# -- waiting ----------------------------------------------------------------------------------
+def wait_for(cond: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``cond`` every 50 ms; return its first truthy value, or fail with AssertionError
+    (naming ``what``) after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached in {timeout_s}s")

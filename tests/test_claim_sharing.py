@@ -5,6 +5,8 @@ interfaces use it."""
 
 from __future__ import annotations
 
+import functools
+
 import time
 
 import pytest
@@ -14,20 +16,14 @@ from cni_dra.k8s.api import KubeApi
 from cni_dra.quantity import Quantity
 from cni_dra.state import ClaimRef, StateStore
 from cni_dra.state.claims import prepare_claim, share_prepared_claim
+from tests import builders
 from tests.builders import DRIVER, allocation_result, attachment, resource_claim
 from tests.k8s_apiserver import FakeApiServer, allocated_claim
 
 SHARE = "5b1e2c3d-4f5a-4b6c-8d7e-9f0a1b2c3d4e"
 
 
-def wait_for(cond, timeout_s=20.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
+wait_for = functools.partial(builders.wait_for, timeout_s=20.0)
 
 
 def reserved(*uids: str) -> list[dict[str, str]]:

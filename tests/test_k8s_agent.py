@@ -4,10 +4,11 @@ drift repair, restart without loss, cleanup, extra services."""
 
 from __future__ import annotations
 
+import functools
+
 import shutil
 import tempfile
 import threading
-import time
 
 import grpc
 import pytest
@@ -17,20 +18,14 @@ from cni_dra.agent.main import Agent, AgentConfig
 from cni_dra.k8s.protos import load
 from cni_dra.state import Attachment, ClaimRef, StateStore
 from cni_dra.state.claim_status import claim_status_record
+from tests import builders
 from tests.k8s_apiserver import DRIVER, FakeApiServer, allocated_claim, inventory_doc, write_kubeconfig
 
 SHARE = "2c9b8a7d-6e5f-4a3b-9c1d-0e2f3a4b5c6d"
 SLICE = "node-1-net.cni-dra.dev"
 
 
-def wait_for(cond, timeout_s=30.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
+wait_for = functools.partial(builders.wait_for, timeout_s=30.0)
 
 
 class FakeService:
