@@ -200,10 +200,19 @@ def iperf_server(world, tmp_path) -> Iterator[None]:
 
 
 def iperf_bps(world: World, reverse: bool) -> float:
-    """One 3 s TCP run from the pod; bits per second the receiver got."""
+    """One 3 s TCP run from the pod; bits per second the receiver got.
+
+    Between two tests the iperf3 server closes and reopens its listening socket, so a client
+    started right after the previous run can be refused: it is retried for a few seconds."""
     cmd = ["nsenter", f"--net={world.pod}", IPERF3, "-c", REMOTE_IP, "-t", str(SECONDS), "-J"]
-    proc = subprocess.run(cmd + (["-R"] if reverse else []), capture_output=True, text=True, timeout=SECONDS + 20)
-    out = json.loads(proc.stdout)
+    deadline = time.monotonic() + 10
+    while True:
+        proc = subprocess.run(cmd + (["-R"] if reverse else []), capture_output=True, text=True,
+                              timeout=SECONDS + 20)
+        out = json.loads(proc.stdout)
+        if "Connection refused" not in out.get("error", "") or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert proc.returncode == 0 and "error" not in out, proc.stdout[-2000:] + proc.stderr
     return float(out["end"]["sum_received"]["bits_per_second"])
 
