@@ -275,7 +275,7 @@ class Bench:
                         "ips": [{"interface": 0, "address": f"10.{100 + i // 65536}.{i // 256 % 256}.{i % 256}/16"}]},
             ))
         with StateStore(self.work / state).transaction() as st:
-            st.attachments.extend(atts)
+            st.put_all(atts)
 
     # -- scenarios ---------------------------------------------------------------
     def add_del(self, who: str, n: int, state: str = "state", tag: str = "") -> dict[str, Any]:

@@ -111,13 +111,12 @@ def test_add_in_progress_is_code_11(bed: NodeBed) -> None:
     netns = bed.make_netns()
     conf = bed.spec_conf("1.1.0", "l2")
     assert bed.run("ADD", conf, netns, cid="c1")[0] == 0
-    from cni_dra.state import StateStore
+    from cni_dra.state import StateStore, Txn
     from cni_dra.state.store import current_owner, encode_state
 
     state_file = bed.state_dir / "state.json"
     state = StateStore(bed.state_dir).read_files()  # snapshot + journal; written back as a snapshot
-    state.attachments[0].phase = "adding"
-    state.attachments[0].owner = current_owner()  # a live process holds the intent
+    Txn(state).update(state.attachments[0], phase="adding", owner=current_owner())  # a live process holds the intent
     state_file.write_bytes(encode_state(state))
     code, out, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 1 and out["code"] == 11, (out, err)

@@ -22,6 +22,7 @@ import pytest
 from cni_dra.faults import SWITCH_FILE
 from cni_dra.netlink.info import host_link, link_in_netns
 from cni_dra.quantity import Quantity
+from cni_dra.state import Txn
 from cni_dra.state.models import SCHEMA_VERSION
 from netns_tests.bed import DRIVER, NodeBed, parent_of, recover
 from netns_tests.conftest import remove_netns
@@ -243,8 +244,8 @@ def test_reboot_releases_attachments_whose_netns_is_gone(node, make_netns):
     claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "status": {"allocation": {"devices": {
         "results": [{"request": "net", "driver": DRIVER, "pool": "n", "device": "nic-b",
                      "consumedCapacity": {"bandwidth": "3G"}, "shareID": "4a5b"}]}}}}
-    st.claims["prepared-pod"] = [claim]
-    st.bootID = "00000000-0000-0000-0000-000000000000"  # the state was last reconciled in another boot
+    Txn(st).set_claims("prepared-pod", [claim])
+    Txn(st).set_boot_id("00000000-0000-0000-0000-000000000000")  # the state was last reconciled in another boot
     node.write_state(st)
     remove_netns(ns_a)  # pod-a's namespace did not survive the "reboot"
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from cni_dra.allocator import NoFit, select_device
 from cni_dra.dra.models import Device
 from cni_dra.quantity import Quantity
-from cni_dra.state import Attachment, NodeState
+from cni_dra.state import Attachment, NodeState, Txn
 
 G = 1_000_000_000
 
@@ -42,7 +42,7 @@ ops = st.lists(
 def test_no_sequence_over_commits(ops, sizes, policy):
     devices = [_device(f"nic{i}", s) for i, s in enumerate(sizes)]
     capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes)}
-    state = NodeState()
+    state = Txn(NodeState())  # a transaction without a store: the state's operations only
     n = 0
     for op, arg in ops:
         n += 1
@@ -57,12 +57,12 @@ def test_no_sequence_over_commits(ops, sizes, policy):
                     assert have + want > capacity[d.name]
                 continue
             assert choice.consumed_capacity["bandwidth"] >= want
-            state.attachments.append(Attachment(
+            state.put(Attachment(
                 network="n", containerID=f"c{n}", ifname="eth0", driver="d", pool="p",
                 device=choice.device.name, ifName=choice.device.name,
                 consumedCapacity=dict(choice.consumed_capacity), shareID=f"s{n}"))
         elif op == "del" and state.attachments:
-            state.attachments.pop(arg % len(state.attachments))
+            state.remove(*state.attachments[arg % len(state.attachments)].key)
         elif op == "claim":
             # a prepared claim (scheduler's verdict) that fits at the time it is prepared
             used = state.consumed_by_device("d", "p")
@@ -70,9 +70,9 @@ def test_no_sequence_over_commits(ops, sizes, policy):
             for d in devices:
                 have = used.get(d.name, {}).get("bandwidth", Quantity.parse(0))
                 if have + want <= capacity[d.name]:
-                    state.claims[f"pod{n}"] = [{"metadata": {"uid": f"u{n}"}, "status": {"allocation": {"devices": {
+                    state.set_claims(f"pod{n}", [{"metadata": {"uid": f"u{n}"}, "status": {"allocation": {"devices": {
                         "results": [{"request": "r", "driver": "d", "pool": "p", "device": d.name,
-                                     "consumedCapacity": {"bandwidth": str(want)}, "shareID": f"cs{n}"}]}}}}]
+                                     "consumedCapacity": {"bandwidth": str(want)}, "shareID": f"cs{n}"}]}}}}])
                     break
         used = state.consumed_by_device("d", "p")
         for name, cap in capacity.items():

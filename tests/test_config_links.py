@@ -142,8 +142,8 @@ def test_allocator_skips_a_nic_of_the_other_type_even_if_best_fit_prefers_it(tmp
     from cni_dra.verbs.add import plan_attachment
 
     inv = _inv(tmp_path, {"linkType": "ipvlan", "capacity": {"requests": {"bandwidth": "1G"}}}, ["a", "b"])
-    state = NodeState(attachments=[_att("a", "macvlan", "1")])  # a has less left: best-fit's pick
-    state.attachments[0].consumedCapacity = {"bandwidth": "5G"}
+    state = NodeState(attachments=[_att("a", "macvlan", "1").model_dump()
+                                   | {"consumedCapacity": {"bandwidth": "5G"}}])  # a has less left: best-fit's pick
     att = plan_attachment(inv, state, {"if-a": _Parent(), "if-b": _Parent()})
     assert att.device == "b" and att.linkType == "ipvlan"
 
@@ -161,8 +161,8 @@ def test_allocator_explains_when_only_the_other_type_has_room(tmp_path: Path) ->
 def test_duplicate_mac_refused_naming_the_holder() -> None:
     from cni_dra.verbs.add import _refuse_duplicate_mac
 
-    holder = _att("a", "macvlan", "c-old")
-    holder.result = {"interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "sandbox": "/x"}]}
+    holder = Attachment.model_validate(_att("a", "macvlan", "c-old").model_dump() | {
+        "result": {"interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "sandbox": "/x"}]}})
     new = _att("a", "macvlan", "c-new")
     with pytest.raises(InvalidConfigError) as info:
         _refuse_duplicate_mac("c2:00:00:00:00:01", new, _Parent(), NodeState(attachments=[holder]))

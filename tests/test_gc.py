@@ -45,8 +45,8 @@ class Node:
 
     def put(self, *atts: Attachment) -> None:
         with StateStore(self.state_dir).transaction() as state:
-            state.bootID = boot_id()
-            state.attachments.extend(atts)
+            state.set_boot_id(boot_id())
+            state.put_all(atts)
 
     def left(self) -> list[str]:
         return sorted(f"{a.network}/{a.containerID}" for a in StateStore(self.state_dir).read_files().attachments)
@@ -184,7 +184,7 @@ def test_ready_at_round_trips_through_the_journal(node: Node) -> None:
     node.put(att("a", age_s=None))
     now = time.time()
     with StateStore(node.state_dir).transaction() as state:
-        state.find(NET, "a", "eth0").readyAt = ready_at(now - 10)
+        state.update((NET, "a", "eth0"), readyAt=ready_at(now - 10))
     assert b'"readyAt"' in (node.state_dir / "state.journal").read_bytes()
     (a,) = StateStore(node.state_dir).read_files().attachments
     assert 9.9 < a.ready_age_s(now) < 10.1

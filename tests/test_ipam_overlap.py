@@ -17,12 +17,12 @@ def _setup(tmp_path, monkeypatch, delete_link, ipam_del):
     conf = {"cniVersion": "1.0.0", "name": "net", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
             "inventory": str(tmp_path / "slice.yaml"), "ipam": {"type": "host-local", "subnet": "192.0.2.0/24"}}
     with StateStore(tmp_path / "state").transaction() as s:
-        s.attachments.append(Attachment(
+        s.put(Attachment(
             network="net", containerID="c1", ifname="eth0", netns="/var/run/netns/pod", driver="d", pool="p",
             device="nic-a", ifName="eth9", consumedCapacity={"bandwidth": "1G"}, phase="ready",
             ipamType="host-local", ipamConf=json.dumps(conf)))
     with StateStore(tmp_path / "state").transaction() as s:  # a second commit: the journal exists
-        s.statusUpdates.append({"claim": {"uid": "other"}})
+        s.add_status_update({"claim": {"uid": "other"}})
     monkeypatch.setattr(netns, "netns_exists", lambda path: True)
     monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
     monkeypatch.setattr(sublink, "delete_link", delete_link)

@@ -114,8 +114,8 @@ def test_agent_lifecycle_restart_loses_nothing(env):
                          phase="ready", result={"interfaces": [{"name": "net1", "mac": "02:aa:bb:cc:dd:ee",
                                                                  "sandbox": "/x"}],
                                                 "ips": [{"address": "192.0.2.44/24", "interface": 0}]})
-        st.attachments.append(att)
-        st.statusUpdates.append(claim_status_record(att))
+        st.put(att)
+        st.add_status_update(claim_status_record(att))
     with Running(config(short, inv, server)) as agent:
         wait_for(lambda: server.slices.get(SLICE))
         entry = wait_for(lambda: (server.claims[("default", "c1")].get("status", {}).get("devices") or [None])[0])

@@ -79,8 +79,8 @@ def test_status_records_survive_any_failures(answers, n_claims):
                                                                     "sandbox": "/x"}],
                                                     "ips": [{"address": f"192.0.2.{i + 1}/24", "interface": 0}]})
             with store.transaction() as s:
-                s.attachments.append(att)
-                s.statusUpdates.append(claim_status_record(att))
+                s.put(att)
+                s.add_status_update(claim_status_record(att))
         for code in answers:
             server.fail("PATCH", r".*/status", code)
         now = [0.0]

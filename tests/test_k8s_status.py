@@ -87,8 +87,8 @@ def world(tmp_path):
 def add_ready(store, uid, **kw):
     with store.transaction() as st:
         att = attachment(uid, **kw)
-        st.attachments.append(att)
-        st.statusUpdates.append(claim_status_record(att))
+        st.put(att)
+        st.add_status_update(claim_status_record(att))
 
 
 def test_writer_applies_network_data_and_ready(world):
@@ -154,9 +154,9 @@ def test_body_lists_every_ready_share_of_the_claim(world):
     uid = claim["metadata"]["uid"]
     other = "5e3d1b0a-2f4c-4a6e-9b8d-7c6a5e4d3c2b"
     with store.transaction() as st:
-        st.attachments.append(attachment(uid))
-        st.attachments.append(attachment(uid, containerID="c2", shareID=other, device="eth-a"))
-        st.attachments.append(attachment("another-claim", containerID="c3"))
+        st.put(attachment(uid))
+        st.put(attachment(uid, containerID="c2", shareID=other, device="eth-a"))
+        st.put(attachment("another-claim", containerID="c3"))
     rec = claim_status_record(attachment(uid, containerID="c2", shareID=other, device="eth-a"))
     body = claim_status_body({"namespace": "default", "name": "c1", "uid": uid}, store.read(), [rec])
     assert [(e["device"], e["shareID"]) for e in body["status"]["devices"]] == [("eth-a", other), ("eth-b", SHARE)]
@@ -172,8 +172,8 @@ def test_second_share_keeps_the_first_and_a_deleted_share_goes(world):
     writer.sync()
     with store.transaction() as st:
         att = attachment(uid, containerID="c2", shareID=other, device="eth-a")
-        st.attachments.append(att)
-        st.statusUpdates.append(claim_status_record(att))
+        st.put(att)
+        st.add_status_update(claim_status_record(att))
     writer.sync()
     devs = server.claims[("default", "c1")]["status"]["devices"]
     assert sorted((d["device"], d["shareID"]) for d in devs) == [("eth-a", other), ("eth-b", SHARE)]
@@ -183,7 +183,8 @@ def test_second_share_keeps_the_first_and_a_deleted_share_goes(world):
     devs = server.claims[("default", "c1")]["status"]["devices"]
     assert [(d["device"], d["shareID"]) for d in devs] == [("eth-a", other)]
     with store.transaction() as st:  # DEL of the last share
-        st.attachments.clear()
+        for _a in list(st.attachments):
+            st.remove(*_a.key)
     writer.sync()
     assert server.claims[("default", "c1")]["status"]["devices"] == []
     n = len(server.requests_for("PATCH", r".*/status"))
@@ -197,7 +198,7 @@ def test_share_deleted_across_an_agent_restart_leaves_the_claim(world):
     server, claim, store, writer, clock, _ = world
     uid = claim["metadata"]["uid"]
     with store.transaction() as st:
-        st.claims["pod-a"] = [copy.deepcopy(claim)]  # the state's own copy, as a decoded request is
+        st.set_claims("pod-a", [copy.deepcopy(claim)])  # the state's own copy, as a decoded request is
     add_ready(store, uid)
     writer.sync()
     assert len(server.claims[("default", "c1")]["status"]["devices"]) == 1

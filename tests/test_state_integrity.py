@@ -108,7 +108,7 @@ def test_missing_file_with_a_backup_is_not_empty(tmp_path):
     store = StateStore(tmp_path)
     for cid in ("c1", "c2"):
         with store.transaction() as s:
-            s.attachments.append(_att(cid))
+            s.put(_att(cid))
     (tmp_path / "state.json").unlink()
     with pytest.raises(StateError, match="missing but state.json.bak exists"):
         store.read()
@@ -126,7 +126,7 @@ def test_schema_1_file_is_migrated_and_rewritten_as_current(tmp_path):
     assert got.schemaVersion == SCHEMA_VERSION and got.bootID is None
     assert got.find("net", "c1", "eth0").consumedCapacity == {"bandwidth": Quantity.parse("2G")}
     with store.transaction() as s:
-        s.bootID = "x"
+        s.set_boot_id("x")
     raw = json.loads((tmp_path / "state.json").read_bytes())  # no journal in a schema-1 file: a new snapshot
     assert raw["schemaVersion"] == SCHEMA_VERSION and raw["checksum"].startswith("sha256:")
     assert raw["journal"]["seq"] == 0 and raw["bootID"] == "x"
@@ -145,11 +145,11 @@ def test_newer_schema_is_refused():
 def test_each_snapshot_is_written_twice_and_the_backup_takes_the_journal(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     first = (tmp_path / "state.json").read_bytes()
     assert (tmp_path / "state.json.bak").read_bytes() == first
     with store.transaction() as s:  # journaled: the snapshot and its copy stay
-        s.attachments.append(_att("c2"))
+        s.put(_att("c2"))
     assert (tmp_path / "state.json").read_bytes() == first == (tmp_path / "state.json.bak").read_bytes()
     (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damage the snapshot: the copy + journal still hold all
     assert [a.containerID for a in store.read_backup().attachments] == ["c1", "c2"]
@@ -158,7 +158,7 @@ def test_each_snapshot_is_written_twice_and_the_backup_takes_the_journal(tmp_pat
 def test_crash_before_rename_leaves_old_file_and_leftover_is_cleaned(tmp_path, monkeypatch):
     store = StateStore(tmp_path, journal_limit_bytes=0)  # every commit writes a snapshot
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     before = (tmp_path / "state.json").read_bytes()
     real_replace = os.replace
 
@@ -170,12 +170,13 @@ def test_crash_before_rename_leaves_old_file_and_leftover_is_cleaned(tmp_path, m
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(StateError):
         with store.transaction() as s:
-            s.attachments.clear()
+            for _a in list(s.attachments):
+                s.remove(*_a.key)
     monkeypatch.setattr(os, "replace", real_replace)
     assert (tmp_path / "state.json").read_bytes() == before
     (tmp_path / ".state.json.99999.tmp").write_bytes(b"half")  # left by a writer that died
     with store.transaction() as s:
-        s.attachments.append(_att("c2"))
+        s.put(_att("c2"))
     assert not list(tmp_path.glob(".state.json*.tmp"))
 
 
@@ -227,13 +228,13 @@ def test_owner_liveness():
 def test_recover_undoes_stale_intents_and_keeps_live_ones(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.bootID = boot_id()
-        s.attachments += [
+        s.set_boot_id(boot_id())
+        s.put_all([
             _att("done"),
             _att("crashed-add", phase="adding", owner=_dead_owner(), steps=["link"]),
             _att("crashed-del", phase="deleting", owner=_dead_owner()),
             _att("in-flight", phase="adding", owner=current_owner()),
-        ]
+        ])
     report = recover(store, environ={})
     assert {a.containerID for a in store.read().attachments} == {"done", "in-flight"}
     assert report.errors == []
@@ -245,9 +246,9 @@ def test_recover_after_reboot_releases_gone_netns_and_keeps_claims(tmp_path):
     store = StateStore(tmp_path)
     live_ns = f"/proc/{os.getpid()}/ns/net"  # exists (recovery only asks whether it is gone)
     with store.transaction() as s:
-        s.bootID = "previous-boot"
-        s.claims["pod"] = [_claim("u")]
-        s.attachments += [_att("gone", netns=str(tmp_path / "no-such-netns")), _att("alive", netns=live_ns)]
+        s.set_boot_id("previous-boot")
+        s.set_claims("pod", [_claim("u")])
+        s.put_all([_att("gone", netns=str(tmp_path / "no-such-netns")), _att("alive", netns=live_ns)])
     report = recover(store, environ={})
     got = store.read()
     assert {a.containerID for a in got.attachments} == {"alive"}
@@ -258,10 +259,10 @@ def test_recover_after_reboot_releases_gone_netns_and_keeps_claims(tmp_path):
 def test_repair_restores_backup_and_drops_dead_attachments(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.claims["pod"] = [_claim("u")]
-        s.attachments.append(_att("c1"))
+        s.set_claims("pod", [_claim("u")])
+        s.put(_att("c1"))
     with store.transaction() as s:
-        s.attachments.append(_att("c2"))
+        s.put(_att("c2"))
     (tmp_path / "state.json").write_bytes(b'{"schemaVersion": 2, "attac')
     report = repair(store, environ={})
     text = "\n".join(report.changes)
@@ -312,8 +313,8 @@ def test_recovered_claim_mode_add_leaves_a_failure_record_for_the_agent(tmp_path
 
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.bootID = boot_id()
-        s.attachments.append(_att("crashed", phase="adding", owner=_dead_owner(),
+        s.set_boot_id(boot_id())
+        s.put(_att("crashed", phase="adding", owner=_dead_owner(),
                                   claim=ClaimRef(namespace="ns", name="c", uid="cu", request="net")))
     recover(store, environ={})
     got = store.read()
@@ -336,12 +337,12 @@ def test_recover_releases_ipam_of_a_previous_boot_intent_whatever_its_steps(tmp_
     me = current_owner()
     store = StateStore(tmp_path / "state")
     with store.transaction() as s:
-        s.bootID = boot_id()
-        s.attachments += [
+        s.set_boot_id(boot_id())
+        s.put_all([
             _att("this-boot", phase="adding", owner=_dead_owner(), ipamType="fake-ipam", ipamConf=conf),
             _att("earlier-boot", phase="adding", owner=Owner(pid=me.pid, start=me.start, boot="earlier"),
                  ipamType="fake-ipam", ipamConf=conf),
-        ]
+        ])
     report = recover(store, environ={"PATH": "/usr/bin:/bin"}, cni_path=[str(bin_dir)])
     assert report.errors == []
     assert store.read().attachments == []
@@ -358,10 +359,10 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
     me = current_owner()
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments += [
+        s.put_all([
             _att("served", phase="adding", owner=me, netns="/var/run/netns/a"),
             _att("in-flight", phase="adding", owner=me, netns="/var/run/netns/b"),
-        ]
+        ])
     (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damaged: repair takes the backup copy
     monkeypatch.setattr(recover_mod, "_live_links", lambda base: {("/var/run/netns/a", "eth0"): "eth9"})
     monkeypatch.setattr(recover_mod, "_untracked_links", lambda known, parents: [])

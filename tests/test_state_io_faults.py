@@ -68,10 +68,10 @@ def _claim(uid: str, bw: str) -> dict:
 def _seed(state_dir: Path) -> None:
     """Two other pods' attachments, one pod's claim, one pending status record."""
     with StateStore(state_dir).transaction() as st:
-        st.bootID = boot_id()
-        st.attachments.extend([_att("other-1"), _att("other-2", device="nic-b", bw="3G"), _att("doomed")])
-        st.claims["pod-x"] = [_claim("u-x", "2G")]
-        st.statusUpdates.append({"claim": "ns/c-u-x", "op": "apply"})
+        st.set_boot_id(boot_id())
+        st.put_all([_att("other-1"), _att("other-2", device="nic-b", bw="3G"), _att("doomed")])
+        st.set_claims("pod-x", [_claim("u-x", "2G")])
+        st.add_status_update({"claim": "ns/c-u-x", "op": "apply"})
 
 
 def _fake_ipam(bin_dir: Path) -> None:
@@ -94,15 +94,14 @@ def op_add(d: Path) -> None:
     """ADD's three transactions: reserve (durable), the intent step (not synced), ready."""
     store = StateStore(d)
     with store.transaction() as st:
-        st.attachments.append(_att("new", phase="adding"))
+        st.put(_att("new", phase="adding"))
     try:
         with store.transaction(durable=False) as st:
             a = st.find(*_key("new"))
-            a.steps = [*a.steps, STEP_IPAM]
+            st.update(a, steps=[*a.steps, STEP_IPAM])
         with store.transaction() as st:
-            a = st.find(*_key("new"))
-            a.phase, a.readyAt, a.owner, a.steps = "ready", READY_AT, None, []
-            a.result = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}]}
+            st.update(_key("new"), phase="ready", readyAt=READY_AT, owner=None, steps=[],
+                      result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}]})
     except StateWriteError:
         with store.transaction() as st:  # ADD's undo: release the capacity
             st.remove(*_key("new"))
@@ -111,8 +110,7 @@ def op_add(d: Path) -> None:
 
 def _del_intent(d: Path) -> None:
     with StateStore(d).transaction(durable=False) as st:
-        a = st.find(*_key("doomed"))
-        a.phase, a.owner = "deleting", current_owner()
+        st.update(_key("doomed"), phase="deleting", owner=current_owner())
 
 
 def op_del(d: Path) -> None:
@@ -147,16 +145,15 @@ def op_unprepare(d: Path) -> None:
 
 def _big(cid: str) -> Attachment:
     """An attachment whose record is bigger than the seeded snapshot."""
-    att = _att(cid)
-    att.result = {"cniVersion": "1.1.0", "dns": {"search": ["x" * 60] * 100}}
-    return att
+    return Attachment.model_validate(
+        _att(cid).model_dump() | {"result": {"cniVersion": "1.1.0", "dns": {"search": ["x" * 60] * 100}}})
 
 
 def op_compact(d: Path) -> None:
     """A commit whose record makes the journal outgrow the snapshot: appended, then folded
     into a new snapshot (and its backup copy)."""
     with StateStore(d, journal_limit_bytes=1).transaction() as st:
-        st.attachments.append(_big("new"))
+        st.put(_big("new"))
 
 
 OPERATIONS: dict[str, Callable[[Path], None]] = {
@@ -220,7 +217,7 @@ def test_a_fault_at_any_state_io_call_commits_all_or_nothing(tmp_path: Path, nam
             assert _recover_finds_nothing(d), f"{call} #{n} {kind}: state recover had work left"
             # and the node goes on: one more change commits and reads back
             with store.transaction() as st:
-                st.claims["pod-z"] = [_claim("u-z", "1G")]
+                st.set_claims("pod-z", [_claim("u-z", "1G")])
             assert _dump(store)["claims"]["pod-z"][0]["metadata"]["uid"] == "u-z"
     assert failures, f"no injected fault made {name} fail"
 
@@ -245,7 +242,7 @@ def test_a_short_journal_write_is_completed_not_taken_for_a_commit(tmp_path: Pat
 
     monkeypatch.setattr(os, "pwrite", short_pwrite)
     with StateStore(d).transaction() as st:
-        st.attachments.append(_att("new"))
+        st.put(_att("new"))
     monkeypatch.undo()
     assert StateStore(d).read_files().find(*_key("new")) is not None
 
@@ -258,7 +255,7 @@ def _commit_under_fsize_limit(d: str, slack: int, conn) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (end + slack, resource.RLIM_INFINITY))
     try:
         with StateStore(d).transaction() as st:
-            st.attachments.append(_att("new"))
+            st.put(_att("new"))
         conn.send("committed")
     except StateWriteError as exc:
         conn.send(f"failed: {exc.msg}")
@@ -272,7 +269,7 @@ def test_a_real_short_write_fails_the_commit_and_leaves_no_torn_record(tmp_path:
     d = tmp_path / "state"
     _seed(d)
     with StateStore(d).transaction() as st:  # a journal to append to
-        st.claims["pod-z"] = [_claim("u-z", "1G")]
+        st.set_claims("pod-z", [_claim("u-z", "1G")])
     before = _dump(StateStore(d))
     size = os.path.getsize(d / JOURNAL_FILE)
     ctx = multiprocessing.get_context("fork")
@@ -286,7 +283,7 @@ def test_a_real_short_write_fails_the_commit_and_leaves_no_torn_record(tmp_path:
     assert os.path.getsize(d / JOURNAL_FILE) == size  # the partial record was cut off again
     assert _dump(StateStore(d)) == before
     with StateStore(d).transaction() as st:  # and the next writer appends after the last good record
-        st.attachments.append(_att("new"))
+        st.put(_att("new"))
     assert StateStore(d).read_files().find(*_key("new")) is not None
 
 

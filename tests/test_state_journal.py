@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from cni_dra.errors import StateError
 from cni_dra.quantity import Quantity
-from cni_dra.state import Attachment, NodeState, StateStore
+from pydantic import ValidationError
+
+from cni_dra.state import Attachment, NodeState, StateStore, ops
 from cni_dra.state import cache as state_cache
 from cni_dra.state.store import JOURNAL_FILE, encode_state
 from cni_dra.verbs.recover import repair
@@ -41,11 +43,11 @@ def _ids(state: NodeState) -> list[str]:
 def test_a_commit_appends_one_record_and_leaves_the_snapshot(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     snapshot = (tmp_path / "state.json").read_bytes()
     with store.transaction() as s:
-        s.find("net", "c1", "eth0").phase = "deleting"
-        s.attachments.append(_att("c2"))
+        s.update(("net", "c1", "eth0"), phase="deleting")
+        s.put(_att("c2"))
     assert (tmp_path / "state.json").read_bytes() == snapshot
     lines = (tmp_path / JOURNAL_FILE).read_bytes().splitlines()
     assert len(lines) == 1
@@ -59,14 +61,14 @@ def test_a_commit_appends_one_record_and_leaves_the_snapshot(tmp_path):
 def test_removal_claims_status_and_boot_id_are_journaled(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments += [_att("c1"), _att("c2"), _att("c3")]
-        s.claims["pod-a"] = [{"metadata": {"uid": "u1"}}]
+        s.put_all([_att("c1"), _att("c2"), _att("c3")])
+        s.set_claims("pod-a", [{"metadata": {"uid": "u1"}}])
     with store.transaction() as s:
         s.remove("net", "c2", "eth0")
-        s.claims["pod-a"].append({"metadata": {"uid": "u2"}})  # in place: the list's items changed
-        s.claims["pod-b"] = [{"metadata": {"uid": "u3"}}]
-        s.statusUpdates.append({"claim": {"uid": "u1"}, "ready": True})
-        s.bootID = "boot-2"
+        s.set_claims("pod-a", [*s.claims["pod-a"], {"metadata": {"uid": "u2"}}])
+        s.set_claims("pod-b", [{"metadata": {"uid": "u3"}}])
+        s.add_status_update({"claim": {"uid": "u1"}, "ready": True})
+        s.set_boot_id("boot-2")
     assert (tmp_path / JOURNAL_FILE).exists()
     got = _fresh(tmp_path)
     assert _ids(got) == ["c1", "c3"]
@@ -74,8 +76,8 @@ def test_removal_claims_status_and_boot_id_are_journaled(tmp_path):
     assert got.claims["pod-b"] == [{"metadata": {"uid": "u3"}}]
     assert got.statusUpdates == [{"claim": {"uid": "u1"}, "ready": True}] and got.bootID == "boot-2"
     with store.transaction() as s:
-        del s.claims["pod-a"]
-        s.statusUpdates.clear()
+        s.set_claims("pod-a", None)
+        s.set_status_updates([])
     got = _fresh(tmp_path)
     assert set(got.claims) == {"pod-b"} and got.statusUpdates == []
 
@@ -83,16 +85,16 @@ def test_removal_claims_status_and_boot_id_are_journaled(tmp_path):
 def test_a_torn_last_record_is_ignored_then_cut_off(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     with store.transaction() as s:
-        s.attachments.append(_att("c2"))
+        s.put(_att("c2"))
     journal = tmp_path / JOURNAL_FILE
     good = journal.read_bytes()
     with open(journal, "ab") as f:  # a writer died halfway through its append
         f.write(b'{"j":"x","seq":2,"ops":[{"put":{"netw')
     assert _ids(_fresh(tmp_path)) == ["c1", "c2"]
     with StateStore(tmp_path).transaction() as s:
-        s.attachments.append(_att("c3"))
+        s.put(_att("c3"))
     data = journal.read_bytes()
     assert data.startswith(good) and data.count(b"\n") == 2  # the torn bytes are gone
     assert _ids(_fresh(tmp_path)) == ["c1", "c2", "c3"]
@@ -101,10 +103,10 @@ def test_a_torn_last_record_is_ignored_then_cut_off(tmp_path):
 def test_a_bad_record_before_good_ones_is_corruption_and_repair_keeps_the_good_prefix(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     for cid in ("c2", "c3"):
         with store.transaction() as s:
-            s.attachments.append(_att(cid))
+            s.put(_att(cid))
     journal = tmp_path / JOURNAL_FILE
     first, second = journal.read_bytes().splitlines(keepends=True)
     journal.write_bytes(first + second.replace(b'"c3"', b'"c4"'))  # checksum no longer matches, then...
@@ -123,27 +125,27 @@ def test_a_bad_record_before_good_ones_is_corruption_and_repair_keeps_the_good_p
 def test_a_journal_of_another_snapshot_is_ignored(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     with store.transaction() as s:
-        s.attachments.append(_att("c2"))
+        s.put(_att("c2"))
     # someone writes a snapshot of their own (no journal reference): the journal is stale
     (tmp_path / "state.json").write_bytes(encode_state(NodeState(attachments=[_att("x")])))
     assert _ids(_fresh(tmp_path)) == ["x"]
     with StateStore(tmp_path).transaction() as s:
-        s.attachments.append(_att("y"))
+        s.put(_att("y"))
     assert _ids(_fresh(tmp_path)) == ["x", "y"]
 
 
 def test_the_journal_is_folded_into_a_new_snapshot_past_its_limit(tmp_path):
     store = StateStore(tmp_path, journal_limit_bytes=2000)
     with store.transaction() as s:
-        s.attachments.append(_att("c0"))
+        s.put(_att("c0"))
     first = json.loads((tmp_path / "state.json").read_bytes())["journal"]["id"]
     i = 0
     while json.loads((tmp_path / "state.json").read_bytes())["journal"]["id"] == first:
         i += 1
         with store.transaction() as s:
-            s.attachments.append(_att(f"c{i}"))
+            s.put(_att(f"c{i}"))
         assert i < 50, "never compacted"
     assert not (tmp_path / JOURNAL_FILE).exists()
     snap = json.loads((tmp_path / "state.json").read_bytes())
@@ -154,15 +156,15 @@ def test_the_journal_is_folded_into_a_new_snapshot_past_its_limit(tmp_path):
 def _other_process_adds(path: str, cid: str) -> None:
     state_cache.CACHE.clear()
     with StateStore(path).transaction() as s:
-        s.attachments.append(_att(cid))
+        s.put(_att(cid))
 
 
 def test_a_cached_reader_sees_what_another_process_appended(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     with store.transaction() as s:
-        s.attachments.append(_att("c2"))
+        s.put(_att("c2"))
     assert _ids(store.read()) == ["c1", "c2"]  # now cached in this process
     proc = multiprocessing.get_context("fork").Process(target=_other_process_adds, args=(str(tmp_path), "c3"))
     proc.start()
@@ -171,37 +173,38 @@ def test_a_cached_reader_sees_what_another_process_appended(tmp_path):
     assert _ids(store.read()) == ["c1", "c2", "c3"]
 
 
-def test_a_change_outside_a_transaction_does_not_survive_in_the_cache(tmp_path):
+def test_a_change_outside_a_transaction_is_refused(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
-    store.read().attachments[0].phase = "deleting"  # read() is read-only; this breaks the contract
+        s.put(_att("c1"))
+    with pytest.raises(ValidationError, match="frozen"):
+        store.read().attachments[0].phase = "deleting"  # read() is read-only, and so is what it holds
     with store.transaction() as s:
-        assert s.attachments[0].phase == "ready"  # the disk's view, not the mutated cache
+        assert s.attachments[0].phase == "ready"
 
 
 def test_failed_transaction_leaves_memory_and_disk_as_they_were(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     with pytest.raises(RuntimeError):
         with store.transaction() as s:
-            s.attachments[0].phase = "deleting"
-            s.attachments.append(_att("c2"))
+            s.update(s.attachments[0], phase="deleting")
+            s.put(_att("c2"))
             raise RuntimeError("boom")
     got = store.read()
     assert _ids(got) == ["c1"] and got.attachments[0].phase == "ready"
 
 
-def test_verify_mode_catches_a_change_made_in_place(tmp_path, monkeypatch):
+def test_verify_mode_catches_a_cache_that_differs_from_the_files(tmp_path, monkeypatch):
     monkeypatch.setenv("CNI_DRA_STATE_VERIFY", "1")
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     with pytest.raises(StateError, match="does not reproduce"):
         with store.transaction() as s:
-            s.attachments[0].steps.append("link")  # not an assignment: invisible to the journal
-            s.bootID = "other"  # something visible, so a record is written
+            ops.apply(s.state, ops.Put(_att("c2")))  # applied, not kept: the journal never sees it
+            s.set_boot_id("other")  # something kept, so a record is written
 
 
 # -- property: any sequence of transactions reads back the same from scratch ---------------
@@ -234,21 +237,22 @@ def test_any_sequence_of_transactions_reads_back_from_scratch(tmp_path_factory, 
                     cid = f"c{n}"
                     att = s.find("net", cid, "eth0")
                     if op == "add" and att is None:
-                        s.attachments.append(_att(cid))
+                        s.put(_att(cid))
                     elif op == "del" and att is not None:
                         s.remove("net", cid, "eth0")
                     elif op == "phase" and att is not None:
-                        att.phase = "deleting" if att.phase == "ready" else "ready"
+                        s.update(att, phase="deleting" if att.phase == "ready" else "ready")
                     elif op == "claim":
-                        s.claims.setdefault(f"pod{n}", []).append({"metadata": {"uid": f"u{len(s.claims)}"}})
+                        s.set_claims(f"pod{n}", [*s.claims.get(f"pod{n}", ()), {"metadata": {"uid": f"u{len(s.claims)}"}}])
                     elif op == "unclaim":
-                        s.claims.pop(f"pod{n}", None)
+                        s.set_claims(f"pod{n}", None)
                     elif op == "status":
-                        s.statusUpdates.append({"n": n})
+                        s.add_status_update({"n": n})
                     elif op == "boot":
-                        s.bootID = f"b{n}"
-                    elif op == "reorder" and len(s.attachments) > 1:
-                        s.attachments.reverse()
+                        s.set_boot_id(f"b{n}")
+                    elif op == "reorder" and att is not None:  # a removed key comes back last
+                        s.remove("net", cid, "eth0")
+                        s.put(att)
                 if fails:
                     raise RuntimeError("rolled back")
         except RuntimeError:
@@ -263,11 +267,11 @@ def test_the_change_stamp_moves_with_a_journaled_commit(tmp_path):
     store = StateStore(tmp_path)
     assert store.change_stamp() is None
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     before = store.change_stamp()
     snapshot = (tmp_path / "state.json").read_bytes()
     with store.transaction() as s:
-        s.statusUpdates.append({"claim": {"uid": "u"}})
+        s.add_status_update({"claim": {"uid": "u"}})
     assert (tmp_path / "state.json").read_bytes() == snapshot
     assert store.change_stamp() != before
 
@@ -278,7 +282,7 @@ def test_replaying_another_process_records_keeps_the_cache(tmp_path, monkeypatch
     monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)  # verify mode re-reads on purpose
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     store.read()  # cached here
     proc = multiprocessing.get_context("fork").Process(target=_phase_elsewhere, args=(str(tmp_path),))
     proc.start()
@@ -289,34 +293,34 @@ def test_replaying_another_process_records_keeps_the_cache(tmp_path, monkeypatch
     monkeypatch.setattr(state_cache, "decode_snapshot", lambda *a, **k: reads.append(1) or real(*a, **k))
     with store.transaction() as s:  # replays the other process's record, then commits its own
         assert s.find("net", "c1", "eth0").phase == "deleting"
-        s.bootID = "b"
+        s.set_boot_id("b")
     with store.transaction() as s:
-        s.bootID = "c"
+        s.set_boot_id("c")
     assert reads == []  # the snapshot was never parsed again
 
 
 def _phase_elsewhere(path: str) -> None:
     state_cache.CACHE.clear()
     with StateStore(path).transaction() as s:
-        s.find("net", "c1", "eth0").phase = "deleting"
+        s.update(("net", "c1", "eth0"), phase="deleting")
 
 
 def test_a_non_durable_commit_is_appended_without_fdatasync(tmp_path, monkeypatch):
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     with store.transaction() as s:  # the journal file exists from here on
-        s.bootID = "b0"
+        s.set_boot_id("b0")
     synced = []
     real = os.fdatasync
     monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(fd) or real(fd))
     with store.transaction(durable=False) as s:
-        s.find("net", "c1", "eth0").steps = ["link"]
+        s.update(("net", "c1", "eth0"), steps=["link"])
     assert synced == []
     with store.transaction() as s:
-        s.bootID = "b1"
+        s.set_boot_id("b1")
     assert len(synced) == 1  # a durable commit syncs the file, the earlier record with it
-    assert _fresh(tmp_path).find("net", "c1", "eth0").steps == ["link"]
+    assert _fresh(tmp_path).find("net", "c1", "eth0").steps == ("link",)
 
 
 def test_a_same_size_edit_of_a_read_record_is_noticed_by_a_cached_reader(tmp_path, monkeypatch):
@@ -326,10 +330,10 @@ def test_a_same_size_edit_of_a_read_record_is_noticed_by_a_cached_reader(tmp_pat
     monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
     store = StateStore(tmp_path)
     with store.transaction() as s:
-        s.attachments.append(_att("c1"))
+        s.put(_att("c1"))
     for cid in ("c2", "c3"):
         with store.transaction() as s:
-            s.attachments.append(_att(cid))
+            s.put(_att(cid))
     store.read()  # cached, journal read to its end
     journal = tmp_path / JOURNAL_FILE
     data = journal.read_bytes()
@@ -337,4 +341,4 @@ def test_a_same_size_edit_of_a_read_record_is_noticed_by_a_cached_reader(tmp_pat
     journal.write_bytes(data.replace(b'"c2"', b'"x2"', 1))  # same size, checksum now wrong
     with pytest.raises(StateError, match="journal is corrupt"):
         with store.transaction() as s:
-            s.bootID = "b"
+            s.set_boot_id("b")

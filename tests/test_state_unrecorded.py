@@ -24,7 +24,7 @@ from cni_dra.errors import ClaimError, NoCapacityError
 from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
 from cni_dra.quantity import Quantity
-from cni_dra.state import Attachment, ClaimRef, NodeState, StateStore
+from cni_dra.state import Attachment, ClaimRef, NodeState, StateStore, Txn
 from cni_dra.verbs.common import Invocation
 
 DRIVER = "net.cni-dra.dev"
@@ -108,7 +108,7 @@ def _reserve_until_refused(tmp_path: Path, store: StateStore, devices: list[dict
         try:
             with store.transaction() as state:
                 att = plan_attachment(inv, state, _parents(devices))
-                state.attachments.append(att)
+                state.put(att)
         except NoCapacityError:
             break
         got.append(att.device)
@@ -186,7 +186,7 @@ def test_prepared_result_without_amounts_holds_the_whole_shared_nic(tmp_path: Pa
     inv = _invocation(tmp_path, devices, "claimed", bw=None, pod_uid="pod-u")
     with store.transaction() as state:
         att = plan_attachment(inv, state, _parents(devices))
-        state.attachments.append(att)
+        state.put(att)
     assert att.device == "a" and att.consumedCapacity == {"bandwidth": Quantity.parse("10G")}
     assert store.read().consumed_by_device(DRIVER, "n", by_name)["a"] == {"bandwidth": Quantity.parse("10G")}
 
@@ -253,12 +253,12 @@ def test_whatever_old_records_lack_no_later_add_over_commits(sizes, old, ops, po
             extra |= {"shareID": f"s{i}", "claim": {"uid": f"u{i}", "request": "eth0"}}
             claims[f"pod{i}"] = [_claim(f"u{i}", name, extra.get("consumedCapacity") or {"bandwidth": "1G"}, f"s{i}")]
         atts.append(_old_attachment(f"old{i}", name, **extra))
-    state = NodeState.model_validate({"claims": claims, "attachments": atts})
+    state = Txn(NodeState.model_validate({"claims": claims, "attachments": atts}))
     unrecorded = {a["device"] for a in atts if not a.get("consumedCapacity")}
     new: list[Attachment] = []
     for n, (op, arg) in enumerate(ops):
         if op == "del" and new:
-            state.attachments.remove(new.pop(arg % len(new)))
+            state.remove(*new.pop(arg % len(new)).key)
             continue
         if op != "add":
             continue
@@ -269,7 +269,7 @@ def test_whatever_old_records_lack_no_later_add_over_commits(sizes, old, ops, po
         att = Attachment(network="net1", containerID=f"new{n}", ifname="eth0", driver=DRIVER, pool="n",
                          device=choice.device.name, ifName=choice.device.name,
                          consumedCapacity=dict(choice.consumed_capacity), shareID=f"n{n}")
-        state.attachments.append(att)
+        state.put(att)
         new.append(att)
         for name in capacity:
             mine = [a.consumedCapacity["bandwidth"] for a in new if a.device == name]

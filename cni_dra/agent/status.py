@@ -184,7 +184,7 @@ class StatusWriter:
                 self._applied.pop(uid, None)
         if done:
             with self.store.transaction() as st:
-                st.statusUpdates = [r for r in st.statusUpdates if r.get("id") not in done]
+                st.set_status_updates([r for r in st.statusUpdates if r.get("id") not in done])
         return min(waits) if waits else None
 
     def _seed(self, state: Any) -> None:

@@ -5,5 +5,6 @@ Only this layer touches the state lock (``flock(2)`` on ``state.lock``, see :mod
 
 from cni_dra.state.models import SCHEMA_VERSION, Attachment, ClaimRef, NodeState
 from cni_dra.state.store import StateStore
+from cni_dra.state.txn import Txn
 
-__all__ = ["SCHEMA_VERSION", "Attachment", "ClaimRef", "NodeState", "StateStore"]
+__all__ = ["SCHEMA_VERSION", "Attachment", "ClaimRef", "NodeState", "StateStore", "Txn"]

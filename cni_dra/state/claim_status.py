@@ -88,6 +88,6 @@ def record_add_failure(store: Any, att: Attachment, error: BaseException) -> Non
     rec.update(ready=False, reason=type(error).__name__, message=f"CNI ADD failed with code {code}: {msg}")
     try:
         with store.transaction() as state:
-            state.statusUpdates.append(rec)
+            state.add_status_update(rec)
     except Exception as exc:  # noqa: BLE001 - reporting must not mask the ADD error
         log.error("failed to record the ADD failure for claim %s: %s", rec["claim"], exc)

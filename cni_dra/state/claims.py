@@ -8,7 +8,6 @@ Claims are stored as the API server returns them (resource.k8s.io/v1 ResourceCla
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
 
@@ -60,17 +59,18 @@ def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any]) -> bo
     if claim.status is None or claim.status.allocation is None:
         raise InvalidConfigError(f"failed to prepare claim {claim.metadata.name}: it has no status.allocation")
     uid = claim.metadata.uid or claim.metadata.name
-    claim_obj = copy.deepcopy(claim_obj)  # the state's own copy: the caller may change theirs
-    with StateStore(state_dir).transaction() as state:
-        existing = state.claims.setdefault(pod_uid, [])
+    with StateStore(state_dir).transaction() as state:  # the state keeps a read-only copy
+        existing = list(state.claims.get(pod_uid, ()))
         for i, c in enumerate(existing):
             m = c.get("metadata") or {}
             if (m.get("uid") or m.get("name")) == uid:
                 if c == claim_obj:
                     return False
                 existing[i] = claim_obj
-                return True
-        existing.append(claim_obj)
+                break
+        else:
+            existing.append(claim_obj)
+        state.set_claims(pod_uid, existing)
         return True
 
 
@@ -79,13 +79,11 @@ def unprepare_claims(state_dir: str, pod_uid: str, claim_uid: str | None = None)
     from cni_dra.state.store import StateStore
 
     with StateStore(state_dir).transaction() as state:
-        existing = state.claims.get(pod_uid, [])
+        existing = state.claims.get(pod_uid, ())
         keep = [c for c in existing if claim_uid and (c.get("metadata") or {}).get("uid") != claim_uid]
         removed = len(existing) - len(keep)
-        if keep:
-            state.claims[pod_uid] = keep
-        else:
-            state.claims.pop(pod_uid, None)
+        if removed:
+            state.set_claims(pod_uid, keep)
         return removed
 
 
@@ -118,5 +116,5 @@ def share_prepared_claim(state_dir: str, claim_uid: str, pod_uids: set[str]) -> 
         )
         added = sorted(pod_uids - holders)
         for pod in added:
-            state.claims[pod] = [*state.claims.get(pod, []), prepared]
+            state.set_claims(pod, [*state.claims.get(pod, ()), prepared])
         return added

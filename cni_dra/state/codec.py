@@ -4,9 +4,8 @@ A snapshot (``state.json``) is compact JSON whose last keys are ``"journal": {"i
 "<hex>", "seq": N}`` (the journal that continues it; absent in schema 1 and 2) and
 ``"checksum": "sha256:<hex>"``, the SHA-256 of the same bytes without the checksum key.
 A journal record (one line of ``state.journal``) is ``{"j": "<journal id>", "seq": N,
-"ops": [...], "checksum": "sha256:<hex>"}``; its ops are ``{"put": <attachment>}``,
-``{"del": [network, containerID, ifname]}``, ``{"claims": "<pod UID>", "value": [...] |
-null}``, ``{"statusUpdates": [...]}`` and ``{"bootID": "..."}``. Older snapshot schemas are
+"ops": [...], "checksum": "sha256:<hex>"}``; its ops are encoded by :mod:`cni_dra.state.ops`
+(``put``, ``del``, ``claims``, ``statusUpdates``, ``bootID``). Older snapshot schemas are
 migrated on decode (:func:`cni_dra.state.models.migrate`). No I/O here.
 """
 
@@ -20,7 +19,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from cni_dra.errors import StateError
-from cni_dra.state.models import SCHEMA_VERSION, Attachment, NodeState, migrate
+from cni_dra.state import ops
+from cni_dra.state.models import SCHEMA_VERSION, NodeState, migrate
 
 __all__ = [
     "STATE_FILE",
@@ -34,11 +34,6 @@ __all__ = [
     "decode_snapshot",
     "encode_record",
     "decode_record",
-    "put_op",
-    "del_op",
-    "claims_op",
-    "status_op",
-    "boot_op",
     "apply_records",
 ]
 
@@ -145,61 +140,11 @@ def decode_record(line: bytes) -> dict[str, Any] | None:
     return obj
 
 
-def put_op(att: Attachment) -> bytes:
-    """The journal op that lists ``att`` (replacing the one with its key)."""
-    return b'{"put":' + att.model_dump_json(exclude_none=True).encode() + b"}"
-
-
-
-def del_op(key: tuple[str, str, str]) -> bytes:
-    """The journal op that unlists the attachment with ``key``."""
-    return b'{"del":' + json.dumps(list(key)).encode() + b"}"
-
-
-def claims_op(pod_uid: str, claims: list[dict[str, Any]] | None) -> bytes:
-    """The journal op that sets (None: drops) the prepared claims of pod ``pod_uid``."""
-    return json.dumps({"claims": pod_uid, "value": claims}, separators=(",", ":")).encode()
-
-
-def status_op(records: list[dict[str, Any]]) -> bytes:
-    """The journal op that sets the pending ResourceClaim status records."""
-    return json.dumps({"statusUpdates": records}, separators=(",", ":")).encode()
-
-
-def boot_op(boot: str | None) -> bytes:
-    """The journal op that sets the state's ``bootID``."""
-    return json.dumps({"bootID": boot}).encode()
-
-
 def apply_records(state: NodeState, records: list[list[Any]]) -> None:
     """Apply the ops of journal records, in order, to ``state`` (ValueError/ValidationError
-    when malformed). O(records): a put of a listed key updates that attachment in place
-    (its position and identity stay), a new key is appended, a del unlists by identity."""
-    atts = state.attachments
-    index = atts.by_key()
-    for ops in records:
-        for op in ops:
-            if "put" in op:
-                att = Attachment.model_validate(op["put"])
-                cur = index.get(att.key)
-                if cur is None:
-                    atts.append(att)
-                else:  # same object, new fields: no TOUCHED entry, the list's order unchanged
-                    cur.__dict__.update(att.__dict__)
-                    object.__setattr__(cur, "__pydantic_fields_set__", set(att.__pydantic_fields_set__))
-            elif "del" in op:
-                cur = index.get(tuple(op["del"]))
-                if cur is not None:
-                    atts.remove(cur)
-            elif "claims" in op:
-                if op["value"] is None:
-                    state.claims.pop(op["claims"], None)
-                else:
-                    state.claims[op["claims"]] = op["value"]
-            elif "statusUpdates" in op:
-                state.statusUpdates = op["statusUpdates"]
-            elif "bootID" in op:
-                state.bootID = op["bootID"]
-            else:
-                raise ValueError(f"unknown op {sorted(op)}")
-
+    when malformed), through :func:`cni_dra.state.ops.apply` as a transaction does. O(records)."""
+    for record in records:
+        for obj in record:
+            if not isinstance(obj, dict):
+                raise ValueError("an op is not an object")
+            ops.apply(state, ops.decode(obj))

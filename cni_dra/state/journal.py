@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from cni_dra.errors import StateError, StateWriteError
 from cni_dra.faults import fault_point
-from cni_dra.state import fsio
+from cni_dra.state import fsio, ops
 from cni_dra.state.cache import CACHE, Cached, Reload, ident
 from cni_dra.state.codec import BACKUP_FILE, STATE_FILE, apply_records, decode_record, encode_record, encode_state
 from cni_dra.state.models import NodeState
@@ -147,7 +147,7 @@ def write_snapshot(store: StateStore, state: NodeState) -> None:
     key = str(store.path)
     CACHE.pop(key, None)  # re-established below once the files are in place
     if state.bootID is None:  # a new or migrated state is written in this boot
-        state.bootID = boot_id()
+        ops.apply(state, ops.SetBootID(boot_id()))
     seq = 0  # a new journal id: its records count from 1
     jid = os.urandom(8).hex()
     data = encode_state(state, (jid, seq))

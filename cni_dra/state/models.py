@@ -30,6 +30,11 @@ the intent is stale and recovery (:mod:`cni_dra.verbs.recover`) undoes it step b
 the attachment ``ready``: GC leaves an attachment alone for a grace period after that
 (:mod:`cni_dra.verbs.gc`), since a runtime's list of valid attachments may predate it.
 
+Everything here is immutable: frozen models, read-only containers
+(:mod:`cni_dra.state.frozen`), :class:`Attachments`. A transaction changes the state only
+through its typed operations (:class:`cni_dra.state.txn.Txn`, :mod:`cni_dra.state.ops`),
+which the journal records; a change made in place raises.
+
 Older schemas are migrated on read by :func:`migrate` (one function per version step in
 :data:`MIGRATIONS`). Models ignore unknown keys, so adding a field is a backwards-compatible
 change that needs no new schema version; a change of meaning does.
@@ -38,23 +43,24 @@ change that needs no new schema version; a change of meaning does.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
-from typing import Any, Literal, Self, SupportsIndex
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Annotated, Any, Literal, overload
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, core_schema
 
 from cni_dra.quantity import Quantity, QuantityField
+from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
 
 __all__ = [
     "SCHEMA_VERSION",
     "STEP_LINK",
-    "TOUCHED",
     "STEP_IPAM",
     "MIGRATIONS",
     "ClaimRef",
     "Owner",
     "Attachment",
+    "Attachments",
     "NodeState",
     "migrate",
     "whole_capacity",
@@ -79,7 +85,7 @@ def ready_at(now_s: float) -> str:
 class ClaimRef(BaseModel):
     """Which prepared ResourceClaim result an attachment uses (claim mode)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     namespace: str = ""
     name: str = ""
@@ -92,7 +98,7 @@ class Owner(BaseModel):
     field 22, clock ticks since boot) under kernel boot ``boot``; together they name one
     process even after the pid is reused."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     pid: int
     start: int
@@ -100,9 +106,10 @@ class Owner(BaseModel):
 
 
 class Attachment(BaseModel):
-    """One CNI attachment and the capacity it holds on one device."""
+    """One CNI attachment and the capacity it holds on one device. Immutable: a transaction
+    records a changed copy (:meth:`cni_dra.state.txn.Txn.update`)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     network: str
     containerID: str
@@ -116,15 +123,16 @@ class Attachment(BaseModel):
     device: str
     ifName: str  # the parent NIC's host interface name
     linkType: str = "macvlan"
-    consumedCapacity: dict[str, QuantityField] = Field(default_factory=dict)
+    consumedCapacity: Annotated[dict[str, QuantityField], AfterValidator(FrozenDict)] = Field(
+        default_factory=FrozenDict)
     shareID: str | None = None
     claim: ClaimRef | None = None
     phase: Literal["adding", "ready", "deleting"] = "adding"
     owner: Owner | None = None  # set while phase is adding/deleting (intent record)
-    steps: list[str] = Field(default_factory=list)  # side effects done so far (STEP_*)
+    steps: tuple[str, ...] = ()  # side effects done so far (STEP_*)
     ipamType: str | None = None
     ipamConf: str | None = None  # the network config given to IPAM ADD, for release without the runtime
-    result: dict[str, Any] | None = None  # CNI result (1.1.0 schema) of the ADD
+    result: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # CNI result (1.1.0 schema) of the ADD
     readyAt: str | None = None  # when ADD made it ready, RFC 3339 UTC (see ready_at); GC spares young ones
 
     @property
@@ -168,9 +176,6 @@ class Attachment(BaseModel):
             return None
         return now_s - when.timestamp()
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        TOUCHED[id(self)] = self  # the store journals what a transaction assigned
 
 
 def whole_capacity(device: Any | None) -> dict[str, Quantity]:
@@ -180,151 +185,89 @@ def whole_capacity(device: Any | None) -> dict[str, Quantity]:
     return {k: c.value for k, c in device.capacity.items()}
 
 
-TOUCHED: dict[int, Attachment] = {}
-"""Attachments whose fields were assigned since the store last looked (id → object).
+class Attachments(Sequence[Attachment]):
+    """``NodeState.attachments``: the attachments in the order they were first recorded,
+    indexed by key; read-only. A transaction changes them through its operations
+    (:class:`cni_dra.state.txn.Txn`, applied by :func:`cni_dra.state.ops.apply`): recording
+    an attachment whose key is listed replaces it in its place, a new key goes last."""
 
-The store (:mod:`cni_dra.state.txn`) journals a transaction's changes instead of
-rewriting the whole file, so it must know which attachments changed: assigning a field
-registers the attachment here. Change an attachment by assigning its fields
-(``att.steps = [*att.steps, step]``), never by mutating a field's value in place."""
-
-
-class AttachmentList(list[Attachment]):
-    """``NodeState.attachments``: a list that indexes its attachments by key and logs, since
-    :meth:`begin`, what was appended and removed (``events``) and whether anything else
-    changed its order (``reordered``: insert, item assignment, slice deletion, sort,
-    reverse). The store turns the log into journal ops in O(change) instead of comparing
-    the whole list. An attachment's key fields must not be reassigned while it is listed.
-    """
+    __slots__ = ("_by_key",)
 
     def __init__(self, items: Iterable[Attachment] = ()) -> None:
-        super().__init__(items)
-        self.events: list[tuple[bool, Attachment]] = []  # (added?, attachment), in order
-        self.reordered = False
-        self._index: dict[tuple[str, str, str], Attachment] | None = None
+        self._by_key: dict[tuple[str, str, str], Attachment] = {a.key: a for a in items}
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        """Validated and serialised as a ``list[Attachment]``, then wrapped in this class."""
-        return core_schema.no_info_after_validator_function(cls, handler(list[Attachment]))
+        """Validated and serialised as a ``list[Attachment]``."""
+        as_list = handler(list[Attachment])
+        return core_schema.no_info_after_validator_function(
+            cls, as_list,
+            serialization=core_schema.plain_serializer_function_ser_schema(list, return_schema=as_list),
+        )
 
-    def __reduce__(self) -> tuple[Any, ...]:  # copies start with a fresh log and index
-        return (AttachmentList, (list(self),))
+    def get(self, key: tuple[str, str, str]) -> Attachment | None:
+        """The attachment with ``key`` (network, containerID, ifname), or None."""
+        return self._by_key.get(key)
 
-    def begin(self) -> None:
-        """Start a new log (the store calls this when a transaction starts)."""
-        self.events = []
-        self.reordered = False
+    def __iter__(self) -> Iterator[Attachment]:
+        return iter(self._by_key.values())
 
-    def by_key(self) -> dict[tuple[str, str, str], Attachment]:
-        """Key → attachment (built on first use, then kept up to date)."""
-        if self._index is None:
-            self._index = {a.key: a for a in self}
-        return self._index
+    def __len__(self) -> int:
+        return len(self._by_key)
 
-    def _added(self, att: Attachment) -> None:
-        self.events.append((True, att))
-        if self._index is not None:
-            self._index[att.key] = att
+    def __contains__(self, att: object) -> bool:
+        return isinstance(att, Attachment) and self._by_key.get(att.key) == att
 
-    def _dropped(self, att: Attachment) -> None:
-        self.events.append((False, att))
-        if self._index is not None and self._index.get(att.key) is att:
-            del self._index[att.key]
+    @overload
+    def __getitem__(self, i: int) -> Attachment: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Attachment]: ...
+    def __getitem__(self, i: int | slice) -> Attachment | list[Attachment]:
+        return list(self._by_key.values())[i]
 
-    def _messed(self) -> None:
-        self.reordered = True
-        self._index = None
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Attachments):
+            return list(self) == list(other)
+        if isinstance(other, (list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
 
-    def append(self, att: Attachment) -> None:
-        super().append(att)
-        self._added(att)
+    __hash__ = None  # type: ignore[assignment]
 
-    def extend(self, items: Iterable[Attachment]) -> None:
-        for att in list(items):
-            self.append(att)
+    def __repr__(self) -> str:
+        return f"Attachments({list(self)!r})"
 
-    # list.__iadd__ takes any iterable, while typeshed's list.__add__ takes only a list.
-    def __iadd__(self, items: Iterable[Attachment], /) -> Self:  # type: ignore[override,misc]
-        self.extend(items)
-        return self
+    def __deepcopy__(self, memo: dict[int, Any]) -> Attachments:
+        return Attachments(self)  # attachments are immutable: sharing them is a copy
 
-    def pop(self, i: SupportsIndex = -1) -> Attachment:
-        att = super().pop(i)
-        self._dropped(att)
-        return att
+    # -- for cni_dra.state.ops only ------------------------------------------------------
+    def _put(self, att: Attachment) -> None:
+        self._by_key[att.key] = att
 
-    def remove(self, att: Attachment) -> None:
-        ids = list(map(id, self))  # by identity first (C speed; == on models is slow)
-        try:
-            self.pop(ids.index(id(att)))
-        except ValueError:
-            self.pop(super().index(att))
-
-    def clear(self) -> None:
-        for att in list(self):
-            self._dropped(att)
-        super().clear()
-
-    def insert(self, i: SupportsIndex, att: Attachment) -> None:
-        super().insert(i, att)
-        self._messed()
-
-    def __setitem__(self, i: Any, value: Any) -> None:
-        super().__setitem__(i, value)
-        self._messed()
-
-    def __delitem__(self, i: Any) -> None:
-        super().__delitem__(i)
-        self._messed()
-
-    def __imul__(self, n: SupportsIndex) -> Self:
-        super().__imul__(n)
-        self._messed()
-        return self
-
-    def sort(self, *args: Any, **kwargs: Any) -> None:
-        super().sort(*args, **kwargs)
-        self._messed()
-
-    def reverse(self) -> None:
-        super().reverse()
-        self._messed()
+    def _drop(self, key: tuple[str, str, str]) -> Attachment | None:
+        return self._by_key.pop(key, None)
 
 
 class NodeState(BaseModel):
-    """The whole state file. See module docstring for the shape."""
+    """The whole state file (module docstring), read-only: a transaction changes it through
+    its operations (:class:`cni_dra.state.txn.Txn`); every value in it is immutable (frozen
+    models, :mod:`cni_dra.state.frozen` containers), so an in-place change raises."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     schemaVersion: int = SCHEMA_VERSION
     bootID: str | None = None
-    claims: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
-    attachments: AttachmentList = Field(default_factory=AttachmentList)
+    # prepared ResourceClaims by pod UID (cni_dra.state.claims)
+    claims: Annotated[dict[str, list[dict[str, Any]]], AfterValidator(deep_freeze)] = Field(
+        default_factory=FrozenDict)
+    attachments: Attachments = Field(default_factory=Attachments)
     # ResourceClaim status records left by ADD for the agent (cni_dra.state.claim_status)
-    statusUpdates: list[dict[str, Any]] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _track_attachments(self) -> NodeState:
-        if type(self.attachments) is not AttachmentList:
-            self.__dict__["attachments"] = AttachmentList(self.attachments)
-        return self
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "attachments" and type(value) is not AttachmentList:
-            value = AttachmentList(value)
-        super().__setattr__(name, value)
+    statusUpdates: Annotated[list[dict[str, Any]], AfterValidator(deep_freeze)] = Field(
+        default_factory=FrozenList)
 
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None (an index lookup)."""
-        return self.attachments.by_key().get((network, container_id, ifname))
-
-    def remove(self, network: str, container_id: str, ifname: str) -> Attachment | None:
-        """Remove and return the attachment with that key (None when absent)."""
-        att = self.find(network, container_id, ifname)
-        if att is not None:
-            self.attachments.remove(att)
-        return att
+        return self.attachments.get((network, container_id, ifname))
 
     def consumed_by_device(
         self, driver: str, pool: str, devices: Mapping[str, Any] | None = None

@@ -22,7 +22,9 @@ state directory's checks, and re-exports the names callers use:
   the op decoder, schema migration on decode;
 * :mod:`cni_dra.state.journal`: replay, append, snapshot writes and compaction, every
   write through the :mod:`cni_dra.state.fsio` seam;
-* :mod:`cni_dra.state.txn`: a transaction, and how it tells what changed;
+* :mod:`cni_dra.state.txn`: a transaction, whose typed operations (:mod:`cni_dra.state.ops`)
+  are the only way the state changes;
+* :mod:`cni_dra.state.frozen`: the read-only containers the state's values are kept in;
 * :mod:`cni_dra.state.lock`: the in-process lock and ``flock(2)`` on ``state.lock``;
 * :mod:`cni_dra.state.cache`: what a process keeps of the state it last read or wrote;
 * :mod:`cni_dra.state.repair`: reading a damaged state, the view ``state repair`` writes;
@@ -36,7 +38,7 @@ crash leaves either the old or the new state, never a mix, and never no file.
 Caching: a process keeps the state it last read or wrote, keyed by the snapshot's identity
 (inode, size, mtime, ctime) and the journal's (inode, end of the last record read), so the
 resident agent parses the snapshot once and then only the records other processes appended.
-A transaction changes the cached state in place; one that raises drops it from the cache.
+A transaction applies its operations to the cached state; one that raises drops it from the cache.
 A journal of the same size with another mtime or ctime was edited in place and is read
 again whole; an edit of records already read, followed by appends of others, is found
 by any fresh reader (the CLI, an in-process plugin, a restarted agent), not by this cache.
@@ -273,10 +275,11 @@ class StateStore:
 
     # -- writing -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def transaction(self, *, durable: bool = True) -> Iterator[NodeState]:
-        """Read-modify-write under the lock: yields the state; commits it when the block exits
-        normally and the state changed (one journal record, or a new snapshot); writes
-        nothing when it raises. Raises StateError (5) for a corrupt file or a failed write,
+    def transaction(self, *, durable: bool = True) -> Iterator[txn.Txn]:
+        """Read-modify-write under the lock: yields a :class:`~cni_dra.state.txn.Txn` (the
+        state to read, and its change operations); commits its operations when the block exits
+        normally (one journal record, or a new snapshot); writes nothing when it made none or
+        when it raises. Raises StateError (5) for a corrupt file or a failed write,
         TryAgainLaterError (11) on lock timeout.
 
         ``durable=False``: a journal record is appended but not ``fdatasync``'ed (the next

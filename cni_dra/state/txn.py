@@ -1,14 +1,16 @@
 """Transactions: a read-modify-write of the state under the lock, committed as one journal record.
 
 :func:`transaction` (behind :meth:`StateStore.transaction <cni_dra.state.store.StateStore.transaction>`)
-yields the state; when the block exits normally and the state changed it commits one
-journal record (or a new snapshot), and writes nothing when the block raises. What a
-transaction changed is read off the state (:class:`Before`): the attachment list's own log
-(:class:`~cni_dra.state.models.AttachmentList`), the attachments whose fields were assigned
-(:data:`~cni_dra.state.models.TOUCHED`), the identities of the prepared claim lists and
-status records, and ``bootID``; a change it cannot express as ops (attachments reordered)
-is written as a new snapshot. ``CNI_DRA_STATE_VERIFY=1`` (the test suites set it) re-reads
-the files after every commit and fails if they differ from memory. Any failure drops the
+yields a :class:`Txn`: the state to read, and the only way to change it. Each change is an
+explicit, typed operation (:mod:`cni_dra.state.ops`): the transaction applies it to the
+state at once, so later reads in the block see it, and keeps it. When the block exits
+normally the kept operations are committed as one journal record (or a new snapshot);
+nothing is written when it made none, or when the block raises.
+
+Everything the state holds is immutable (frozen models, read-only containers), so a
+change made any other way, in place, raises instead of reaching the process's cached
+state but not the files. ``CNI_DRA_STATE_VERIFY=1`` (the test suites set it) re-reads the
+files after every commit and fails if they differ from memory. Any failure drops the
 process's cached state.
 """
 
@@ -17,115 +19,150 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import StateError
-from cni_dra.state import journal
+from cni_dra.state import journal, ops
 from cni_dra.state.cache import CACHE
-from cni_dra.state.codec import boot_op, claims_op, del_op, put_op, status_op
-from cni_dra.state.models import TOUCHED, NodeState
+from cni_dra.state.frozen import deep_freeze
+from cni_dra.state.models import Attachment, Attachments, NodeState
 
 if TYPE_CHECKING:
+    from cni_dra.quantity import Quantity
     from cni_dra.state.store import StateStore
 
-__all__ = ["VERIFY_ENV", "Before", "transaction"]
+__all__ = ["VERIFY_ENV", "Txn", "transaction"]
 
 VERIFY_ENV = "CNI_DRA_STATE_VERIFY"
 
 _log = logging.getLogger("cni_dra.state.store")
 
 
-def _ids(items: list[Any]) -> tuple[int, ...]:
-    return tuple(map(id, items))
+class Txn:
+    """One transaction: reads of the state as changed so far, and its changes as operations.
 
+    Reads: :attr:`state` (the whole :class:`NodeState`), :meth:`find`, :attr:`attachments`,
+    :attr:`claims`, :attr:`statusUpdates`, :attr:`bootID`, :meth:`consumed_by_device`.
+    Changes: :meth:`put`, :meth:`update`, :meth:`remove`, :meth:`set_claims`,
+    :meth:`set_status_updates`, :meth:`add_status_update`, :meth:`set_boot_id`.
+    """
 
-class Before:
-    """What a transaction started from, to tell what it changed (module docstring): the
-    attachment list's own log (:class:`~cni_dra.state.models.AttachmentList`), the
-    attachments whose fields were assigned (:data:`~cni_dra.state.models.TOUCHED`), the
-    identities of the prepared-claim lists and status records, and ``bootID``. O(change)
-    except for the claims (O(pods with claims))."""
+    __slots__ = ("state", "ops")
 
     def __init__(self, state: NodeState) -> None:
-        self.list = state.attachments
-        index = self.list.by_key()
-        self.touched_outside = any(index.get(a.key) is a for a in TOUCHED.values())
-        TOUCHED.clear()
-        self.list.begin()
-        self.claims = {uid: (id(lst), _ids(lst)) for uid, lst in state.claims.items()}
-        self.status = (id(state.statusUpdates), _ids(state.statusUpdates))
-        self.boot = state.bootID
-        self.schema = state.schemaVersion
+        self.state = state
+        self.ops: list[ops.Op] = []
 
-    def ops(self, state: NodeState) -> list[bytes] | None:
-        """The encoded journal ops from this start to ``state``; None when they cannot say it
-        (the list replaced or reordered, or another schema): write a snapshot then."""
-        atts = state.attachments
-        if atts is not self.list or atts.reordered or state.schemaVersion != self.schema:
-            return None
-        ops: list[bytes] = []
-        added: set[int] = set()
-        for is_add, att in atts.events:
-            if is_add:
-                added.add(id(att))
-                ops.append(put_op(att))
-            else:
-                ops.append(del_op(att.key))
-        index = atts.by_key()  # added ones were serialised just now, with their later changes
-        for att in list(TOUCHED.values()):
-            if id(att) not in added and index.get(att.key) is att:
-                ops.append(put_op(att))
-        for uid in self.claims.keys() | state.claims.keys():
-            lst = state.claims.get(uid)
-            now = (id(lst), _ids(lst)) if lst is not None else None
-            if now != self.claims.get(uid):
-                ops.append(claims_op(uid, lst))
-        if (id(state.statusUpdates), _ids(state.statusUpdates)) != self.status:
-            ops.append(status_op(state.statusUpdates))
-        if state.bootID != self.boot:
-            ops.append(boot_op(state.bootID))
-        return ops
+    def _do(self, op: ops.Op) -> None:
+        ops.apply(self.state, op)
+        self.ops.append(op)
 
+    # -- reads ---------------------------------------------------------------------------
+    @property
+    def attachments(self) -> Attachments:
+        return self.state.attachments
+
+    @property
+    def claims(self) -> Mapping[str, Sequence[Mapping[str, Any]]]:
+        return self.state.claims
+
+    @property
+    def statusUpdates(self) -> Sequence[Mapping[str, Any]]:
+        return self.state.statusUpdates
+
+    @property
+    def bootID(self) -> str | None:
+        return self.state.bootID
+
+    def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
+        """The attachment with that key, or None."""
+        return self.state.find(network, container_id, ifname)
+
+    def consumed_by_device(self, driver: str, pool: str,
+                           devices: Mapping[str, Any] | None = None) -> dict[str, dict[str, Quantity]]:
+        """See :meth:`NodeState.consumed_by_device`."""
+        return self.state.consumed_by_device(driver, pool, devices)
+
+    # -- changes -------------------------------------------------------------------------
+    def put(self, att: Attachment) -> Attachment:
+        """Record ``att``: it replaces the attachment with its key (in its place) or goes last."""
+        self._do(ops.Put(att))
+        return att
+
+    def update(self, att: Attachment | tuple[str, str, str], **changes: Any) -> Attachment:
+        """Record a copy of the attachment (``att``, or the one with that key) with ``changes``
+        (field name → value, validated as the model's fields are); returns the copy.
+        Raises KeyError when no attachment has that key."""
+        key = att if isinstance(att, tuple) else att.key
+        cur = self.state.attachments.get(key)
+        if cur is None:
+            raise KeyError(key)
+        new = Attachment.model_validate({**cur.__dict__, **changes})
+        if new.key != key:
+            raise ValueError(f"an update must not change an attachment's key {key}")
+        return self.put(new)
+
+    def put_all(self, atts: Iterable[Attachment]) -> None:
+        """:meth:`put` each of ``atts``, in order."""
+        for att in atts:
+            self.put(att)
+
+    def remove(self, network: str, container_id: str, ifname: str) -> Attachment | None:
+        """Unlist the attachment with that key and return it (None: there was none, no change)."""
+        att = self.state.find(network, container_id, ifname)
+        if att is not None:
+            self._do(ops.Delete(att.key))
+        return att
+
+    def set_claims(self, pod_uid: str, claims: Sequence[Mapping[str, Any]] | None) -> None:
+        """Set the prepared claims of pod ``pod_uid`` (empty or None: it holds none)."""
+        value = deep_freeze(list(claims)) if claims else None
+        if value is None and pod_uid not in self.state.claims:
+            return
+        self._do(ops.SetClaims(pod_uid, value))
+
+    def set_status_updates(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Set the pending ResourceClaim status records."""
+        self._do(ops.SetStatusUpdates(deep_freeze(list(records))))
+
+    def add_status_update(self, record: Mapping[str, Any]) -> None:
+        """Add one pending ResourceClaim status record after the others."""
+        self.set_status_updates([*self.state.statusUpdates, record])
+
+    def set_boot_id(self, boot: str | None) -> None:
+        """Set the boot id the state was last reconciled in."""
+        if boot != self.state.bootID:
+            self._do(ops.SetBootID(boot))
 
 
 @contextlib.contextmanager
-def transaction(store: StateStore, durable: bool) -> Iterator[NodeState]:
+def transaction(store: StateStore, durable: bool) -> Iterator[Txn]:
     """See :meth:`cni_dra.state.store.StateStore.transaction`."""
     key = str(store.path)
     with store.locked():
-        state = store._read_unlocked()
-        before = Before(state)
-        if before.touched_outside:  # changed outside a transaction: the cache is not the disk
-            CACHE.pop(key, None)
-            state = store._read_unlocked()
-            before = Before(state)
+        txn = Txn(store._read_unlocked())
         ok = False
         try:
-            yield state
+            yield txn
             ok = True
         finally:
-            if not ok:
+            if not ok and txn.ops:  # the cached state has the changes the files will not
                 CACHE.pop(key, None)
-                TOUCHED.clear()
         try:
-            _commit(store, state, before, durable)
+            _commit(store, txn, durable)
         except BaseException:
             CACHE.pop(key, None)
             raise
-        finally:
-            TOUCHED.clear()
 
 
-def _commit(store: StateStore, state: NodeState, before: Before, durable: bool = True) -> None:
-    key = str(store.path)
-    entry = CACHE.get(key)
-    ops = before.ops(state)
-    if ops is not None and not ops:
+def _commit(store: StateStore, txn: Txn, durable: bool = True) -> None:
+    if not txn.ops:
         return
+    state = txn.state
+    entry = CACHE.get(str(store.path))
     if (
-        ops is None
-        or entry is None
+        entry is None
         or entry.state is not state
         or entry.jid is None
         or entry.snap_ident is None
@@ -133,7 +170,7 @@ def _commit(store: StateStore, state: NodeState, before: Before, durable: bool =
     ):
         journal.write_snapshot(store, state)
     else:
-        journal.append(store, entry, ops, durable)
+        journal.append(store, entry, [ops.encode(op) for op in txn.ops], durable)
         if entry.j_end > max(store.journal_limit_bytes, entry.snap_size):
             try:  # compaction: the record above is committed whatever happens here
                 journal.write_snapshot(store, state)
@@ -147,7 +184,5 @@ def _verify(store: StateStore, state: NodeState) -> None:
     """``CNI_DRA_STATE_VERIFY=1``: the files, read from scratch, must equal ``state``."""
     if store.read_files().model_dump(mode="json") != state.model_dump(mode="json"):
         raise StateError(
-            f"failed to write state {store.path}: the journal does not reproduce the state in memory "
-            "(a change made without assigning a field?)"
+            f"failed to write state {store.path}: the journal does not reproduce the state in memory"
         )
-

@@ -168,7 +168,7 @@ def plan_attachment(inv: Invocation, state: NodeState, host_links: dict[str, Any
         podUID=asker.pod_uid, podNamespace=asker.pod_namespace, podName=asker.pod_name,
         driver=driver, pool=pool, linkType=conf.linkType, ipamType=conf.ipam_type,
         ipamConf=inv.raw.decode() if conf.ipam_type else None, phase="adding",
-        steps=[STEP_IPAM] if conf.ipam_type else [],  # recovery runs the IPAM DEL (a no-op if none ran)
+        steps=(STEP_IPAM,) if conf.ipam_type else (),  # recovery runs the IPAM DEL (a no-op if none ran)
         **placement.fields(),
     )
 
@@ -180,11 +180,11 @@ def _reserve(inv: Invocation, host_links: dict[str, Any]) -> AddIntent | Result:
     from cni_dra.state.owner import current_owner
 
     conf, env = inv.conf, inv.env
-    with inv.store.transaction() as state:
-        existing = state.find(conf.name, env.container_id, env.ifname)
+    with inv.store.transaction() as txn:
+        existing = txn.find(conf.name, env.container_id, env.ifname)
         if existing is not None:
             return _repeated(inv, existing)
-        att = plan_attachment(inv, state, host_links)
+        att = plan_attachment(inv, txn.state, host_links)
         parent = host_links[att.ifName]
         if conf.mtu is not None and conf.mtu > parent.mtu:
             raise InvalidConfigError(
@@ -192,10 +192,8 @@ def _reserve(inv: Invocation, host_links: dict[str, Any]) -> AddIntent | Result:
                 f"of the chosen parent {att.ifName} (device {att.device})"
             )
         if conf.mac is not None:
-            _refuse_duplicate_mac(conf.mac, att, parent, state)
-        att.owner = current_owner()
-        state.attachments.append(att)
-        return AddIntent(inv, att.model_copy(deep=True))
+            _refuse_duplicate_mac(conf.mac, att, parent, txn.state)
+        return AddIntent(inv, txn.put(att.model_copy(update={"owner": current_owner()})))
 
 
 def _repeated(inv: Invocation, existing: Attachment) -> Result:

@@ -50,7 +50,7 @@ def begin_delete(inv: Invocation) -> Attachment | None:
                 for placeholder in st.attachments:
                     if (placeholder.network == REPAIR_NETWORK and placeholder.netns == (inv.env.netns or "")
                             and placeholder.ifname == inv.env.ifname and inv.env.netns):
-                        st.attachments.remove(placeholder)
+                        st.remove(*placeholder.key)
                         log.info("DEL %s: released the repair placeholder of %s", key, placeholder.ifname)
                         break
                 return None
@@ -59,9 +59,7 @@ def begin_delete(inv: Invocation) -> Attachment | None:
                     f"failed to delete {inv.env.ifname} for container {inv.env.container_id}: an ADD of "
                     "the same attachment is still in progress"
                 )
-            att.phase = "deleting"
-            att.owner = current_owner()
-            return att.model_copy(deep=True)
+            return st.update(att, phase="deleting", owner=current_owner())
     except StateWriteError:
         raise  # nothing written, nothing removed: the runtime retries the DEL
     except StateError as exc:
@@ -87,7 +85,7 @@ class AddIntent:
 
     def __init__(self, inv: Invocation, att: Attachment) -> None:
         self.inv = inv
-        self.att = att  # as reserved (a copy: not the state's object)
+        self.att = att  # as reserved
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -104,12 +102,10 @@ class AddIntent:
             recorded = state.find(*self.key)
             if recorded is None:  # pragma: no cover - only a concurrent GC/repair could do this
                 raise ClaimError(f"failed to complete ADD of {self.key}: the attachment vanished from state")
-            recorded.phase = "ready"
-            recorded.readyAt = ready_at(time.time())  # GC spares it for a grace period
-            recorded.result = result
-            if recorded.claim is not None:  # claim mode: the agent writes it into the claim's status
-                state.statusUpdates.append(claim_status_record(recorded))
-            recorded.owner, recorded.steps = None, []
+            ready = state.update(recorded, phase="ready", result=result, owner=None, steps=(),
+                                 readyAt=ready_at(time.time()))  # GC spares it for a grace period
+            if ready.claim is not None:  # claim mode: the agent writes it into the claim's status
+                state.add_status_update(claim_status_record(ready))
 
     def abandon(self) -> None:
         """Drop the record (capacity released)."""

@@ -32,13 +32,13 @@ Source: CNI spec 1.1.0 "DEL" (must succeed when things are already gone), "GC"; 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass, field
 
 from cni_dra.errors import CniError, TryAgainLaterError
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state.models import STEP_IPAM, STEP_LINK, AttachmentList, Owner
+from cni_dra.state.models import STEP_IPAM, STEP_LINK, Attachments, Owner
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
 from cni_dra.state.repair import RepairView
 from cni_dra.verbs.common import Invocation
@@ -112,7 +112,7 @@ def _charge(att: Attachment) -> str:
 
 
 def _describe(att: Attachment) -> str:
-    return f"attachment {att.network}/{att.containerID}/{att.ifname} ({att.phase}, steps {att.steps or '-'})"
+    return f"attachment {att.network}/{att.containerID}/{att.ifname} ({att.phase}, steps {', '.join(att.steps) or '-'})"
 
 
 def _anything_to_do(st: NodeState, boot: str) -> bool:
@@ -140,24 +140,24 @@ def recover(
     work: list[tuple[Attachment, bool]] = []  # (copy, its owner ran in an earlier boot)
     with store.transaction() as st:
         rebooted = st.bootID is not None and st.bootID != boot
-        for att in st.attachments:
+        for att in list(st.attachments):
             if att.phase in ("adding", "deleting"):
                 if owner_alive(att.owner):
                     continue
                 why = "its process died"
             elif rebooted and _netns_gone(att.netns):
-                att.phase = "deleting"
                 why = "the node rebooted and its netns is gone"
             else:
                 continue
             earlier = att.owner is not None and bool(att.owner.boot) and att.owner.boot != boot
-            att.owner = me
-            work.append((att.model_copy(deep=True), earlier))
-            report.changes.append(f"{_describe(att)}: {why}")
+            phase = "deleting" if att.phase == "ready" else att.phase
+            taken = st.update(att, phase=phase, owner=me)
+            work.append((taken, earlier))
+            report.changes.append(f"{_describe(taken)}: {why}")
         if st.bootID != boot:
             if rebooted:
                 report.changes.append(f"boot id changed from {st.bootID} to {boot}")
-            st.bootID = boot
+            st.set_boot_id(boot)
     for att, earlier in work:
         try:
             what = _undo(att, environ, cni_path, earlier_boot=earlier)
@@ -270,10 +270,9 @@ def repair(
         if base is None:
             return report
         live = _live_links(base)
-        base.attachments = AttachmentList(_reconcile(base.attachments, live, environ, cni_path, report))
-        base.bootID = boot_id()
-        base.attachments.extend(_charge_untracked(set(live), parents, slice_, report))
-        view.write(base)
+        kept = _reconcile(base.attachments, live, environ, cni_path, report)
+        kept += _charge_untracked(set(live), parents, slice_, report)
+        view.write(base.model_copy(update={"attachments": Attachments(kept), "bootID": boot_id()}))
     return report
 
 
@@ -308,7 +307,7 @@ def _repair_base(store: StateStore, view: RepairView, report: RecoveryReport) ->
 
 
 def _reconcile(
-    attachments: list[Attachment],
+    attachments: Iterable[Attachment],
     live: Mapping[tuple[str, str], str],
     environ: Mapping[str, str],
     cni_path: Sequence[str] | None,
@@ -330,7 +329,7 @@ def _reconcile(
         if att.phase != "deleting" and parent == att.ifName:
             if att.phase == "adding":  # the backup is one write behind: the ADD may have completed
                 report.changes.append(f"kept {_describe(att)} as ready: its link is live on {parent}")
-                att.phase, att.owner, att.steps = "ready", None, []
+                att = att.model_copy(update={"phase": "ready", "owner": None, "steps": ()})
             keep.append(att)
             continue
         try:
