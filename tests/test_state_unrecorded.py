@@ -107,7 +107,7 @@ def _reserve_until_refused(tmp_path: Path, store: StateStore, devices: list[dict
         inv = _invocation(tmp_path, devices, f"new{i}")
         try:
             with store.transaction() as state:
-                att = plan_attachment(inv, state, _parents(devices))
+                att = plan_attachment(inv, state.state, _parents(devices))
                 state.put(att)
         except NoCapacityError:
             break
@@ -156,7 +156,7 @@ def test_claim_mode_add_refuses_a_nic_held_by_an_unrecorded_attachment(tmp_path:
     inv = _invocation(tmp_path, devices, "new", bw=None, pod_uid="pod-u")
     with pytest.raises(ClaimError, match="allocation no longer fits: remaining bandwidth 0 < 6G"):
         with store.transaction() as state:
-            plan_attachment(inv, state, _parents(devices))
+            plan_attachment(inv, state.state, _parents(devices))
 
 
 @pytest.mark.parametrize("share", ["5f0c", None], ids=["with-shareID", "record-without-shareID"])
@@ -185,7 +185,7 @@ def test_prepared_result_without_amounts_holds_the_whole_shared_nic(tmp_path: Pa
     assert _reserve_until_refused(tmp_path, store, devices, 1) == ["b"]
     inv = _invocation(tmp_path, devices, "claimed", bw=None, pod_uid="pod-u")
     with store.transaction() as state:
-        att = plan_attachment(inv, state, _parents(devices))
+        att = plan_attachment(inv, state.state, _parents(devices))
         state.put(att)
     assert att.device == "a" and att.consumedCapacity == {"bandwidth": Quantity.parse("10G")}
     assert store.read().consumed_by_device(DRIVER, "n", by_name)["a"] == {"bandwidth": Quantity.parse("10G")}

@@ -62,13 +62,17 @@ class FrozenList(list[_T]):
 
 def deep_freeze(value: Any) -> Any:
     """``value`` (a JSON value) with every dict and list replaced by a read-only one."""
-    if type(value) is FrozenDict or type(value) is FrozenList:  # made here: frozen all the way down
+    t = type(value)
+    if t is FrozenDict or t is FrozenList:  # made here: frozen all the way down
         return value
     if isinstance(value, dict):
-        return FrozenDict({k: deep_freeze(v) for k, v in value.items()})
+        return FrozenDict({k: v if type(v) in _SCALARS else deep_freeze(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
-        return FrozenList(deep_freeze(v) for v in value)
+        return FrozenList([v if type(v) in _SCALARS else deep_freeze(v) for v in value])
     return value
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def frozen_list(items: Iterable[Any]) -> FrozenList[Any]:

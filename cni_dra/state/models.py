@@ -270,13 +270,15 @@ class NodeState(BaseModel):
         return self.attachments.get((network, container_id, ifname))
 
     def consumed_by_device(
-        self, driver: str, pool: str, devices: Mapping[str, Any] | None = None
+        self, driver: str, pool: str, devices: Mapping[str, Any] | None = None, *, prepared: bool = True
     ) -> dict[str, dict[str, Quantity]]:
         """Capacity charged per device of (driver, pool): device name → capacity name → amount.
+        The one place that sums the shares of a pool (ADD's placement, the status report,
+        ``allocate --state-dir``, the metrics).
 
-        Counts every attachment (``adding`` and ``ready``) plus every prepared claim result of
-        that driver and pool that no attachment uses yet (the scheduler already granted it),
-        each exactly once; the attachments of several pods sharing one claim's share
+        Counts every attachment (``adding`` and ``ready``) plus, unless ``prepared`` is
+        False, every prepared claim result of that driver and pool that no attachment uses
+        yet (the scheduler already granted it), each exactly once; the attachments of several pods sharing one claim's share
         (:meth:`Attachment.share_key`) count as one. ``devices`` (name → resource.k8s.io/v1 Device; the ADD path, the
         status report and ``allocate --state-dir`` pass the inventory's) lets a record that names
         no amount hold its device's whole capacity (:meth:`Attachment.charged`): an
@@ -325,6 +327,8 @@ class NodeState(BaseModel):
                     used_shares.add((att.device, att.claim.uid if att.claim else "", att.shareID))
         for device, slot_n in sums.items():
             out[device] = {name: Quantity.from_nanos(n, formats[(device, name)]) for name, n in slot_n.items()}
+        if not prepared:
+            return out
         for claims in self.claims.values():
             for claim in claims:
                 uid = (claim.get("metadata") or {}).get("uid", "")

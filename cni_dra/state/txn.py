@@ -79,10 +79,10 @@ class Txn:
         """The attachment with that key, or None."""
         return self.state.find(network, container_id, ifname)
 
-    def consumed_by_device(self, driver: str, pool: str,
-                           devices: Mapping[str, Any] | None = None) -> dict[str, dict[str, Quantity]]:
+    def consumed_by_device(self, driver: str, pool: str, devices: Mapping[str, Any] | None = None, *,
+                           prepared: bool = True) -> dict[str, dict[str, Quantity]]:
         """See :meth:`NodeState.consumed_by_device`."""
-        return self.state.consumed_by_device(driver, pool, devices)
+        return self.state.consumed_by_device(driver, pool, devices, prepared=prepared)
 
     # -- changes -------------------------------------------------------------------------
     def put(self, att: Attachment) -> Attachment:

@@ -110,22 +110,6 @@ def place(state: NodeState, slice_: Any, host_links: Mapping[str, Any], conf: An
     return place_standalone(state, slice_, host_links, conf, asker)
 
 
-def _charged_on(state: NodeState, driver: str, pool: str, device: Any) -> dict[str, Quantity]:
-    """What the attachments on ``device`` hold, each share of a claim shared by pods once."""
-    out: dict[str, Quantity] = {}
-    counted: set[Any] = set()
-    for a in state.attachments:
-        if a.driver != driver or a.pool != pool or a.device != device.name:
-            continue
-        key = a.share_key()
-        if key is not None and key in counted:
-            continue
-        counted.add(key)
-        for k, v in a.charged(device).items():  # a record without amounts: the whole device
-            out[k] = out[k] + v if k in out else v
-    return out
-
-
 def place_claim(
     state: NodeState,
     slice_: Any,
@@ -171,7 +155,8 @@ def place_claim(
     if mixed:
         raise ClaimError(f"failed to honour {where} on device {name}: the NIC {mixed}")
     if not sharing:  # another pod of a shared claim already holds (and is charged) this share
-        reason = check_fits(device, _charged_on(state, driver, pool, device), consumption)
+        held = state.consumed_by_device(driver, pool, devices, prepared=False).get(name, {})
+        reason = check_fits(device, held, consumption)
         if reason:
             raise ClaimError(f"failed to honour {where} on device {name}: allocation no longer fits: {reason}")
     return Placement(device=name, parent=parent, consumedCapacity=consumption, shareID=res.get("shareID"), claim=ref)
