@@ -62,9 +62,6 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
                 "claim": a.claim.model_dump() if a.claim else None,
             }
         )
-    claims = [
-        {"podUID": uid, "namespace": c.get("metadata", {}).get("namespace"), "name": c.get("metadata", {}).get("name"),
-         "uid": c.get("metadata", {}).get("uid")}
-        for uid, cs in sorted(state.claims.items()) for c in cs
-    ]
+    claims = [{"podUID": pod, "namespace": c.namespace or None, "name": c.name or None, "uid": c.uid or None}
+              for pod, c in sorted(state.prepared_items(), key=lambda pc: pc[0])]
     return {"driver": driver, "pool": pool, "devices": devices, "attachments": attachments, "preparedClaims": claims}

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from cni_dra.state.models import PreparedClaim
 from cni_dra.dra.models import ResourceSlice
 from cni_dra.errors import ClaimError, InvalidConfigError, NoCapacityError
 from cni_dra.protocol.config import load_conf
@@ -32,8 +33,9 @@ def conf(**kw):
 
 
 def claimed(device_name: str = "b", bw: str = "3G", uid: str = "u1"):
-    claim = resource_claim(allocation_result(device_name, consumed={"bandwidth": bw}, share_id=SHARE), uid=uid)
-    return claim, claim["status"]["allocation"]["devices"]["results"][0]
+    claim = PreparedClaim.decode(
+        resource_claim(allocation_result(device_name, consumed={"bandwidth": bw}, share_id=SHARE), uid=uid))
+    return claim, claim.results[0]
 
 
 def test_claim_mode_takes_the_schedulers_device_amount_and_share():

@@ -137,10 +137,7 @@ class ClaimDriver:
         ok = False
         try:
             state = StateStore(self.state_dir).read()
-            holders = [
-                pod for pod, claims in state.claims.items()
-                if any((c.get("metadata") or {}).get("uid") == uid for c in claims)
-            ]
+            holders = sorted(state.claim_pods(uid))
             n = sum(unprepare_claims(self.state_dir, pod, uid) for pod in holders)
             if n:
                 log.info("unprepared claim %s/%s (%s) for %d pod(s)", namespace, name, uid, n)

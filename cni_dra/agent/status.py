@@ -196,13 +196,9 @@ class StatusWriter:
             if att.claim is not None and att.claim.uid and att.driver == self.field_manager:
                 ref = {"namespace": att.claim.namespace, "name": att.claim.name, "uid": att.claim.uid}
                 self._applied.setdefault(att.claim.uid, (ref, None))
-        for claims in state.claims.values():
-            for claim in claims:
-                meta = claim.get("metadata") or {}
-                results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
-                if meta.get("uid") and any(r.get("driver") == self.field_manager for r in results):
-                    ref = {"namespace": meta.get("namespace", ""), "name": meta.get("name", ""), "uid": meta["uid"]}
-                    self._applied.setdefault(meta["uid"], (ref, None))
+        for _pod, claim in state.prepared_items():
+            if claim.uid and any(r.driver == self.field_manager for r in claim.results):
+                self._applied.setdefault(claim.uid, (claim.ref(), None))
         self._seeded = True
 
     def _apply(self, claim: dict[str, str], state: Any, records: list[dict[str, Any]]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["prepare_claim", "unprepare_claims", "check_claim_against_inventory", "prepared_claim_pods", "share_prepared_claim"]
+__all__ = ["prepare_claim", "unprepare_claims", "check_claim_against_inventory", "share_prepared_claim"]
 
 
 _SHARE_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -61,10 +61,9 @@ def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any]) -> bo
     uid = claim.metadata.uid or claim.metadata.name
     with StateStore(state_dir).transaction() as state:  # the state keeps a read-only copy
         existing = list(state.claims.get(pod_uid, ()))
-        for i, c in enumerate(existing):
-            m = c.get("metadata") or {}
-            if (m.get("uid") or m.get("name")) == uid:
-                if c == claim_obj:
+        for i, c in enumerate(state.state.prepared(pod_uid)):
+            if c.identity == uid:
+                if existing[i] == claim_obj:
                     return False
                 existing[i] = claim_obj
                 break
@@ -80,19 +79,11 @@ def unprepare_claims(state_dir: str, pod_uid: str, claim_uid: str | None = None)
 
     with StateStore(state_dir).transaction() as state:
         existing = state.claims.get(pod_uid, ())
-        keep = [c for c in existing if claim_uid and (c.get("metadata") or {}).get("uid") != claim_uid]
+        keep = [raw for raw, c in zip(existing, state.state.prepared(pod_uid)) if claim_uid and c.uid != claim_uid]
         removed = len(existing) - len(keep)
         if removed:
             state.set_claims(pod_uid, keep)
         return removed
-
-
-def prepared_claim_pods(state: Any, claim_uid: str) -> set[str]:
-    """The pod UIDs that hold a prepared copy of claim ``claim_uid`` in ``state``."""
-    return {
-        pod for pod, claims in state.claims.items()
-        if any((c.get("metadata") or {}).get("uid") == claim_uid for c in claims)
-    }
 
 
 def share_prepared_claim(state_dir: str, claim_uid: str, pod_uids: set[str]) -> list[str]:
@@ -104,16 +95,15 @@ def share_prepared_claim(state_dir: str, claim_uid: str, pod_uids: set[str]) -> 
     from cni_dra.state.store import StateStore
 
     store = StateStore(state_dir)
-    holders = prepared_claim_pods(store.read(), claim_uid)
+    holders = store.read().claim_pods(claim_uid)
     if not holders or not pod_uids - holders:
         return []
     with store.transaction() as state:
-        holders = prepared_claim_pods(state, claim_uid)
+        holders = state.state.claim_pods(claim_uid)
         if not holders:  # unprepared meanwhile
             return []
-        prepared = next(
-            c for c in state.claims[min(holders)] if (c.get("metadata") or {}).get("uid") == claim_uid
-        )
+        holder = min(holders)
+        prepared = next(raw for raw, c in zip(state.claims[holder], state.state.prepared(holder)) if c.uid == claim_uid)
         added = sorted(pod_uids - holders)
         for pod in added:
             state.set_claims(pod, [*state.claims.get(pod, ()), prepared])

@@ -46,7 +46,7 @@ import datetime
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal, overload
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, PrivateAttr
 from pydantic_core import CoreSchema, core_schema
 
 from cni_dra.quantity import Quantity, QuantityField
@@ -61,6 +61,8 @@ __all__ = [
     "Owner",
     "Attachment",
     "Attachments",
+    "PreparedClaim",
+    "PreparedResult",
     "NodeState",
     "migrate",
     "whole_capacity",
@@ -248,6 +250,52 @@ class Attachments(Sequence[Attachment]):
         return self._by_key.pop(key, None)
 
 
+class PreparedResult(BaseModel):
+    """One allocation result of a prepared claim (``status.allocation.devices.results[]``,
+    KEP-5075 ``consumedCapacity`` and ``shareID``), as cni-dra reads it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    request: str = ""
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+    consumedCapacity: Annotated[dict[str, QuantityField], AfterValidator(FrozenDict)] = Field(
+        default_factory=FrozenDict)
+    shareID: str | None = None
+
+
+class PreparedClaim(BaseModel):
+    """A prepared ResourceClaim as cni-dra reads it: its identity and its allocation
+    results. The state keeps the object as the API server returned it (``NodeState.claims``);
+    :meth:`NodeState.prepared` decodes each one once into this."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+    results: tuple[PreparedResult, ...] = ()
+
+    @classmethod
+    def decode(cls, claim: Mapping[str, Any]) -> PreparedClaim:
+        """The typed view of a resource.k8s.io/v1 ResourceClaim object (pydantic's
+        ValidationError when an amount is not a quantity)."""
+        meta = claim.get("metadata") or {}
+        devices = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+        return cls(namespace=meta.get("namespace") or "", name=meta.get("name") or "",
+                   uid=meta.get("uid") or "", results=tuple(devices.get("results") or ()))
+
+    @property
+    def identity(self) -> str:
+        """What names the claim among a pod's: its UID, else its name."""
+        return self.uid or self.name
+
+    def ref(self) -> dict[str, str]:
+        """``{"namespace", "name", "uid"}``: how the agent names the claim to the API server."""
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid}
+
+
 class NodeState(BaseModel):
     """The whole state file (module docstring), read-only: a transaction changes it through
     its operations (:class:`cni_dra.state.txn.Txn`); every value in it is immutable (frozen
@@ -264,10 +312,34 @@ class NodeState(BaseModel):
     # ResourceClaim status records left by ADD for the agent (cni_dra.state.claim_status)
     statusUpdates: Annotated[list[dict[str, Any]], AfterValidator(deep_freeze)] = Field(
         default_factory=FrozenList)
+    _decoded: dict[str, Any] = PrivateAttr(default_factory=dict)  # pod UID -> (claims, typed): see prepared
 
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None (an index lookup)."""
         return self.attachments.get((network, container_id, ifname))
+
+    def prepared(self, pod_uid: str) -> tuple[PreparedClaim, ...]:
+        """The prepared claims of pod ``pod_uid``, typed, in ``claims`` order; each pod's
+        list is decoded once (kept until a transaction sets that pod's claims again)."""
+        raw = self.claims.get(pod_uid)
+        if not raw:
+            return ()
+        hit = self._decoded.get(pod_uid)
+        if hit is not None and hit[0] is raw:
+            return hit[1]  # type: ignore[no-any-return]
+        typed = tuple(PreparedClaim.decode(c) for c in raw)
+        self._decoded[pod_uid] = (raw, typed)
+        return typed
+
+    def prepared_items(self) -> Iterator[tuple[str, PreparedClaim]]:
+        """(pod UID, prepared claim) for every claim prepared on this node."""
+        for pod in self.claims:
+            for claim in self.prepared(pod):
+                yield pod, claim
+
+    def claim_pods(self, claim_uid: str) -> set[str]:
+        """The pod UIDs that hold a prepared copy of claim ``claim_uid``."""
+        return {pod for pod, c in self.prepared_items() if c.uid == claim_uid}
 
     def consumed_by_device(
         self, driver: str, pool: str, devices: Mapping[str, Any] | None = None, *, prepared: bool = True
@@ -329,30 +401,20 @@ class NodeState(BaseModel):
             out[device] = {name: Quantity.from_nanos(n, formats[(device, name)]) for name, n in slot_n.items()}
         if not prepared:
             return out
-        for claims in self.claims.values():
-            for claim in claims:
-                uid = (claim.get("metadata") or {}).get("uid", "")
-                for res in _claim_results(claim):
-                    if res.get("driver") != driver or res.get("pool") != pool:
-                        continue
-                    share = (res.get("device", ""), uid, res.get("shareID"))
-                    if share in used_shares or share[:2] in whole:
-                        continue
-                    used_shares.add(share)  # the same claim prepared for two pods counts once
-                    cc = res.get("consumedCapacity") or {}
-                    dev = (devices or {}).get(res.get("device", ""))
-                    if not cc and dev is not None:  # dedicated (none recorded), or unknown: whole
-                        charge(dev.name, whole_capacity(dev))
-                        continue
-                    charge(res.get("device", ""), {k: Quantity.parse(v) for k, v in cc.items()})
+        for _pod, claim in self.prepared_items():
+            for res in claim.results:
+                if res.driver != driver or res.pool != pool:
+                    continue
+                share = (res.device, claim.uid, res.shareID)
+                if share in used_shares or share[:2] in whole:
+                    continue
+                used_shares.add(share)  # the same claim prepared for two pods counts once
+                dev = (devices or {}).get(res.device)
+                if not res.consumedCapacity and dev is not None:  # dedicated (none recorded), or unknown: whole
+                    charge(dev.name, whole_capacity(dev))
+                    continue
+                charge(res.device, dict(res.consumedCapacity))
         return out
-
-
-def _claim_results(claim: dict[str, Any]) -> list[dict[str, Any]]:
-    status = claim.get("status") or {}
-    alloc = status.get("allocation") or {}
-    devices = alloc.get("devices") or {}
-    return list(devices.get("results") or [])
 
 
 def _v1_to_v2(obj: dict[str, Any]) -> dict[str, Any]:

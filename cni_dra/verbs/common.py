@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -13,6 +13,7 @@ from cni_dra.errors import ClaimError, IpamError
 from cni_dra.protocol.config import NetConf
 from cni_dra.protocol.env import CniEnv
 from cni_dra.state import StateStore
+from cni_dra.state.models import PreparedClaim, PreparedResult
 
 if TYPE_CHECKING:
     from cni_dra.dra.models import ResourceSlice
@@ -42,29 +43,25 @@ class Invocation:
 
 
 def claim_results_for(
-    claims: list[dict[str, Any]], driver: str, ifname: str
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    claims: Sequence[PreparedClaim], driver: str, ifname: str
+) -> tuple[PreparedClaim, PreparedResult] | None:
     """Pick the allocation result a pod's attachment ``ifname`` uses (claim mode).
 
-    ``claims``: the pod's prepared resource.k8s.io/v1 ResourceClaims. Among the results
-    of ``driver`` (``status.allocation.devices.results[]``), the one whose ``request`` equals
-    CNI_IFNAME, else the only one. Returns (claim, result) or None when the pod has no
-    result from this driver. Raises ClaimError (101) when several results match ambiguously.
+    ``claims``: the pod's prepared ResourceClaims (:meth:`NodeState.prepared
+    <cni_dra.state.models.NodeState.prepared>`). Among the results of ``driver``, the one
+    whose ``request`` equals CNI_IFNAME, else the only one. Returns (claim, result) or None
+    when the pod has no result from this driver. Raises ClaimError (101) when several
+    results match ambiguously.
     """
-    results: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for claim in claims:
-        alloc = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-        for res in alloc.get("results") or []:
-            if res.get("driver") == driver:
-                results.append((claim, res))
+    results = [(claim, res) for claim in claims for res in claim.results if res.driver == driver]
     if not results:
         return None
-    named = [cr for cr in results if cr[1].get("request") == ifname]
+    named = [cr for cr in results if cr[1].request == ifname]
     if len(named) == 1:
         return named[0]
     if len(results) == 1:
         return results[0]
-    requests = ", ".join(sorted(str(r.get("request")) for _, r in results))
+    requests = ", ".join(sorted(r.request for _, r in results))
     raise ClaimError(
         f"failed to choose claim result for interface {ifname}: the pod has {len(results)} "
         f"results from driver {driver} (requests: {requests}) and none is named {ifname!r}"

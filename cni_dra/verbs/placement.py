@@ -27,6 +27,7 @@ from typing import Any
 from cni_dra.errors import ClaimError, InvalidConfigError, InventoryError, NoCapacityError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
+from cni_dra.state.models import PreparedClaim, PreparedResult
 from cni_dra.state.models import whole_capacity
 from cni_dra.verbs.common import claim_results_for
 
@@ -103,8 +104,7 @@ def place(state: NodeState, slice_: Any, host_links: Mapping[str, Any], conf: An
     this interface, else standalone. ``slice_``: the inventory (ResourceSlice);
     ``host_links``: host interface name → link facts (``mtu``, ``admin_up``, ``operstate``);
     ``conf``: the network config. Raises as the module docstring says."""
-    picked = claim_results_for(state.claims.get(asker.pod_uid, []), conf.driver, asker.ifname) \
-        if asker.pod_uid else None
+    picked = claim_results_for(state.prepared(asker.pod_uid), conf.driver, asker.ifname) if asker.pod_uid else None
     if picked is not None:
         return place_claim(state, slice_, host_links, picked, conf.linkType, asker)
     return place_standalone(state, slice_, host_links, conf, asker)
@@ -114,7 +114,7 @@ def place_claim(
     state: NodeState,
     slice_: Any,
     host_links: Mapping[str, Any],
-    picked: tuple[dict[str, Any], dict[str, Any]],
+    picked: tuple[PreparedClaim, PreparedResult],
     link_type: str,
     asker: Asker,
 ) -> Placement:
@@ -124,17 +124,15 @@ def place_claim(
     driver, pool = slice_.spec.driver, slice_.spec.pool.name
     devices = {d.name: d for d in slice_.spec.devices}
     claim, res = picked
-    meta = claim.get("metadata") or {}
-    name = res.get("device", "")
-    where = f"claim {meta.get('namespace', '')}/{meta.get('name', '')} request {res.get('request')!r}"
-    if res.get("pool") != pool or name not in devices:
+    name = res.device
+    where = f"claim {claim.namespace}/{claim.name} request {res.request!r}"
+    if res.pool != pool or name not in devices:
         raise ClaimError(
-            f"failed to honour {where}: device {res.get('pool')}/{name} is not in this node's inventory "
+            f"failed to honour {where}: device {res.pool}/{name} is not in this node's inventory "
             f"(pool {pool}: {', '.join(sorted(devices))})"
         )
-    ref = ClaimRef(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
-                   request=res.get("request", ""))
-    share = (driver, pool, name, ref.uid, ref.request, res.get("shareID"))
+    ref = ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid, request=res.request)
+    share = (driver, pool, name, ref.uid, ref.request, res.shareID)
     sharing = [a for a in state.attachments if a.share_key() == share]
     for other in sharing:
         if not asker.pod_uid or other.podUID == asker.pod_uid:
@@ -146,7 +144,7 @@ def place_claim(
     parent = device_if_name(device, driver)
     if parent not in host_links:
         raise ClaimError(f"failed to honour {where}: device {name}'s interface {parent} does not exist")
-    consumption = {k: Quantity.parse(v) for k, v in (res.get("consumedCapacity") or {}).items()}
+    consumption = dict(res.consumedCapacity)
     if not device.shared or not consumption:
         # A dedicated device (KEP-5075: no allowMultipleAllocations) is held whole; so is a
         # shared one by a result that records no amount (its share is unknown).
@@ -159,7 +157,7 @@ def place_claim(
         reason = check_fits(device, held, consumption)
         if reason:
             raise ClaimError(f"failed to honour {where} on device {name}: allocation no longer fits: {reason}")
-    return Placement(device=name, parent=parent, consumedCapacity=consumption, shareID=res.get("shareID"), claim=ref)
+    return Placement(device=name, parent=parent, consumedCapacity=consumption, shareID=res.shareID, claim=ref)
 
 
 def _describe(requests: Mapping[str, Quantity]) -> str:
