@@ -46,7 +46,8 @@ def test_claim_mode_takes_the_schedulers_device_amount_and_share():
 
 
 def test_place_prefers_the_pods_prepared_claim_over_the_config():
-    state = NodeState(claims={"pod-1": [claimed()[0]]})
+    raw = resource_claim(allocation_result("b", consumed={"bandwidth": "3G"}, share_id=SHARE), uid="u1")
+    state = NodeState(claims={"pod-1": [raw]})
     assert place(state, SLICE, LINKS, conf(), asker()).device == "b"  # not standalone's 4G pick
     assert place(state, SLICE, LINKS, conf(), asker("pod-2")).claim is None  # another pod: standalone
 
