@@ -242,3 +242,16 @@ def test_state_dir_costs_one_lstat_per_store(tmp_path, monkeypatch):
     with store.transaction():
         pass
     assert calls == ["lstat"]
+
+
+def test_prepared_claims_are_decoded_once_and_again_after_a_change():
+    st = Txn(NodeState())
+    st.set_claims("pod", [_claim("u1", "eth-b", "6G", "sh")])
+    first = st.state.prepared("pod")
+    assert first[0].uid == "u1" and first[0].results[0].device == "eth-b"
+    assert first[0].results[0].consumedCapacity == {"bandwidth": Quantity.parse("6G")}
+    assert st.state.prepared("pod") is first  # not decoded again
+    st.set_claims("pod", [_claim("u2", "eth-a", "1G", "sh2")])
+    assert [c.uid for c in st.state.prepared("pod")] == ["u2"]
+    assert st.state.claim_pods("u2") == {"pod"} and st.state.claim_pods("u1") == set()
+    assert st.state.prepared("other") == ()
