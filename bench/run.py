@@ -268,7 +268,7 @@ class Bench:
             atts.append(Attachment(
                 network="bench-dra", containerID=cid, ifname="eth0", netns=f"/var/run/netns/seed-{i}",
                 podUID=str(uuid.UUID(int=i)), podNamespace="bench", podName=f"seed-{i}", driver=DRIVER, pool="bench",
-                device="nic-a", ifName=PARENT, consumedCapacity={"bandwidth": "1M"}, shareID=str(uuid.UUID(int=i + 1)),
+                device="nic-a", parent=PARENT, consumedCapacity={"bandwidth": "1M"}, shareID=str(uuid.UUID(int=i + 1)),
                 phase="ready", ipamType="host-local", ipamConf=conf,
                 result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01",
                         "sandbox": f"/var/run/netns/seed-{i}"}],

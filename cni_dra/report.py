@@ -54,7 +54,7 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
                 "ifname": a.ifname,
                 "netns": a.netns,
                 "device": a.device,
-                "ifName": a.ifName,
+                "ifName": a.parent,
                 "consumedCapacity": {k: str(v) for k, v in sorted(a.charged(by_name.get(a.device)).items())},
                 "consumedRecorded": bool(a.consumedCapacity),
                 "shareID": a.shareID,

@@ -101,7 +101,7 @@ def test_200_concurrent_add_then_del(make_node, make_netns):
         for (cid, ns, _), out in ok:
             link = link_in_netns(ns, "eth0")
             assert link is not None and link.kind == "macvlan", cid
-            assert host_link_by_index(link.parent_index).name == by_cid[cid].ifName, cid
+            assert host_link_by_index(link.parent_index).name == by_cid[cid].parent, cid
             assert out["ips"][0]["address"] in link.addresses, cid
         for (cid, ns, _), _, _, _ in failed:
             assert link_in_netns(ns, "eth0") is None, cid

@@ -130,7 +130,7 @@ def attachment(cid: str = "c", device: str = "nic-a", *, network: str = "net1", 
     from cni_dra.state.models import Attachment
 
     return Attachment(network=network, containerID=cid, ifname=ifname, driver=driver, pool=pool, device=device,
-                      ifName=parent if parent is not None else f"if-{device}", phase=phase, **kw)
+                      parent=parent if parent is not None else f"if-{device}", phase=phase, **kw)
 
 
 # -- waiting ----------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def _hold_7g(state: Path) -> None:
     with StateStore(state).transaction() as stt:
         stt.put(Attachment(
             network="n1", containerID="c1", ifname="eth0", driver=DRV, pool="n", device="gpu-0",
-            ifName="x", consumedCapacity={"bw": Quantity.parse("7G")}, shareID="s1", phase="ready"))
+            parent="x", consumedCapacity={"bw": Quantity.parse("7G")}, shareID="s1", phase="ready"))
 
 
 def test_cli_allocate_state_with_a_slice_of_another_driver(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def test_no_sequence_over_commits(ops, sizes, policy):
             assert choice.consumed_capacity["bandwidth"] >= want
             state.put(Attachment(
                 network="n", containerID=f"c{n}", ifname="eth0", driver="d", pool="p",
-                device=choice.device.name, ifName=choice.device.name,
+                device=choice.device.name, parent=choice.device.name,
                 consumedCapacity=dict(choice.consumed_capacity), shareID=f"s{n}"))
         elif op == "del" and state.attachments:
             state.remove(*state.attachments[arg % len(state.attachments)].key)

@@ -48,7 +48,7 @@ def test_status_json_shape_and_quantities(env, tmp_path):
     with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as st:
         st.put(Attachment(
             network="n1", containerID="c1", ifname="eth0", driver="net.cni-dra.dev", pool="n", device="eth-a",
-            ifName="eth-a", consumedCapacity={"bandwidth": Quantity.parse("4000M")}, shareID="s1", podUID="p1",
+            parent="eth-a", consumedCapacity={"bandwidth": Quantity.parse("4000M")}, shareID="s1", podUID="p1",
             phase="ready"))
     r = _invoke(["status", "--json"], env)
     assert r.exit_code == 0, r.output
@@ -115,7 +115,7 @@ def _allocate_4g(env, tmp_path, how: str, env_state_dir: str | None = None):
     with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as st:
         st.put(Attachment(
             network="n1", containerID="c1", ifname="eth0", driver="net.cni-dra.dev", pool="n", device="eth-a",
-            ifName="eth-a", consumedCapacity={"bandwidth": Quantity.parse("7G")}, shareID="s1", phase="ready"))
+            parent="eth-a", consumedCapacity={"bandwidth": Quantity.parse("7G")}, shareID="s1", phase="ready"))
     claim = _claim()
     claim["spec"]["devices"]["requests"][0]["exactly"] = {
         "deviceClassName": "x", "capacity": {"requests": {"bandwidth": "4G"}}}

@@ -68,7 +68,7 @@ def att(cid: str, *, age_s: float | None = 3600.0, phase: str = "ready", network
     attachments written before the field existed)."""
     return Attachment(
         network=network, containerID=cid, ifname="eth0", netns="", driver="d", pool="p", device="nic-a",
-        ifName="eth-a", consumedCapacity={"bandwidth": "1G"}, phase=phase, owner=owner, steps=list(steps),
+        parent="eth-a", consumedCapacity={"bandwidth": "1G"}, phase=phase, owner=owner, steps=list(steps),
         ipamType="fake-ipam", ipamConf=IPAM_CONF,
         readyAt=None if age_s is None else ready_at(time.time() - age_s),
     )

@@ -19,7 +19,7 @@ def _setup(tmp_path, monkeypatch, delete_link, ipam_del):
     with StateStore(tmp_path / "state").transaction() as s:
         s.put(Attachment(
             network="net", containerID="c1", ifname="eth0", netns="/var/run/netns/pod", driver="d", pool="p",
-            device="nic-a", ifName="eth9", consumedCapacity={"bandwidth": "1G"}, phase="ready",
+            device="nic-a", parent="eth9", consumedCapacity={"bandwidth": "1G"}, phase="ready",
             ipamType="host-local", ipamConf=json.dumps(conf)))
     with StateStore(tmp_path / "state").transaction() as s:  # a second commit: the journal exists
         s.add_status_update({"claim": {"uid": "other"}})

@@ -109,7 +109,7 @@ def test_agent_lifecycle_restart_loses_nothing(env):
     assert list(store.read().claims) == ["pod-a"]  # prepared claims survived the restart
     with store.transaction() as st:
         att = Attachment(network="n", containerID="c1", ifname="net1", podUID="pod-a", driver=DRIVER,
-                         pool="node-1", device="lo-nic", ifName="lo", consumedCapacity={"bandwidth": "3G"},
+                         pool="node-1", device="lo-nic", parent="lo", consumedCapacity={"bandwidth": "3G"},
                          shareID=SHARE, claim=ClaimRef(namespace="default", name="c1", uid=uid, request="net1"),
                          phase="ready", result={"interfaces": [{"name": "net1", "mac": "02:aa:bb:cc:dd:ee",
                                                                  "sandbox": "/x"}],

@@ -29,10 +29,10 @@ def node(tmp_path):
     store = StateStore(tmp_path / "state")
     with store.transaction() as st:
         st.put(Attachment(network="n", containerID="c1", ifname="net1", driver=DRIVER, pool="node-1",
-                                         device="eth-a", ifName="ens1", consumedCapacity={"bandwidth": "4G"},
+                                         device="eth-a", parent="ens1", consumedCapacity={"bandwidth": "4G"},
                                          phase="ready"))
         st.put(Attachment(network="n", containerID="c2", ifname="net1", driver=DRIVER, pool="node-1",
-                                         device="eth-a", ifName="ens1", consumedCapacity={"bandwidth": "1G"},
+                                         device="eth-a", parent="ens1", consumedCapacity={"bandwidth": "1G"},
                                          phase="adding"))
         claim = allocated_claim("c", pool="node-1", device="eth-b", bandwidth="3G",
                                 share_id="9d7e6f5a-4b3c-4d2e-8f1a-0b9c8d7e6f5a", pod_uids=["p"])

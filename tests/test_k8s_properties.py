@@ -73,7 +73,7 @@ def test_status_records_survive_any_failures(answers, n_claims):
             c = server.add_claim(allocated_claim(name, pool="node-1", device=device, bandwidth="1G",
                                                  share_id=SHARES[name], pod_uids=pods))
             att = Attachment(network="n", containerID=f"ctr{i}", ifname="net1", podUID=pods[0], driver=DRIVER,
-                             pool="node-1", device=device, ifName="ens1", shareID=SHARES[name],
+                             pool="node-1", device=device, parent="ens1", shareID=SHARES[name],
                              claim=ClaimRef(namespace="default", name=name, uid=c["metadata"]["uid"]),
                              phase="ready", result={"interfaces": [{"name": "net1", "mac": f"02:00:00:00:00:0{i}",
                                                                     "sandbox": "/x"}],

@@ -25,7 +25,7 @@ RESULT = {
 
 def attachment(claim_uid: str, **kw) -> Attachment:
     base = dict(network="net", containerID="c1", ifname="net1", netns="/var/run/netns/p", podUID="pod-a",
-                driver=DRIVER, pool="node-1", device="eth-b", ifName="ens2", consumedCapacity={"bandwidth": "3G"},
+                driver=DRIVER, pool="node-1", device="eth-b", parent="ens2", consumedCapacity={"bandwidth": "3G"},
                 shareID=SHARE, claim=ClaimRef(namespace="default", name="c1", uid=claim_uid, request="net1"),
                 phase="ready", result=RESULT)
     base.update(kw)

@@ -17,7 +17,7 @@ from cni_dra.state import SCHEMA_VERSION, Attachment, ClaimRef, NodeState, State
 def _att(cid: str, device: str, bw: str, **kw) -> Attachment:
     return Attachment(
         network="net1", containerID=cid, ifname="eth0", driver="d", pool="p", device=device,
-        ifName=device, consumedCapacity={"bandwidth": Quantity.parse(bw)}, shareID=f"s-{cid}", **kw,
+        parent=device, consumedCapacity={"bandwidth": Quantity.parse(bw)}, shareID=f"s-{cid}", **kw,
     )
 
 
@@ -44,7 +44,7 @@ def test_round_trip_keeps_attachments_and_claims(tmp_path):
     assert again.find("net1", "c1", "eth0").consumedCapacity == {"bandwidth": Quantity.parse("4000M")}
     assert again.claims["pod"][0]["metadata"]["uid"] == "u1"
     raw = json.loads((tmp_path / "state.json").read_text())  # the first commit writes the snapshot
-    assert raw["schemaVersion"] == SCHEMA_VERSION == 3
+    assert raw["schemaVersion"] == SCHEMA_VERSION == 4
     assert raw["attachments"][0]["consumedCapacity"] == {"bandwidth": "4G"}
 
 

@@ -25,7 +25,7 @@ CLAIM = {"metadata": {"uid": "u1", "name": "c"},
 
 def _att() -> Attachment:
     return Attachment(network="net", containerID="c1", ifname="eth0", driver="d", pool="p", device="nic-a",
-                      ifName="eth9", consumedCapacity={"bandwidth": "1G"}, phase="adding",
+                      parent="eth9", consumedCapacity={"bandwidth": "1G"}, phase="adding",
                       result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}]})
 
 

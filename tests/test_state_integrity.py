@@ -29,7 +29,7 @@ from cni_dra.verbs.recover import recover, repair
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
     kw.setdefault("phase", "ready")
     return Attachment(network="net", containerID=cid, ifname="eth0", driver="d", pool="p", device="nic-a",
-                      ifName="eth9", consumedCapacity={"bandwidth": Quantity.parse(bw)}, **kw)
+                      parent="eth9", consumedCapacity={"bandwidth": Quantity.parse(bw)}, **kw)
 
 
 def _claim(uid: str) -> dict:

@@ -26,7 +26,7 @@ from cni_dra.verbs.recover import repair
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
     return Attachment(
         network="net", containerID=cid, ifname="eth0", driver="d", pool="p", device="nic-a",
-        ifName="eth9", consumedCapacity={"bandwidth": Quantity.parse(bw)}, phase="ready", **kw,
+        parent="eth9", consumedCapacity={"bandwidth": Quantity.parse(bw)}, phase="ready", **kw,
     )
 
 

@@ -267,7 +267,7 @@ def test_whatever_old_records_lack_no_later_add_over_commits(sizes, old, ops, po
         if isinstance(choice, NoFit):
             continue
         att = Attachment(network="net1", containerID=f"new{n}", ifname="eth0", driver=DRIVER, pool="n",
-                         device=choice.device.name, ifName=choice.device.name,
+                         device=choice.device.name, parent=choice.device.name,
                          consumedCapacity=dict(choice.consumed_capacity), shareID=f"n{n}")
         state.put(att)
         new.append(att)

@@ -75,7 +75,7 @@ def claim_status_body(claim: dict[str, str], state: Any, records: list[dict[str,
             continue
         entry["conditions"] = [{
             "type": "Ready", "status": "True", "reason": "InterfaceReady",
-            "message": f"interface {att.ifname} of pod {att.podUID or '?'} on host NIC {att.ifName}",
+            "message": f"interface {att.ifname} of pod {att.podUID or '?'} on host NIC {att.parent}",
             "lastTransitionTime": times.get(key) or _now(),
         }]
         entry["networkData"] = network_data(att.result, att.ifname)

@@ -1,9 +1,9 @@
 """Schema of the node-local state file (``<stateDir>/state.json``).
 
-Shape (schemaVersion 3)::
+Shape (schemaVersion 4)::
 
     {
-      "schemaVersion": 3,
+      "schemaVersion": 4,
       "bootID": "<kernel boot id when the state was last reconciled>",
       "claims": {"<pod UID>": [<resource.k8s.io/v1 ResourceClaim as the API server returns it>, ...]},
       "attachments": [<Attachment>, ...],
@@ -46,7 +46,7 @@ import datetime
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal, overload
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, PrivateAttr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, PrivateAttr, model_validator
 from pydantic_core import CoreSchema, core_schema
 
 from cni_dra.quantity import Quantity, QuantityField
@@ -69,7 +69,7 @@ __all__ = [
     "ready_at",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 STEP_LINK = "link"
 """Intent step: the pod's link was created in its netns."""
@@ -123,7 +123,9 @@ class Attachment(BaseModel):
     driver: str
     pool: str
     device: str
-    ifName: str  # the parent NIC's host interface name
+    # The parent NIC's host interface name (the device's ifName attribute); schema 3 and
+    # older records, and their journal ops, call it ``ifName``.
+    parent: str
     linkType: str = "macvlan"
     consumedCapacity: Annotated[dict[str, QuantityField], AfterValidator(FrozenDict)] = Field(
         default_factory=FrozenDict)
@@ -136,6 +138,13 @@ class Attachment(BaseModel):
     ipamConf: str | None = None  # the network config given to IPAM ADD, for release without the runtime
     result: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # CNI result (1.1.0 schema) of the ADD
     readyAt: str | None = None  # when ADD made it ready, RFC 3339 UTC (see ready_at); GC spares young ones
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schema_3_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ifName" in data and "parent" not in data:
+            data = {("parent" if k == "ifName" else k): v for k, v in data.items()}
+        return data
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -445,7 +454,22 @@ def _v2_to_v3(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-MIGRATIONS: dict[int, Any] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(obj: dict[str, Any]) -> dict[str, Any]:
+    """Schema 3 → 4: an attachment's parent NIC is ``parent`` (it was ``ifName``, too close
+    to the CNI ``ifname`` beside it). Journal ops of schema 3 still say ``ifName``: the
+    model accepts both names on input."""
+    out = dict(obj)
+    out["schemaVersion"] = 4
+    atts = out.get("attachments")
+    if isinstance(atts, list):
+        out["attachments"] = [
+            {("parent" if k == "ifName" else k): v for k, v in a.items()} if isinstance(a, dict) else a
+            for a in atts
+        ]
+    return out
+
+
+MIGRATIONS: dict[int, Any] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 """``{from version: function(raw dict) -> raw dict of version + 1}``."""
 
 

@@ -80,7 +80,7 @@ def cmd_add(inv: Invocation) -> Result:
             _undo_with(undo, intent.abandon)
             # 2. IPAM in a thread (it does not need the link), 3. the link, 4. IPAM's answer
             ipam_job = _start_ipam(inv, undo)
-            link = _create_link(inv, intent.att, host_links[intent.att.ifName], undo)
+            link = _create_link(inv, intent.att, host_links[intent.att.parent], undo)
             ipam_result = _ipam_result(inv, ipam_job, undo)
             if ipam_result is not None:
                 addr.configure_interface(
@@ -185,11 +185,11 @@ def _reserve(inv: Invocation, host_links: dict[str, Any]) -> AddIntent | Result:
         if existing is not None:
             return _repeated(inv, existing)
         att = plan_attachment(inv, txn.state, host_links)
-        parent = host_links[att.ifName]
+        parent = host_links[att.parent]
         if conf.mtu is not None and conf.mtu > parent.mtu:
             raise InvalidConfigError(
                 f"invalid network config {conf.name!r}: mtu {conf.mtu} is above the MTU {parent.mtu} "
-                f"of the chosen parent {att.ifName} (device {att.device})"
+                f"of the chosen parent {att.parent} (device {att.device})"
             )
         if conf.mac is not None:
             _refuse_duplicate_mac(conf.mac, att, parent, txn.state)
@@ -239,12 +239,12 @@ def _create_link(inv: Invocation, att: Attachment, parent: Any, undo: ExitStack)
     env, conf = inv.env, inv.conf
     if conf.linkType == "ipvlan":
         link = sublink.create_ipvlan(
-            parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode,
+            parent=att.parent, netns=env.netns, ifname=env.ifname, mode=conf.mode,
             flag=conf.ipvlanFlag or "bridge", mtu=conf.mtu, parent_link=parent,
         )
     else:
         link = sublink.create_macvlan(
-            parent=att.ifName, netns=env.netns, ifname=env.ifname, mode=conf.mode, mtu=conf.mtu,
+            parent=att.parent, netns=env.netns, ifname=env.ifname, mode=conf.mode, mtu=conf.mtu,
             mac=conf.mac, bcqueuelen=conf.bcqueuelen, parent_link=parent,
         )
     _undo_with(undo, lambda: sublink.delete_link(env.netns, env.ifname))
@@ -294,14 +294,14 @@ def _refuse_duplicate_mac(mac: str, att: Attachment, parent: Any, state: NodeSta
     attachment on the same NIC (the kernel would refuse it with EADDRINUSE at link up;
     saying which attachment holds it is clearer)."""
     if parent.mac and parent.mac.lower() == mac:
-        raise InvalidConfigError(f"invalid MAC {mac}: it is the address of the parent NIC {att.ifName} (device {att.device})")
+        raise InvalidConfigError(f"invalid MAC {mac}: it is the address of the parent NIC {att.parent} (device {att.device})")
     for other in state.attachments:
-        if other.ifName != att.ifName or not other.result:
+        if other.parent != att.parent or not other.result:
             continue
         for iface in other.result.get("interfaces") or []:
             if iface.get("name") == other.ifname and str(iface.get("mac", "")).lower() == mac:
                 raise InvalidConfigError(
-                    f"invalid MAC {mac}: already used on parent {att.ifName} by interface {other.ifname} of "
+                    f"invalid MAC {mac}: already used on parent {att.parent} by interface {other.ifname} of "
                     f"container {other.containerID} (network {other.network!r})"
                 )
 

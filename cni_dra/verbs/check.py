@@ -71,21 +71,21 @@ def _check_link(inv: Invocation, att: Any, prev: Any, what: str) -> None:
         raise CheckFailedError(f"failed to check {what}: {link.kind} mode is {link.mode}, expected {conf.mode}")
     if link.kind == "ipvlan" and link.ipvlan_flag and link.ipvlan_flag != conf.ipvlanFlag:
         raise CheckFailedError(f"failed to check {what}: ipvlan flag is {link.ipvlan_flag}, expected {conf.ipvlanFlag}")
-    parent = info.host_link(att.ifName)
+    parent = info.host_link(att.parent)
     if parent is None or link.parent_index != parent.index:
         raise CheckFailedError(
-            f"failed to check {what}: its parent is not {att.ifName} (device {att.device})"
+            f"failed to check {what}: its parent is not {att.parent} (device {att.device})"
         )
     # Working as configured also means able to pass traffic: the specific cause first.
     if not link.admin_up:
         raise CheckFailedError(f"failed to check {what}: the link is administratively down in netns {env.netns}")
     if not parent.admin_up:
         raise CheckFailedError(
-            f"failed to check {what}: its parent NIC {att.ifName} (device {att.device}) is administratively down"
+            f"failed to check {what}: its parent NIC {att.parent} (device {att.device}) is administratively down"
         )
     if not parent.carrier:
         raise CheckFailedError(
-            f"failed to check {what}: its parent NIC {att.ifName} (device {att.device}) has no carrier (NO-CARRIER)"
+            f"failed to check {what}: its parent NIC {att.parent} (device {att.device}) has no carrier (NO-CARRIER)"
         )
     if not link.carrier:
         raise CheckFailedError(f"failed to check {what}: the link has no carrier (NO-CARRIER)")

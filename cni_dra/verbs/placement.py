@@ -49,7 +49,7 @@ class Placement:
 
     def fields(self) -> dict[str, Any]:
         """The :class:`~cni_dra.state.models.Attachment` fields this placement sets."""
-        return {"device": self.device, "ifName": self.parent, "consumedCapacity": dict(self.consumedCapacity),
+        return {"device": self.device, "parent": self.parent, "consumedCapacity": dict(self.consumedCapacity),
                 "shareID": self.shareID, "claim": self.claim}
 
 

@@ -97,7 +97,7 @@ def _undo(
         remove = finishing or STEP_LINK in att.steps
         if not remove:  # an ADD that died: its link, if it made it, sits on the recorded parent
             parent = info.host_parent_of(att.netns, att.ifname)
-            remove = parent is not None and parent.name == att.ifName
+            remove = parent is not None and parent.name == att.parent
     # ``earlier_boot``: the intent's owner ran in an earlier boot; records of older versions
     # kept their steps unsynced, so the last may be lost: release IPAM anyway (an IPAM DEL
     # of nothing is a no-op). STEP_LINK is only in such older records.
@@ -322,11 +322,11 @@ def _reconcile(
         # its owner (a resident agent) lives on; it is kept as ready below, else its DEL
         # would answer "ADD in progress" for as long as the agent runs.
         if att.phase != "ready" and owner_alive(att.owner) and not (
-            att.phase == "adding" and parent == att.ifName
+            att.phase == "adding" and parent == att.parent
         ):
             keep.append(att)
             continue
-        if att.phase != "deleting" and parent == att.ifName:
+        if att.phase != "deleting" and parent == att.parent:
             if att.phase == "adding":  # the backup is one write behind: the ADD may have completed
                 report.changes.append(f"kept {_describe(att)} as ready: its link is live on {parent}")
                 att = att.model_copy(update={"phase": "ready", "owner": None, "steps": ()})
@@ -362,7 +362,7 @@ def _charge_untracked(
         out.append(Attachment(
             network=REPAIR_NETWORK, containerID=f"repair-{netns.rsplit('/', 1)[-1]}"[:128], ifname=kid,
             netns=netns, driver=slice_.spec.driver, pool=slice_.spec.pool.name, device=device.name,
-            ifName=parent_name, linkType=kind, phase="ready",
+            parent=parent_name, linkType=kind, phase="ready",
             consumedCapacity={k: c.value for k, c in device.capacity.items()},
         ))
         report.changes.append(
