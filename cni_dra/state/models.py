@@ -43,13 +43,14 @@ change that needs no new schema version; a change of meaning does.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal, overload
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, PrivateAttr, model_validator
 from pydantic_core import CoreSchema, core_schema
 
-from cni_dra.quantity import Quantity, QuantityField
+from cni_dra.dra.models import Device
+from cni_dra.quantity import Format, Quantity, QuantityField
 from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
 
 __all__ = [
@@ -159,7 +160,7 @@ class Attachment(BaseModel):
             return None
         return (self.driver, self.pool, self.device, self.claim.uid, self.claim.request, self.shareID)
 
-    def charged(self, device: Any | None) -> dict[str, Quantity]:
+    def charged(self, device: Device | None) -> dict[str, Quantity]:
         """What this attachment holds on ``device`` (the resource.k8s.io/v1 Device it names,
         None when the inventory lacks it), as every sum of consumed capacity counts it.
 
@@ -189,7 +190,7 @@ class Attachment(BaseModel):
 
 
 
-def whole_capacity(device: Any | None) -> dict[str, Quantity]:
+def whole_capacity(device: Device | None) -> dict[str, Quantity]:
     """Every capacity of ``device`` (a resource.k8s.io/v1 Device, or None: nothing) at its full value."""
     if device is None:
         return {}
@@ -321,7 +322,8 @@ class NodeState(BaseModel):
     # ResourceClaim status records left by ADD for the agent (cni_dra.state.claim_status)
     statusUpdates: Annotated[list[dict[str, Any]], AfterValidator(deep_freeze)] = Field(
         default_factory=FrozenList)
-    _decoded: dict[str, Any] = PrivateAttr(default_factory=dict)  # pod UID -> (claims, typed): see prepared
+    # pod UID -> (its claims, decoded): see prepared
+    _decoded: dict[str, tuple[list[dict[str, Any]], tuple[PreparedClaim, ...]]] = PrivateAttr(default_factory=dict)
 
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None (an index lookup)."""
@@ -335,7 +337,7 @@ class NodeState(BaseModel):
             return ()
         hit = self._decoded.get(pod_uid)
         if hit is not None and hit[0] is raw:
-            return hit[1]  # type: ignore[no-any-return]
+            return hit[1]
         typed = tuple(PreparedClaim.decode(c) for c in raw)
         self._decoded[pod_uid] = (raw, typed)
         return typed
@@ -351,7 +353,7 @@ class NodeState(BaseModel):
         return {pod for pod, c in self.prepared_items() if c.uid == claim_uid}
 
     def consumed_by_device(
-        self, driver: str, pool: str, devices: Mapping[str, Any] | None = None, *, prepared: bool = True
+        self, driver: str, pool: str, devices: Mapping[str, Device] | None = None, *, prepared: bool = True
     ) -> dict[str, dict[str, Quantity]]:
         """Capacity charged per device of (driver, pool): device name → capacity name → amount.
         The one place that sums the shares of a pool (ADD's placement, the status report,
@@ -377,7 +379,7 @@ class NodeState(BaseModel):
 
         # Attachments: summed as integers (nano-units), one Quantity per device and name at the end.
         sums: dict[str, dict[str, int]] = {}
-        formats: dict[tuple[str, str], Any] = {}
+        formats: dict[tuple[str, str], Format] = {}
         used_shares: set[tuple[str, str, str | None]] = set()
         whole: set[tuple[str, str]] = set()  # (device, claim uid) held whole by an unrecorded attachment
         with_claims = bool(self.claims)  # shares in use matter only against prepared claims
@@ -469,7 +471,7 @@ def _v3_to_v4(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-MIGRATIONS: dict[int, Any] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 """``{from version: function(raw dict) -> raw dict of version + 1}``."""
 
 

@@ -22,14 +22,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import ClaimError, InvalidConfigError, InventoryError, NoCapacityError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
-from cni_dra.state.models import PreparedClaim, PreparedResult
-from cni_dra.state.models import whole_capacity
+from cni_dra.state.models import PreparedClaim, PreparedResult, whole_capacity
 from cni_dra.verbs.common import claim_results_for
+
+if TYPE_CHECKING:
+    from cni_dra.dra.models import Device, ResourceSlice
+    from cni_dra.netlink.info import LinkInfo
+    from cni_dra.protocol.config import NetConf
 
 __all__ = ["Placement", "place", "place_claim", "place_standalone", "link_type_conflicts", "device_if_name"]
 
@@ -88,7 +92,7 @@ def link_type_conflicts(attachments: Iterable[Attachment], link_type: str, drive
     return out
 
 
-def device_if_name(device: Any, driver: str) -> str:
+def device_if_name(device: Device, driver: str) -> str:
     """The host interface name (``ifName`` attribute) of an inventory device.
     Raises InventoryError (7) when it has none."""
     from cni_dra.dra.models import device_attribute
@@ -99,7 +103,8 @@ def device_if_name(device: Any, driver: str) -> str:
     return value
 
 
-def place(state: NodeState, slice_: Any, host_links: Mapping[str, Any], conf: Any, asker: Asker) -> Placement:
+def place(state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf,
+          asker: Asker) -> Placement:
     """Claim mode when the pod has a prepared allocation result of ``conf.driver`` for
     this interface, else standalone. ``slice_``: the inventory (ResourceSlice);
     ``host_links``: host interface name → link facts (``mtu``, ``admin_up``, ``operstate``);
@@ -112,8 +117,8 @@ def place(state: NodeState, slice_: Any, host_links: Mapping[str, Any], conf: An
 
 def place_claim(
     state: NodeState,
-    slice_: Any,
-    host_links: Mapping[str, Any],
+    slice_: ResourceSlice,
+    host_links: Mapping[str, LinkInfo],
     picked: tuple[PreparedClaim, PreparedResult],
     link_type: str,
     asker: Asker,
@@ -166,7 +171,7 @@ def _describe(requests: Mapping[str, Quantity]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(requests.items()))
 
 
-def _usable(slice_: Any, host_links: Mapping[str, Any], mtu: int | None) -> tuple[list[Any], list[str]]:
+def _usable(slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], mtu: int | None) -> tuple[list[Device], list[str]]:
     """The inventory devices whose NIC exists, is up and takes ``mtu``; and why the others not."""
     usable, skipped = [], []
     for d in slice_.spec.devices:
@@ -184,7 +189,7 @@ def _usable(slice_: Any, host_links: Mapping[str, Any], mtu: int | None) -> tupl
 
 
 def place_standalone(
-    state: NodeState, slice_: Any, host_links: Mapping[str, Any], conf: Any, asker: Asker
+    state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf, asker: Asker
 ) -> Placement:
     """Allocate ``conf.capacity.requests`` on a usable NIC by ``conf.selectionPolicy``,
     ``conf.selectors`` and ``conf.distinctFrom``. Raises NoCapacityError (100) when nothing
