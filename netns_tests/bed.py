@@ -270,9 +270,9 @@ class NodeBed:
         from cni_dra.state.models import ready_at
 
         with StateStore(self.state_dir).transaction() as state:
-            for att in state.attachments:
+            for att in list(state.attachments):
                 age_s = att.ready_age_s(time.time())
-                att.readyAt = ready_at(time.time() - (age_s or 0.0) - seconds)
+                state.update(att, readyAt=ready_at(time.time() - (age_s or 0.0) - seconds))
 
 
 def recover(node: NodeBed) -> tuple[int, dict[str, Any]]:
