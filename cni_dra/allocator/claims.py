@@ -72,6 +72,7 @@ __all__ = [
     "ClaimNoFit",
     "allocate_claim",
     "allocate_claims",
+    "claim_id",
 ]
 
 
@@ -87,7 +88,9 @@ class ClaimNoFit:
         return f"claim {self.claim} cannot be allocated: {body}"
 
 
-def _claim_id(claim: ResourceClaim) -> str:
+def claim_id(claim: ResourceClaim) -> str:
+    """``namespace/name`` of ``claim`` (its name alone when it has no namespace), as
+    :class:`ClaimNoFit` and the ``allocate`` command name it."""
     m = claim.metadata
     return f"{m.namespace}/{m.name}" if m.namespace else (m.name or "<unnamed>")
 
@@ -117,7 +120,7 @@ def allocate_claim(
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown selection policy {policy!r}")
-    cid = _claim_id(claim)
+    cid = claim_id(claim)
     try:
         requests = expand_requests(claim, classes)
         problem = ClaimProblem(claim, slice_, usage, policy, max_steps)

@@ -22,13 +22,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import ClaimError, InvalidConfigError, InventoryError, NoCapacityError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
 from cni_dra.state.models import whole_capacity
 from cni_dra.verbs.common import claim_results_for
+
+if TYPE_CHECKING:
+    from cni_dra.dra.models import Device, ResourceSlice
+    from cni_dra.netlink.info import LinkInfo
+    from cni_dra.protocol.config import NetConf
 
 __all__ = ["Placement", "place", "place_claim", "place_standalone", "link_type_conflicts", "device_if_name"]
 
@@ -87,7 +92,7 @@ def link_type_conflicts(attachments: Iterable[Attachment], link_type: str, drive
     return out
 
 
-def device_if_name(device: Any, driver: str) -> str:
+def device_if_name(device: Device, driver: str) -> str:
     """The host interface name (``ifName`` attribute) of an inventory device.
     Raises InventoryError (7) when it has none."""
     from cni_dra.dra.models import device_attribute
@@ -98,7 +103,9 @@ def device_if_name(device: Any, driver: str) -> str:
     return value
 
 
-def place(state: NodeState, slice_: Any, host_links: Mapping[str, Any], conf: Any, asker: Asker) -> Placement:
+def place(
+    state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf, asker: Asker
+) -> Placement:
     """Claim mode when the pod has a prepared allocation result of ``conf.driver`` for
     this interface, else standalone. ``slice_``: the inventory (ResourceSlice);
     ``host_links``: host interface name → link facts (``mtu``, ``admin_up``, ``operstate``);
@@ -110,10 +117,10 @@ def place(state: NodeState, slice_: Any, host_links: Mapping[str, Any], conf: An
     return place_standalone(state, slice_, host_links, conf, asker)
 
 
-def _charged_on(state: NodeState, driver: str, pool: str, device: Any) -> dict[str, Quantity]:
+def _charged_on(state: NodeState, driver: str, pool: str, device: Device) -> dict[str, Quantity]:
     """What the attachments on ``device`` hold, each share of a claim shared by pods once."""
     out: dict[str, Quantity] = {}
-    counted: set[Any] = set()
+    counted: set[tuple[str, str, str, str, str, str | None] | None] = set()  # Attachment.share_key
     for a in state.attachments:
         if a.driver != driver or a.pool != pool or a.device != device.name:
             continue
@@ -128,8 +135,8 @@ def _charged_on(state: NodeState, driver: str, pool: str, device: Any) -> dict[s
 
 def place_claim(
     state: NodeState,
-    slice_: Any,
-    host_links: Mapping[str, Any],
+    slice_: ResourceSlice,
+    host_links: Mapping[str, LinkInfo],
     picked: tuple[dict[str, Any], dict[str, Any]],
     link_type: str,
     asker: Asker,
@@ -183,9 +190,12 @@ def _describe(requests: Mapping[str, Quantity]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(requests.items()))
 
 
-def _usable(slice_: Any, host_links: Mapping[str, Any], mtu: int | None) -> tuple[list[Any], list[str]]:
+def _usable(
+    slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], mtu: int | None
+) -> tuple[list[Device], list[str]]:
     """The inventory devices whose NIC exists, is up and takes ``mtu``; and why the others not."""
-    usable, skipped = [], []
+    usable: list[Device] = []
+    skipped: list[str] = []
     for d in slice_.spec.devices:
         parent = device_if_name(d, slice_.spec.driver)
         link = host_links.get(parent)
@@ -201,7 +211,7 @@ def _usable(slice_: Any, host_links: Mapping[str, Any], mtu: int | None) -> tupl
 
 
 def place_standalone(
-    state: NodeState, slice_: Any, host_links: Mapping[str, Any], conf: Any, asker: Asker
+    state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf, asker: Asker
 ) -> Placement:
     """Allocate ``conf.capacity.requests`` on a usable NIC by ``conf.selectionPolicy``,
     ``conf.selectors`` and ``conf.distinctFrom``. Raises NoCapacityError (100) when nothing
