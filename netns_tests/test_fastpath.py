@@ -17,9 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from cni_dra.fastpath.wire import encode_frames
 from cni_dra.netlink.info import host_link, link_in_netns
 from netns_tests.bed import NodeBed, start_fastpath_agent, stop_process
 from netns_tests.runner import CNI_EXE, run_plugin
+from tests import builders
 
 PATHS = ["agent", "local"]
 
@@ -232,51 +234,17 @@ def test_agent_from_another_mount_namespace_is_declined(node, make_netns):
     assert node.state_doc()["attachments"] == [] and link_in_netns(ns, "eth0") is None
 
 
-
-
 @pytest.fixture
 def declining_agent(tmp_path):
-    """A fake agent that records each request's stdin and declines it."""
-    import socket
-    import threading
-
-    from cni_dra.fastpath.wire import decode_frames, encode_frames
-
-    d = tmp_path / "declining"
-    d.mkdir(mode=0o700)
-    path = str(d / "fp.sock")
-    stdins: list[bytes] = []
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    sock.listen(8)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while chunk := conn.recv(1 << 16):
-                    data += chunk
-                stdins.append(decode_frames(data, 4)[3])
-                conn.sendall(encode_frames(b"declined test agent", b""))
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield path, stdins
-    finally:
-        sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
-        thread.join(timeout=5)
+    """A fake agent (:func:`tests.builders.fake_agent`) that declines every request."""
+    with builders.fake_agent(tmp_path / "declining", lambda frames: encode_frames(b"declined test agent", b"")) as agent:
+        yield agent
 
 
 def test_declined_invocation_runs_in_process_on_identical_stdin(node, make_netns, declining_agent):
     """A config above a pipe buffer (> 64 KiB): whatever the executable read before the agent
     declined reaches the in-process run unchanged (the compiled client execs the Python one)."""
-    path, stdins = declining_agent
+    path = declining_agent.path
     ns, cid = make_netns(), uuid.uuid4().hex
     conf = node.conf(args={"pad": "x" * (200 << 10)})
     env = {"CNI_DRA_AGENT_SOCKET": path}
@@ -285,6 +253,7 @@ def test_declined_invocation_runs_in_process_on_identical_stdin(node, make_netns
     assert link_in_netns(ns, "eth0") is not None
     (att,) = node.state_doc()["attachments"]
     assert att["containerID"] == cid and att["phase"] == "ready"
+    stdins = [frames[3] for frames in declining_agent.requests]
     assert stdins and all(s == stdins[0] and json.loads(s) == conf for s in stdins)
     code, _, err = run_plugin("DEL", conf, container_id=cid, netns=ns, ifname="eth0", extra_env=env)
     assert code == 0, err

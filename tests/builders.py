@@ -1,25 +1,34 @@
 """Builders of the documents unit tests feed cni-dra: CNI env, network config, ResourceSlice,
-allocated ResourceClaim, state Attachment.
+allocated ResourceClaim, state Attachment; and a stand-in for the agent's fast-path service.
 
 Each returns a fresh plain value (dict, bytes or model) with the defaults most tests want;
 keyword arguments name what a test changes. Nothing here touches the disk except
-:func:`write_slice`, and nothing asserts.
+:func:`write_slice` and :func:`fake_agent` (its socket), and nothing asserts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cni_dra.fastpath.wire import decode_frames
+
 __all__ = [
     "DRIVER",
+    "FakeAgent",
     "allocation_result",
     "attachment",
     "cni_env",
     "device",
+    "fake_agent",
     "netconf",
     "netconf_bytes",
     "resource_claim",
@@ -131,6 +140,61 @@ def attachment(cid: str = "c", device: str = "nic-a", *, network: str = "net1", 
 
     return Attachment(network=network, containerID=cid, ifname=ifname, driver=driver, pool=pool, device=device,
                       parent=parent if parent is not None else f"if-{device}", phase=phase, **kw)
+
+
+# -- the agent's fast path ------------------------------------------------------------------
+@dataclass
+class FakeAgent:
+    """What :func:`fake_agent` serves at ``path``, and what it saw: the frames of each request
+    (:data:`cni_dra.fastpath.wire` request: identity, cwd, environment, stdin) and the number
+    of connections accepted."""
+
+    path: str
+    answer: Callable[[list[bytes]], bytes | None]
+    requests: list[list[bytes]] = field(default_factory=list)
+    connections: int = 0
+
+
+@contextlib.contextmanager
+def fake_agent(directory: Path, answer: Callable[[list[bytes]], bytes | None]) -> Iterator[FakeAgent]:
+    """A stand-in for the agent's fast-path service on ``directory``/fp.sock (``directory`` is
+    created 0700): one thread accepts each connection, reads the request to its end, records
+    it and sends ``answer(frames)`` (None: closes without a word). Stops on leaving."""
+    directory.mkdir(mode=0o700)
+    os.chmod(directory, 0o700)
+    agent = FakeAgent(str(directory / "fp.sock"), answer)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(agent.path)
+    sock.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                agent.connections += 1
+                data = b""
+                while chunk := conn.recv(1 << 16):
+                    data += chunk
+                frames = decode_frames(data, 4)
+                agent.requests.append(frames)
+                reply = agent.answer(frames)
+                try:
+                    if reply is not None:
+                        conn.sendall(reply)
+                except BrokenPipeError:  # the client gave up waiting
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield agent
+    finally:
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        thread.join(timeout=5)
 
 
 # -- waiting ----------------------------------------------------------------------------------

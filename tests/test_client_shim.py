@@ -6,24 +6,24 @@ environment and stdin; after asking the agent, with ``CNI_DRA_AGENT_ASKED=<why>`
 that the Python executable does not ask again. Builds: one whose fallback is the real Python
 executable (scripts/cni-dra.in, running this work tree), one whose fallback is a recorder
 script that saves what it received, and both again with ``-fsanitize=address,undefined``.
-A fake agent (a unix-socket server in a thread speaking
+A fake agent (:func:`tests.builders.fake_agent`, a unix-socket server in a thread speaking
 :func:`encode_frames`/:func:`decode_frames`) plays the agent; the real server
 (:func:`cni_dra.fastpath.server.start_fastpath`) too, where it says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,9 +33,10 @@ from cni_dra.fastpath.wire import (
     MAX_MESSAGE_BYTES,
     STDIN_LIMIT_BYTES,
     caller_identity,
-    decode_frames,
     encode_frames,
 )
+from tests import builders
+from tests.builders import FakeAgent
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "scripts" / "cni-dra-client.c"
@@ -121,61 +122,17 @@ def rec(builds) -> Iterator[Builds]:
         shutil.rmtree(builds.record_dir)
 
 
-@dataclass
-class FakeAgent:
-    """A unix-socket server answering each request with ``answer(request frames)``."""
-
-    path: str
-    answer: Callable[[list[bytes]], bytes | None]
-    requests: list[list[bytes]] = field(default_factory=list)
-    connections: int = 0
-
-
 @pytest.fixture
-def fake_agent(tmp_path) -> Iterator[Callable[..., FakeAgent]]:
-    servers: list[tuple[socket.socket, threading.Thread]] = []
+def fake_agent(tmp_path) -> Iterator[Callable[[Callable[[list[bytes]], bytes | None]], FakeAgent]]:
+    """Start fake agents (:func:`tests.builders.fake_agent`), each in its own directory."""
+    with contextlib.ExitStack() as stack:
+        agents: list[FakeAgent] = []
 
-    def start(answer: Callable[[list[bytes]], bytes | None]) -> FakeAgent:
-        d = tmp_path / f"agent{len(servers)}"
-        d.mkdir(mode=0o700)
-        os.chmod(d, 0o700)
-        agent = FakeAgent(str(d / "fp.sock"), answer)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(agent.path)
-        sock.listen(8)
+        def start(answer: Callable[[list[bytes]], bytes | None]) -> FakeAgent:
+            agents.append(stack.enter_context(builders.fake_agent(tmp_path / f"agent{len(agents)}", answer)))
+            return agents[-1]
 
-        def serve() -> None:
-            while True:
-                try:
-                    conn, _ = sock.accept()
-                except OSError:
-                    return
-                with conn:
-                    agent.connections += 1
-                    data = b""
-                    while chunk := conn.recv(1 << 16):
-                        data += chunk
-                    frames = decode_frames(data, 4)
-                    agent.requests.append(frames)
-                    reply = agent.answer(frames)
-                    try:
-                        if reply is not None:
-                            conn.sendall(reply)
-                    except BrokenPipeError:  # the client gave up waiting (timeout test)
-                        pass
-
-        thread = threading.Thread(target=serve, daemon=True)
-        thread.start()
-        servers.append((sock, thread))
-        return agent
-
-    try:
         yield start
-    finally:
-        for sock, thread in servers:
-            sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-            thread.join(timeout=5)
 
 
 def _run(exe: str, env: dict[str, str], stdin: bytes | int = b"", args: tuple[str, ...] = ()) -> tuple[int, bytes]:

@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +16,8 @@ import pytest
 
 import cni_dra.main as entry
 from cni_dra.fastpath.wire import ENV_ASKED, encode_frames
+from tests import builders
+from tests.builders import FakeAgent
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_ENV = {"PATH": "/usr/bin:/bin"}
@@ -39,57 +39,31 @@ def _run(exe: Path, env: dict[str, str], stdin: bytes = b"") -> subprocess.Compl
 
 
 @pytest.fixture
-def counting_agent(tmp_path) -> Iterator[tuple[str, list[int]]]:
-    """A fake agent that answers ``ok 0`` with ``agent`` and counts connections."""
-    d = tmp_path / "agent"
-    d.mkdir(mode=0o700)
-    path = str(d / "fp.sock")
-    count: list[int] = []
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    sock.listen(8)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            with conn:
-                count.append(1)
-                while conn.recv(1 << 16):
-                    pass
-                conn.sendall(encode_frames(b"ok 0", b"agent"))
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield path, count
-    finally:
-        sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
-        thread.join(timeout=5)
+def counting_agent(tmp_path) -> Iterator[FakeAgent]:
+    """A fake agent (:func:`tests.builders.fake_agent`) that answers ``ok 0`` with ``agent``."""
+    with builders.fake_agent(tmp_path / "agent", lambda frames: encode_frames(b"ok 0", b"agent")) as agent:
+        yield agent
 
 
 def test_without_the_handoff_the_agent_is_asked_once(tmp_path, counting_agent):
-    path, count = counting_agent
+    path = counting_agent.path
     proc = _run(_executable(tmp_path, ROOT), {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": path}, b"{}")
     assert (proc.returncode, proc.stdout) == (0, b"agent")
-    assert len(count) == 1
+    assert counting_agent.connections == 1
 
 
 def test_after_the_handoff_the_agent_is_not_asked_again(tmp_path, counting_agent):
-    path, count = counting_agent
+    path = counting_agent.path
     env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": path, ENV_ASKED: "declined test"}
     proc = _run(_executable(tmp_path, ROOT), env, b'{"cniVersion": "0.4.0"}')
     assert proc.returncode == 0 and json.loads(proc.stdout)["cniVersion"] == "0.4.0"
-    assert count == []
+    assert counting_agent.connections == 0
 
 
 def test_the_handoff_never_reaches_the_plugin(monkeypatch, counting_agent):
     """The variable is gone from the environment before the in-process run (and the IPAM
     plugins it execs) see it."""
-    path, count = counting_agent
+    path = counting_agent.path
     seen = {}
 
     def fake_cni_main(stdin: bytes) -> int:
@@ -106,18 +80,18 @@ def test_the_handoff_never_reaches_the_plugin(monkeypatch, counting_agent):
     monkeypatch.setattr(cni_dra.cni, "main", fake_cni_main)
     assert entry.main() == 0
     assert ENV_ASKED not in seen["environ"] and seen["environ"]["CNI_COMMAND"] == "ADD"
-    assert seen["stdin"] == b"{}" and count == []
+    assert seen["stdin"] == b"{}" and counting_agent.connections == 0
 
 
 def test_require_after_the_handoff_names_the_reason(tmp_path, counting_agent):
-    path, count = counting_agent
+    path = counting_agent.path
     env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": path,
            ENV_ASKED: "declined caller's working directory differs from the agent's"}
     proc = _run(_executable(tmp_path, ROOT), env, b'{"cniVersion": "1.0.0"}')
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1 and doc["code"] == 11 and doc["cniVersion"] == "1.0.0"
     assert f"failed to reach cni-dra agent at {path}: declined caller's working directory" in doc["msg"]
-    assert count == []
+    assert counting_agent.connections == 0
 
 
 def _package_without(tmp_path: Path, missing: str) -> Path:

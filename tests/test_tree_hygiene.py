@@ -1,5 +1,7 @@
 """The tree speaks of the product: no tracker numbers in code, docstrings, comments or tests.
-And the tests stay easy to extend: no test module imports another test module.
+And the tests stay easy to extend: no test module imports another test module. And the
+package stays readable: no function of ``cni_dra`` over 80 lines, no module over 500
+lines unless :data:`LARGE_MODULES` says why.
 
 A reader of the code cannot open a tracker entry named by its number; what it refers to
 belongs in the text itself (or in the commit that made the change). Shared test helpers
@@ -81,3 +83,32 @@ def test_the_import_check_sees_every_form() -> None:
     mods = [m for _, m in _imported_modules(ast.parse(src), "netns_tests")]
     assert [m for m in mods if m.rsplit(".", 1)[-1].startswith("test_")] == [
         "tests.test_a", "netns_tests.test_b", "netns_tests.test_c", "netns_tests.test_d"]
+
+
+PACKAGE = REPO / "cni_dra"
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 500
+# Module (relative to the repository) -> why it may be longer than MAX_MODULE_LINES.
+LARGE_MODULES: dict[str, str] = {}
+
+
+def _package_modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_function_of_the_package_is_longer_than_a_screen() -> None:
+    hits = []
+    for path in _package_modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    hits.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.name} has {lines} lines")
+    assert hits == []
+
+
+def test_no_module_of_the_package_is_large_without_a_reason() -> None:
+    sizes = {str(p.relative_to(REPO)): len(p.read_text(encoding="utf-8").splitlines()) for p in _package_modules()}
+    large = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES and path not in LARGE_MODULES}
+    assert large == {}
+    assert all(sizes.get(path, 0) > MAX_MODULE_LINES for path in LARGE_MODULES)  # no stale reason

@@ -20,9 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import CniError, TryAgainLaterError
+
+if TYPE_CHECKING:
+    from cni_dra.k8s.api import KubeApi
 
 __all__ = ["ClaimWatch", "reserved_pods"]
 
@@ -47,7 +50,7 @@ class ClaimWatch:
     ``share(claim_uid, pod_uids) -> added pods``: :func:`share_prepared_claim` bound to the
     state dir (a seam for tests)."""
 
-    def __init__(self, api: Any, share: Callable[[str, set[str]], list[str]]) -> None:
+    def __init__(self, api: KubeApi, share: Callable[[str, set[str]], list[str]]) -> None:
         self.api = api
         self.share = share
         self._stop = threading.Event()

@@ -21,9 +21,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cni_dra.errors import ClaimError
+
+if TYPE_CHECKING:
+    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.k8s.api import KubeApi
 
 __all__ = ["PreparedDevice", "ClaimDriver"]
 
@@ -50,11 +54,11 @@ class ClaimDriver:
 
     def __init__(
         self,
-        api: Any,
+        api: KubeApi,
         *,
         state_dir: str,
         driver_name: str,
-        inventory: Callable[[], Any],
+        inventory: Callable[[], ResourceSlice],
         observe: Callable[[str, bool, float], None] = lambda verb, ok, seconds: None,
     ) -> None:
         self.api = api

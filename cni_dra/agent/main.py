@@ -27,10 +27,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cni_dra.errors import CniError
 from cni_dra.fastpath.wire import DEFAULT_SOCKET
+
+if TYPE_CHECKING:
+    from cni_dra.k8s.api import KubeApi
 
 __all__ = ["AgentConfig", "Agent", "Service"]
 
@@ -38,6 +41,8 @@ log = logging.getLogger("cni_dra.agent")
 
 
 class Service(Protocol):
+    """What the agent starts after the metrics server and stops, in reverse, on shutdown."""
+
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
@@ -60,13 +65,13 @@ class AgentConfig:
     cleanup: bool = False
     fastpath_socket: str = DEFAULT_SOCKET  # where plugin invocations are served
     fastpath_processes: int | None = None  # accepting processes; None: one per CPU, at most 4
-    extra: list[Any] = field(default_factory=list)  # more services to run
+    extra: list[Service] = field(default_factory=list)  # more services to run
 
 
 class Agent:
     """Wire the parts for ``cfg``; ``api`` (a :class:`cni_dra.k8s.api.KubeApi`) for tests."""
 
-    def __init__(self, cfg: AgentConfig, api: Any = None) -> None:
+    def __init__(self, cfg: AgentConfig, api: KubeApi | None = None) -> None:
         from cni_dra.agent.claimwatch import ClaimWatch
         from cni_dra.agent.driver import ClaimDriver
         from cni_dra.agent.fastpath import FastpathService
@@ -110,9 +115,9 @@ class Agent:
         self.linkwatch = LinkWatch(self.links_changed.set)
         self.fastpath = FastpathService(cfg.fastpath_socket, processes=cfg.fastpath_processes)
         self.claimwatch = ClaimWatch(self.api, lambda uid, pods: share_prepared_claim(cfg.state_dir, uid, pods))
-        self.services: list[Any] = [self.plugin, self.linkwatch, self.claimwatch, self.fastpath] + list(cfg.extra)
+        self.services: list[Service] = [self.plugin, self.linkwatch, self.claimwatch, self.fastpath, *cfg.extra]
         self.metrics_port: int | None = None
-        self._started: list[Any] = []
+        self._started: list[Service] = []
 
     def start(self) -> None:
         """Start the metrics server and every service. Raises CniError subclasses."""
@@ -148,7 +153,7 @@ class Agent:
         finally:
             self.shutdown()
 
-    def _state_stamp(self) -> Any:
+    def _state_stamp(self) -> object:
         from cni_dra.state import StateStore
 
         return StateStore(self.cfg.state_dir).change_stamp()  # snapshot and journal
@@ -156,7 +161,7 @@ class Agent:
     def _loop(self, stop: threading.Event) -> None:
         next_publish = 0.0
         publish_failures = 0
-        stamp: Any = object()  # forces a first status pass (records left while we were down)
+        stamp: object = object()  # forces a first status pass (records left while we were down)
         status_due: float | None = None
         while not stop.is_set():
             now = time.monotonic()

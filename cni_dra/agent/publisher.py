@@ -27,6 +27,7 @@ from cni_dra.errors import CniError
 
 if TYPE_CHECKING:
     from cni_dra.k8s.api import KubeApi
+    from cni_dra.netlink.info import LinkInfo
 
 __all__ = ["slice_name", "desired_slice", "pci_info", "Publisher", "PCIE_ROOT_ATTRIBUTE"]
 
@@ -66,7 +67,7 @@ def desired_slice(
     *,
     node_name: str,
     node: dict[str, Any] | None,
-    link: Callable[[str], Any],
+    link: Callable[[str], LinkInfo | None],
     pci: Callable[[str], tuple[str | None, str | None]] = pci_info,
 ) -> dict[str, Any]:
     """The ResourceSlice to publish (API dict) from ``inventory`` (API dict of the file).
@@ -128,7 +129,7 @@ class Publisher:
         *,
         node_name: str,
         inventory: Callable[[], dict[str, Any]],
-        link: Callable[[str], Any],
+        link: Callable[[str], LinkInfo | None],
         pci: Callable[[str], tuple[str | None, str | None]] = pci_info,
         on_result: Callable[[str], None] = lambda outcome: None,
     ) -> None:

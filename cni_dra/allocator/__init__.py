@@ -1,10 +1,13 @@
 """Pure KEP-5075 allocator: no I/O, no clock, no randomness unless passed in.
 
 Single request (the ADD path): :func:`consumed_amount`, :func:`device_consumption`,
-:func:`remaining`, :func:`check_fits`, :func:`select_device` returning
-:class:`Selection` or :class:`NoFit`. Whole claims: :func:`allocate_claim`,
-:func:`allocate_claims` over a :class:`NodeUsage`. CEL selectors live in
-:mod:`cni_dra.allocator.cel`, imported only when a selector is present.
+:func:`remaining`, :func:`check_fits` (:mod:`.capacity`), :func:`select_device`
+returning :class:`Selection` or :class:`NoFit` (:mod:`.select`). Whole claims:
+:func:`allocate_claim`, :func:`allocate_claims` over a :class:`NodeUsage`
+(:mod:`.claims`, built on :mod:`.claim_explain`, :mod:`.claim_search`,
+:mod:`.claim_requests` and :mod:`.usage`; loaded on first use). CEL selectors live in
+:mod:`cni_dra.allocator.cel`, imported only when a selector is present. ``.importlinter``
+keeps the modules in that order.
 """
 
 from cni_dra.allocator.capacity import (

@@ -33,20 +33,31 @@ import json
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import click
 
-from cni_dra.allocator.claims import ClaimNoFit, NodeUsage, allocate_claims
+from cni_dra.allocator.claims import ClaimNoFit, NodeUsage, allocate_claims, claim_id
 from cni_dra.allocator.select import POLICIES, Policy
 from cni_dra.cli.options import state_dir_option
 from cni_dra.dra.claims import load_claims, load_consumed
 from cni_dra.dra.inventory import load_inventory
-from cni_dra.dra.models import AllocationResult, ResourceSlice, to_api
+from cni_dra.dra.models import AllocationResult, ResourceClaim, ResourceSlice, to_api
 from cni_dra.errors import CniError
 from cni_dra.quantity import Quantity
 
-__all__ = ["make_allocate_command", "read_node_usage", "run_allocate", "StateReader", "new_share_id"]
+__all__ = ["AllocateEntry", "make_allocate_command", "read_node_usage", "run_allocate", "StateReader", "new_share_id"]
+
+class AllocateEntry(TypedDict, total=False):
+    """One claim's line of the output: ``claim`` (namespace/name) and either its
+    ``allocation`` (the API's AllocationResult) or an ``error`` with ``reasons`` (request
+    name or ``claim`` → why)."""
+
+    claim: str
+    allocation: dict[str, Any]
+    error: str
+    reasons: dict[str, str]
+
 
 #: Reads the node's usage of the slice's pool from a state directory: either a
 #: :class:`NodeUsage` or the simple ``{device: {capacity: Quantity}}`` shape (then a
@@ -73,18 +84,17 @@ def new_share_id() -> str:
 
 def run_allocate(
     slice_: ResourceSlice,
-    claims: Sequence[Any],
+    claims: Sequence[ResourceClaim],
     usage: NodeUsage,
     share_id: Callable[[], str],
     policy: Policy = "first-fit",
-) -> tuple[list[dict[str, Any]], bool]:
+) -> tuple[list[AllocateEntry], bool]:
     """Allocate ``claims`` in order; return (output entries, all fitted)."""
     outcomes = allocate_claims(claims, slice_, usage, share_id, policy)
-    out: list[dict[str, Any]] = []
+    out: list[AllocateEntry] = []
     ok = True
     for claim, res in zip(claims, outcomes):
-        meta = claim.metadata
-        cid = f"{meta.namespace}/{meta.name}" if meta.namespace else (meta.name or "<unnamed>")
+        cid = claim_id(claim)
         if isinstance(res, ClaimNoFit):
             ok = False
             out.append({"claim": cid, "error": str(res), "reasons": dict(res.reasons)})
@@ -109,7 +119,7 @@ def _usage(
     return NodeUsage()
 
 
-def _dump(entries: list[dict[str, Any]], output: str) -> str:
+def _dump(entries: list[AllocateEntry], output: str) -> str:
     if output == "yaml":
         import yaml  # lazy
 

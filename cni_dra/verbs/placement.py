@@ -103,8 +103,9 @@ def device_if_name(device: Device, driver: str) -> str:
     return value
 
 
-def place(state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf,
-          asker: Asker) -> Placement:
+def place(
+    state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf, asker: Asker
+) -> Placement:
     """Claim mode when the pod has a prepared allocation result of ``conf.driver`` for
     this interface, else standalone. ``slice_``: the inventory (ResourceSlice);
     ``host_links``: host interface name → link facts (``mtu``, ``admin_up``, ``operstate``);
@@ -171,9 +172,12 @@ def _describe(requests: Mapping[str, Quantity]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(requests.items()))
 
 
-def _usable(slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], mtu: int | None) -> tuple[list[Device], list[str]]:
+def _usable(
+    slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], mtu: int | None
+) -> tuple[list[Device], list[str]]:
     """The inventory devices whose NIC exists, is up and takes ``mtu``; and why the others not."""
-    usable, skipped = [], []
+    usable: list[Device] = []
+    skipped: list[str] = []
     for d in slice_.spec.devices:
         parent = device_if_name(d, slice_.spec.driver)
         link = host_links.get(parent)
