@@ -117,3 +117,23 @@ def test_an_update_cannot_change_the_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="key"), store.transaction() as st:
         st.update(KEY, ifname="eth1")
     assert store.read_files().find(*KEY) is not None
+
+
+def test_a_copy_that_skipped_validation_is_frozen_when_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
+    store = StateStore(tmp_path)
+    unvalidated = _att().model_copy(update={"result": {"interfaces": []}, "steps": [STEP_LINK]})
+    with store.transaction() as st:
+        recorded = st.put(unvalidated)
+    assert recorded.steps == (STEP_LINK,)
+    with pytest.raises(TypeError):
+        store.read().find(*KEY).result["interfaces"].append({"name": "eth9"})
+    assert store.read().model_dump(mode="json") == store.read_files().model_dump(mode="json")
+
+
+def test_an_update_naming_no_field_is_refused(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    with store.transaction() as st:
+        st.put(_att())
+    with pytest.raises(TypeError, match="no field notes"), store.transaction() as st:
+        st.update(KEY, notes="typo")

@@ -123,8 +123,10 @@ def replay(store: StateStore, entry: Cached, *, strict: bool = True) -> StateErr
         seq += 1
         pos = nl + 1
     if records:
-        try:
-            apply_records(entry.state, records)
+        try:  # onto a copy: a state another thread reads is never changed under it
+            state = entry.state.changeable_copy()
+            apply_records(state, records)
+            entry.state = state
         except (ValidationError, ValueError, TypeError, KeyError) as exc:
             raise corrupt_journal(store, f"record does not match the schema: {exc}") from exc
     entry.seq = seq

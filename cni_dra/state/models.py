@@ -23,7 +23,7 @@ while an ADD is in flight. DEL sets ``deleting`` before its first side effect.
 
 Intent records (crash safety): while ``phase`` is ``adding`` or ``deleting`` the attachment
 names its ``owner`` (the process doing the work, :class:`Owner`) and lists in ``steps`` the
-side effects already done (:data:`STEP_LINK`, :data:`STEP_IPAM`). When the owner is dead
+side effects that may have been made (:data:`STEP_IPAM`; :data:`STEP_LINK` in older records). When the owner is dead
 the intent is stale and recovery (:mod:`cni_dra.verbs.recover`) undoes it step by step.
 
 ``readyAt`` (optional; absent in attachments written before it existed) is when ADD made
@@ -73,9 +73,12 @@ __all__ = [
 SCHEMA_VERSION = 4
 
 STEP_LINK = "link"
-"""Intent step: the pod's link was created in its netns."""
+"""Intent step: the pod's link was created in its netns (records of earlier versions; ADD
+now records none for the link, see :mod:`cni_dra.verbs.intent`)."""
 STEP_IPAM = "ipam"
-"""Intent step: IPAM ADD returned addresses for the attachment."""
+"""Intent step: IPAM may hold addresses for the attachment. ADD records it with the
+reservation, before IPAM runs, when the network has IPAM: recovery then runs the IPAM DEL,
+a no-op when ADD had not reached IPAM."""
 
 
 def ready_at(now_s: float) -> str:
@@ -253,6 +256,11 @@ class Attachments(Sequence[Attachment]):
         return Attachments(self)  # attachments are immutable: sharing them is a copy
 
     # -- for cni_dra.state.ops only ------------------------------------------------------
+    def _copy(self) -> Attachments:
+        new = Attachments()
+        new._by_key = dict(self._by_key)
+        return new
+
     def _put(self, att: Attachment) -> None:
         self._by_key[att.key] = att
 
@@ -328,6 +336,12 @@ class NodeState(BaseModel):
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None (an index lookup)."""
         return self.attachments.get((network, container_id, ifname))
+
+    def changeable_copy(self) -> NodeState:
+        """A copy that :mod:`cni_dra.state.ops` may change while this one stays as it is
+        (copy on write: a state another thread reads is never changed under it). O(attachments)
+        at C speed; the attachments and every other value are shared, being immutable."""
+        return self.model_copy(update={"attachments": self.attachments._copy()})
 
     def prepared(self, pod_uid: str) -> tuple[PreparedClaim, ...]:
         """The prepared claims of pod ``pod_uid``, typed, in ``claims`` order; each pod's

@@ -38,7 +38,9 @@ crash leaves either the old or the new state, never a mix, and never no file.
 Caching: a process keeps the state it last read or wrote, keyed by the snapshot's identity
 (inode, size, mtime, ctime) and the journal's (inode, end of the last record read), so the
 resident agent parses the snapshot once and then only the records other processes appended.
-A transaction applies its operations to the cached state; one that raises drops it from the cache.
+A transaction applies its operations to its own copy of the cached state (copy on write),
+which its commit makes the cached state: a state once handed out is never changed, so a
+thread may read it while others commit.
 A journal of the same size with another mtime or ctime was edited in place and is read
 again whole; an edit of records already read, followed by appends of others, is found
 by any fresh reader (the CLI, an in-process plugin, a restarted agent), not by this cache.

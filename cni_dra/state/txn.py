@@ -2,8 +2,10 @@
 
 :func:`transaction` (behind :meth:`StateStore.transaction <cni_dra.state.store.StateStore.transaction>`)
 yields a :class:`Txn`: the state to read, and the only way to change it. Each change is an
-explicit, typed operation (:mod:`cni_dra.state.ops`): the transaction applies it to the
-state at once, so later reads in the block see it, and keeps it. When the block exits
+explicit, typed operation (:mod:`cni_dra.state.ops`): the transaction applies it at once
+to its own copy of the state (made at the first change; the state it started from, which
+other threads may be reading, is never changed), so later reads in the block see it, and
+keeps it. When the block exits
 normally the kept operations are committed as one journal record (or a new snapshot);
 nothing is written when it made none, or when the block raises.
 
@@ -48,13 +50,16 @@ class Txn:
     :meth:`set_status_updates`, :meth:`add_status_update`, :meth:`set_boot_id`.
     """
 
-    __slots__ = ("state", "ops")
+    __slots__ = ("base", "state", "ops")
 
     def __init__(self, state: NodeState) -> None:
+        self.base = state  # what the transaction started from: never changed (copy on write)
         self.state = state
         self.ops: list[ops.Op] = []
 
     def _do(self, op: ops.Op) -> None:
+        if self.state is self.base:  # the first change: from here on, the transaction's own copy
+            self.state = self.base.changeable_copy()
         ops.apply(self.state, op)
         self.ops.append(op)
 
@@ -86,9 +91,12 @@ class Txn:
 
     # -- changes -------------------------------------------------------------------------
     def put(self, att: Attachment) -> Attachment:
-        """Record ``att``: it replaces the attachment with its key (in its place) or goes last."""
-        self._do(ops.Put(att))
-        return att
+        """Record ``att``: it replaces the attachment with its key (in its place) or goes last.
+        Returns what is recorded: ``att`` validated again, since a copy made with
+        ``model_copy(update=...)`` skips validation and could hold mutable or mistyped values."""
+        recorded = Attachment.model_validate(dict(att.__dict__))
+        self._do(ops.Put(recorded))
+        return recorded
 
     def update(self, att: Attachment | tuple[str, str, str], **changes: Any) -> Attachment:
         """Record a copy of the attachment (``att``, or the one with that key) with ``changes``
@@ -98,10 +106,14 @@ class Txn:
         cur = self.state.attachments.get(key)
         if cur is None:
             raise KeyError(key)
+        unknown = changes.keys() - Attachment.model_fields.keys()
+        if unknown:
+            raise TypeError(f"an attachment has no field {', '.join(sorted(unknown))}")
         new = Attachment.model_validate({**cur.__dict__, **changes})
         if new.key != key:
             raise ValueError(f"an update must not change an attachment's key {key}")
-        return self.put(new)
+        self._do(ops.Put(new))
+        return new
 
     def put_all(self, atts: Iterable[Attachment]) -> None:
         """:meth:`put` each of ``atts``, in order."""
@@ -142,13 +154,7 @@ def transaction(store: StateStore, durable: bool) -> Iterator[Txn]:
     key = str(store.path)
     with store.locked():
         txn = Txn(store._read_unlocked())
-        ok = False
-        try:
-            yield txn
-            ok = True
-        finally:
-            if not ok and txn.ops:  # the cached state has the changes the files will not
-                CACHE.pop(key, None)
+        yield txn  # a block that raises leaves the cached state as it was: nothing to undo
         try:
             _commit(store, txn, durable)
         except BaseException:
@@ -163,7 +169,7 @@ def _commit(store: StateStore, txn: Txn, durable: bool = True) -> None:
     entry = CACHE.get(str(store.path))
     if (
         entry is None
-        or entry.state is not state
+        or entry.state is not txn.base
         or entry.jid is None
         or entry.snap_ident is None
         or store.journal_limit_bytes <= 0
@@ -171,6 +177,7 @@ def _commit(store: StateStore, txn: Txn, durable: bool = True) -> None:
         journal.write_snapshot(store, state)
     else:
         journal.append(store, entry, [ops.encode(op) for op in txn.ops], durable)
+        entry.state = state  # readers from now on; those holding the old state keep it whole
         if entry.j_end > max(store.journal_limit_bytes, entry.snap_size):
             try:  # compaction: the record above is committed whatever happens here
                 journal.write_snapshot(store, state)

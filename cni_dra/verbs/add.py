@@ -9,9 +9,11 @@ Steps (each effect registers its undo; a failure undoes them in reverse and re-r
    record the attachment in phase ``adding`` — the capacity is charged from here on (a
    ResourceClaim shared by several pods: each pod's interface uses the claim's one share,
    charged once, on the device the scheduler allocated);
-2. create the macvlan in the pod netns (temporary name, then CNI_IFNAME);
-3. IPAM ADD (the plugin named by ``ipam.type``), then addresses and routes on the link;
-4. under the lock: the attachment becomes ``ready`` with the CNI result.
+2. start IPAM ADD (the plugin named by ``ipam.type``) in a thread; meanwhile create the
+   macvlan/ipvlan in the pod netns (temporary name, then CNI_IFNAME); then addresses and
+   routes from IPAM's result on the link (dhcp, whose daemon configures through the link,
+   runs after the link instead, in the reference order);
+3. under the lock: the attachment becomes ``ready`` with the CNI result.
 
 Errors: InvalidConfigError (7) for mtu above the parent's (before any IPAM call),
 NoCapacityError (100) when nothing fits, ClaimError (101) for an allocation that cannot be

@@ -1,9 +1,8 @@
 """Crash recovery and repair of the node state: stale intents, reboots, corrupt files.
 
-Intent records (:mod:`cni_dra.state.models`): ADD records its attachment as ``adding`` with
-its owner process before the first side effect and appends a step after each
-(:data:`~cni_dra.state.models.STEP_LINK`, :data:`~cni_dra.state.models.STEP_IPAM`); DEL marks
-it ``deleting`` before its first (:mod:`cni_dra.verbs.intent`). An intent whose owner
+Intent records (:mod:`cni_dra.state.models`, :mod:`cni_dra.verbs.intent`): ADD records its
+attachment as ``adding`` with its owner process, and the IPAM step when the network has
+IPAM, before the first side effect; DEL marks it ``deleting`` before its first. An intent whose owner
 process is dead is *stale*.
 
 :func:`recover` (run at the start of ADD, DEL and GC, and by ``cni-dra state recover``):
