@@ -47,6 +47,7 @@ Errors: :class:`~cni_dra.errors.InvalidConfigError` (7), and
 :class:`~cni_dra.errors.IOFailureError` (5) for a conflist that cannot be read.
 """
 
+from cni_dra.protocol.profile.limits import ProfileLimits, check_limits, limits_from_conflist, load_limits, strictest
 from cni_dra.protocol.profile.model import (
     API_VERSION,
     KIND,
@@ -56,13 +57,38 @@ from cni_dra.protocol.profile.model import (
     ShapingProfile,
     parse_interface_config,
 )
+from cni_dra.protocol.profile.precedence import (
+    SOURCES,
+    ProfileEntry,
+    apply_to_netconf,
+    applies_to,
+    claim_profiles,
+    decode_result_profile,
+    driver_entries,
+    overlay,
+    result_profile,
+)
 
 __all__ = [
     "API_VERSION",
     "KIND",
+    "SOURCES",
     "LINK_TYPES",
     "ShapingProfile",
     "InterfaceProfile",
     "InterfaceConfig",
+    "ProfileLimits",
+    "ProfileEntry",
     "parse_interface_config",
+    "driver_entries",
+    "applies_to",
+    "overlay",
+    "result_profile",
+    "check_limits",
+    "claim_profiles",
+    "decode_result_profile",
+    "apply_to_netconf",
+    "strictest",
+    "limits_from_conflist",
+    "load_limits",
 ]
