@@ -111,7 +111,7 @@ def limits_from_conflist(obj: Mapping[str, Any], source: str = "<conflist>") -> 
         try:
             out.append(ProfileLimits.model_validate(entry.get("profiles", {})))
         except ValidationError as exc:
-            raise InvalidConfigError(f"invalid network config {source}: profiles: {validation_errors(exc)}", str(exc)) from exc
+            raise InvalidConfigError(f"invalid network config {source}: profiles: {validation_errors(exc)}") from exc
     return strictest(out)
 
 

@@ -172,4 +172,4 @@ def parse_interface_config(parameters: Any) -> InterfaceConfig:
     try:
         return InterfaceConfig.model_validate(dict(parameters))
     except ValidationError as exc:
-        raise InvalidConfigError(validation_errors(exc), str(exc)) from exc
+        raise InvalidConfigError(validation_errors(exc)) from exc  # the message names every field

@@ -109,7 +109,7 @@ def overlay(lower: InterfaceProfile, upper: InterfaceProfile) -> InterfaceProfil
     try:
         return InterfaceProfile.model_validate(fields)
     except ValidationError as exc:
-        raise InvalidConfigError(validation_errors(exc), str(exc)) from exc
+        raise InvalidConfigError(validation_errors(exc)) from exc  # the message names every field
 
 
 def _field_paths(profile: InterfaceProfile) -> list[str]:
