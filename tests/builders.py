@@ -31,6 +31,7 @@ __all__ = [
     "fake_agent",
     "netconf",
     "netconf_bytes",
+    "profile_config",
     "resource_claim",
     "resource_slice",
     "write_slice",
@@ -114,16 +115,31 @@ def allocation_result(device: str, *, request: str = "net", driver: str = DRIVER
     return result
 
 
+def profile_config(source: str = "FromClaim", *, requests: list[str] | None = None, driver: str = DRIVER,
+                   **fields: Any) -> dict[str, Any]:
+    """One ``status.allocation.devices.config`` entry carrying an ``InterfaceConfig`` of
+    ``fields`` (``linkType="ipvlan", mtu=9000``) for ``driver``; ``requests`` when given."""
+    entry: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": {
+        "apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceConfig", **fields}}}
+    if requests is not None:
+        entry["requests"] = list(requests)
+    return entry
+
+
 def resource_claim(*results: dict[str, Any], uid: str = "u", name: str = "c", namespace: str = "ns",
                    requests: list[dict[str, Any]] | None = None,
-                   reserved_for: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                   reserved_for: list[dict[str, Any]] | None = None,
+                   config: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """An allocated ResourceClaim with ``results`` (see :func:`allocation_result`); ``requests``
-    fills ``spec.devices.requests`` and ``reserved_for`` ``status.reservedFor`` when given."""
+    fills ``spec.devices.requests``, ``reserved_for`` ``status.reservedFor`` and ``config``
+    ``status.allocation.devices.config`` (see :func:`profile_config`) when given."""
     claim: dict[str, Any] = {"metadata": {"name": name, "namespace": namespace, "uid": uid}}
     if requests is not None:
         claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **claim,
                  "spec": {"devices": {"requests": requests}}}
     claim["status"] = {"allocation": {"devices": {"results": list(results)}}}
+    if config is not None:
+        claim["status"]["allocation"]["devices"]["config"] = list(config)
     if reserved_for is not None:
         claim["status"]["reservedFor"] = reserved_for
     return claim

@@ -5,7 +5,10 @@ namespace, name and UID only, so the driver reads the ResourceClaim from the API
 checks that it is the same object (UID), that it is allocated, and that every allocation
 result of this driver names this node's pool and one of its inventory devices; then it
 stores the claim in the node state for every pod in ``status.reservedFor``, through
-:func:`cni_dra.state.claims.prepare_claim` (the path of ``cni-dra claims prepare``). The
+:func:`cni_dra.state.claims.prepare_claim` (the path of ``cni-dra claims prepare``), which
+first validates the device profiles the claim's config asks against the node's limits
+(read at each prepare from the agent's ``--conflist`` files); a claim that fails is
+refused with nothing stored, and the kubelet shows the message as a pod event. The
 state, not memory, holds prepared claims, so an agent restart loses nothing; a repeated
 prepare replaces the stored copy (idempotent), and the state lock serialises it with the
 CNI plugin.
@@ -28,6 +31,7 @@ from cni_dra.errors import ClaimError
 if TYPE_CHECKING:
     from cni_dra.dra.models import ResourceSlice
     from cni_dra.k8s.api import KubeApi
+    from cni_dra.protocol.profile import ProfileLimits
 
 __all__ = ["PreparedDevice", "ClaimDriver"]
 
@@ -49,7 +53,9 @@ class ClaimDriver:
     """Prepare/unprepare claims into the node state.
 
     ``api``: :class:`cni_dra.k8s.api.KubeApi`; ``inventory()``: the node's ResourceSlice
-    (a :class:`cni_dra.dra.models.ResourceSlice`); ``observe(verb, ok, seconds)``: metrics.
+    (a :class:`cni_dra.dra.models.ResourceSlice`); ``limits()``: the node's limits on device
+    profiles (default: :class:`~cni_dra.protocol.profile.ProfileLimits`' defaults);
+    ``observe(verb, ok, seconds)``: metrics.
     """
 
     def __init__(
@@ -59,12 +65,14 @@ class ClaimDriver:
         state_dir: str,
         driver_name: str,
         inventory: Callable[[], ResourceSlice],
+        limits: Callable[[], ProfileLimits] | None = None,
         observe: Callable[[str, bool, float], None] = lambda verb, ok, seconds: None,
     ) -> None:
         self.api = api
         self.state_dir = state_dir
         self.driver_name = driver_name
         self.inventory = inventory
+        self.limits = limits
         self.observe = observe
 
     def prepare(self, namespace: str, uid: str, name: str) -> list[PreparedDevice]:
@@ -72,7 +80,9 @@ class ClaimDriver:
 
         Raises ClaimError (101) for a claim that is missing, replaced (other UID), not
         allocated, allocated on another node's devices or reserved for no pod;
-        IOFailureError (5) / TryAgainLaterError (11) from the API server or the state.
+        InvalidConfigError (7) for device profiles that do not validate or break the node's
+        limits (nothing stored); IOFailureError (5) / TryAgainLaterError (11) from the API
+        server, the state or an unreadable conflist.
         """
         start = time.monotonic()
         ok = False
@@ -84,6 +94,7 @@ class ClaimDriver:
             self.observe("prepare", ok, time.monotonic() - start)
 
     def _prepare(self, namespace: str, uid: str, name: str) -> list[PreparedDevice]:
+        from cni_dra.protocol.profile import ProfileLimits
         from cni_dra.state.claims import prepare_claim
 
         where = f"claim {namespace}/{name} ({uid})"
@@ -116,8 +127,9 @@ class ClaimDriver:
         ]
         if not pods:
             raise ClaimError(f"failed to prepare {where}: status.reservedFor names no pod")
+        limits = self.limits() if self.limits is not None else ProfileLimits()
         for pod_uid in pods:
-            if prepare_claim(self.state_dir, pod_uid, claim):
+            if prepare_claim(self.state_dir, pod_uid, claim, driver=self.driver_name, limits=limits):
                 log.info("prepared %s for pod %s", where, pod_uid)
         return [
             PreparedDevice(

@@ -56,6 +56,7 @@ class AgentConfig:
     inventory: str
     state_dir: str
     kubeconfig: str | None = None
+    conflists: tuple[str, ...] = ()  # whose cni-dra entries' 'profiles' limit device profiles at prepare
     plugin_dir: str | None = None  # default /var/lib/kubelet/plugins/<driver>
     registry_dir: str = "/var/lib/kubelet/plugins_registry"
     metrics_address: str = ""  # HOST:PORT; empty: no metrics server
@@ -83,6 +84,7 @@ class Agent:
         from cni_dra.k8s.api import KubeApi
         from cni_dra.k8s.kubelet_plugin import KubeletPlugin
         from cni_dra.netlink.info import host_link
+        from cni_dra.protocol.profile import load_limits
         from cni_dra.state import StateStore
         from cni_dra.state.claims import share_prepared_claim
 
@@ -102,6 +104,7 @@ class Agent:
             state_dir=cfg.state_dir,
             driver_name=self.driver_name,
             inventory=lambda: load_inventory(cfg.inventory),
+            limits=lambda: load_limits(cfg.conflists),
             observe=self.metrics.observe,
         )
         self.plugin = KubeletPlugin(

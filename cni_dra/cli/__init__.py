@@ -17,7 +17,7 @@ import click
 
 from cni_dra.cli.agent import agent as agent_command
 from cni_dra.cli.allocate import make_allocate_command
-from cni_dra.cli.options import INVENTORY_OPT, STATE_DIR_OPT
+from cni_dra.cli.options import CONFLIST_OPT, INVENTORY_OPT, STATE_DIR_OPT
 from cni_dra.cli.state import state as state_group
 from cni_dra.errors import CniError
 from cni_dra.protocol.config import DEFAULT_DRIVER
@@ -115,24 +115,29 @@ def _read_text(path: str) -> str:
 @claims.command("prepare")
 @STATE_DIR_OPT
 @INVENTORY_OPT
+@CONFLIST_OPT
 @click.option("--pod-uid", required=True, envvar="CNI_DRA_POD_UID", help="UID of the pod the claim is reserved for.")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-def claims_prepare(state_dir: str, inventory: str, pod_uid: str, file: str) -> None:
+def claims_prepare(state_dir: str, inventory: str, conflists: tuple[str, ...], pod_uid: str, file: str) -> None:
     """Add the allocated ResourceClaim(s) in FILE (JSON or YAML, a List or several
     documents; '-' for stdin) for a pod. Results of the inventory's driver must name its
-    pool and devices (checked when the inventory file exists)."""
+    pool and devices (checked when the inventory file exists), and the device profiles
+    their config asks must validate within the --conflist limits."""
     import os
 
     from cni_dra.dra.claims import parse_claim_objects
     from cni_dra.dra.inventory import load_inventory
+    from cni_dra.protocol.profile import load_limits
     from cni_dra.state.claims import check_claim_against_inventory, prepare_claim
 
     objs = parse_claim_objects(_read_text(file), file)
     slice_ = load_inventory(inventory) if os.path.exists(inventory) else None
+    driver = slice_.spec.driver if slice_ is not None else DEFAULT_DRIVER
+    limits = load_limits(conflists)
     for obj in objs:
         if slice_ is not None:
             check_claim_against_inventory(obj, slice_)
-        changed = prepare_claim(state_dir, pod_uid, obj)
+        changed = prepare_claim(state_dir, pod_uid, obj, driver=driver, limits=limits)
         name = (obj.get("metadata") or {}).get("name")
         click.echo(f"claim {name} {'prepared' if changed else 'already prepared'} for pod {pod_uid}")
 

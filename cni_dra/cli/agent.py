@@ -10,7 +10,7 @@ import threading
 
 import click
 
-from cni_dra.cli.options import INVENTORY_OPT, STATE_DIR_OPT
+from cni_dra.cli.options import CONFLIST_OPT, INVENTORY_OPT, STATE_DIR_OPT
 from cni_dra.fastpath.wire import DEFAULT_SOCKET
 
 __all__ = ["agent"]
@@ -22,6 +22,7 @@ __all__ = ["agent"]
               help="Kubeconfig file (default: the in-cluster service account).")
 @INVENTORY_OPT
 @STATE_DIR_OPT
+@CONFLIST_OPT
 @click.option("--plugin-dir", envvar="CNI_DRA_PLUGIN_DIR", default=None,
               help="Directory of the DRA socket [default: /var/lib/kubelet/plugins/<driver>].")
 @click.option("--registry-dir", envvar="CNI_DRA_REGISTRY_DIR", default="/var/lib/kubelet/plugins_registry",
@@ -36,8 +37,8 @@ __all__ = ["agent"]
               help="Unix socket on which plugin invocations are served (where the plugin looks).")
 @click.option("--log-level", envvar="CNI_DRA_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str, plugin_dir: str | None,
-          registry_dir: str, metrics_address: str, resync_interval: float, cleanup: bool, fastpath_socket: str,
+def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str, conflists: tuple[str, ...],
+          plugin_dir: str | None, registry_dir: str, metrics_address: str, resync_interval: float, cleanup: bool, fastpath_socket: str,
           log_level: str) -> None:
     """Run the node agent until SIGTERM/SIGINT."""
     from cni_dra.agent.main import Agent, AgentConfig
@@ -45,7 +46,8 @@ def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if kubeconfig:
         kubeconfig = kubeconfig.split(":")[0]
-    cfg = AgentConfig(node_name=node_name, inventory=inventory, state_dir=state_dir, kubeconfig=kubeconfig,
+    cfg = AgentConfig(node_name=node_name, inventory=inventory, state_dir=state_dir, conflists=conflists,
+                      kubeconfig=kubeconfig,
                       plugin_dir=plugin_dir, registry_dir=registry_dir, metrics_address=metrics_address,
                       resync_s=resync_interval, cleanup=cleanup, fastpath_socket=fastpath_socket)
     stop = threading.Event()

@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from cni_dra.protocol.config import DEFAULT_INVENTORY, DEFAULT_STATE_DIR
 
-__all__ = ["INVENTORY_OPT", "STATE_DIR_HELP", "STATE_DIR_OPT", "state_dir_option"]
+__all__ = ["CONFLIST_OPT", "INVENTORY_OPT", "STATE_DIR_HELP", "STATE_DIR_OPT", "state_dir_option"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,4 +73,10 @@ STATE_DIR_OPT = state_dir_option()
 INVENTORY_OPT = click.option(
     "--inventory", envvar="CNI_DRA_INVENTORY", default=DEFAULT_INVENTORY, show_default=True,
     help="The node's ResourceSlice file (the plugin config's inventory).",
+)
+CONFLIST_OPT = click.option(
+    "--conflist", "conflists", multiple=True, envvar="CNI_DRA_CONFLIST",
+    type=click.Path(dir_okay=False),
+    help="A conflist whose cni-dra entries' 'profiles' limit the device profiles claims may ask "
+         "(repeatable; the strictest wins; none: the defaults). CNI_DRA_CONFLIST: paths separated by spaces.",
 )

@@ -3,13 +3,22 @@ prepare|unprepare`` and the DRA kubelet plugin's NodePrepareResources/NodeUnprep
 
 Claims are stored as the API server returns them (resource.k8s.io/v1 ResourceClaim with
 ``status.allocation``), keyed by pod UID (KEP-4381 kubelet prepare; KEP-5075 results carry
-``consumedCapacity`` and ``shareID``).
+``consumedCapacity`` and ``shareID``). Before anything is stored, the device profiles the
+claim's configuration gives the results of cni-dra's driver are validated and checked
+against the node's limits (:func:`cni_dra.protocol.profile.claim_profiles`): a claim that
+fails is refused whole, with the state unchanged, so a bad profile never reaches ADD. The
+state decodes the same profiles from the stored object (:mod:`cni_dra.state.prepared`).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from cni_dra.protocol.config import DEFAULT_DRIVER
+
+if TYPE_CHECKING:
+    from cni_dra.protocol.profile import ProfileLimits
 
 __all__ = ["prepare_claim", "unprepare_claims", "check_claim_against_inventory", "share_prepared_claim"]
 
@@ -40,16 +49,25 @@ def check_claim_against_inventory(claim_obj: dict[str, Any], slice_: Any) -> Non
             raise InvalidConfigError(f"{where}: shareID {share!r} is not a lowercase UUID")
 
 
-def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any]) -> bool:
+def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER,
+                  limits: ProfileLimits | None = None) -> bool:
     """Store a resource.k8s.io/v1 ResourceClaim (with ``status.allocation``) for ``pod_uid``.
 
-    Idempotent: a claim with the same ``metadata.uid`` is replaced. Returns True when the
-    state changed. Raises InvalidConfigError (7) for a claim that does not validate.
+    The device profiles its config gives the results of ``driver`` must validate and keep
+    within ``limits`` (the node's, default :class:`~cni_dra.protocol.profile.ProfileLimits`);
+    checked before the state is touched. Idempotent: a claim with the same ``metadata.uid``
+    is replaced. Returns True when the state changed.
+
+    Raises:
+        InvalidConfigError: (7) a claim that does not validate, is not allocated, or whose
+            profiles do not validate or break a limit (``failed to prepare claim <ns>/<name>
+            request 'net1': <field and limit>``); nothing is written.
     """
     from pydantic import ValidationError
 
     from cni_dra.dra.models import ResourceClaim
     from cni_dra.errors import InvalidConfigError
+    from cni_dra.protocol.profile import ProfileLimits, claim_profiles
     from cni_dra.state.store import StateStore
 
     try:
@@ -58,6 +76,7 @@ def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any]) -> bo
         raise InvalidConfigError(f"failed to prepare claim: not a valid resource.k8s.io/v1 ResourceClaim: {exc}") from exc
     if claim.status is None or claim.status.allocation is None:
         raise InvalidConfigError(f"failed to prepare claim {claim.metadata.name}: it has no status.allocation")
+    claim_profiles(claim_obj, driver, limits if limits is not None else ProfileLimits())
     uid = claim.metadata.uid or claim.metadata.name
     with StateStore(state_dir).transaction() as state:  # the state keeps a read-only copy
         existing = list(state.claims.get(pod_uid, ()))

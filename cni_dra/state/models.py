@@ -52,6 +52,7 @@ from pydantic_core import CoreSchema, core_schema
 from cni_dra.dra.models import Device
 from cni_dra.quantity import Format, Quantity, QuantityField
 from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
+from cni_dra.state.prepared import PreparedClaim, PreparedResult
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -266,52 +267,6 @@ class Attachments(Sequence[Attachment]):
 
     def _drop(self, key: tuple[str, str, str]) -> Attachment | None:
         return self._by_key.pop(key, None)
-
-
-class PreparedResult(BaseModel):
-    """One allocation result of a prepared claim (``status.allocation.devices.results[]``,
-    KEP-5075 ``consumedCapacity`` and ``shareID``), as cni-dra reads it."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    request: str = ""
-    driver: str = ""
-    pool: str = ""
-    device: str = ""
-    consumedCapacity: Annotated[dict[str, QuantityField], AfterValidator(FrozenDict)] = Field(
-        default_factory=FrozenDict)
-    shareID: str | None = None
-
-
-class PreparedClaim(BaseModel):
-    """A prepared ResourceClaim as cni-dra reads it: its identity and its allocation
-    results. The state keeps the object as the API server returned it (``NodeState.claims``);
-    :meth:`NodeState.prepared` decodes each one once into this."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    namespace: str = ""
-    name: str = ""
-    uid: str = ""
-    results: tuple[PreparedResult, ...] = ()
-
-    @classmethod
-    def decode(cls, claim: Mapping[str, Any]) -> PreparedClaim:
-        """The typed view of a resource.k8s.io/v1 ResourceClaim object (pydantic's
-        ValidationError when an amount is not a quantity)."""
-        meta = claim.get("metadata") or {}
-        devices = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-        return cls(namespace=meta.get("namespace") or "", name=meta.get("name") or "",
-                   uid=meta.get("uid") or "", results=tuple(devices.get("results") or ()))
-
-    @property
-    def identity(self) -> str:
-        """What names the claim among a pod's: its UID, else its name."""
-        return self.uid or self.name
-
-    def ref(self) -> dict[str, str]:
-        """``{"namespace", "name", "uid"}``: how the agent names the claim to the API server."""
-        return {"namespace": self.namespace, "name": self.name, "uid": self.uid}
 
 
 class NodeState(BaseModel):

@@ -25,6 +25,8 @@ state directory's checks, and re-exports the names callers use:
 * :mod:`cni_dra.state.txn`: a transaction, whose typed operations (:mod:`cni_dra.state.ops`)
   are the only way the state changes;
 * :mod:`cni_dra.state.frozen`: the read-only containers the state's values are kept in;
+* :mod:`cni_dra.state.prepared`: the typed view of a prepared claim (its results, each
+  with its device profile), decoded once from the stored object;
 * :mod:`cni_dra.state.lock`: the in-process lock and ``flock(2)`` on ``state.lock``;
 * :mod:`cni_dra.state.cache`: what a process keeps of the state it last read or wrote;
 * :mod:`cni_dra.state.repair`: reading a damaged state, the view ``state repair`` writes;
