@@ -351,13 +351,15 @@ def _add_redirect(ipr: Any, pod_idx: int, ifb_idx: int) -> None:
            target=_FILTER_CLASSID, keys=["0x0/0x0+0"], action=dict(kind="mirred", direction="egress", action="redirect", ifindex=ifb_idx))
 
 
-def _remove_all(ipr: Any, ifname: str) -> None:
-    """Remove every piece of shaping of ``ifname`` in the socket's namespace; missing is fine."""
+def _remove_all(ipr: Any, ifname: str) -> bool:
+    """Remove every piece of shaping of ``ifname`` in the socket's namespace; missing is fine.
+    True when something was removed."""
+    removed = False
     idx = _link_index(ipr, ifname)
     if idx is not None:
-        _delete_qdisc(ipr, idx, _TC_H_INGRESS, "ingress")
-        _delete_qdisc(ipr, idx, _TC_H_ROOT, "tbf")
-    _remove_ifb(ipr, ifname)
+        removed = _delete_qdisc(ipr, idx, _TC_H_INGRESS, "ingress")
+        removed = _delete_qdisc(ipr, idx, _TC_H_ROOT, "tbf") or removed
+    return _remove_ifb(ipr, ifname) or removed
 
 
 def apply_shaping(netns: str, ifname: str, spec: ShapeSpec) -> ShapeInfo:
@@ -424,19 +426,22 @@ def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, egress: Tbf | None, 
                             f"redirect ingress of {where} to {ifb_name(ifname)}") from exc
 
 
-def _remove_ifb(ipr: Any, ifname: str) -> None:
+def _remove_ifb(ipr: Any, ifname: str) -> bool:
     idx = _link_index(ipr, ifb_name(ifname))
     if idx is not None:
         msgs = ipr.get_links(idx)
         if msgs and _link_kind(msgs[0]) == "ifb":
             _delete_link_index(ipr, idx)
+            return True
+    return False
 
 
-def remove_shaping(netns: str, ifname: str) -> None:
+def remove_shaping(netns: str, ifname: str) -> bool:
     """Remove the shaping of ``ifname`` in ``netns``: its ifb device, ingress and root tbf qdiscs.
 
     Idempotent: a missing netns, interface, device or qdisc is success (DEL's rule). A link
-    of another kind that holds the ifb name is left alone.
+    of another kind that holds the ifb name is left alone. Returns True when something was
+    removed (an ifb device left behind by a link deleted before it, for instance).
 
     Raises:
         InvalidEnvironmentError: (4) ``ifname`` is invalid or ``netns`` is not a network namespace.
@@ -446,12 +451,12 @@ def remove_shaping(netns: str, ifname: str) -> None:
     try:
         with sockets.netns_iproute(netns) as ipr, \
                 _pyroute2.translated(f"remove shaping of {ifname} in netns {netns}"):
-            _remove_all(ipr, ifname)
+            return _remove_all(ipr, ifname)
     except ContainerUnknownError:
-        return
+        return False
     except InvalidEnvironmentError:
         if not netns_exists(netns):  # the empty file left once the netns was unmounted
-            return
+            return False
         raise
 
 
@@ -487,7 +492,12 @@ def _read(ipr: Any, ifname: str) -> ShapeInfo:
     if _qdisc(ipr, idx, _TC_H_INGRESS) is not None:
         target = _redirect_target(ipr, idx)
         if target is not None:
-            msgs = ipr.get_links(target)
+            try:
+                msgs = ipr.get_links(target)
+            except _pyroute2.load().NetlinkError as exc:  # the ifb device was deleted under the filter
+                if _code(exc) != errno.ENODEV:
+                    raise
+                msgs = []
             if msgs:
                 ifb = msgs[0].get_attr("IFLA_IFNAME")
                 ingress = _tbf_of(_qdisc(ipr, target, _TC_H_ROOT), ticks)

@@ -30,6 +30,12 @@ the intent is stale and recovery (:mod:`cni_dra.verbs.recover`) undoes it step b
 the attachment ``ready``: GC leaves an attachment alone for a grace period after that
 (:mod:`cni_dra.verbs.gc`), since a runtime's list of valid attachments may predate it.
 
+``shaping`` (optional; absent when the attachment is not shaped, or was written before the
+field existed) is the traffic control ADD installed on the pod interface, as the kernel
+reported it: ``{"egress": {"rateBps", "burstBytes", "limitBytes"}, "ingress": {...}, "ifb":
+"<ifb device>"}``, an unshaped direction left out (:mod:`cni_dra.verbs.shaping`); CHECK
+compares the kernel with it.
+
 Older schemas are migrated on read by :func:`migrate` (one function per version step in
 :data:`MIGRATIONS`). Models ignore unknown keys, so adding a field is a backwards-compatible
 change that needs no new schema version; a change of meaning does.
@@ -126,6 +132,7 @@ class Attachment(BaseModel):
     ipamConf: str | None = None  # the network config given to IPAM ADD, for release without the runtime
     result: dict[str, Any] | None = None  # CNI result (1.1.0 schema) of the ADD
     readyAt: str | None = None  # when ADD made it ready, RFC 3339 UTC (see ready_at); GC spares young ones
+    shaping: dict[str, Any] | None = None  # traffic control ADD installed, as the kernel read it back (see below)
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -93,9 +93,10 @@ class AddIntent:
     def key(self) -> tuple[str, str, str]:
         return self.att.key
 
-    def complete(self, result: dict[str, Any]) -> None:
-        """Record ``result`` (CNI 1.1.0 form): phase ``ready``, ``readyAt`` now, no owner
-        or steps. Raises StateError (5), ClaimError (101) if the record vanished."""
+    def complete(self, result: dict[str, Any], shaping: dict[str, Any] | None = None) -> None:
+        """Record ``result`` (CNI 1.1.0 form) and ``shaping`` (the traffic control installed,
+        :func:`cni_dra.verbs.shaping.record`; None: none): phase ``ready``, ``readyAt`` now, no
+        owner or steps. Raises StateError (5), ClaimError (101) if the record vanished."""
         from cni_dra.errors import ClaimError
         from cni_dra.state.claim_status import claim_status_record
         from cni_dra.state.models import ready_at
@@ -107,6 +108,8 @@ class AddIntent:
             recorded.phase = "ready"
             recorded.readyAt = ready_at(time.time())  # GC spares it for a grace period
             recorded.result = result
+            if shaping is not None:
+                recorded.shaping = shaping
             if recorded.claim is not None:  # claim mode: the agent writes it into the claim's status
                 state.statusUpdates.append(claim_status_record(recorded))
             recorded.owner, recorded.steps = None, []
