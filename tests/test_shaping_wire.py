@@ -261,6 +261,7 @@ class FakeKernel:
         monkeypatch.setattr(ipam, "ipam_check", lambda *a, **k: None)
         monkeypatch.setattr(shaping, "apply_shaping", self._apply)
         monkeypatch.setattr(shaping, "remove_shaping", self._remove)
+        monkeypatch.setattr(shaping, "delete_shaped_link", lambda ns, name: (True, self._remove(ns, name)))
         monkeypatch.setattr(shaping, "read_shaping", lambda ns, name: self.installed)
 
     def _ipam_add(self, *args: object, **kwargs: object) -> Result:
@@ -376,19 +377,19 @@ def test_a_later_failure_removes_the_shaping(tmp_path, monkeypatch) -> None:
 def test_release_removes_shaping_when_there_may_be_some(monkeypatch, shaping_rec, phase, removes) -> None:
     from cni_dra.verbs.release import release_attachment
 
-    removed: list[str] = []
-    monkeypatch.setattr(sublink, "delete_link", lambda *a: True)
-    monkeypatch.setattr(shaping, "remove_shaping", lambda ns, name: removed.append(name) or True)
+    deleted: list[str] = []
+    monkeypatch.setattr(sublink, "delete_link", lambda ns, name: deleted.append(name) or True)
+    monkeypatch.setattr(shaping, "delete_shaped_link", lambda ns, name: deleted.append(f"{name}+ifb") or (True, True))
     att = attachment("c1", netns="/var/run/netns/pod", phase=phase, shaping=shaping_rec)
     done = release_attachment(att, {}, None)
-    assert removed == (["eth0"] if removes else [])
+    assert deleted == (["eth0+ifb"] if removes else ["eth0"])
+    assert done[0] == "link eth0 deleted in /var/run/netns/pod"
     if removes:
-        assert done[:2] == ["link eth0 deleted in /var/run/netns/pod",
-                            "shaping of eth0 (ifb-eth0) removed in /var/run/netns/pod"]
+        assert done[1] == "shaping of eth0 (ifb-eth0) removed in /var/run/netns/pod"
     # a netns that is gone or the host's: nothing is touched
-    removed.clear()
+    deleted.clear()
     release_attachment(att, {}, None, delete_link=False)
-    assert removed == []
+    assert deleted == []
 
 
 # -- status and metrics -------------------------------------------------------------------------

@@ -44,6 +44,7 @@ def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, st
     monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec: shaping.ShapeInfo(
         ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None))
     monkeypatch.setattr(shaping, "remove_shaping", lambda netns, ifname: True)
+    monkeypatch.setattr(shaping, "delete_shaped_link", lambda netns, ifname: (True, True))
     monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
     monkeypatch.setattr(addr, "configure_interface", lambda *a, **k: None)
     monkeypatch.setattr(sublink, "delete_link", lambda *a: True)

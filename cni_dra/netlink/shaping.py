@@ -12,7 +12,8 @@ the pod's namespace):
 :class:`ShapeSpec` says what to install; :class:`Tbf` is one direction's token bucket (rate,
 burst, queue limit), with the defaults computed by :meth:`Tbf.for_rate`.
 :func:`apply_shaping` installs a spec (replacing whatever shaping was there),
-:func:`remove_shaping` removes it, :func:`read_shaping` reads back what the kernel holds.
+:func:`remove_shaping` removes it, :func:`delete_shaped_link` deletes the pod interface and
+its ifb device in one go, :func:`read_shaping` reads back what the kernel holds.
 Every call runs inside the pod's namespace on a socket opened there for the call
 (:func:`cni_dra.netlink.sockets.netns_iproute`); nothing runs ``tc`` or ``ip``.
 
@@ -55,6 +56,7 @@ __all__ = [
     "ifb_name",
     "apply_shaping",
     "remove_shaping",
+    "delete_shaped_link",
     "read_shaping",
 ]
 
@@ -458,6 +460,64 @@ def remove_shaping(netns: str, ifname: str) -> bool:
         if not netns_exists(netns):  # the empty file left once the netns was unmounted
             return False
         raise
+
+
+_BATCH_GROUP_BASE = 0x7CD40000  # netdev groups tried for a batched deletion (any unused one does)
+
+
+def delete_shaped_link(netns: str, ifname: str) -> tuple[bool, bool]:
+    """Delete the pod interface ``ifname`` in ``netns`` together with its ifb device; returns
+    (interface deleted, ifb device deleted). Idempotent as :func:`remove_shaping` (a missing
+    netns, interface or device is success; a link of another kind that holds the ifb name is
+    left alone).
+
+    Why together: a link deletion is mostly the kernel's unregistration (RCU grace periods,
+    tens of ms on a busy node), and deleting the two one after the other pays it twice.
+    Both are moved into a netdev group no other link of the namespace uses and deleted with
+    one RTM_DELLINK naming the group, which the kernel unregisters as one batch. The
+    interface's qdiscs and the redirect go with it.
+
+    Raises:
+        InvalidEnvironmentError: (4) ``ifname`` is invalid or ``netns`` is not a network namespace.
+        NetlinkError: (102) the kernel refused a request.
+    """
+    validate_ifname(ifname)
+    what = f"delete link {ifname} and its ifb device in netns {netns}"
+    try:
+        with sockets.netns_iproute(netns) as ipr, _pyroute2.translated(what):
+            return _delete_pair(ipr, ifname)
+    except ContainerUnknownError:
+        return False, False
+    except InvalidEnvironmentError:
+        if not netns_exists(netns):  # the empty file left once the netns was unmounted
+            return False, False
+        raise
+
+
+def _delete_pair(ipr: Any, ifname: str) -> tuple[bool, bool]:
+    links = {msg.get_attr("IFLA_IFNAME"): msg for msg in ipr.link("dump")}
+    pod, ifb = links.get(ifname), links.get(ifb_name(ifname))
+    if ifb is not None and _link_kind(ifb) != "ifb":
+        ifb = None
+    if pod is None or ifb is None:
+        done = []
+        for msg in (pod, ifb):
+            if msg is not None:
+                _delete_link_index(ipr, msg["index"])
+            done.append(msg is not None)
+        return done[0], done[1]
+    used = {msg.get_attr("IFLA_GROUP") for msg in links.values()}
+    group = next(g for g in range(_BATCH_GROUP_BASE, _BATCH_GROUP_BASE + len(used) + 1) if g not in used)
+    for msg in (pod, ifb):
+        ipr.link("set", index=msg["index"], group=group)
+    try:
+        ipr.link("del", group=group)
+    except _pyroute2.load().NetlinkError as exc:
+        if _code(exc) not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        for msg in (pod, ifb):  # a kernel without group deletion: one after the other
+            _delete_link_index(ipr, msg["index"])
+    return True, True
 
 
 def read_shaping(netns: str, ifname: str) -> ShapeInfo | None:

@@ -14,7 +14,9 @@ in the reference order.
 
 The kernel takes the link's qdiscs with it; the ifb device (:mod:`cni_dra.netlink.shaping`)
 is a link of its own in the pod netns and would outlive the pod's interface when the netns
-outlives the pod, so it is removed after the link, whether or not the link was still there
+outlives the pod, so an attachment that may be shaped has both deleted together
+(:func:`~cni_dra.netlink.shaping.delete_shaped_link`: one kernel batch, so the deletion
+costs about what the link's alone did), the ifb device also when the link is gone already
 (a DEL retried, a crash, ``state repair`` and GC all find a leaked one this way).
 
 Errors: NetlinkError (102), IpamError (the plugin's code; its catch-all 999 becomes 103).
@@ -52,8 +54,8 @@ def release(
     faults: str | None = None,
     shaped: bool = True,
 ) -> list[str]:
-    """Delete link ``ifname`` in ``netns`` (when ``delete_link``), then its shaping (when
-    ``delete_link`` and ``shaped``: the attachment may have an ifb device), and run ``ipam``'s DEL.
+    """Delete link ``ifname`` in ``netns`` (when ``delete_link``), with its ifb device when
+    ``shaped`` (the attachment may have one), and run ``ipam``'s DEL.
 
     ``faults``: the prefix of the crash-test fault points passed on the way (``del``: after
     the link is gone, ``del:link-deleted``; after IPAM, ``del:ipam-released``). Returns what
@@ -73,11 +75,14 @@ def release(
         else:
             pending = Concurrently(lambda: ipam_plugins.ipam_del(ipam.type, ipam.config, ipam.environ, path))
     try:
-        if delete_link and sublink.delete_link(netns, ifname):
+        if delete_link and shaped:
+            link_gone, ifb_gone = shaping.delete_shaped_link(netns, ifname)
+            if ifb_gone:
+                done.insert(0, f"shaping of {ifname} ({shaping.ifb_name(ifname)}) removed in {netns}")
+            if link_gone:
+                done.insert(0, f"link {ifname} deleted in {netns}")
+        elif delete_link and sublink.delete_link(netns, ifname):
             done.insert(0, f"link {ifname} deleted in {netns}")
-        if delete_link and shaped and shaping.remove_shaping(netns, ifname):
-            done.insert(1 if done and done[0].startswith("link ") else 0,
-                        f"shaping of {ifname} ({shaping.ifb_name(ifname)}) removed in {netns}")
         if faults:
             fault_point(f"{faults}:link-deleted")
     except BaseException as exc:
