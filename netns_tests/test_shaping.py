@@ -23,6 +23,7 @@ import pytest
 from cni_dra.errors import NetlinkError
 from cni_dra.netlink import shaping
 from cni_dra.netlink.shaping import (
+    ShapeInfo,
     ShapeSpec,
     Tbf,
     apply_shaping,
@@ -92,6 +93,8 @@ def near(got: Tbf | None, want: Tbf) -> bool:
 # -- the kernel state -----------------------------------------------------------------------
 
 def test_apply_installs_tbf_and_ifb_and_reads_back_the_rates(world) -> None:
+    from pyroute2 import IPRoute
+
     spec = ShapeSpec(egress_rate_bps=100 * M, ingress_rate_bps=300 * M, ingress_burst_bytes=200_000)
     info = apply_shaping(world.pod, IFNAME, spec)
     assert info == read_shaping(world.pod, IFNAME)
@@ -100,8 +103,21 @@ def test_apply_installs_tbf_and_ifb_and_reads_back_the_rates(world) -> None:
     assert info.ingress.burst_bytes == pytest.approx(200_000, abs=200)
     view = kernel_view(world.pod)
     assert view["links"]["ifb-eth0"] == "ifb"
+    with IPRoute(netns=world.pod) as ipr:  # made up, with the interface's MTU
+        (ifb,) = ipr.link("get", ifname="ifb-eth0")
+        (eth0,) = ipr.link("get", ifname=IFNAME)
+    assert ifb["flags"] & 1 and ifb.get_attr("IFLA_MTU") == eth0.get_attr("IFLA_MTU")
     assert ("eth0", "ingress", 0xFFFFFFF1) in view["qdiscs"]
     assert ("eth0", "tbf", 0xFFFFFFFF) in view["qdiscs"] and ("ifb-eth0", "tbf", 0xFFFFFFFF) in view["qdiscs"]
+
+
+def test_on_a_new_link_it_reports_what_it_installed(world) -> None:
+    spec = ShapeSpec(egress_rate_bps=300 * M, ingress_rate_bps=100 * M)
+    info = apply_shaping(world.pod, IFNAME, spec, new_link=True)
+    assert info == ShapeInfo(IFNAME, spec.egress, spec.ingress, "ifb-eth0")
+    got = read_shaping(world.pod, IFNAME)
+    assert got is not None and got.ifb == "ifb-eth0"
+    assert near(got.egress, spec.egress) and near(got.ingress, spec.ingress)
 
 
 def test_reapply_replaces_and_a_direction_left_out_is_removed(world) -> None:

@@ -104,7 +104,7 @@ def _add_setup(tmp_path, monkeypatch, ipam_type, create, ipam_add):
                             operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
     monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
     monkeypatch.setattr(sublink, "create_macvlan", create)
-    monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec: shaping.ShapeInfo(
+    monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec, **kw: shaping.ShapeInfo(
         ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None))
     monkeypatch.setattr(shaping, "remove_shaping", lambda netns, ifname: True)
     monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)

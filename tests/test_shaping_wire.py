@@ -269,7 +269,8 @@ class FakeKernel:
             raise self.fail_ipam
         return Result(ips=[IPConfig(address="192.0.2.5/24")])
 
-    def _apply(self, ns: str, ifname: str, spec: ShapeSpec) -> ShapeInfo:
+    def _apply(self, ns: str, ifname: str, spec: ShapeSpec, new_link: bool = False) -> ShapeInfo:
+        assert new_link  # ADD shapes the link it just made
         self.shaped.append(spec)
         if self.fail_shaping is not None:
             raise self.fail_shaping

@@ -41,7 +41,7 @@ def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, st
     monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
     monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
     monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: link)
-    monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec: shaping.ShapeInfo(
+    monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec, **kw: shaping.ShapeInfo(
         ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None))
     monkeypatch.setattr(shaping, "remove_shaping", lambda netns, ifname: True)
     monkeypatch.setattr(shaping, "delete_shaped_link", lambda netns, ifname: (True, True))

@@ -226,11 +226,15 @@ def _link_index(ipr: Any, name: str) -> int | None:
     return found[0] if found else None
 
 
-def _pod_index(ipr: Any, netns: str, ifname: str) -> int:
-    idx = _link_index(ipr, ifname)
-    if idx is None:
-        raise NetlinkError(f"failed to shape {ifname} in netns {netns}: no such interface")
-    return idx
+def _pod_link(ipr: Any, netns: str, ifname: str) -> tuple[int, int]:
+    """(ifindex, MTU) of ``ifname``, in one request."""
+    try:
+        msg = ipr.link("get", ifname=ifname)[0]
+    except _pyroute2.load().NetlinkError as exc:
+        if _code(exc) == errno.ENODEV:
+            raise NetlinkError(f"failed to shape {ifname} in netns {netns}: no such interface") from exc
+        raise _pyroute2.nl_error(f"shape {ifname} in netns {netns}", exc) from exc
+    return int(msg["index"]), int(msg.get_attr("IFLA_MTU"))
 
 
 def _qdiscs(ipr: Any, index: int) -> Iterator[Any]:
@@ -318,32 +322,30 @@ def _kernel_lacks(exc: BaseException, piece: str, what: str) -> NetlinkError:
 
 
 def _ensure_ifb(ipr: Any, netns: str, ifname: str, mtu: int) -> tuple[int, bool]:
-    """The ifb device of ``ifname``, made if missing and up with ``mtu``; (index, made here)."""
+    """The ifb device of ``ifname``, made if missing and up with ``mtu``; (index, made here).
+
+    Made (up, with its MTU) in one request; only when the name exists already is it checked
+    to be an ifb device and set up."""
     name = ifb_name(ifname)
     what = f"create ifb device {name} in netns {netns}"
-    made = False
-    found = _link_index(ipr, name)
-    if found is not None:
-        msgs = ipr.get_links(found)
-        if not msgs or _link_kind(msgs[0]) != "ifb":
-            raise NetlinkError(f"failed to {what}: {name} exists and is not an ifb device")
-    else:
-        try:
-            ipr.link("add", ifname=name, kind="ifb")
-        except _pyroute2.load().NetlinkError as exc:
-            raise _kernel_lacks(exc, "ifb", what) from exc
+    try:
+        ipr.link("add", ifname=name, kind="ifb", mtu=mtu, state="up")
         made = True
+    except _pyroute2.load().NetlinkError as exc:
+        if _code(exc) != errno.EEXIST:
+            raise _kernel_lacks(exc, "ifb", what) from exc
+        made = False
     idx = _link_index(ipr, name)
     if idx is None:  # pragma: no cover - removed under us
         raise NetlinkError(f"failed to {what}: it vanished after creation")
-    try:
-        with _pyroute2.translated(f"bring ifb device {name} up in netns {netns}"):
-            ipr.link("set", index=idx, mtu=mtu, state="up")
-    except NetlinkError:
-        if made:
-            _delete_link_index(ipr, idx)
-        raise
-    return idx, made
+    if made:
+        return idx, True
+    msgs = ipr.get_links(idx)
+    if not msgs or _link_kind(msgs[0]) != "ifb":
+        raise NetlinkError(f"failed to {what}: {name} exists and is not an ifb device")
+    with _pyroute2.translated(f"bring ifb device {name} up in netns {netns}"):
+        ipr.link("set", index=idx, mtu=mtu, state="up")
+    return idx, False
 
 
 def _add_redirect(ipr: Any, pod_idx: int, ifb_idx: int) -> None:
@@ -364,13 +366,17 @@ def _remove_all(ipr: Any, ifname: str) -> bool:
     return _remove_ifb(ipr, ifname) or removed
 
 
-def apply_shaping(netns: str, ifname: str, spec: ShapeSpec) -> ShapeInfo:
+def apply_shaping(netns: str, ifname: str, spec: ShapeSpec, *, new_link: bool = False) -> ShapeInfo:
     """Shape ``ifname`` in ``netns`` as ``spec`` says, replacing any shaping installed before.
 
     Egress: root tbf (``1:``) on ``ifname``, replaced in place. Ingress: the ifb device
     :func:`ifb_name` (made if missing, MTU of ``ifname``, up) with a root tbf, then a fresh
     ingress qdisc with the redirecting filter on ``ifname``. A direction the spec leaves
     unshaped is removed. Returns :func:`read_shaping`'s view of the result.
+
+    ``new_link``: ``ifname`` was made just now (ADD), so it has no shaping to replace or
+    remove, and the result is what was installed (the spec's buckets, ``ifb`` when ingress is
+    shaped) rather than read back: about half the requests.
 
     On any failure everything of shaping on ``ifname`` is removed (the interface is left
     unshaped, never half shaped) and the error raised.
@@ -385,37 +391,42 @@ def apply_shaping(netns: str, ifname: str, spec: ShapeSpec) -> ShapeInfo:
     validate_ifname(ifname)
     egress, ingress = spec.egress, spec.ingress
     with sockets.netns_iproute(netns) as ipr:
-        pod_idx = _pod_index(ipr, netns, ifname)
+        pod_idx, mtu = _pod_link(ipr, netns, ifname)
         try:
             with _pyroute2.translated(f"shape {ifname} in netns {netns}"):
-                _apply(ipr, netns, ifname, pod_idx, egress, ingress)
+                _apply(ipr, netns, ifname, pod_idx, mtu, egress, ingress, new_link)
         except BaseException:
             try:
                 _remove_all(ipr, ifname)
             except Exception:  # noqa: BLE001 - the first error is the one to report
                 pass
             raise
+        if new_link:
+            return ShapeInfo(ifname=ifname, egress=egress, ingress=ingress,
+                             ifb=ifb_name(ifname) if ingress is not None else None)
         with _pyroute2.translated(f"read shaping of {ifname} in netns {netns}"):
-            return _read(ipr, ifname)
+            return _read(ipr, ifname) or ShapeInfo(ifname=ifname, egress=None, ingress=None, ifb=None)
 
 
-def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, egress: Tbf | None, ingress: Tbf | None) -> None:
+def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, mtu: int, egress: Tbf | None, ingress: Tbf | None,
+           new_link: bool) -> None:
     where = f"{ifname} in netns {netns}"
     if egress is not None:
         try:
             _replace_tbf(ipr, pod_idx, egress)
         except (OSError, _pyroute2.load().NetlinkError) as exc:
             raise _kernel_lacks(exc, "the tbf qdisc", f"shape egress of {where}") from exc
-    else:
+    elif not new_link:
         with _pyroute2.translated(f"remove egress shaping of {where}"):
             _delete_qdisc(ipr, pod_idx, _TC_H_ROOT, "tbf")
-    with _pyroute2.translated(f"remove ingress shaping of {where}"):
-        _delete_qdisc(ipr, pod_idx, _TC_H_INGRESS, "ingress")  # its filter goes with it
+    if not new_link:
+        with _pyroute2.translated(f"remove ingress shaping of {where}"):
+            _delete_qdisc(ipr, pod_idx, _TC_H_INGRESS, "ingress")  # its filter goes with it
     if ingress is None:
-        with _pyroute2.translated(f"remove ifb device {ifb_name(ifname)} in netns {netns}"):
-            _remove_ifb(ipr, ifname)
+        if not new_link:
+            with _pyroute2.translated(f"remove ifb device {ifb_name(ifname)} in netns {netns}"):
+                _remove_ifb(ipr, ifname)
         return
-    mtu = ipr.get_links(pod_idx)[0].get_attr("IFLA_MTU")
     ifb_idx, _ = _ensure_ifb(ipr, netns, ifname, mtu)
     try:
         _replace_tbf(ipr, ifb_idx, ingress)
@@ -533,32 +544,29 @@ def read_shaping(netns: str, ifname: str) -> ShapeInfo | None:
         NetlinkError: (102) the interface does not exist or a request failed.
     """
     validate_ifname(ifname)
-    with sockets.netns_iproute(netns) as ipr:
-        _pod_index(ipr, netns, ifname)
-        with _pyroute2.translated(f"read shaping of {ifname} in netns {netns}"):
-            info = _read(ipr, ifname)
+    with sockets.netns_iproute(netns) as ipr, _pyroute2.translated(f"read shaping of {ifname} in netns {netns}"):
+        info = _read(ipr, ifname)
+    if info is None:
+        raise NetlinkError(f"failed to shape {ifname} in netns {netns}: no such interface")
     if info.egress is None and info.ingress is None and info.ifb is None:
         return None
     return info
 
 
-def _read(ipr: Any, ifname: str) -> ShapeInfo:
+def _read(ipr: Any, ifname: str) -> ShapeInfo | None:
+    """The shaping of ``ifname`` from one dump of the namespace's links, one of its qdiscs
+    and (when there is an ingress qdisc) one of its ingress filters; None: no such interface."""
+    names = {int(msg["index"]): msg.get_attr("IFLA_IFNAME") for msg in ipr.link("dump")}
+    idx = next((i for i, name in names.items() if name == ifname), None)
+    if idx is None:
+        return None
     ticks = psched_ticks_per_us()
-    idx = _link_index(ipr, ifname)
-    if idx is None:  # pragma: no cover - removed under us
-        return ShapeInfo(ifname=ifname, egress=None, ingress=None, ifb=None)
-    egress = _tbf_of(_qdisc(ipr, idx, _TC_H_ROOT), ticks)
+    qdiscs = {(int(msg["index"]), int(msg["parent"])): msg for msg in ipr.get_qdiscs()}
+    egress = _tbf_of(qdiscs.get((idx, _TC_H_ROOT)), ticks)
     ingress, ifb = None, None
-    if _qdisc(ipr, idx, _TC_H_INGRESS) is not None:
+    if (idx, _TC_H_INGRESS) in qdiscs:
         target = _redirect_target(ipr, idx)
-        if target is not None:
-            try:
-                msgs = ipr.get_links(target)
-            except _pyroute2.load().NetlinkError as exc:  # the ifb device was deleted under the filter
-                if _code(exc) != errno.ENODEV:
-                    raise
-                msgs = []
-            if msgs:
-                ifb = msgs[0].get_attr("IFLA_IFNAME")
-                ingress = _tbf_of(_qdisc(ipr, target, _TC_H_ROOT), ticks)
+        if target is not None and target in names:  # (not when the ifb device was deleted under the filter)
+            ifb = names[target]
+            ingress = _tbf_of(qdiscs.get((target, _TC_H_ROOT)), ticks)
     return ShapeInfo(ifname=ifname, egress=egress, ingress=ingress, ifb=ifb)

@@ -31,8 +31,7 @@ the attachment ``ready``: GC leaves an attachment alone for a grace period after
 (:mod:`cni_dra.verbs.gc`), since a runtime's list of valid attachments may predate it.
 
 ``shaping`` (optional; absent when the attachment is not shaped, or was written before the
-field existed) is the traffic control ADD installed on the pod interface, as the kernel
-reported it: ``{"egress": {"rateBps", "burstBytes", "limitBytes"}, "ingress": {...}, "ifb":
+field existed) is the traffic control ADD installed on the pod interface: ``{"egress": {"rateBps", "burstBytes", "limitBytes"}, "ingress": {...}, "ifb":
 "<ifb device>"}``, an unshaped direction left out (:mod:`cni_dra.verbs.shaping`); CHECK
 compares the kernel with it.
 
@@ -132,7 +131,7 @@ class Attachment(BaseModel):
     ipamConf: str | None = None  # the network config given to IPAM ADD, for release without the runtime
     result: dict[str, Any] | None = None  # CNI result (1.1.0 schema) of the ADD
     readyAt: str | None = None  # when ADD made it ready, RFC 3339 UTC (see ready_at); GC spares young ones
-    shaping: dict[str, Any] | None = None  # traffic control ADD installed, as the kernel read it back (see below)
+    shaping: dict[str, Any] | None = None  # traffic control ADD installed (see below)
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -273,7 +273,7 @@ def _shape(inv: Invocation, att: Attachment, undo: ExitStack) -> dict[str, Any] 
     if spec is None:
         return None
     _undo_with(undo, lambda: tc.remove_shaping(env.netns, env.ifname))
-    info = tc.apply_shaping(env.netns, env.ifname, spec)
+    info = tc.apply_shaping(env.netns, env.ifname, spec, new_link=True)
     fault_point("add:shaped")
     return record(info)
 

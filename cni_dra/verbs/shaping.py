@@ -24,8 +24,9 @@ The record kept on the attachment (``Attachment.shaping``, see :func:`record`)::
     {"egress": {"rateBps": int, "burstBytes": int, "limitBytes": int},
      "ingress": {...}, "ifb": "<ifb device>"}
 
-as the kernel reported it after the ADD, a direction that is not shaped (and ``ifb`` when
-ingress is not) left out; CHECK compares the kernel with it (:func:`mismatch`).
+as ADD installed it, a direction that is not shaped (and ``ifb`` when ingress is not) left
+out; CHECK compares the kernel with it (:func:`mismatch`: bursts within the rounding of
+tbf's time-based bucket).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def _bucket(tbf: Tbf | None) -> dict[str, int] | None:
 
 
 def record(info: ShapeInfo) -> dict[str, Any]:
-    """The record of ``info`` (the kernel's view after ADD) for ``Attachment.shaping``."""
+    """The record of ``info`` (what ADD installed) for ``Attachment.shaping``."""
     out: dict[str, Any] = {"egress": _bucket(info.egress), "ingress": _bucket(info.ingress), "ifb": info.ifb}
     return {k: v for k, v in out.items() if v is not None}
 
