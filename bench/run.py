@@ -10,7 +10,9 @@ Measured (wall: per invocation as the driver sees it; CPU: user+system of every 
 involved — plugin processes, the IPAM plugins they run and, for cni-dra, the agent —
 divided by the number of operations):
 
-* ``add_del``: ADD then DEL of one pod, N times (median, p95 of ADD+DEL wall);
+* ``add_del``: ADD then DEL of one pod, N times (median, p95 of ADD+DEL wall); cni-dra
+  also with ``"shaping": false`` (``cni-dra-unshaped``), so the table shows what shaping
+  (tbf and an ifb device per pod) adds to ADD and DEL;
 * ``check``: CHECK of an existing attachment with its prevResult;
 * ``concurrent``: 200 ADDs started at once, then 200 DELs at once (wall of each batch);
 * ``scale``: cni-dra ADD+DEL with 10 / 1,000 / 10,000 attachments already in its state;
@@ -174,13 +176,18 @@ class Bench:
             "ipam": {"type": "host-local", "dataDir": str(self.work / "ipam-ref"), "ranges": [[{"subnet": "10.240.0.0/16"}]]},
         }
 
-    def dra_conf(self, state: str = "state") -> dict[str, Any]:
+    def dra_conf(self, state: str = "state", shaping: bool = True) -> dict[str, Any]:
         return {
             "cniVersion": "1.0.0", "name": "bench-dra", "type": "cni-dra", "mode": "bridge",
             "stateDir": str(self.work / state), "inventory": str(self.work / "slice.yaml"),
-            "capacity": {"requests": {"bandwidth": "1M"}},
+            "capacity": {"requests": {"bandwidth": "1M"}}, "shaping": shaping,
             "ipam": {"type": "host-local", "dataDir": str(self.work / f"ipam-{state}"), "ranges": [[{"subnet": "10.241.0.0/16"}]]},
         }
+
+    def conf_of(self, who: str) -> dict[str, Any]:
+        if who == "reference":
+            return self.ref_conf()
+        return self.dra_conf(shaping=who != "cni-dra-unshaped")
 
     def env(self, command: str, cid: str, ns: int, mode: str) -> dict[str, str]:
         env = {
@@ -295,7 +302,7 @@ class Bench:
                 "cpu_per_add_del_s": cpu / n}
 
     def _cpu(self, who: str) -> float:
-        return children_cpu_s() + (self.agent.cpu_s() if who == "cni-dra" else 0.0)
+        return children_cpu_s() + (self.agent.cpu_s() if who in ("cni-dra", "cni-dra-unshaped") else 0.0)
 
     def interleaved_add_del(self, whos: list[str], n: int) -> dict[str, dict[str, Any]]:
         """ADD then DEL ``n`` times per plugin, alternating plugins pair by pair (the order
@@ -303,7 +310,7 @@ class Bench:
         acc: dict[str, dict[str, Any]] = {w: {"adds": [], "dels": [], "cpu": 0.0} for w in whos}
         for i in range(n):
             for w in whos if i % 2 == 0 else whos[::-1]:
-                conf = self.ref_conf() if w == "reference" else self.dra_conf()
+                conf = self.conf_of(w)
                 cpu0 = self._cpu(w)
                 a, _ = self.once(w, "ADD", f"ad{w[:3]}{i}", 0, conf)
                 d, _ = self.once(w, "DEL", f"ad{w[:3]}{i}", 0, conf)
@@ -427,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.add_del("reference", 2, tag="w")
         bench.add_del("cni-dra", 2, tag="w")
         whos = ["reference", "cni-dra"]
-        results["add_del"] = bench.interleaved_add_del(whos, args.pairs)
+        results["add_del"] = bench.interleaved_add_del([*whos, "cni-dra-unshaped"], args.pairs)
         print("bench: add_del done", file=sys.stderr)
         results["check"] = bench.interleaved_check(whos, args.checks)
         print("bench: check done", file=sys.stderr)
@@ -507,6 +514,16 @@ def table(r: dict[str, Any]) -> str:
         ("ADD+DEL median", ms(ad["reference"]["median_s"]), ms(ad["cni-dra"]["median_s"]), f"{ratios['add_del']:.2f}x"),
         ("ADD+DEL p95", ms(ad["reference"]["p95_s"]), ms(ad["cni-dra"]["p95_s"]), f"{ad['cni-dra']['p95_s'] / ad['reference']['p95_s']:.2f}x"),
         ("ADD+DEL CPU", ms(ad["reference"]["cpu_s"]), ms(ad["cni-dra"]["cpu_s"]), f"{ad['cni-dra']['cpu_s'] / ad['reference']['cpu_s']:.2f}x"),
+    ]
+    if "cni-dra-unshaped" in ad:
+        un = ad["cni-dra-unshaped"]
+        rows += [
+            ("  cni-dra with shaping off: ADD+DEL", "", f"{ms(un['median_s'])} ({ms(un['add_median_s'])} / {ms(un['del_median_s'])})",
+             f"{un['median_s'] / ad['reference']['median_s']:.2f}x"),
+            ("  what shaping adds: ADD / DEL", "",
+             f"{ms(ad['cni-dra']['add_median_s'] - un['add_median_s'])} / {ms(ad['cni-dra']['del_median_s'] - un['del_median_s'])}", ""),
+        ]
+    rows += [
         ("CHECK median", ms(ck["reference"]["median_s"]), ms(ck["cni-dra"]["median_s"]), f"{ratios['check']:.2f}x"),
         ("CHECK p95", ms(ck["reference"]["p95_s"]), ms(ck["cni-dra"]["p95_s"]), f"{ck['cni-dra']['p95_s'] / ck['reference']['p95_s']:.2f}x"),
         (f"{cc['reference']['pods']} concurrent ADDs wall", f"{cc['reference']['add_wall_s']:.2f} s", f"{cc['cni-dra']['add_wall_s']:.2f} s",

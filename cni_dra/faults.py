@@ -26,6 +26,7 @@ SWITCH_FILE = "/run/cni-dra/test-faults-enabled"
 FAULT_POINTS: tuple[str, ...] = (
     "add:reserved",  # attachment recorded as "adding" (capacity charged, IPAM step), nothing else done
     "add:link-created",  # link exists in the pod netns, IPAM may be running
+    "add:shaped",  # traffic control (and the ifb device) installed on the link, IPAM may be running
     "add:ipam-done",  # IPAM ADD returned, addresses not configured yet
     "add:ready",  # attachment "ready" with its result, result not printed yet
     "del:intent",  # attachment marked "deleting", nothing removed yet

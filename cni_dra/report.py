@@ -14,11 +14,14 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
 
     Shape: ``{"devices": [{"name", "ifName", "capacity": {name: q}, "consumed": {...},
     "remaining": {...}}], "attachments": [{"podUID", "containerID", "ifname", "netns",
-    "device", "consumedCapacity": {...}, "consumedRecorded", "shareID", ...}]}``; quantities
+    "device", "consumedCapacity": {...}, "consumedRecorded", "shareID", "shaping", ...}]}``; quantities
     are canonical Kubernetes quantity strings (bandwidth in bits per second). ``consumed``
     counts attachments and prepared claim results not attached yet. An attachment's
     ``consumedCapacity`` is what it is charged: its record, or, when the record names no
     amount (``consumedRecorded`` false: an old state), its device's whole capacity.
+    ``shaping`` is the traffic control ADD installed on the pod interface, None when it is not
+    shaped: ``{"egress": {"rate", "rateBps", "burstBytes", "limitBytes"}, "ingress": {...},
+    "ifb"}`` (``rate`` a quantity in bits per second), a direction that is not shaped left out.
     """
     from cni_dra.allocator import remaining
     from cni_dra.dra.inventory import load_inventory
@@ -60,8 +63,23 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
                 "shareID": a.shareID,
                 "phase": a.phase,
                 "claim": a.claim.model_dump() if a.claim else None,
+                "shaping": _shaping(a.shaping),
             }
         )
     claims = [{"podUID": pod, "namespace": c.namespace or None, "name": c.name or None, "uid": c.uid or None}
               for pod, c in sorted(state.prepared_items(), key=lambda pc: pc[0])]
     return {"driver": driver, "pool": pool, "devices": devices, "attachments": attachments, "preparedClaims": claims}
+
+
+def _shaping(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An attachment's shaping record as the report shows it (rates also as quantities)."""
+    if not recorded:
+        return None
+    out: dict[str, Any] = {}
+    for direction in ("egress", "ingress"):
+        bucket = recorded.get(direction)
+        if bucket:
+            out[direction] = {"rate": str(Quantity.from_int(int(bucket["rateBps"]))), **bucket}
+    if recorded.get("ifb"):
+        out["ifb"] = recorded["ifb"]
+    return out

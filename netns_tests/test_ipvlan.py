@@ -1,4 +1,4 @@
-"""ipvlan through the installed cni-dra (``linkType: ipvlan``), per spec version and mode.
+"""ipvlan through the installed cni-dra (``linkType: ipvlan``), per spec version and mode, and shaped.
 
 Needs a kernel with ipvlan. Where the host kernel lacks it, these tests skip here and
 ``make test`` runs this file again under ``scripts/uml-run`` (a user-mode-linux 7.x
@@ -212,3 +212,29 @@ def test_kernel_refusal_of_mixed_types_is_reported(bed: NodeBed) -> None:
         assert bed.attachments() == [] and bed.ipam_reservations() == []
     finally:
         delete_host_link(other)
+
+
+def test_an_ipvlan_is_shaped_to_its_share_and_checked(bed: NodeBed) -> None:
+    """Shaping is the same for ipvlan as for macvlan: tbf on the pod side, ingress through
+    an ifb device in the pod's netns; CHECK notices a deleted qdisc; DEL leaves nothing."""
+    from pyroute2 import IPRoute
+
+    from cni_dra.netlink.shaping import Tbf, read_shaping
+
+    netns = bed.make_netns()
+    conf = {**bed.spec_conf("1.1.0", "host-local-v4", linkType="ipvlan"), "capacity": {"requests": {"bandwidth": "300M"}}}
+    code, res, err = bed.run("ADD", conf, netns, cid="c1")
+    assert code == 0, (res, err)
+    info = read_shaping(netns, "eth0")
+    want = Tbf.for_rate(300_000_000)
+    assert info is not None and info.ifb == "ifb-eth0"
+    for got in (info.egress, info.ingress):
+        assert got is not None and (got.rate_bps, got.limit_bytes) == (want.rate_bps, want.limit_bytes)
+    assert dict(links_named(netns))["ifb-eth0"] == "ifb"
+    assert bed.run("CHECK", {**conf, "prevResult": res}, netns, cid="c1")[0] == 0
+    with IPRoute(netns=netns) as ipr:
+        ipr.tc("del", index=ipr.link_lookup(ifname="eth0")[0], handle=0x10000, parent=0xFFFFFFFF)
+    code, out, err = bed.run("CHECK", {**conf, "prevResult": res}, netns, cid="c1")
+    assert code == 1 and out["code"] == 105 and "egress is not shaped" in out["msg"], (out, err)
+    assert bed.run("DEL", conf, netns, cid="c1")[0] == 0
+    assert [n for n, _ in links_named(netns)] == ["lo"]

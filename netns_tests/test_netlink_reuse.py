@@ -169,14 +169,14 @@ def test_configure_interface_without_describe_applies_and_returns_none(make_netn
 
 
 class _Counted:
-    """An IPRoute whose requests (link/addr/route/get_netnsid calls) are counted by kind and action."""
+    """An IPRoute whose requests (link/addr/route/get_netnsid/tc calls) are counted by kind and action."""
 
     def __init__(self, ipr: Any, counts: Counter[str]) -> None:
         self._ipr, self._counts = ipr, counts
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._ipr, name)
-        if name not in ("link", "addr", "route", "get_netnsid"):
+        if name not in ("link", "addr", "route", "get_netnsid", "tc"):
             return attr
 
         def counted(*a: Any, **kw: Any) -> Any:
@@ -191,9 +191,21 @@ class _Counted:
 # read back, then the address and the route. A change that adds a request shows here.
 ADD_REQUESTS = {"socket": 3, "link get": 4, "link add": 1, "link set": 1, "addr add": 1, "route add": 1}
 DEL_REQUESTS = {"socket": 1, "link del": 1}
+# Shaping on top (the default): a socket in the pod netns, the interface's index and MTU,
+# the egress tbf, the ifb device (made up, with its MTU; its index looked up) and its tbf,
+# the ingress qdisc and its filter; DEL deletes the link and the ifb device as one batch:
+# one link dump, both moved to a free netdev group, one deletion of the group.
+SHAPED_ADD_REQUESTS = {**ADD_REQUESTS, "socket": 4, "link get": 5, "link add": 2, "tc replace": 2, "tc add": 1,
+                       "tc add-filter": 1}
+SHAPED_DEL_REQUESTS = {"socket": 1, "link dump": 1, "link set": 2, "link del": 1}
 
 
-def test_add_and_del_send_no_more_netlink_requests_than_before(make_node, make_netns, monkeypatch) -> None:
+@pytest.mark.parametrize(("shaping", "add", "delete"), [
+    (False, ADD_REQUESTS, DEL_REQUESTS),
+    (True, SHAPED_ADD_REQUESTS, SHAPED_DEL_REQUESTS),
+], ids=["unshaped", "shaped"])
+def test_add_and_del_send_no_more_netlink_requests_than_before(make_node, make_netns, monkeypatch, shaping, add,
+                                                                delete) -> None:
     from cni_dra.cni import run
 
     real = _pyroute2.load()
@@ -204,7 +216,7 @@ def test_add_and_del_send_no_more_netlink_requests_than_before(make_node, make_n
         return _Counted(real.IPRoute(*a, **kw), counts)
 
     node, ns = make_node(nics=1), make_netns()
-    conf = json.dumps(node.spec_conf(version="1.0.0", ipam="host-local-v4")).encode()
+    conf = json.dumps(node.spec_conf(version="1.0.0", ipam="host-local-v4", shaping=shaping)).encode()
     env = {"CNI_CONTAINERID": unique_name(), "CNI_NETNS": ns, "CNI_IFNAME": "eth0", "CNI_PATH": CNI_PATH,
            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     sockets.drop_held()  # the main thread's kept socket is opened (and counted) by the ADD
@@ -219,4 +231,4 @@ def test_add_and_del_send_no_more_netlink_requests_than_before(make_node, make_n
             seen[command] = dict(counts)
     finally:
         sockets.drop_held()
-    assert seen == {"ADD": ADD_REQUESTS, "DEL": DEL_REQUESTS}
+    assert seen == {"ADD": add, "DEL": delete}

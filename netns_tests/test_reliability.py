@@ -24,7 +24,7 @@ from cni_dra.netlink.info import host_link, link_in_netns
 from cni_dra.quantity import Quantity
 from cni_dra.state import Txn
 from cni_dra.state.models import SCHEMA_VERSION
-from netns_tests.bed import DRIVER, NodeBed, parent_of, recover
+from netns_tests.bed import DRIVER, NodeBed, links_named, parent_of, recover
 from netns_tests.conftest import remove_netns
 from netns_tests.runner import CNI_PATH, cni_dra_cli, run_plugin
 
@@ -39,7 +39,7 @@ def node(make_node) -> NodeBed:
 
 
 # -- 1. kill at every step ------------------------------------------------------------------
-ADD_STEPS_UNDONE = ["add:reserved", "add:link-created", "add:ipam-done"]
+ADD_STEPS_UNDONE = ["add:reserved", "add:link-created", "add:shaped", "add:ipam-done"]
 
 
 @pytest.mark.parametrize("step", ADD_STEPS_UNDONE + ["add:ready", "state:tmp-written", "state:renamed"])
@@ -66,6 +66,7 @@ def test_add_killed_at_step_then_recovered(node, make_netns, faults_on, step):
     else:
         assert node.phases() == {"pod-a": "ready"}, report
         assert link_in_netns(ns_b, "eth0") is None
+        assert [name for name, _ in links_named(ns_b)] == ["lo"]  # no ifb device left either
         assert node.ip_holders() == {ip_a: "pod-a"}
         assert node.consumed()["nic-a"]["bandwidth"] == Quantity.parse("1G")
         # tmp-written: the reservation never landed, nothing to recover; otherwise a stale intent

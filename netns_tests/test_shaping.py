@@ -3,8 +3,9 @@
 The bed: a stand-in NIC (host veth end, ``make_parent_nic``) whose peer sits in a "remote"
 netns (198.51.100.1/24); a macvlan (bridge) on the NIC, ``eth0`` in a pod netns
 (198.51.100.2/24). The kernel view comes from pyroute2 directly; throughput from Debian's
-``iperf3`` (TCP, server in the remote netns, client in the pod: egress is the client
-sending, ingress ``-R``), median of 3 runs of 3 s, within ±10 % of the shaped rate.
+``iperf3`` (:mod:`netns_tests.traffic`: TCP, server in the remote netns, client in the pod:
+egress is the client sending, ingress ``-R``), median of 3 runs of 3 s, within ±10 % of the
+shaped rate (100M, 300M and 1G; the unshaped baseline must carry more than twice the highest).
 
 What iperf3 reports is TCP goodput; tbf counts whole frames (Ethernet, IP and TCP
 headers), so at MTU 1500 goodput is about 4.4 % below the rate (1448 of 1514 bytes).
@@ -13,12 +14,7 @@ headers), so at MTU 1500 goodput is about 4.4 % below the rate (1448 of 1514 byt
 from __future__ import annotations
 
 import errno
-import json
 import os
-import shutil
-import statistics
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -26,14 +22,22 @@ import pytest
 
 from cni_dra.errors import NetlinkError
 from cni_dra.netlink import shaping
-from cni_dra.netlink.shaping import ShapeSpec, Tbf, apply_shaping, ifb_name, read_shaping, remove_shaping
+from cni_dra.netlink.shaping import (
+    ShapeInfo,
+    ShapeSpec,
+    Tbf,
+    apply_shaping,
+    delete_shaped_link,
+    ifb_name,
+    read_shaping,
+    remove_shaping,
+)
 from netns_tests.bed import links_named
 from netns_tests.conftest import remove_netns, unique_name
+from netns_tests.traffic import IPERF3, TOLERANCE, Client, IperfServer, M, median_bps, remote_end
 
 POD_IP, REMOTE_IP, PREFIX = "198.51.100.2", "198.51.100.1", 24
 IFNAME = "eth0"
-RUNS, SECONDS, TOLERANCE = 3, 3, 0.10
-M = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -53,22 +57,19 @@ def world(make_parent_nic, make_netns) -> World:
     nic = make_parent_nic()
     pod, remote = make_netns(), make_netns()
     tmp = unique_name()
+    remote_end(nic, remote, REMOTE_IP, PREFIX)
     with IPRoute() as ipr:
-        (peer,) = ipr.link_lookup(ifname=nic + "p")
-        ipr.link("set", index=peer, net_ns_fd=os.path.basename(remote))
         (parent,) = ipr.link_lookup(ifname=nic)
         ipr.link("add", ifname=tmp, kind="macvlan", link=parent, macvlan_mode="bridge")
         (mv,) = ipr.link_lookup(ifname=tmp)
         ipr.link("set", index=mv, net_ns_fd=os.path.basename(pod))
-    for ns, name, new, ip in ((remote, nic + "p", None, REMOTE_IP), (pod, tmp, IFNAME, POD_IP)):
-        with IPRoute(netns=ns) as ipr:
-            (lo,) = ipr.link_lookup(ifname="lo")
-            ipr.link("set", index=lo, state="up")
-            (idx,) = ipr.link_lookup(ifname=name)
-            if new:
-                ipr.link("set", index=idx, ifname=new)
-            ipr.addr("add", index=idx, address=ip, prefixlen=PREFIX)
-            ipr.link("set", index=idx, state="up")
+    with IPRoute(netns=pod) as ipr:
+        (lo,) = ipr.link_lookup(ifname="lo")
+        ipr.link("set", index=lo, state="up")
+        (idx,) = ipr.link_lookup(ifname=tmp)
+        ipr.link("set", index=idx, ifname=IFNAME)
+        ipr.addr("add", index=idx, address=POD_IP, prefixlen=PREFIX)
+        ipr.link("set", index=idx, state="up")
     return World(pod=pod, remote=remote, nic=nic)
 
 
@@ -92,6 +93,8 @@ def near(got: Tbf | None, want: Tbf) -> bool:
 # -- the kernel state -----------------------------------------------------------------------
 
 def test_apply_installs_tbf_and_ifb_and_reads_back_the_rates(world) -> None:
+    from pyroute2 import IPRoute
+
     spec = ShapeSpec(egress_rate_bps=100 * M, ingress_rate_bps=300 * M, ingress_burst_bytes=200_000)
     info = apply_shaping(world.pod, IFNAME, spec)
     assert info == read_shaping(world.pod, IFNAME)
@@ -100,8 +103,21 @@ def test_apply_installs_tbf_and_ifb_and_reads_back_the_rates(world) -> None:
     assert info.ingress.burst_bytes == pytest.approx(200_000, abs=200)
     view = kernel_view(world.pod)
     assert view["links"]["ifb-eth0"] == "ifb"
+    with IPRoute(netns=world.pod) as ipr:  # made up, with the interface's MTU
+        (ifb,) = ipr.link("get", ifname="ifb-eth0")
+        (eth0,) = ipr.link("get", ifname=IFNAME)
+    assert ifb["flags"] & 1 and ifb.get_attr("IFLA_MTU") == eth0.get_attr("IFLA_MTU")
     assert ("eth0", "ingress", 0xFFFFFFF1) in view["qdiscs"]
     assert ("eth0", "tbf", 0xFFFFFFFF) in view["qdiscs"] and ("ifb-eth0", "tbf", 0xFFFFFFFF) in view["qdiscs"]
+
+
+def test_on_a_new_link_it_reports_what_it_installed(world) -> None:
+    spec = ShapeSpec(egress_rate_bps=300 * M, ingress_rate_bps=100 * M)
+    info = apply_shaping(world.pod, IFNAME, spec, new_link=True)
+    assert info == ShapeInfo(IFNAME, spec.egress, spec.ingress, "ifb-eth0")
+    got = read_shaping(world.pod, IFNAME)
+    assert got is not None and got.ifb == "ifb-eth0"
+    assert near(got.egress, spec.egress) and near(got.ingress, spec.ingress)
 
 
 def test_reapply_replaces_and_a_direction_left_out_is_removed(world) -> None:
@@ -141,6 +157,35 @@ def test_remove_finds_a_leaked_ifb_without_its_interface(world) -> None:
     assert dict(links_named(world.pod)) == {"lo": None}
 
 
+def test_delete_shaped_link_takes_both_at_once_and_nothing_else(world, make_netns) -> None:
+    from pyroute2 import IPRoute
+
+    apply_shaping(world.pod, IFNAME, ShapeSpec.symmetric(100 * M))
+    with IPRoute(netns=world.pod) as ipr:  # another pair, in the netdev group tried first
+        ipr.link("add", ifname="other0", kind="veth", peer="other1")
+        for name in ("other0", "other1"):
+            ipr.link("set", index=ipr.link_lookup(ifname=name)[0], group=shaping._BATCH_GROUP_BASE)
+    assert delete_shaped_link(world.pod, IFNAME) == (True, True)
+    assert sorted(links_named(world.pod)) == [("lo", None), ("other0", "veth"), ("other1", "veth")]
+    assert delete_shaped_link(world.pod, IFNAME) == (False, False)  # again
+    gone = make_netns()
+    remove_netns(gone)
+    assert delete_shaped_link(gone, IFNAME) == (False, False)
+
+
+def test_delete_shaped_link_finds_a_leaked_ifb_and_spares_a_stranger(world) -> None:
+    from pyroute2 import IPRoute
+
+    apply_shaping(world.pod, IFNAME, ShapeSpec.symmetric(100 * M))
+    with IPRoute(netns=world.pod) as ipr:
+        ipr.link("del", index=ipr.link_lookup(ifname=IFNAME)[0])
+    assert delete_shaped_link(world.pod, IFNAME) == (False, True)
+    with IPRoute(netns=world.pod) as ipr:
+        ipr.link("add", ifname="ifb-eth1", kind="veth", peer="eth1")
+    assert delete_shaped_link(world.pod, "eth1") == (True, False)  # the veth holding the ifb name is not ours
+    assert sorted(n for n, _ in links_named(world.pod)) == ["lo"]  # (deleting eth1 took its peer)
+
+
 def test_failure_when_the_ifb_name_is_taken_leaves_the_interface_unshaped(world) -> None:
     from pyroute2 import IPRoute
 
@@ -176,57 +221,22 @@ def test_missing_interface_is_a_netlink_error(world) -> None:
 
 # -- real traffic ---------------------------------------------------------------------------
 
-IPERF3 = shutil.which("iperf3")
 needs_iperf3 = pytest.mark.skipif(IPERF3 is None, reason="iperf3 not installed (make deps installs it)")
 
 
 @pytest.fixture
 def iperf_server(world, tmp_path) -> Iterator[None]:
     """An iperf3 server in the remote netns for the test (log in a file); killed and reaped afterwards."""
-    log = tmp_path / "iperf3-server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(["nsenter", f"--net={world.remote}", IPERF3, "-s", "-B", REMOTE_IP, "--forceflush"],
-                                stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 10
-        while "Server listening" not in log.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"iperf3 server did not start: {log.read_text()!r}")
-            time.sleep(0.05)
+    with IperfServer(world.remote, REMOTE_IP, tmp_path):
         yield
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-def iperf_bps(world: World, reverse: bool) -> float:
-    """One 3 s TCP run from the pod; bits per second the receiver got.
-
-    Between two tests the iperf3 server closes and reopens its listening socket, so a client
-    started right after the previous run can be refused: it is retried for a few seconds."""
-    cmd = ["nsenter", f"--net={world.pod}", IPERF3, "-c", REMOTE_IP, "-t", str(SECONDS), "-J"]
-    deadline = time.monotonic() + 10
-    while True:
-        proc = subprocess.run(cmd + (["-R"] if reverse else []), capture_output=True, text=True,
-                              timeout=SECONDS + 20)
-        out = json.loads(proc.stdout)
-        if "Connection refused" not in out.get("error", "") or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert proc.returncode == 0 and "error" not in out, proc.stdout[-2000:] + proc.stderr
-    return float(out["end"]["sum_received"]["bits_per_second"])
-
-
-def median_bps(world: World, reverse: bool) -> float:
-    return statistics.median(iperf_bps(world, reverse) for _ in range(RUNS))
 
 
 @needs_iperf3
-@pytest.mark.parametrize("rate_bps", [None, 100 * M, 300 * M], ids=["unshaped", "100M", "300M"])
+@pytest.mark.parametrize("rate_bps", [None, 100 * M, 300 * M, 1000 * M], ids=["unshaped", "100M", "300M", "1G"])
 def test_tcp_throughput_follows_the_rate_both_ways(world, iperf_server, rate_bps, capsys) -> None:
     if rate_bps is not None:
         apply_shaping(world.pod, IFNAME, ShapeSpec.symmetric(rate_bps))
-    measured = {d: median_bps(world, reverse=d == "ingress") for d in ("egress", "ingress")}
+    measured = {d: median_bps(Client(world.pod, REMOTE_IP, reverse=d == "ingress")) for d in ("egress", "ingress")}
     with capsys.disabled():
         for d, bps in measured.items():
             dev = f"{(bps / rate_bps - 1) * 100:+.1f} %" if rate_bps else "-"
@@ -235,6 +245,6 @@ def test_tcp_throughput_follows_the_rate_both_ways(world, iperf_server, rate_bps
                   f"median {bps / M:.1f} Mbit/s, deviation {dev}")
     for d, bps in measured.items():
         if rate_bps is None:  # the NIC must carry well above every shaped rate, or the test proves nothing
-            assert bps > 2 * 300 * M, f"{d}: unshaped only {bps / M:.0f} Mbit/s"
+            assert bps > 2 * 1000 * M, f"{d}: unshaped only {bps / M:.0f} Mbit/s"
         else:
             assert abs(bps / rate_bps - 1) <= TOLERANCE, f"{d}: {bps / M:.1f} Mbit/s for a {rate_bps // M}M rate"

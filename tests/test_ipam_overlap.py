@@ -8,7 +8,7 @@ import threading
 
 from cni_dra import ipam
 from cni_dra.cni import run
-from cni_dra.netlink import addr, info, netns, sublink, sysctl
+from cni_dra.netlink import addr, info, netns, shaping, sublink, sysctl
 from cni_dra.state import Attachment, StateStore
 from tests.builders import device, write_slice
 
@@ -104,6 +104,9 @@ def _add_setup(tmp_path, monkeypatch, ipam_type, create, ipam_add):
                             operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
     monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
     monkeypatch.setattr(sublink, "create_macvlan", create)
+    monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec, **kw: shaping.ShapeInfo(
+        ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None))
+    monkeypatch.setattr(shaping, "remove_shaping", lambda netns, ifname: True)
     monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
     monkeypatch.setattr(addr, "configure_interface", lambda *a, **k: None)
     monkeypatch.setattr(sublink, "delete_link", lambda *a: True)

@@ -388,3 +388,14 @@ def test_the_same_link_type_keeps_the_conflist_mode_and_mac():
 def test_shaping_on_and_off(node_shaping, profile_shaping, expect):
     node = {"type": "cni-dra"} if node_shaping is None else {"type": "cni-dra", "shaping": node_shaping}
     assert apply_to_netconf(node, InterfaceProfile(shaping=profile_shaping))["shaping"] == expect
+
+
+def test_the_plugin_accepts_the_profiles_block_of_its_conflist_entry() -> None:
+    import json
+
+    from cni_dra.protocol.config import load_conf
+
+    raw = json.dumps({"cniVersion": "1.1.0", "name": "n", "type": "cni-dra",
+                      "profiles": {"allowedLinkTypes": ["ipvlan"], "maxMtu": 1500}}).encode()
+    conf = load_conf(raw)
+    assert conf.profiles.maxMtu == 1500 and conf.profiles.allowedLinkTypes == ("ipvlan",)

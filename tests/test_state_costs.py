@@ -17,7 +17,7 @@ import pytest
 
 from cni_dra import ipam
 from cni_dra.cni import run
-from cni_dra.netlink import addr, info, netns, sublink, sysctl
+from cni_dra.netlink import addr, info, netns, shaping, sublink, sysctl
 from cni_dra.protocol.results import IPConfig, Result
 from cni_dra.state import StateStore, fsio
 from tests.builders import device, write_slice
@@ -41,6 +41,10 @@ def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, st
     monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
     monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
     monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: link)
+    monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec, **kw: shaping.ShapeInfo(
+        ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None))
+    monkeypatch.setattr(shaping, "remove_shaping", lambda netns, ifname: True)
+    monkeypatch.setattr(shaping, "delete_shaped_link", lambda netns, ifname: (True, True))
     monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
     monkeypatch.setattr(addr, "configure_interface", lambda *a, **k: None)
     monkeypatch.setattr(sublink, "delete_link", lambda *a: True)

@@ -8,6 +8,9 @@ right after an agent restart and for nodes without the agent):
 * ``cni_dra_device_consumed{...}``: charged by attachments and prepared claims;
 * ``cni_dra_device_remaining{...}``: capacity - consumed;
 * ``cni_dra_attachments{device,phase}``: attachments per device and phase (adding, ready);
+* ``cni_dra_attachment_shaped_rate{device,network,pod,container,ifname,direction}``: the
+  rate (bits per second) the kernel shapes an attachment's ``egress`` (what the pod sends)
+  or ``ingress`` (what it receives) to; an unshaped direction has no sample;
 * ``cni_dra_prepared_claims``: prepared ResourceClaim copies (one per pod);
 * ``cni_dra_pending_status_updates``: claim status records not yet written;
 * ``cni_dra_state_up``: 1 when inventory and state could be read, else 0 (then no other
@@ -89,6 +92,16 @@ class NodeCollector(Collector):
             att.add_metric([dev, phase], n)
         yield from fams.values()
         yield att
+        shaped = GaugeMetricFamily(
+            "cni_dra_attachment_shaped_rate", "rate an attachment's traffic is shaped to (bits per second)",
+            labels=["device", "network", "pod", "container", "ifname", "direction"])
+        for a in report["attachments"]:
+            pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else (a["podUID"] or "")
+            for direction, bucket in (a["shaping"] or {}).items():
+                if direction in ("egress", "ingress"):
+                    shaped.add_metric([a["device"], a["network"], pod, a["containerID"], a["ifname"], direction],
+                                      bucket["rateBps"])
+        yield shaped
         claims = GaugeMetricFamily("cni_dra_prepared_claims", "prepared ResourceClaim copies (one per pod)")
         claims.add_metric([], len(report["preparedClaims"]))
         yield claims

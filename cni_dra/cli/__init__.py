@@ -71,13 +71,15 @@ def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None)
         rows.append((d["name"], str(d["ifName"]), fmt(d["capacity"]), fmt(d["consumed"]), fmt(d["remaining"])))
     _table(rows)
     click.echo("")
-    rows = [("POD", "CONTAINER", "IFNAME", "DEVICE", "CONSUMED", "SHAREID", "PHASE")]
+    rows = [("POD", "CONTAINER", "IFNAME", "DEVICE", "CONSUMED", "SHAPED", "SHAREID", "PHASE")]
     for a in report["attachments"]:
         pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else (a["podUID"] or "-")
         charged = ",".join(f"{k}={v}" for k, v in a["consumedCapacity"].items()) or "-"
         if not a["consumedRecorded"]:
             charged += " (not recorded: whole device)"
-        rows.append((pod, a["containerID"][:12], a["ifname"], a["device"], charged, a["shareID"] or "-", a["phase"]))
+        shaped = ",".join(f"{d}={b['rate']}" for d, b in (a["shaping"] or {}).items() if d != "ifb") or "-"
+        rows.append((pod, a["containerID"][:12], a["ifname"], a["device"], charged, shaped, a["shareID"] or "-",
+                     a["phase"]))
     _table(rows)
     if report["preparedClaims"]:
         click.echo("")

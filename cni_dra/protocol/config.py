@@ -12,6 +12,7 @@ runtimeConfig key is honoured only when its capability is declared in ``capabili
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -23,6 +24,7 @@ from cni_dra.errors import (
 )
 from cni_dra.iface import CONFIG_MACVLAN_MODES, IPVLAN_FLAGS, IPVLAN_MODES, validate_mac
 from cni_dra.protocol.env import CniEnv
+from cni_dra.protocol.profile.limits import ProfileLimits
 from cni_dra.protocol.versions import check_supported
 from cni_dra.quantity import QuantityField
 
@@ -34,6 +36,10 @@ __all__ = [
     "LINK_TYPES",
     "CapacityRequest",
     "DeviceSelector",
+    "DEFAULT_SHAPING_CAPACITY",
+    "DEFAULT_SHAPING_LATENCY_S",
+    "ShapingConfig",
+    "RuntimeBandwidth",
     "NetConf",
     "load_conf",
     "peek_cni_version",
@@ -102,6 +108,81 @@ class DeviceSelector(BaseModel):
     cel: CELSelector
 
 
+DEFAULT_SHAPING_CAPACITY = "bandwidth"
+"""The capacity that shapes both directions when ``shaping`` names none."""
+DEFAULT_SHAPING_LATENCY_S = 0.025
+"""Default ``shaping.latencySeconds``: the longest a packet waits in a shaping queue (25 ms,
+the reference bandwidth plugin's)."""
+_MAX_U32 = 2**32 - 1
+_MAX_U64 = 2**64 - 1
+# A resource.k8s.io/v1 capacity name: [<DNS subdomain>/]<C identifier>, identifier <= 32,
+# domain <= 63 characters (the inventory checks the same rule on the device side).
+_CAPACITY_NAME = re.compile(
+    r"(?:(?=[^/]{1,63}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z_][A-Za-z0-9_]{0,31}",
+    re.ASCII,
+)
+
+
+class ShapingConfig(BaseModel):
+    """``shaping`` as an object: which consumed capacity sets which direction's rate, and the
+    token bucket overrides. ``"shaping": true`` is this with every default, ``false`` no
+    shaping at all.
+
+    * ``capacity`` (default :data:`DEFAULT_SHAPING_CAPACITY`): one capacity whose consumed
+      amount (bits per second) is the rate of both directions; or
+    * ``ingressCapacity`` / ``egressCapacity``: one capacity per direction (what the pod
+      receives / sends), exclusive with ``capacity``; a direction without one is not shaped.
+    * ``ingressBurstBytes`` / ``egressBurstBytes``: the token bucket of that direction in
+      bytes (default: 2 ms of the rate, at least 128 KiB);
+    * ``latencySeconds``: the longest a packet waits in the queue behind a full bucket (the
+      queue limit; default :data:`DEFAULT_SHAPING_LATENCY_S`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    capacity: str | None = Field(default=None, strict=True)
+    ingressCapacity: str | None = Field(default=None, strict=True)
+    egressCapacity: str | None = Field(default=None, strict=True)
+    ingressBurstBytes: int | None = Field(default=None, ge=1, le=_MAX_U32, strict=True)
+    egressBurstBytes: int | None = Field(default=None, ge=1, le=_MAX_U32, strict=True)
+    latencySeconds: float = Field(default=DEFAULT_SHAPING_LATENCY_S, gt=0, le=10, allow_inf_nan=False)
+
+    @field_validator("capacity", "ingressCapacity", "egressCapacity")
+    @classmethod
+    def _capacity_name(cls, v: str | None) -> str | None:
+        if v is not None and not _CAPACITY_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not a capacity name ([<DNS subdomain>/]<C identifier of at most 32 characters>)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_way_to_name_capacities(self) -> ShapingConfig:
+        if self.capacity is not None and (self.ingressCapacity is not None or self.egressCapacity is not None):
+            raise ValueError("capacity (both directions) and ingressCapacity/egressCapacity (one each) are exclusive")
+        return self
+
+    @property
+    def capacities(self) -> tuple[str | None, str | None]:
+        """(egress capacity name, ingress capacity name); None: that direction is not shaped."""
+        if self.ingressCapacity is None and self.egressCapacity is None:
+            name = self.capacity or DEFAULT_SHAPING_CAPACITY
+            return name, name
+        return self.egressCapacity, self.ingressCapacity
+
+
+class RuntimeBandwidth(BaseModel):
+    """``runtimeConfig.bandwidth`` (CNI conventions, capability ``bandwidth``): what the runtime
+    asks from a pod's ``kubernetes.io/ingress-bandwidth`` / ``egress-bandwidth`` annotations.
+    Rates in bits per second, bursts in bits (the reference bandwidth plugin's units); 0 or
+    absent: not asked. Keys this plugin does not know are ignored, as the conventions say."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    ingressRate: int = Field(default=0, ge=0, le=_MAX_U64, strict=True)
+    ingressBurst: int = Field(default=0, ge=0, le=_MAX_U64, strict=True)
+    egressRate: int = Field(default=0, ge=0, le=_MAX_U64, strict=True)
+    egressBurst: int = Field(default=0, ge=0, le=_MAX_U64, strict=True)
+
+
 class NetConf(BaseModel):
     """A cni-dra network configuration (one plugin entry of a conflist, as the runtime sends it).
 
@@ -143,6 +224,10 @@ class NetConf(BaseModel):
     prevResult: dict[str, Any] | None = None
     args: dict[str, Any] | None = None
     disableGC: bool = False
+    shaping: ShapingConfig | None = Field(default_factory=ShapingConfig)
+    # What DRA device profiles may ask on this network (README "Device profiles"): read by
+    # the agent at prepare; accepted here so that one conflist serves both.
+    profiles: ProfileLimits = Field(default_factory=ProfileLimits)
     validAttachments: list[dict[str, str]] | None = Field(default=None, alias="cni.dev/valid-attachments")
     legacyAttachments: list[dict[str, str]] | None = Field(default=None, alias="cni.dev/attachments")
 
@@ -178,6 +263,27 @@ class NetConf(BaseModel):
             object.__setattr__(self, "ipvlanFlag", flag)
         return self
 
+    @field_validator("shaping", mode="before")
+    @classmethod
+    def _shaping(cls, v: Any) -> Any:
+        # true: every default; false: off; an object: ShapingConfig. Nothing else (not null).
+        if v is True:
+            return {}
+        if v is False:
+            return None
+        if not isinstance(v, dict):
+            raise ValueError(f"must be true, false or an object, not {json.dumps(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _runtime_bandwidth(self) -> NetConf:
+        if self.capabilities.get("bandwidth") and self.runtimeConfig.get("bandwidth") is not None:
+            try:
+                RuntimeBandwidth.model_validate(self.runtimeConfig["bandwidth"])
+            except ValidationError as exc:
+                raise ValueError(f"runtimeConfig.bandwidth: {_format_validation_error(exc)[1]}") from exc
+        return self
+
     @field_validator("mac")
     @classmethod
     def _mac(cls, v: str | None) -> str | None:
@@ -203,6 +309,15 @@ class NetConf(BaseModel):
         if self.validAttachments is None and self.legacyAttachments is None:
             return None
         return list(self.validAttachments or self.legacyAttachments or [])
+
+    @property
+    def runtime_bandwidth(self) -> RuntimeBandwidth | None:
+        """``runtimeConfig.bandwidth`` when the ``bandwidth`` capability is declared (validated
+        at load), else None."""
+        if not self.capabilities.get("bandwidth"):
+            return None
+        raw = self.runtimeConfig.get("bandwidth")
+        return None if raw is None else RuntimeBandwidth.model_validate(raw)
 
     @property
     def ipam_type(self) -> str | None:

@@ -35,6 +35,11 @@ Everything here is immutable: frozen models, read-only containers
 through its typed operations (:class:`cni_dra.state.txn.Txn`, :mod:`cni_dra.state.ops`),
 which the journal records; a change made in place raises.
 
+``shaping`` (optional; absent when the attachment is not shaped, or was written before the
+field existed) is the traffic control ADD installed on the pod interface: ``{"egress": {"rateBps", "burstBytes", "limitBytes"}, "ingress": {...}, "ifb":
+"<ifb device>"}``, an unshaped direction left out (:mod:`cni_dra.verbs.shaping`); CHECK
+compares the kernel with it.
+
 Older schemas are migrated on read by :func:`migrate` (one function per version step in
 :data:`MIGRATIONS`). Models ignore unknown keys, so adding a field is a backwards-compatible
 change that needs no new schema version; a change of meaning does.
@@ -143,6 +148,7 @@ class Attachment(BaseModel):
     ipamConf: str | None = None  # the network config given to IPAM ADD, for release without the runtime
     result: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # CNI result (1.1.0 schema) of the ADD
     readyAt: str | None = None  # when ADD made it ready, RFC 3339 UTC (see ready_at); GC spares young ones
+    shaping: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # traffic control ADD installed (see below)
 
     @model_validator(mode="before")
     @classmethod

@@ -10,14 +10,17 @@ Steps (each effect registers its undo; a failure undoes them in reverse and re-r
    ResourceClaim shared by several pods: each pod's interface uses the claim's one share,
    charged once, on the device the scheduler allocated);
 2. start IPAM ADD (the plugin named by ``ipam.type``) in a thread; meanwhile create the
-   macvlan/ipvlan in the pod netns (temporary name, then CNI_IFNAME); then addresses and
-   routes from IPAM's result on the link (dhcp, whose daemon configures through the link,
-   runs after the link instead, in the reference order);
-3. under the lock: the attachment becomes ``ready`` with the CNI result.
+   macvlan/ipvlan in the pod netns (temporary name, then CNI_IFNAME) and shape it to the
+   attachment's consumed capacity (:mod:`cni_dra.verbs.shaping`: tbf for egress, an ifb
+   device for ingress; traffic control does not depend on the addresses); then addresses
+   and routes from IPAM's result on the link (dhcp, whose daemon configures through the
+   link, runs after the link instead, in the reference order);
+3. under the lock: the attachment becomes ``ready`` with the CNI result and the shaping record.
 
 Errors: InvalidConfigError (7) for mtu above the parent's (before any IPAM call),
 NoCapacityError (100) when nothing fits, ClaimError (101) for an allocation that cannot be
-honoured, NetlinkError (102), IpamError (the IPAM plugin's code; its catch-all 999 becomes
+honoured, NetlinkError (102; also when the kernel lacks a piece of shaping, e.g. ``kernel
+lacks ifb``, unless ``shaping`` is false), IpamError (the IPAM plugin's code; its catch-all 999 becomes
 103), TryAgainLaterError (11, also when the dhcp daemon's socket is absent), IncompatibleVersionError
 (1) for an L2-only 0.1.0/0.2.0 config, InvalidConfigError (7) for a MAC already used on the parent,
 StateError (5), IOFailureError (5) / InventoryError (7) for the inventory.
@@ -83,6 +86,7 @@ def cmd_add(inv: Invocation) -> Result:
             # 2. IPAM in a thread (it does not need the link), 3. the link, 4. IPAM's answer
             ipam_job = _start_ipam(inv, undo)
             link = _create_link(inv, intent.att, host_links[intent.att.parent], undo)
+            shaped = _shape(inv, intent.att, undo)
             ipam_result = _ipam_result(inv, ipam_job, undo)
             if ipam_result is not None:
                 addr.configure_interface(
@@ -96,7 +100,7 @@ def cmd_add(inv: Invocation) -> Result:
             # there (0.1.0/0.2.0 without an IP) must fail here, while the undo steps still run.
             result_to_dict(result, inv.conf.cniVersion)
             # 5. done
-            intent.complete(_result_dict(result))
+            intent.complete(_result_dict(result), shaping=shaped)
             undo.pop_all()
         fault_point("add:ready")
         return result
@@ -253,6 +257,24 @@ def _create_link(inv: Invocation, att: Attachment, parent: Any, undo: ExitStack)
     _announce(env.netns, env.ifname)
     fault_point("add:link-created")
     return link
+
+
+def _shape(inv: Invocation, att: Attachment, undo: ExitStack) -> dict[str, Any] | None:
+    """Traffic control on the new link from ``att``'s consumed capacity, the runtime's
+    bandwidth request and the config (:func:`cni_dra.verbs.shaping.shape_spec`), with its
+    undo (the ifb device would outlive the link); returns the record for the attachment,
+    None when nothing is shaped. Raises NetlinkError (102), having left nothing behind."""
+    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
+    from cni_dra.verbs.shaping import record, shape_spec
+
+    conf, env = inv.conf, inv.env
+    spec = shape_spec(conf.shaping, att.consumedCapacity, conf.runtime_bandwidth)
+    if spec is None:
+        return None
+    _undo_with(undo, lambda: tc.remove_shaping(env.netns, env.ifname))
+    info = tc.apply_shaping(env.netns, env.ifname, spec, new_link=True)
+    fault_point("add:shaped")
+    return record(info)
 
 
 def _ipam_result(inv: Invocation, job: Concurrently | None, undo: ExitStack) -> Result | None:

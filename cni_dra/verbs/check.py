@@ -6,7 +6,9 @@ cniVersion ≥ 0.4.0 and ``prevResult``). Tolerates what later plugins of a chai
 the link's existence, kind, mode and parent NIC, that the link and its parent are
 administratively up and have carrier (IFF_LOWER_UP: a pod link that cannot pass traffic
 is not working as configured), the MAC and the IPs prevResult reports for our
-interface; then delegates CHECK to the IPAM plugin. The netns recorded for the interface
+interface, and the traffic control ADD recorded (the root tbf, the ingress redirect to the
+ifb device and its tbf, with the recorded rates, queue limits and bursts; none is checked
+for an attachment that was not shaped); then delegates CHECK to the IPAM plugin. The netns recorded for the interface
 (prevResult ``sandbox``, else the state) must be CNI_NETNS by identity (device and inode
 of the namespace), not by path string: ``/run/netns/x`` and ``/var/run/netns/x`` are the
 same namespace.
@@ -103,6 +105,18 @@ def _check_link(inv: Invocation, att: Any, prev: Any, what: str) -> None:
             continue
         if ipaddress.ip_interface(ip.address) not in have:
             raise CheckFailedError(f"failed to check {what}: address {ip.address} is missing")
+    if att.shaping:
+        _check_shaping(att.shaping, env.netns, env.ifname, what)
+
+
+def _check_shaping(recorded: dict[str, Any], netns: str, ifname: str, what: str) -> None:
+    """The kernel's shaping of ``ifname`` against the ``recorded`` one; CheckFailedError (105)."""
+    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
+    from cni_dra.verbs.shaping import mismatch
+
+    problem = mismatch(recorded, tc.read_shaping(netns, ifname))
+    if problem is not None:
+        raise CheckFailedError(f"failed to check {what}: {problem}")
 
 
 def _same_netns(a: str, b: str) -> bool:

@@ -6,8 +6,8 @@ when the parent NIC is gone. Capacity is released last, so a DEL that fails half
 runtime retries it) never frees capacity whose link or IP is still held.
 
 Steps: the ``deleting`` intent (:mod:`cni_dra.verbs.intent`, after recovering stale
-intents); the link and IPAM released (:func:`cni_dra.verbs.release.release`: IPAM DEL
-beside the link deletion, ``dhcp`` first); the record dropped.
+intents); the link, its ifb device and IPAM released (:func:`cni_dra.verbs.release.release`:
+IPAM DEL beside the link deletion, ``dhcp`` first); the record dropped.
 
 Errors: IpamError (the IPAM plugin's code), NetlinkError (102), TryAgainLaterError (11),
 StateError (5).
@@ -48,7 +48,10 @@ def cmd_del(inv: Invocation) -> None:
             delete_link = True
         else:
             log.warning("DEL %s: no attachment recorded and %s is not a cni-dra link; left alone", key, env.ifname)
-    release(env.netns or "", env.ifname, delete_link=delete_link, ipam=ipam, cni_path=env.path, faults="del")
+    # Shaping: the recorded one, or any when there is no record (state lost, an ADD's crash).
+    shaped = att is None or att.shaping is not None
+    release(env.netns or "", env.ifname, delete_link=delete_link, ipam=ipam, cni_path=env.path, faults="del",
+            shaped=shaped)
     if att is not None:
         finish_delete(inv)
 

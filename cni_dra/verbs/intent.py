@@ -91,9 +91,10 @@ class AddIntent:
     def key(self) -> tuple[str, str, str]:
         return self.att.key
 
-    def complete(self, result: dict[str, Any]) -> None:
-        """Record ``result`` (CNI 1.1.0 form): phase ``ready``, ``readyAt`` now, no owner
-        or steps. Raises StateError (5), ClaimError (101) if the record vanished."""
+    def complete(self, result: dict[str, Any], shaping: dict[str, Any] | None = None) -> None:
+        """Record ``result`` (CNI 1.1.0 form) and ``shaping`` (the traffic control installed,
+        :func:`cni_dra.verbs.shaping.record`; None: none): phase ``ready``, ``readyAt`` now, no
+        owner or steps. Raises StateError (5), ClaimError (101) if the record vanished."""
         from cni_dra.errors import ClaimError
         from cni_dra.state.claim_status import claim_status_record
         from cni_dra.state.models import ready_at
@@ -102,8 +103,9 @@ class AddIntent:
             recorded = state.find(*self.key)
             if recorded is None:  # pragma: no cover - only a concurrent GC/repair could do this
                 raise ClaimError(f"failed to complete ADD of {self.key}: the attachment vanished from state")
+            extra = {"shaping": shaping} if shaping is not None else {}
             ready = state.update(recorded, phase="ready", result=result, owner=None, steps=(),
-                                 readyAt=ready_at(time.time()))  # GC spares it for a grace period
+                                 readyAt=ready_at(time.time()), **extra)  # GC spares it for a grace period
             if ready.claim is not None:  # claim mode: the agent writes it into the claim's status
                 state.add_status_update(claim_status_record(ready))
 

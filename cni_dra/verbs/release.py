@@ -1,4 +1,5 @@
-"""Release one attachment's side effects: its link in the pod netns and its IPAM reservation.
+"""Release one attachment's side effects: its link in the pod netns, the ifb device that
+shaped its ingress, and its IPAM reservation.
 
 The one path by which DEL, GC and recovery take an attachment's link and address away (the
 capacity goes when the caller drops the record, always after this has succeeded, so a
@@ -10,6 +11,13 @@ the kernel takes most of the time unregistering the link. Both are waited for; a
 error is raised first, with the IPAM error noted on it. Except for ``dhcp``: its daemon
 sends the DHCPRELEASE through the pod's link, so its DEL finishes before the link goes,
 in the reference order.
+
+The kernel takes the link's qdiscs with it; the ifb device (:mod:`cni_dra.netlink.shaping`)
+is a link of its own in the pod netns and would outlive the pod's interface when the netns
+outlives the pod, so an attachment that may be shaped has both deleted together
+(:func:`~cni_dra.netlink.shaping.delete_shaped_link`: one kernel batch, so the deletion
+costs about what the link's alone did), the ifb device also when the link is gone already
+(a DEL retried, a crash, ``state repair`` and GC all find a leaked one this way).
 
 Errors: NetlinkError (102), IpamError (the plugin's code; its catch-all 999 becomes 103).
 """
@@ -44,15 +52,17 @@ def release(
     ipam: IpamRelease | None,
     cni_path: Sequence[str] | None,
     faults: str | None = None,
+    shaped: bool = True,
 ) -> list[str]:
-    """Delete link ``ifname`` in ``netns`` (when ``delete_link``) and run ``ipam``'s DEL.
+    """Delete link ``ifname`` in ``netns`` (when ``delete_link``), with its ifb device when
+    ``shaped`` (the attachment may have one), and run ``ipam``'s DEL.
 
     ``faults``: the prefix of the crash-test fault points passed on the way (``del``: after
     the link is gone, ``del:link-deleted``; after IPAM, ``del:ipam-released``). Returns what
     was done, in words. Raises as the module docstring says.
     """
     from cni_dra import ipam as ipam_plugins
-    from cni_dra.netlink import sublink  # called through the module: the seam tests patch
+    from cni_dra.netlink import shaping, sublink  # called through the module: the seam tests patch
 
     done: list[str] = []
     pending = None
@@ -65,7 +75,13 @@ def release(
         else:
             pending = Concurrently(lambda: ipam_plugins.ipam_del(ipam.type, ipam.config, ipam.environ, path))
     try:
-        if delete_link and sublink.delete_link(netns, ifname):
+        if delete_link and shaped:
+            link_gone, ifb_gone = shaping.delete_shaped_link(netns, ifname)
+            if ifb_gone:
+                done.insert(0, f"shaping of {ifname} ({shaping.ifb_name(ifname)}) removed in {netns}")
+            if link_gone:
+                done.insert(0, f"link {ifname} deleted in {netns}")
+        elif delete_link and sublink.delete_link(netns, ifname):
             done.insert(0, f"link {ifname} deleted in {netns}")
         if faults:
             fault_point(f"{faults}:link-deleted")
@@ -96,11 +112,14 @@ def release_attachment(
     """:func:`release` of a recorded attachment: its link (``delete_link``; the caller has
     checked that its netns is usable and not the host's) and, with ``release_ipam``, the
     IPAM DEL with the config recorded at ADD, in ``environ`` plus the attachment's
-    CNI_CONTAINERID, CNI_IFNAME and CNI_NETNS (and CNI_PATH from ``cni_path``)."""
+    CNI_CONTAINERID, CNI_IFNAME and CNI_NETNS (and CNI_PATH from ``cni_path``). Its shaping
+    goes with the link when it recorded one, or when it is an ADD that never completed (the
+    record is written at the end, the ifb device may exist before)."""
     ipam = None
     if release_ipam and att.ipamType and att.ipamConf:
         env = dict(environ) | {"CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns}
         if cni_path:
             env["CNI_PATH"] = ":".join(cni_path)
         ipam = IpamRelease(att.ipamType, att.ipamConf.encode(), env)
-    return release(att.netns, att.ifname, delete_link=delete_link, ipam=ipam, cni_path=cni_path)
+    shaped = att.shaping is not None or att.phase == "adding"
+    return release(att.netns, att.ifname, delete_link=delete_link, ipam=ipam, cni_path=cni_path, shaped=shaped)

@@ -1,0 +1,448 @@
+"""Shaping wired into the product, without a kernel: the ``shaping`` config, what an attachment
+is shaped to (its consumed capacity, lowered by the runtime's ``runtimeConfig.bandwidth``,
+never raised), the record ADD keeps and CHECK compares, DEL/GC/recovery's release, and the
+status report and metrics. The kernel side is faked at :mod:`cni_dra.netlink.shaping`'s
+functions; netns_tests/test_plugin_shaping.py runs the real thing."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cni_dra import ipam
+from cni_dra.cni import run
+from cni_dra.errors import InvalidConfigError, NetlinkError, UnsupportedFieldError
+from cni_dra.netlink import addr, info, netns, shaping, sublink, sysctl
+from cni_dra.netlink.shaping import MAX_RATE_BPS, MIN_BURST_BYTES, ShapeInfo, ShapeSpec, Tbf
+from cni_dra.protocol.config import DEFAULT_SHAPING_LATENCY_S, RuntimeBandwidth, ShapingConfig, load_conf
+from cni_dra.protocol.results import IPConfig, Result
+from cni_dra.state import StateStore
+from cni_dra.verbs.shaping import mismatch, record, shape_spec
+from tests.builders import attachment, device, netconf_bytes, write_slice
+
+M = 1_000_000
+MAX_U32 = 2**32 - 1
+
+
+# -- the config --------------------------------------------------------------------------------
+
+def test_shaping_is_on_by_default_on_the_bandwidth_capacity() -> None:
+    conf = load_conf(netconf_bytes())
+    assert conf.shaping == ShapingConfig()
+    assert conf.shaping is not None and conf.shaping.capacities == ("bandwidth", "bandwidth")
+    assert conf.shaping.latencySeconds == DEFAULT_SHAPING_LATENCY_S == 0.025
+    assert load_conf(netconf_bytes(shaping=True)).shaping == ShapingConfig()
+    assert load_conf(netconf_bytes(shaping=False)).shaping is None
+
+
+@pytest.mark.parametrize(("shaping", "capacities"), [
+    ({"capacity": "net.example.com/bw"}, ("net.example.com/bw", "net.example.com/bw")),
+    ({"ingressCapacity": "ingressBandwidth", "egressCapacity": "egressBandwidth"},
+     ("egressBandwidth", "ingressBandwidth")),
+    ({"egressCapacity": "egressBandwidth"}, ("egressBandwidth", None)),
+])
+def test_which_capacity_shapes_which_direction(shaping: dict, capacities: tuple) -> None:
+    conf = load_conf(netconf_bytes(shaping=shaping))
+    assert conf.shaping is not None and conf.shaping.capacities == capacities
+
+
+def test_overrides_are_read() -> None:
+    conf = load_conf(netconf_bytes(shaping={"ingressBurstBytes": 200_000, "egressBurstBytes": 65536,
+                                            "latencySeconds": 0.1}))
+    assert conf.shaping == ShapingConfig(ingressBurstBytes=200_000, egressBurstBytes=65536, latencySeconds=0.1)
+
+
+@pytest.mark.parametrize(("shaping", "says"), [
+    ("yes", "shaping: must be true, false or an object, not \"yes\""),
+    (None, "shaping: must be true, false or an object, not null"),
+    (1, "shaping: must be true, false or an object, not 1"),
+    ({"capacity": "9bad"}, "shaping.capacity: '9bad' is not a capacity name"),
+    ({"capacity": "a" * 33}, "is not a capacity name"),
+    ({"capacity": "Bad_Domain/bw"}, "is not a capacity name"),
+    ({"capacity": 5}, "shaping.capacity: Input should be a valid string"),
+    ({"capacity": "bandwidth", "egressCapacity": "egressBandwidth"},
+     "shaping: capacity (both directions) and ingressCapacity/egressCapacity (one each) are exclusive"),
+    ({"ingressBurstBytes": 0}, "shaping.ingressBurstBytes: Input should be greater than or equal to 1"),
+    ({"egressBurstBytes": 2**32}, "shaping.egressBurstBytes: Input should be less than or equal to 4294967295"),
+    ({"egressBurstBytes": "1M"}, "shaping.egressBurstBytes: Input should be a valid integer"),
+    ({"latencySeconds": 0}, "shaping.latencySeconds: Input should be greater than 0"),
+    ({"latencySeconds": 11}, "shaping.latencySeconds: Input should be less than or equal to 10"),
+])
+def test_bad_shaping_is_code_7_naming_the_key(shaping: Any, says: str) -> None:
+    with pytest.raises(InvalidConfigError) as err:
+        load_conf(netconf_bytes(shaping=shaping))
+    assert err.value.code == 7 and says in err.value.msg, err.value.msg
+
+
+def test_an_unknown_shaping_key_is_code_2_naming_it() -> None:
+    with pytest.raises(UnsupportedFieldError) as err:
+        load_conf(netconf_bytes(shaping={"rate": "1G"}))
+    assert err.value.code == 2 and "unknown field 'shaping.rate'" in err.value.msg
+
+
+def test_runtime_bandwidth_needs_its_capability() -> None:
+    rc = {"bandwidth": {"ingressRate": 100 * M, "ingressBurst": MAX_U32}}
+    assert load_conf(netconf_bytes(runtimeConfig=rc)).runtime_bandwidth is None
+    conf = load_conf(netconf_bytes(runtimeConfig=rc, capabilities={"bandwidth": True}))
+    assert conf.runtime_bandwidth == RuntimeBandwidth(ingressRate=100 * M, ingressBurst=MAX_U32)
+    # keys it does not know (a newer runtime's) are ignored, as the CNI conventions say
+    rc2 = {"bandwidth": {"egressRate": 5, "shapedSubnets": []}}
+    assert load_conf(netconf_bytes(runtimeConfig=rc2, capabilities={"bandwidth": True})).runtime_bandwidth == \
+        RuntimeBandwidth(egressRate=5)
+
+
+@pytest.mark.parametrize(("bandwidth", "says"), [
+    ({"ingressRate": -1}, "runtimeConfig.bandwidth: ingressRate: Input should be greater than or equal to 0"),
+    ({"egressBurst": "1M"}, "runtimeConfig.bandwidth: egressBurst: Input should be a valid integer"),
+    ({"egressRate": 2**64}, "egressRate: Input should be less than or equal to"),
+    ("fast", "runtimeConfig.bandwidth: Input should be a valid dictionary"),
+])
+def test_bad_runtime_bandwidth_is_code_7(bandwidth: Any, says: str) -> None:
+    with pytest.raises(InvalidConfigError) as err:
+        load_conf(netconf_bytes(runtimeConfig={"bandwidth": bandwidth}, capabilities={"bandwidth": True}))
+    assert err.value.code == 7 and says in err.value.msg, err.value.msg
+
+
+# -- what an attachment is shaped to ------------------------------------------------------------
+
+ON = ShapingConfig()
+
+
+def test_the_consumed_amount_is_the_rate_of_both_directions() -> None:
+    assert shape_spec(ON, {"bandwidth": "300M"}) == ShapeSpec.symmetric(300 * M)
+    assert shape_spec(ON, {"bandwidth": "1.5G", "other": "1"}) == ShapeSpec.symmetric(1500 * M)
+    assert shape_spec(ON, {"bandwidth": "100500m"}) == ShapeSpec.symmetric(100)  # whole bits, rounded down
+
+
+@pytest.mark.parametrize("consumed", [{}, {"other": "1G"}, {"bandwidth": "0"}])
+def test_no_amount_no_shaping(consumed: dict) -> None:
+    assert shape_spec(ON, consumed) is None
+
+
+def test_shaping_off_shapes_nothing_not_even_the_runtime_request() -> None:
+    assert shape_spec(None, {"bandwidth": "1G"}, RuntimeBandwidth(ingressRate=M, egressRate=M)) is None
+
+
+def test_a_pair_of_capacities() -> None:
+    conf = ShapingConfig(ingressCapacity="ingressBandwidth", egressCapacity="egressBandwidth")
+    spec = shape_spec(conf, {"ingressBandwidth": "2G", "egressBandwidth": "500M", "bandwidth": "9G"})
+    assert spec == ShapeSpec(egress_rate_bps=500 * M, ingress_rate_bps=2000 * M)
+    only_in = shape_spec(conf, {"ingressBandwidth": "2G"})
+    assert only_in == ShapeSpec(ingress_rate_bps=2000 * M)
+
+
+def test_config_bursts_and_latency_are_used() -> None:
+    conf = ShapingConfig(egressBurstBytes=64_000, latencySeconds=0.05)
+    spec = shape_spec(conf, {"bandwidth": "100M"})
+    assert spec == ShapeSpec(egress_rate_bps=100 * M, egress_burst_bytes=64_000, ingress_rate_bps=100 * M,
+                             latency_s=0.05)
+    assert spec is not None and spec.egress == Tbf.for_rate(100 * M, 64_000, 0.05)
+
+
+def test_the_runtime_lowers_the_rate() -> None:
+    spec = shape_spec(ON, {"bandwidth": "300M"}, RuntimeBandwidth(ingressRate=100 * M, ingressBurst=MAX_U32))
+    assert spec == ShapeSpec(egress_rate_bps=300 * M, ingress_rate_bps=100 * M, ingress_burst_bytes=MIN_BURST_BYTES)
+    assert spec is not None and spec.ingress == Tbf.for_rate(100 * M)  # containerd's 2**32-1 bits: the default
+
+
+def test_the_runtime_never_raises_the_rate() -> None:
+    spec = shape_spec(ON, {"bandwidth": "300M"}, RuntimeBandwidth(egressRate=2000 * M, egressBurst=MAX_U32 * 8 - 1,
+                                                                  ingressRate=300 * M + 1))
+    assert spec == ShapeSpec(egress_rate_bps=300 * M, egress_burst_bytes=MIN_BURST_BYTES, ingress_rate_bps=300 * M)
+    assert spec is not None and spec.egress == spec.ingress == Tbf.for_rate(300 * M)
+
+
+def test_the_runtime_lowers_the_burst_never_raises_it() -> None:
+    spec = shape_spec(ON, {"bandwidth": "300M"}, RuntimeBandwidth(egressBurst=80_000 * 8, ingressBurst=7))
+    assert spec is not None and spec.egress is not None and spec.ingress is not None
+    assert spec.egress.burst_bytes == 80_000  # bits to bytes, below the 128 KiB default
+    assert spec.ingress.burst_bytes == 1  # 7 bits: below one byte, the smallest bucket
+    conf = ShapingConfig(egressBurstBytes=10_000)
+    spec = shape_spec(conf, {"bandwidth": "300M"}, RuntimeBandwidth(egressBurst=80_000 * 8))
+    assert spec is not None and spec.egress is not None and spec.egress.burst_bytes == 10_000
+
+
+def test_a_direction_without_an_allocation_takes_the_runtime_rate() -> None:
+    conf = ShapingConfig(egressCapacity="egressBandwidth")
+    spec = shape_spec(conf, {"egressBandwidth": "1G"}, RuntimeBandwidth(ingressRate=50 * M, ingressBurst=MAX_U32))
+    assert spec == ShapeSpec(egress_rate_bps=1000 * M, ingress_rate_bps=50 * M, ingress_burst_bytes=MIN_BURST_BYTES)
+    assert shape_spec(ON, {}, RuntimeBandwidth(egressRate=10 * M)) == ShapeSpec(egress_rate_bps=10 * M)
+
+
+def test_a_rate_tbf_cannot_hold_is_not_shaped() -> None:
+    assert shape_spec(ON, {"bandwidth": "40G"}) is None
+    # ... unless the runtime asks for less
+    assert shape_spec(ON, {"bandwidth": "40G"}, RuntimeBandwidth(egressRate=10_000 * M)) == \
+        ShapeSpec(egress_rate_bps=10_000 * M)
+    assert shape_spec(ON, {"bandwidth": str(MAX_RATE_BPS)}) == ShapeSpec.symmetric(MAX_RATE_BPS)
+
+
+@given(st.integers(min_value=1, max_value=MAX_RATE_BPS), st.integers(min_value=0, max_value=2**64 - 1),
+       st.integers(min_value=0, max_value=2**64 - 1))
+def test_the_runtime_never_raises_anything(allocated_bps: int, runtime_rate: int, runtime_burst: int) -> None:
+    plain = shape_spec(ON, {"bandwidth": str(allocated_bps)})
+    lowered = shape_spec(ON, {"bandwidth": str(allocated_bps)},
+                         RuntimeBandwidth(egressRate=runtime_rate, egressBurst=runtime_burst))
+    assert plain is not None and lowered is not None and plain.egress is not None and lowered.egress is not None
+    assert lowered.egress.rate_bps <= plain.egress.rate_bps
+    assert lowered.egress.rate_bps == (min(allocated_bps, runtime_rate) if runtime_rate else allocated_bps) // 8 * 8 \
+        or lowered.egress.rate_bps == 8
+    assert lowered.egress.burst_bytes <= Tbf.for_rate(lowered.egress.rate_bps).burst_bytes
+    assert lowered.ingress == plain.ingress  # the other direction is not touched
+
+
+# -- the record and CHECK's comparison ----------------------------------------------------------
+
+def _info(egress: Tbf | None = None, ingress: Tbf | None = None) -> ShapeInfo:
+    return ShapeInfo("eth0", egress, ingress, "ifb-eth0" if ingress else None)
+
+
+def test_record_keeps_what_is_shaped() -> None:
+    tbf = Tbf.for_rate(300 * M)
+    assert record(_info(tbf, tbf)) == {
+        "egress": {"rateBps": 300 * M, "burstBytes": tbf.burst_bytes, "limitBytes": tbf.limit_bytes},
+        "ingress": {"rateBps": 300 * M, "burstBytes": tbf.burst_bytes, "limitBytes": tbf.limit_bytes},
+        "ifb": "ifb-eth0",
+    }
+    assert record(_info(egress=tbf)) == {"egress": {"rateBps": 300 * M, "burstBytes": tbf.burst_bytes,
+                                                    "limitBytes": tbf.limit_bytes}}
+
+
+def test_mismatch_names_what_differs() -> None:
+    tbf = Tbf.for_rate(300 * M)
+    rec = record(_info(tbf, tbf))
+    assert mismatch(rec, _info(tbf, tbf)) is None
+    assert mismatch(rec, _info(Tbf(tbf.rate_bps, tbf.burst_bytes + 10, tbf.limit_bytes), tbf)) is None  # rounding
+    assert mismatch(rec, None) == "egress is not shaped (the root tbf qdisc is missing), expected 300Mbit/s"
+    assert mismatch(rec, _info(egress=tbf)) == (
+        "ingress is not shaped (the ingress redirect to ifb-eth0 and its tbf is missing), expected 300Mbit/s")
+    assert mismatch(rec, _info(Tbf.for_rate(100 * M), tbf)) == "egress rate is 100Mbit/s, expected 300Mbit/s"
+    assert mismatch(rec, _info(tbf, Tbf(tbf.rate_bps, tbf.burst_bytes, 5))) == (
+        f"ingress queue limit is 5 bytes, expected {tbf.limit_bytes}")
+    assert mismatch(rec, _info(tbf, Tbf(tbf.rate_bps, 1000, tbf.limit_bytes))) == (
+        f"ingress burst is 1000 bytes, expected {tbf.burst_bytes}")
+    assert mismatch(rec, ShapeInfo("eth0", tbf, tbf, "ifb-other")) == "ingress goes through ifb-other, expected ifb-eth0"
+    # a direction that was not shaped is not checked (a chained plugin may add its own qdisc)
+    assert mismatch(record(_info(egress=tbf)), _info(tbf, Tbf.for_rate(M))) is None
+
+
+# -- ADD, DEL, CHECK through the entry point, kernel faked ---------------------------------------
+
+class FakeKernel:
+    """The link, IPAM and shaping calls of ADD/DEL/CHECK, faked; what was shaped and removed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.shaped: list[ShapeSpec] = []
+        self.removed: list[str] = []
+        self.installed: ShapeInfo | None = None
+        self.fail_shaping: Exception | None = None
+        self.fail_ipam: Exception | None = None
+        parent = info.LinkInfo(name="eth9", index=7, kind=None, mac="02:00:00:00:00:09", mtu=1500,
+                               operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
+        self.link = info.LinkInfo(name="eth0", index=2, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500,
+                                  operstate="UP", admin_up=True, parent_index=7, parent_netnsid=None, mode="bridge",
+                                  addresses=["192.0.2.5/24"])
+        monkeypatch.setattr(netns, "netns_exists", lambda path: True)
+        monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
+        monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
+        monkeypatch.setattr(info, "link_in_netns", lambda ns, name: self.link)
+        monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: self.link)
+        monkeypatch.setattr(sublink, "delete_link", lambda *a: True)
+        monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
+        monkeypatch.setattr(addr, "configure_interface", lambda *a, **k: None)
+        monkeypatch.setattr(ipam, "ipam_add", self._ipam_add)
+        monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
+        monkeypatch.setattr(ipam, "ipam_check", lambda *a, **k: None)
+        monkeypatch.setattr(shaping, "apply_shaping", self._apply)
+        monkeypatch.setattr(shaping, "remove_shaping", self._remove)
+        monkeypatch.setattr(shaping, "delete_shaped_link", lambda ns, name: (True, self._remove(ns, name)))
+        monkeypatch.setattr(shaping, "read_shaping", lambda ns, name: self.installed)
+
+    def _ipam_add(self, *args: object, **kwargs: object) -> Result:
+        if self.fail_ipam is not None:
+            raise self.fail_ipam
+        return Result(ips=[IPConfig(address="192.0.2.5/24")])
+
+    def _apply(self, ns: str, ifname: str, spec: ShapeSpec, new_link: bool = False) -> ShapeInfo:
+        assert new_link  # ADD shapes the link it just made
+        self.shaped.append(spec)
+        if self.fail_shaping is not None:
+            raise self.fail_shaping
+        self.installed = ShapeInfo(ifname, spec.egress, spec.ingress, "ifb-eth0" if spec.ingress else None)
+        return self.installed
+
+    def _remove(self, ns: str, ifname: str) -> bool:
+        self.removed.append(ifname)
+        had, self.installed = self.installed is not None, None
+        return had
+
+
+def _node(tmp_path: Path, **conf: Any) -> tuple[dict[str, str], dict[str, Any]]:
+    write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
+    c = {"cniVersion": "1.1.0", "name": "net", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
+         "inventory": str(tmp_path / "slice.yaml"), "ipam": {"type": "host-local"},
+         "capacity": {"requests": {"bandwidth": "300M"}}, **conf}
+    env = {"CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/bin:/bin"}
+    return env, c
+
+
+def _run(command: str, env: dict[str, str], conf: dict[str, Any]) -> tuple[int, Any]:
+    out = io.StringIO()
+    code = run({**env, "CNI_COMMAND": command}, json.dumps(conf).encode(), out)
+    return code, json.loads(out.getvalue()) if out.getvalue().strip() else None
+
+
+def _attachments(tmp_path: Path) -> list[Any]:
+    return list(StateStore(tmp_path / "state").read().attachments)
+
+
+def test_add_shapes_from_the_consumed_capacity_and_records_it(tmp_path, monkeypatch) -> None:
+    kernel = FakeKernel(monkeypatch)
+    env, conf = _node(tmp_path)
+    code, res = _run("ADD", env, conf)
+    assert code == 0, res
+    assert kernel.shaped == [ShapeSpec.symmetric(300 * M)]
+    (att,) = _attachments(tmp_path)
+    assert att.shaping == record(kernel.installed) and att.shaping["ingress"]["rateBps"] == 300 * M
+    # CHECK: as added, then with the egress gone
+    assert _run("CHECK", env, {**conf, "prevResult": res}) == (0, None)
+    assert kernel.installed is not None
+    kernel.installed = ShapeInfo("eth0", None, kernel.installed.ingress, "ifb-eth0")
+    code, out = _run("CHECK", env, {**conf, "prevResult": res})
+    assert code == 1 and out["code"] == 105
+    assert out["msg"] == ("failed to check interface eth0 of container c1: egress is not shaped (the root tbf qdisc "
+                          "is missing), expected 300Mbit/s")
+    # DEL removes it
+    assert _run("DEL", env, conf) == (0, None)
+    assert kernel.removed == ["eth0"] and _attachments(tmp_path) == []
+
+
+def test_add_with_runtime_bandwidth_lowers(tmp_path, monkeypatch) -> None:
+    kernel = FakeKernel(monkeypatch)
+    env, conf = _node(tmp_path, capabilities={"bandwidth": True},
+                      runtimeConfig={"bandwidth": {"egressRate": 50 * M, "egressBurst": MAX_U32}})
+    assert _run("ADD", env, conf)[0] == 0
+    assert kernel.shaped == [ShapeSpec(egress_rate_bps=50 * M, egress_burst_bytes=MIN_BURST_BYTES,
+                                       ingress_rate_bps=300 * M)]
+
+
+def test_unshaped_add_records_nothing_and_del_leaves_shaping_alone(tmp_path, monkeypatch) -> None:
+    kernel = FakeKernel(monkeypatch)
+    env, conf = _node(tmp_path, shaping=False)
+    code, res = _run("ADD", env, conf)
+    assert code == 0 and kernel.shaped == []
+    (att,) = _attachments(tmp_path)
+    assert att.shaping is None
+    assert _run("CHECK", env, {**conf, "prevResult": res}) == (0, None)
+    assert _run("DEL", env, conf) == (0, None)
+    assert kernel.removed == []  # never shaped: no netlink round trip for it
+
+
+def test_a_shaping_failure_fails_the_add_and_undoes_it(tmp_path, monkeypatch) -> None:
+    kernel = FakeKernel(monkeypatch)
+    kernel.fail_shaping = NetlinkError("failed to create ifb device ifb-eth0 in netns /var/run/netns/pod: "
+                                       "kernel lacks ifb")
+    env, conf = _node(tmp_path)
+    code, out = _run("ADD", env, conf)
+    assert code == 1 and out["code"] == 102 and out["msg"].endswith("kernel lacks ifb")
+    assert kernel.removed == ["eth0"] and _attachments(tmp_path) == []
+    # shaping off: the kernel's gap does not matter
+    kernel.shaped.clear()
+    assert _run("ADD", env, {**conf, "shaping": False})[0] == 0 and kernel.shaped == []
+
+
+def test_a_later_failure_removes_the_shaping(tmp_path, monkeypatch) -> None:
+    from cni_dra.errors import IpamError
+
+    kernel = FakeKernel(monkeypatch)
+    kernel.fail_ipam = IpamError("failed to allocate: no addresses left")
+    env, conf = _node(tmp_path)
+    code, out = _run("ADD", env, conf)
+    assert code == 1 and "no addresses left" in out["msg"]
+    assert len(kernel.shaped) == 1 and kernel.removed == ["eth0"] and kernel.installed is None
+    assert _attachments(tmp_path) == []
+
+
+@pytest.mark.parametrize(("shaping_rec", "phase", "removes"), [
+    ({"egress": {"rateBps": 1, "burstBytes": 1, "limitBytes": 1}}, "ready", True),
+    (None, "ready", False),
+    (None, "adding", True),  # an ADD that never completed may have made its ifb device
+])
+def test_release_removes_shaping_when_there_may_be_some(monkeypatch, shaping_rec, phase, removes) -> None:
+    from cni_dra.verbs.release import release_attachment
+
+    deleted: list[str] = []
+    monkeypatch.setattr(sublink, "delete_link", lambda ns, name: deleted.append(name) or True)
+    monkeypatch.setattr(shaping, "delete_shaped_link", lambda ns, name: deleted.append(f"{name}+ifb") or (True, True))
+    att = attachment("c1", netns="/var/run/netns/pod", phase=phase, shaping=shaping_rec)
+    done = release_attachment(att, {}, None)
+    assert deleted == (["eth0+ifb"] if removes else ["eth0"])
+    assert done[0] == "link eth0 deleted in /var/run/netns/pod"
+    if removes:
+        assert done[1] == "shaping of eth0 (ifb-eth0) removed in /var/run/netns/pod"
+    # a netns that is gone or the host's: nothing is touched
+    deleted.clear()
+    release_attachment(att, {}, None, delete_link=False)
+    assert deleted == []
+
+
+# -- status and metrics -------------------------------------------------------------------------
+
+def _state_with_a_shaped_attachment(tmp_path: Path) -> tuple[str, str]:
+    write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
+    tbf = Tbf.for_rate(300 * M)
+    with StateStore(tmp_path / "state").transaction() as st:
+        st.put(attachment("c1", pool="s", podNamespace="ns", podName="p",
+                                         consumedCapacity={"bandwidth": "300M"},
+                                         shaping=record(ShapeInfo("eth0", tbf, Tbf.for_rate(100 * M), "ifb-eth0"))))
+        st.put(attachment("c2", pool="s", consumedCapacity={"bandwidth": "1G"}))
+    return str(tmp_path / "state"), str(tmp_path / "slice.yaml")
+
+
+def test_status_shows_shaped_rates(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from cni_dra.cli import cli
+    from cni_dra.report import status_report
+
+    state_dir, inventory = _state_with_a_shaped_attachment(tmp_path)
+    shaped, plain = status_report(state_dir, inventory)["attachments"]
+    tbf = Tbf.for_rate(300 * M)
+    assert shaped["shaping"]["egress"] == {"rate": "300M", "rateBps": 300 * M, "burstBytes": tbf.burst_bytes,
+                                           "limitBytes": tbf.limit_bytes}
+    assert shaped["shaping"]["ingress"]["rate"] == "100M" and shaped["shaping"]["ifb"] == "ifb-eth0"
+    assert plain["shaping"] is None
+    table = CliRunner().invoke(cli, ["status", "--state-dir", state_dir, "--inventory", inventory])
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    header = next(line for line in lines if line.startswith("POD"))
+    assert "SHAPED" in header.split()
+    row = next(line for line in lines if line.startswith("ns/p"))
+    assert "egress=300M,ingress=100M" in row.split()
+    other = next(line for line in lines if " c2 " in f" {line} ")
+    assert other.split()[header.split().index("SHAPED")] == "-"
+
+
+def test_metrics_show_shaped_rates(tmp_path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cni_dra.agent.metrics import NodeCollector
+
+    state_dir, inventory = _state_with_a_shaped_attachment(tmp_path)
+    registry = CollectorRegistry()
+    registry.register(NodeCollector(state_dir, inventory))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    samples = {(s.labels["container"], s.labels["direction"]): (s.value, s.labels)
+               for s in families["cni_dra_attachment_shaped_rate"].samples}
+    assert {k: v for k, (v, _) in samples.items()} == {("c1", "egress"): 300 * M, ("c1", "ingress"): 100 * M}
+    labels = samples[("c1", "egress")][1]
+    assert labels == {"device": "nic-a", "network": "net1", "pod": "ns/p", "container": "c1", "ifname": "eth0",
+                      "direction": "egress"}
