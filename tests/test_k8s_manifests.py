@@ -163,3 +163,13 @@ def test_agent_cli_accepts_the_daemonset_arguments():
     res = CliRunner().invoke(cli, agent["command"][1:] + agent["args"] + ["--help"])
     assert res.exit_code == 0, res.output
     assert "--cleanup" in res.output
+
+
+def test_the_shipped_conflists_let_pod_bandwidth_annotations_reach_the_plugin() -> None:
+    """containerd and CRI-O pass ``runtimeConfig.bandwidth`` (from the pod's
+    ``kubernetes.io/ingress-bandwidth`` / ``egress-bandwidth`` annotations) only to a plugin
+    whose conflist entry declares the capability; cni-dra may then lower a pod's rate."""
+    conflists = [json.loads((ROOT / "conf" / "10-cni-dra.conflist").read_text()),
+                 json.loads(by_kind("ConfigMap")[0]["data"]["10-cni-dra.conflist"])]
+    for conflist in conflists:
+        assert conflist["plugins"][0]["capabilities"] == {"bandwidth": True}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cni_dra.protocol.config import DEFAULT_DRIVER
 
 if TYPE_CHECKING:
+    from cni_dra.dra.models import ResourceSlice
     from cni_dra.protocol.profile import ProfileLimits
 
 __all__ = ["prepare_claim", "unprepare_claims", "check_claim_against_inventory", "share_prepared_claim"]
@@ -26,7 +27,7 @@ __all__ = ["prepare_claim", "unprepare_claims", "check_claim_against_inventory",
 _SHARE_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-def check_claim_against_inventory(claim_obj: dict[str, Any], slice_: Any) -> None:
+def check_claim_against_inventory(claim_obj: dict[str, Any], slice_: ResourceSlice) -> None:
     """Refuse results of ``slice_``'s driver that name another pool or an unknown device,
     or carry a malformed shareID (KEP-5075: a lowercase UUID). Raises InvalidConfigError (7)."""
     from cni_dra.errors import InvalidConfigError

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cni_dra.faults import fault_point
 from cni_dra.errors import (
@@ -54,6 +54,10 @@ from cni_dra.protocol.results import (
 )
 from cni_dra.protocol.versions import version_at_least
 from cni_dra.state import Attachment, NodeState
+
+if TYPE_CHECKING:
+    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.netlink.info import LinkInfo
 from cni_dra.state.claim_status import record_add_failure
 from cni_dra.verbs.common import Concurrently, Invocation, ipam_codes
 from cni_dra.verbs.intent import AddIntent
@@ -128,7 +132,7 @@ def _refuse_early(inv: Invocation) -> None:
         )
 
 
-def _host_links(slice_: Any) -> dict[str, Any]:
+def _host_links(slice_: ResourceSlice) -> dict[str, LinkInfo]:
     """Host interface name → link facts of every inventory NIC that exists."""
     from cni_dra.netlink import info  # called as info.host_link: the seam tests patch
 
@@ -153,7 +157,7 @@ def _undo_with(undo: ExitStack, step: Callable[[], object]) -> None:
     undo.callback(safely)
 
 
-def plan_attachment(inv: Invocation, state: NodeState, host_links: dict[str, Any]) -> Attachment:
+def plan_attachment(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> Attachment:
     """The attachment this ADD would record in ``state`` (phase ``adding``, no owner yet):
     its placement (:func:`cni_dra.verbs.placement.place`) and the invocation's fields. Pure
     over its arguments; raises as :mod:`cni_dra.verbs.placement` says, and InventoryError (7)
@@ -179,7 +183,7 @@ def plan_attachment(inv: Invocation, state: NodeState, host_links: dict[str, Any
     )
 
 
-def _reserve(inv: Invocation, host_links: dict[str, Any]) -> AddIntent | Result:
+def _reserve(inv: Invocation, host_links: dict[str, LinkInfo]) -> AddIntent | Result:
     """The reserving transaction: a repeated ADD's recorded result, or the planned
     attachment recorded as ``adding`` with this process as owner (recovery undoes it if
     the process dies), its capacity charged."""
@@ -238,7 +242,7 @@ def _start_ipam(inv: Invocation, undo: ExitStack) -> Concurrently | None:
     return job
 
 
-def _create_link(inv: Invocation, att: Attachment, parent: Any, undo: ExitStack) -> Any:
+def _create_link(inv: Invocation, att: Attachment, parent: LinkInfo, undo: ExitStack) -> LinkInfo:
     """The macvlan/ipvlan on ``att``'s parent NIC, as CNI_IFNAME in the pod netns, with its undo."""
     from cni_dra.netlink import sublink  # called through the module: the seam tests patch
 
@@ -295,10 +299,10 @@ def _ipam_result(inv: Invocation, job: Concurrently | None, undo: ExitStack) -> 
     return result
 
 
-def _result_from(inv: Invocation, link: Any, ipam_result: Result | None) -> Result:
+def _result_from(inv: Invocation, link: LinkInfo, ipam_result: Result | None) -> Result:
     env, conf = inv.env, inv.conf
     prev = parse_result(conf.prevResult, conf.cniVersion) if conf.prevResult else None
-    iface = Interface(name=env.ifname, mac=link.mac, mtu=link.mtu, sandbox=env.netns or "")
+    iface = Interface(name=env.ifname, mac=link.mac or "", mtu=link.mtu, sandbox=env.netns or "")
     ips: list[IPConfig] = list(ipam_result.ips) if ipam_result else []
     routes: list[Route] = list(ipam_result.routes) if ipam_result else []
     dns = ipam_result.dns if ipam_result else None
@@ -313,7 +317,7 @@ def _result_dict(result: Result) -> dict[str, Any]:
     return result_to_dict(result, "1.1.0")
 
 
-def _refuse_duplicate_mac(mac: str, att: Attachment, parent: Any, state: NodeState) -> None:
+def _refuse_duplicate_mac(mac: str, att: Attachment, parent: LinkInfo, state: NodeState) -> None:
     """InvalidConfigError (7) when ``mac`` is the parent's own MAC or that of another
     attachment on the same NIC (the kernel would refuse it with EADDRINUSE at link up;
     saying which attachment holds it is clearer)."""

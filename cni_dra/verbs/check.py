@@ -24,11 +24,14 @@ attachment is not in state, CheckFailedError (105) for a mismatch, IpamError.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import CheckFailedError, ContainerUnknownError, InvalidConfigError
 from cni_dra.protocol.results import parse_result
 from cni_dra.verbs.common import Concurrently, Invocation, ipam_codes
+
+if TYPE_CHECKING:
+    from cni_dra.state import Attachment
 
 __all__ = ["cmd_check"]
 
@@ -59,7 +62,7 @@ def cmd_check(inv: Invocation) -> None:
             raise failure
 
 
-def _check_link(inv: Invocation, att: Any, prev: Any, what: str) -> None:
+def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
     """The link checks of :func:`cmd_check`; raises CheckFailedError (105)."""
     from cni_dra.netlink import info  # called through the module: the seam tests patch
 

@@ -32,11 +32,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from dataclasses import dataclass, field
 
 from cni_dra.errors import CniError, TryAgainLaterError
 from cni_dra.state import Attachment, NodeState, StateStore
+
+if TYPE_CHECKING:
+    from cni_dra.dra.models import ResourceSlice
 from cni_dra.state.models import STEP_IPAM, STEP_LINK, Attachments, Owner
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
 from cni_dra.state.repair import RepairView
@@ -241,7 +244,7 @@ def repair(
     environ: Mapping[str, str],
     cni_path: Sequence[str] | None = None,
     parents: Sequence[str] = (),
-    slice_: Any = None,
+    slice_: ResourceSlice | None = None,
 ) -> RecoveryReport:
     """Rebuild the state file from the last good backup plus the live links (``cni-dra state repair``).
 
@@ -343,7 +346,7 @@ def _reconcile(
 
 
 def _charge_untracked(
-    known: set[tuple[str, str]], parents: Sequence[str], slice_: Any, report: RecoveryReport
+    known: set[tuple[str, str]], parents: Sequence[str], slice_: ResourceSlice | None, report: RecoveryReport
 ) -> list[Attachment]:
     """Placeholder attachments charging untracked links on inventory NICs (see :func:`repair`)."""
     out: list[Attachment] = []
@@ -355,7 +358,7 @@ def _charge_untracked(
     for netns, kid, kind, parent_name in _untracked_links(known, set(parents)):
         device = by_parent.get(parent_name)
         where = f"{kid} in {netns} on {parent_name}"
-        if device is None:
+        if device is None or slice_ is None:
             report.changes.append(f"untracked link {where}: not charged (no inventory device for it)")
             continue
         out.append(Attachment(
