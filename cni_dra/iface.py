@@ -44,6 +44,7 @@ __all__ = [
     "IPVLAN_FLAGS",
     "validate_ifname",
     "validate_mac",
+    "mac_field",
 ]
 
 IFNAMSIZ = 16
@@ -133,3 +134,14 @@ def validate_mac(mac: str) -> str:
     if mac.replace(":", "") == "000000000000":
         raise InvalidConfigError(f"MAC address {mac!r} is all zeros")
     return mac.lower()
+
+
+def mac_field(mac: str | None) -> str | None:
+    """:func:`validate_mac` for an optional MAC field of a pydantic model: None passes, a
+    bad MAC raises ValueError with the message (pydantic gathers ValueErrors into one)."""
+    if mac is None:
+        return None
+    try:
+        return validate_mac(mac)
+    except InvalidConfigError as exc:
+        raise ValueError(exc.msg) from exc

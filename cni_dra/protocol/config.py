@@ -22,7 +22,7 @@ from cni_dra.errors import (
     InvalidConfigError,
     UnsupportedFieldError,
 )
-from cni_dra.iface import CONFIG_MACVLAN_MODES, IPVLAN_FLAGS, IPVLAN_MODES, validate_mac
+from cni_dra.iface import CONFIG_MACVLAN_MODES, IPVLAN_FLAGS, IPVLAN_MODES, mac_field
 from cni_dra.protocol.env import CniEnv
 from cni_dra.protocol.profile.limits import ProfileLimits
 from cni_dra.protocol.versions import check_supported
@@ -287,12 +287,7 @@ class NetConf(BaseModel):
     @field_validator("mac")
     @classmethod
     def _mac(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        try:
-            return validate_mac(v)
-        except InvalidConfigError as exc:  # pydantic gathers ValueErrors into one message
-            raise ValueError(exc.msg) from exc
+        return mac_field(v)
 
     @field_validator("name")
     @classmethod

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cni_dra.errors import InvalidConfigError
-from cni_dra.iface import CONFIG_MACVLAN_MODES, IPVLAN_FLAGS, IPVLAN_MODES, validate_mac
+from cni_dra.iface import CONFIG_MACVLAN_MODES, IPVLAN_FLAGS, IPVLAN_MODES, mac_field
 
 __all__ = [
     "API_VERSION",
@@ -93,12 +93,7 @@ class InterfaceProfile(BaseModel):
     @field_validator("mac")
     @classmethod
     def _mac(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        try:
-            return validate_mac(v)
-        except InvalidConfigError as exc:
-            raise ValueError(exc.msg) from exc
+        return mac_field(v)
 
     @model_validator(mode="after")
     def _fits_link_type(self) -> InterfaceProfile:
