@@ -234,6 +234,12 @@ def pid_of(name: str) -> int | None:
         pid = int(pidfile(name).read_text())
     except (OSError, ValueError):
         return None
+    proc = _PROCS.get(name)
+    if proc is not None and proc.pid == pid:
+        # our own child: its Popen object is the authority. Its command line is not: right
+        # after the exec the kernel wakes this process before the new program's argument
+        # area is set up, and /proc/<pid>/cmdline reads empty for a moment
+        return pid if proc.poll() is None else None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
