@@ -22,11 +22,16 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
     ``shaping`` is the traffic control ADD installed on the pod interface, None when it is not
     shaped: ``{"egress": {"rate", "rateBps", "burstBytes", "limitBytes"}, "ingress": {...},
     "ifb"}`` (``rate`` a quantity in bits per second), a direction that is not shaped left out.
+    ``linkType`` is the kind of the pod link; ``profile`` what the allocation result's device
+    profile made of it (``{"linkType", "mode", "ipvlanFlag", "mtu", "mac", "shaping",
+    "fromConfig"}``, :func:`cni_dra.verbs.profile.describe`), None when the conflist alone
+    made it.
     """
     from cni_dra.allocator import remaining
     from cni_dra.dra.inventory import load_inventory
     from cni_dra.dra.models import device_attribute
     from cni_dra.state import StateStore
+    from cni_dra.state.frozen import thaw
 
     slice_ = load_inventory(inventory)
     state = StateStore(state_dir).read()
@@ -64,6 +69,8 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
                 "phase": a.phase,
                 "claim": a.claim.model_dump() if a.claim else None,
                 "shaping": _shaping(a.shaping),
+                "linkType": a.linkType,
+                "profile": thaw(a.profile) if a.profile is not None else None,
             }
         )
     claims = [{"podUID": pod, "namespace": c.namespace or None, "name": c.name or None, "uid": c.uid or None}

@@ -238,3 +238,37 @@ def test_an_ipvlan_is_shaped_to_its_share_and_checked(bed: NodeBed) -> None:
     assert code == 1 and out["code"] == 105 and "egress is not shaped" in out["msg"], (out, err)
     assert bed.run("DEL", conf, netns, cid="c1")[0] == 0
     assert [n for n, _ in links_named(netns)] == ["lo"]
+
+
+def test_a_device_class_profile_makes_an_ipvlan_l3_on_a_macvlan_network(bed: NodeBed, tmp_path) -> None:
+    """The DeviceClass's profile (conf/k8s/profiles/deviceclass-ipvlan-l3.yaml asks ipvlan l3)
+    makes the pod link, though the node's network is a macvlan one."""
+    import json
+    import uuid
+
+    from cni_dra.netlink.info import link_in_netns as nl_link
+    from netns_tests.runner import cni_dra_cli
+    from tests.builders import allocation_result, profile_config, resource_claim
+
+    pod = str(uuid.uuid4())
+    doc = resource_claim(
+        allocation_result("nic-0", request="net1", consumed={"bandwidth": "1G"}, share_id=str(uuid.uuid4())),
+        uid=str(uuid.uuid4()), name="routed", namespace="prod",
+        config=[profile_config("FromClass", linkType="ipvlan", mode="l3")])
+    claim_file = tmp_path / "claim.json"
+    claim_file.write_text(json.dumps(doc))
+    r = cni_dra_cli("claims", "prepare", "--state-dir", str(bed.state_dir), "--inventory", str(bed.inventory),
+                    "--pod-uid", pod, str(claim_file))
+    assert r.returncode == 0, r.stderr
+    netns = bed.make_netns()
+    conf = bed.spec_conf("1.1.0", "l2")  # linkType macvlan (the default), mode bridge
+    args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME=routed;K8S_POD_UID={pod}"
+    code, res, err = bed.run("ADD", conf, netns, cid="c1", ifname="net1", cni_args=args)
+    assert code == 0, (res, err)
+    link = nl_link(netns, "net1")
+    assert (link.kind, link.mode, link.ipvlan_flag) == ("ipvlan", "l3", "bridge")
+    (att,) = bed.status()["attachments"]
+    assert att["linkType"] == "ipvlan" and att["profile"]["fromConfig"] == ["linkType", "mode"]
+    assert bed.run("CHECK", {**conf, "prevResult": res}, netns, cid="c1", ifname="net1", cni_args=args)[0] == 0
+    assert bed.run("DEL", conf, netns, cid="c1", ifname="net1", cni_args=args)[0] == 0
+    assert nl_link(netns, "net1") is None

@@ -7,7 +7,9 @@ subresource, field manager = the driver name, forced) one ``status.devices[]`` e
 share this node holds for it, keyed by (driver, pool, device, shareID) (KEP-4817):
 
 * every ``ready`` attachment of the claim: ``networkData`` {interfaceName, ips (CIDR),
-  hardwareAddress} and condition ``Ready=True`` (reason ``InterfaceReady``); for a claim
+  hardwareAddress}, ``data`` (:func:`cni_dra.state.claim_status.interface_data`: the link
+  kind, the host NIC and the device profile ADD applied) and condition ``Ready=True``
+  (reason ``InterfaceReady``); for a claim
   shared by pods, whose one share is used by several interfaces, the first ready one
   (the entry follows the next when that one is deleted);
 * every failed ADD recorded for a share with no ready attachment: ``Ready=False`` with
@@ -31,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cni_dra.errors import CniError, TryAgainLaterError
-from cni_dra.state.claim_status import network_data
+from cni_dra.state.claim_status import interface_data, network_data
 
 __all__ = ["StatusWriter", "claim_status_body"]
 
@@ -79,6 +81,7 @@ def claim_status_body(claim: dict[str, str], state: Any, records: list[dict[str,
             "lastTransitionTime": times.get(key) or _now(),
         }]
         entry["networkData"] = network_data(att.result, att.ifname)
+        entry["data"] = interface_data(att)
         entries[key] = entry
     for rec in sorted(records, key=lambda r: r.get("time") or ""):
         if rec.get("ready"):

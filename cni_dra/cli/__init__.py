@@ -71,15 +71,15 @@ def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None)
         rows.append((d["name"], str(d["ifName"]), fmt(d["capacity"]), fmt(d["consumed"]), fmt(d["remaining"])))
     _table(rows)
     click.echo("")
-    rows = [("POD", "CONTAINER", "IFNAME", "DEVICE", "CONSUMED", "SHAPED", "SHAREID", "PHASE")]
+    rows = [("POD", "CONTAINER", "IFNAME", "DEVICE", "CONSUMED", "SHAPED", "LINK", "SHAREID", "PHASE")]
     for a in report["attachments"]:
         pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else (a["podUID"] or "-")
         charged = ",".join(f"{k}={v}" for k, v in a["consumedCapacity"].items()) or "-"
         if not a["consumedRecorded"]:
             charged += " (not recorded: whole device)"
         shaped = ",".join(f"{d}={b['rate']}" for d, b in (a["shaping"] or {}).items() if d != "ifb") or "-"
-        rows.append((pod, a["containerID"][:12], a["ifname"], a["device"], charged, shaped, a["shareID"] or "-",
-                     a["phase"]))
+        rows.append((pod, a["containerID"][:12], a["ifname"], a["device"], charged, shaped, _link(a),
+                     a["shareID"] or "-", a["phase"]))
     _table(rows)
     if report["preparedClaims"]:
         click.echo("")
@@ -88,6 +88,20 @@ def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None)
         for c in report["preparedClaims"]:
             rows.append((c["podUID"], f"{c['namespace']}/{c['name']}", str(c["uid"])))
         _table(rows)
+
+
+def _link(att: dict[str, Any]) -> str:
+    """The LINK column: the link kind, and with a device profile its mode, flag, MTU and
+    MAC and the fields the DRA configuration set, e.g. ``ipvlan/l3/bridge mtu=9000
+    (profile: linkType,mode,mtu)``."""
+    prof = att["profile"]
+    if not prof:
+        return str(att["linkType"])
+    out = "/".join(str(prof[k]) for k in ("linkType", "mode", "ipvlanFlag") if prof.get(k))
+    out += "".join(f" {k}={prof[k]}" for k in ("mtu", "mac") if prof.get(k) is not None)
+    if not prof["shaping"]:
+        out += " unshaped"
+    return f"{out} (profile: {','.join(prof['fromConfig'])})"
 
 
 def _table(rows: list[tuple[str, ...]]) -> None:

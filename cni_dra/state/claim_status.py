@@ -24,7 +24,7 @@ from typing import Any
 
 from cni_dra.state.models import Attachment
 
-__all__ = ["claim_status_record", "record_add_failure", "network_data"]
+__all__ = ["claim_status_record", "record_add_failure", "network_data", "interface_data"]
 
 log = logging.getLogger("cni_dra.state")
 
@@ -49,6 +49,29 @@ def network_data(result: dict[str, Any], ifname: str) -> dict[str, Any]:
         out["ips"] = ips
     if index is not None and interfaces[index].get("mac"):
         out["hardwareAddress"] = interfaces[index]["mac"]
+    return out
+
+
+INTERFACE_STATUS_VERSION = "net.cni-dra.dev/v1alpha1"
+"""``apiVersion`` of the ``data`` cni-dra writes in a claim's ``status.devices[]`` entry."""
+
+
+def interface_data(att: Attachment) -> dict[str, Any]:
+    """The driver-specific ``data`` of a ready attachment's ``status.devices[]`` entry
+    (KEP-4817: opaque to Kubernetes, a JSON object)::
+
+        {"apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceStatus",
+         "linkType": "ipvlan", "parentInterface": "eth1",
+         "profile": {"linkType", "mode", "ipvlanFlag", "mtu", "mac", "shaping", "fromConfig"}}
+
+    ``profile`` (what the allocation result's device profile made of the link,
+    :func:`cni_dra.verbs.profile.describe`) only when one applied."""
+    from cni_dra.state.frozen import thaw
+
+    out: dict[str, Any] = {"apiVersion": INTERFACE_STATUS_VERSION, "kind": "InterfaceStatus",
+                           "linkType": att.linkType, "parentInterface": att.parent}
+    if att.profile is not None:
+        out["profile"] = thaw(att.profile)
     return out
 
 

@@ -40,6 +40,13 @@ field existed) is the traffic control ADD installed on the pod interface: ``{"eg
 "<ifb device>"}``, an unshaped direction left out (:mod:`cni_dra.verbs.shaping`); CHECK
 compares the kernel with it.
 
+``profile`` (optional; absent when no device profile applied: standalone mode, a result
+without DRA configuration for cni-dra, or written before the field existed) is what the
+allocation result's device profile made of the link (:func:`cni_dra.verbs.profile.describe`):
+``{"linkType", "mode", "ipvlanFlag" (ipvlan), "mtu" and "mac" (when set), "shaping": bool,
+"fromConfig": [fields the DRA configuration set]}``. CHECK verifies the link against it
+(the runtime's config alone would expect the conflist's link), ``cni-dra status`` shows it.
+
 Older schemas are migrated on read by :func:`migrate` (one function per version step in
 :data:`MIGRATIONS`). Models ignore unknown keys, so adding a field is a backwards-compatible
 change that needs no new schema version; a change of meaning does.
@@ -149,6 +156,7 @@ class Attachment(BaseModel):
     result: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # CNI result (1.1.0 schema) of the ADD
     readyAt: str | None = None  # when ADD made it ready, RFC 3339 UTC (see ready_at); GC spares young ones
     shaping: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # traffic control ADD installed (see below)
+    profile: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # the device profile applied (see below)
 
     @model_validator(mode="before")
     @classmethod

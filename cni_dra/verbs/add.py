@@ -58,13 +58,14 @@ from cni_dra.state import Attachment, NodeState
 if TYPE_CHECKING:
     from cni_dra.dra.models import ResourceSlice
     from cni_dra.netlink.info import LinkInfo
+    from cni_dra.protocol.config import NetConf
 from cni_dra.state.claim_status import record_add_failure
 from cni_dra.verbs.common import Concurrently, Invocation, ipam_codes
 from cni_dra.verbs.intent import AddIntent
-from cni_dra.verbs.placement import Asker, device_if_name, link_type_conflicts, place
+from cni_dra.verbs.placement import Asker, device_if_name, link_type_conflicts, pick_result, place
 from cni_dra.verbs.status import dhcp_socket_missing
 
-__all__ = ["cmd_add", "plan_attachment", "link_type_conflicts"]
+__all__ = ["cmd_add", "plan", "plan_attachment", "link_type_conflicts"]
 
 log = logging.getLogger("cni_dra.add")
 
@@ -85,6 +86,7 @@ def cmd_add(inv: Invocation) -> Result:
             if isinstance(reserved, Result):  # a repeated ADD: its recorded result
                 return reserved
             intent = reserved
+            inv = intent.inv  # its config is the link's: the device profile applied
             fault_point("add:reserved")
             _undo_with(undo, intent.abandon)
             # 2. IPAM in a thread (it does not need the link), 3. the link, 4. IPAM's answer
@@ -158,43 +160,57 @@ def _undo_with(undo: ExitStack, step: Callable[[], object]) -> None:
 
 
 def plan_attachment(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> Attachment:
-    """The attachment this ADD would record in ``state`` (phase ``adding``, no owner yet):
-    its placement (:func:`cni_dra.verbs.placement.place`) and the invocation's fields. Pure
-    over its arguments; raises as :mod:`cni_dra.verbs.placement` says, and InventoryError (7)
-    for an inventory of another driver."""
-    from cni_dra.state.models import STEP_IPAM
+    """The attachment this ADD would record in ``state`` (:func:`plan`'s)."""
+    return plan(inv, state, host_links)[0]
 
-    env, conf = inv.env, inv.conf
+
+def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> tuple[Attachment, NetConf]:
+    """The attachment this ADD would record in ``state`` (phase ``adding``, no owner yet)
+    and the network config its link is made from: the pod's allocation result's device
+    profile laid over the invocation's (:func:`cni_dra.verbs.profile.conf_for`), then the
+    placement (:func:`cni_dra.verbs.placement.place`). Pure over its arguments; raises as
+    :mod:`cni_dra.verbs.placement` and :mod:`cni_dra.verbs.profile` say, and InventoryError
+    (7) for an inventory of another driver."""
+    from cni_dra.state.models import STEP_IPAM
+    from cni_dra.verbs.profile import conf_for, describe
+
+    env = inv.env
     slice_ = inv.inventory
     driver, pool = slice_.spec.driver, slice_.spec.pool.name
-    if driver != conf.driver:
+    if driver != inv.conf.driver:
         raise InventoryError(
-            f"invalid inventory {conf.inventory}: spec.driver {driver!r} is not the configured driver {conf.driver!r}"
+            f"invalid inventory {inv.conf.inventory}: spec.driver {driver!r} is not the configured driver "
+            f"{inv.conf.driver!r}"
         )
     asker = Asker(env.args.pod_uid, env.args.pod_namespace, env.args.pod_name, env.container_id, env.ifname)
-    placement = place(state, slice_, host_links, conf, asker)
-    return Attachment(
+    picked = pick_result(state, inv.conf, asker)
+    conf = conf_for(inv, picked)
+    placement = place(state, slice_, host_links, conf, asker, picked)
+    att = Attachment(
         network=conf.name, containerID=env.container_id, ifname=env.ifname, netns=env.netns or "",
         podUID=asker.pod_uid, podNamespace=asker.pod_namespace, podName=asker.pod_name,
         driver=driver, pool=pool, linkType=conf.linkType, ipamType=conf.ipam_type,
         ipamConf=inv.raw.decode() if conf.ipam_type else None, phase="adding",
         steps=(STEP_IPAM,) if conf.ipam_type else (),  # recovery runs the IPAM DEL (a no-op if none ran)
+        profile=describe(conf, picked[1] if picked else None),
         **placement.fields(),
     )
+    return att, conf
 
 
 def _reserve(inv: Invocation, host_links: dict[str, LinkInfo]) -> AddIntent | Result:
     """The reserving transaction: a repeated ADD's recorded result, or the planned
     attachment recorded as ``adding`` with this process as owner (recovery undoes it if
-    the process dies), its capacity charged."""
+    the process dies), its capacity charged. The intent's invocation carries the config
+    the link is made from (the device profile applied)."""
     from cni_dra.state.owner import current_owner
 
-    conf, env = inv.conf, inv.env
+    env = inv.env
     with inv.store.transaction() as txn:
-        existing = txn.find(conf.name, env.container_id, env.ifname)
+        existing = txn.find(inv.conf.name, env.container_id, env.ifname)
         if existing is not None:
             return _repeated(inv, existing)
-        att = plan_attachment(inv, txn.state, host_links)
+        att, conf = plan(inv, txn.state, host_links)
         parent = host_links[att.parent]
         if conf.mtu is not None and conf.mtu > parent.mtu:
             raise InvalidConfigError(
@@ -203,7 +219,7 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo]) -> AddIntent | Re
             )
         if conf.mac is not None:
             _refuse_duplicate_mac(conf.mac, att, parent, txn.state)
-        return AddIntent(inv, txn.put(att.model_copy(update={"owner": current_owner()})))
+        return AddIntent(inv.with_conf(conf), txn.put(att.model_copy(update={"owner": current_owner()})))
 
 
 def _repeated(inv: Invocation, existing: Attachment) -> Result:

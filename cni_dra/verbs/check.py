@@ -3,7 +3,8 @@
 Source: CNI spec 1.1.0 "CHECK: Check container's networking is as expected" (needs
 cniVersion ≥ 0.4.0 and ``prevResult``). Tolerates what later plugins of a chain change
 (MTU, sysctls, extra addresses); verifies what cni-dra owns: the attachment in state,
-the link's existence, kind, mode and parent NIC, that the link and its parent are
+the link's existence, kind, mode and parent NIC (as the device profile ADD applied made
+them, when there was one: the attachment's ``profile`` record), that the link and its parent are
 administratively up and have carrier (IFF_LOWER_UP: a pod link that cannot pass traffic
 is not working as configured), the MAC and the IPs prevResult reports for our
 interface, and the traffic control ADD recorded (the root tbf, the ingress redirect to the
@@ -72,10 +73,13 @@ def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
         raise CheckFailedError(f"failed to check {what}: the link is not in netns {env.netns}")
     if link.kind != att.linkType:
         raise CheckFailedError(f"failed to check {what}: link kind is {link.kind}, expected {att.linkType}")
-    if link.mode and link.mode != conf.mode:
-        raise CheckFailedError(f"failed to check {what}: {link.kind} mode is {link.mode}, expected {conf.mode}")
-    if link.kind == "ipvlan" and link.ipvlan_flag and link.ipvlan_flag != conf.ipvlanFlag:
-        raise CheckFailedError(f"failed to check {what}: ipvlan flag is {link.ipvlan_flag}, expected {conf.ipvlanFlag}")
+    # the device profile ADD applied, when there was one, says what the link is; else the config
+    mode = att.profile["mode"] if att.profile else conf.mode
+    flag = att.profile.get("ipvlanFlag") if att.profile else conf.ipvlanFlag
+    if link.mode and link.mode != mode:
+        raise CheckFailedError(f"failed to check {what}: {link.kind} mode is {link.mode}, expected {mode}")
+    if link.kind == "ipvlan" and link.ipvlan_flag and link.ipvlan_flag != flag:
+        raise CheckFailedError(f"failed to check {what}: ipvlan flag is {link.ipvlan_flag}, expected {flag}")
     parent = info.host_link(att.parent)
     if parent is None or link.parent_index != parent.index:
         raise CheckFailedError(

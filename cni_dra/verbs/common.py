@@ -41,6 +41,17 @@ class Invocation:
 
         return load_inventory(self.conf.inventory)
 
+    def with_conf(self, conf: NetConf) -> Invocation:
+        """This invocation with ``conf`` as its config (a device profile applied), sharing
+        its state store and inventory once loaded; ``self`` when ``conf`` is its own."""
+        if conf is self.conf:
+            return self
+        other = Invocation(env=self.env, conf=conf, raw=self.raw, environ=self.environ)
+        for name in ("store", "inventory"):
+            if name in self.__dict__:
+                other.__dict__[name] = self.__dict__[name]
+        return other
+
 
 def claim_results_for(
     claims: Sequence[PreparedClaim], driver: str, ifname: str

@@ -22,6 +22,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import ClaimError, InvalidConfigError, InventoryError, NoCapacityError
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from cni_dra.netlink.info import LinkInfo
     from cni_dra.protocol.config import NetConf
 
-__all__ = ["Placement", "place", "place_claim", "place_standalone", "link_type_conflicts", "device_if_name"]
+__all__ = ["Placement", "pick_result", "place", "place_claim", "place_standalone", "link_type_conflicts", "device_if_name"]
 
 _DOWN = frozenset({"DOWN", "LOWERLAYERDOWN", "NOTPRESENT"})  # RFC 2863 operstates that carry no traffic
 
@@ -103,14 +104,26 @@ def device_if_name(device: Device, driver: str) -> str:
     return value
 
 
+def pick_result(state: NodeState, conf: NetConf, asker: Asker) -> tuple[PreparedClaim, PreparedResult] | None:
+    """The pod's prepared allocation result of ``conf.driver`` for this interface
+    (:func:`cni_dra.verbs.common.claim_results_for`), None in standalone mode."""
+    if not asker.pod_uid:
+        return None
+    return claim_results_for(state.prepared(asker.pod_uid), conf.driver, asker.ifname)
+
+
 def place(
-    state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf, asker: Asker
+    state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf, asker: Asker,
+    picked: tuple[PreparedClaim, PreparedResult] | None | EllipsisType = ...,
 ) -> Placement:
     """Claim mode when the pod has a prepared allocation result of ``conf.driver`` for
-    this interface, else standalone. ``slice_``: the inventory (ResourceSlice);
-    ``host_links``: host interface name → link facts (``mtu``, ``admin_up``, ``operstate``);
-    ``conf``: the network config. Raises as the module docstring says."""
-    picked = claim_results_for(state.prepared(asker.pod_uid), conf.driver, asker.ifname) if asker.pod_uid else None
+    this interface (``picked``, :func:`pick_result`'s when not given), else standalone.
+    ``slice_``: the inventory (ResourceSlice); ``host_links``: host interface name → link
+    facts (``mtu``, ``admin_up``, ``operstate``); ``conf``: the network config, the
+    result's device profile already applied (its ``linkType`` is the link's). Raises as
+    the module docstring says."""
+    if picked is ...:
+        picked = pick_result(state, conf, asker)
     if picked is not None:
         return place_claim(state, slice_, host_links, picked, conf.linkType, asker)
     return place_standalone(state, slice_, host_links, conf, asker)
