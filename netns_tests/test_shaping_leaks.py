@@ -1,18 +1,22 @@
-"""Shaping's leftovers, with the installed plugin in real namespaces.
+"""Shaping's leftovers and the kernel's pieces, with the installed plugin in real namespaces.
 
 * ``cni-dra state repair`` deletes an ifb device whose link is gone once no record names
   it (state lost, or a link deleted behind the plugin's back), and nothing else: not the
   ifb device of a live link (tracked, or charged as a repair placeholder), not an ifb
-  device named otherwise (not cni-dra's).
+  device named otherwise (not cni-dra's);
+* STATUS with shaping on probes this kernel (which has ifb, tbf, ingress, u32 and mirred)
+  once and keeps the answer for the boot; with shaping off it probes nothing.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
-from cni_dra.netlink.shaping import ifb_name
+from cni_dra.netlink.shaping import ifb_name, probe_kernel
 from cni_dra.state import StateStore
 from netns_tests.bed import NodeBed, links_named
 from netns_tests.runner import CNI_PATH, cni_dra_cli
@@ -105,3 +109,30 @@ def test_repair_without_a_state_file_still_removes_leaked_ifb_devices(node, make
     assert out.splitlines() == [f"removed leaked ifb device ifb-eth0 in {ns}"]
     assert _links(ns) == {"lo": None}
 
+
+def test_status_probes_shaping_once_per_boot_and_not_when_shaping_is_off(node, tmp_path) -> None:
+    probe_file = node.state_dir / "shaping-probe.json"
+    code, out, err = node.run("STATUS", node.conf(shaping=False))
+    assert (code, out) == (0, None), err
+    assert not probe_file.exists()
+    namespaces = sorted(os.listdir("/var/run/netns")) if os.path.isdir("/var/run/netns") else []
+    code, out, err = node.run("STATUS", node.conf())
+    assert (code, out) == (0, None), err
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert json.loads(probe_file.read_text()) == {"bootID": boot, "lacks": None}
+    assert (sorted(os.listdir("/var/run/netns")) if os.path.isdir("/var/run/netns") else []) == namespaces
+    # the kept answer is what STATUS reads: one that says the kernel lacks ifb fails it (code 50)
+    probe_file.write_text(json.dumps({"bootID": boot, "lacks": "ifb"}))
+    code, out, err = node.run("STATUS", node.conf())
+    assert code == 1 and out is not None and out["code"] == 50, (out, err)
+    assert out["msg"].endswith('this kernel lacks ifb; load the kernel module ifb (modprobe ifb) or set '
+                               '"shaping": false in the network config')
+    # an answer of another boot is probed again
+    probe_file.write_text(json.dumps({"bootID": "0" * 32, "lacks": "ifb"}))
+    assert node.run("STATUS", node.conf())[:2] == (0, None)
+
+
+def test_the_probe_leaves_nothing_behind() -> None:
+    before = (links_named(), sorted(os.listdir("/proc/self/fd")))
+    assert probe_kernel() is None  # this kernel has every piece
+    assert (links_named(), sorted(os.listdir("/proc/self/fd"))) == before

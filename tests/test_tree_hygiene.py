@@ -92,7 +92,8 @@ MAX_MODULE_LINES = 500
 LARGE_MODULES: dict[str, str] = {
     "cni_dra/netlink/shaping.py": "one job, traffic control on a pod interface: the spec (tbf defaults), applying "
     "it (egress tbf; ingress qdisc, u32 redirect, ifb device and its tbf), removing it, reading it back, "
-    "finding ifb devices left without their link share the kernel's object model; split, each part would import the others' internals",
+    "finding ifb devices left without their link and probing the kernel for every piece share the kernel's "
+    "object model; split, each part would import the others' internals",
 }
 
 

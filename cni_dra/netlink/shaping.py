@@ -15,7 +15,7 @@ burst, queue limit), with the defaults computed by :meth:`Tbf.for_rate`.
 :func:`remove_shaping` removes it, :func:`delete_shaped_link` deletes the pod interface and
 its ifb device in one go, :func:`read_shaping` reads back what the kernel holds.
 :func:`remove_leaked_ifbs` deletes the ifb devices of a namespace that shape no link any
-more.
+more; :func:`probe_kernel` says which piece of all this the kernel lacks.
 Every call runs inside the pod's namespace on a socket opened there for the call
 (:func:`cni_dra.netlink.sockets.netns_iproute`); nothing runs ``tc`` or ``ip``.
 
@@ -37,6 +37,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import math
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from typing import Any
 
 from cni_dra.errors import ContainerUnknownError, InvalidConfigError, InvalidEnvironmentError, NetlinkError
 from cni_dra.iface import validate_ifname
-from cni_dra.netlink import _pyroute2, sockets
+from cni_dra.netlink import _pyroute2, netns, sockets
 from cni_dra.netlink.netns import netns_exists
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "read_shaping",
     "is_ifb_name",
     "remove_leaked_ifbs",
+    "probe_kernel",
 ]
 
 DEFAULT_LATENCY_S = 0.025
@@ -639,3 +641,32 @@ def _remove_leaked(ipr: Any) -> list[str]:
             removed.append(name)
     return removed
 
+
+_PROBE_RATE_BPS = 8_000_000
+
+
+def probe_kernel() -> str | None:
+    """The piece of shaping this kernel lacks, as ADD names it (``ifb``, ``the tbf qdisc``,
+    ``the ingress qdisc, u32 classifier or mirred action``), or None when it has them all.
+
+    Shapes ``lo`` of a throwaway network namespace (:func:`cni_dra.netlink.netns.new_netns`)
+    both ways with :func:`apply_shaping`, as ADD shapes a pod interface: an ifb device with
+    a tbf, a tbf on ``lo``, its ingress qdisc and u32 filter redirecting (mirred) to the ifb
+    device. The namespace, and all of it with it, is gone when this returns. Costs a
+    namespace and about ten requests: callers keep the answer (it holds until a reboot).
+
+    Raises:
+        IOFailureError: (5) no namespace can be made (no privilege).
+        NetlinkError: (102) a request failed for another reason than a missing piece.
+    """
+    fd = netns.new_netns()
+    try:
+        apply_shaping(f"/proc/self/fd/{fd}", "lo", ShapeSpec.symmetric(_PROBE_RATE_BPS), new_link=True)
+    except NetlinkError as exc:
+        _, lacks, piece = exc.msg.partition("kernel lacks ")
+        if lacks:
+            return piece
+        raise
+    finally:
+        os.close(fd)
+    return None
