@@ -415,12 +415,14 @@ def test_gc_recovers_a_crashed_add(node, make_netns, faults_on):
     code, out, err = node.add(ns_b, "pod-b", fault="add:ipam-done")
     assert code == KILLED, (code, out, err)
     assert node.phases() == {"pod-a": "ready", "pod-b": "adding"}
+    assert dict(links_named(ns_b)).get("ifb-eth0") == "ifb"  # shaped before the crash
     gc_conf = node.conf() | {"cniVersion": "1.1.0", "cni.dev/valid-attachments": [
         {"containerID": "pod-a", "ifname": "eth0"}, {"containerID": "pod-b", "ifname": "eth0"}]}
     code, out, err = run_plugin("GC", gc_conf, container_id="", netns="", ifname="", cni_args=None)
     assert code == 0, (out, err)
     assert node.phases() == {"pod-a": "ready"}  # pod-b is "valid" but its ADD died: undone
     assert link_in_netns(ns_b, "eth0") is None and list(node.ip_holders().values()) == ["pod-a"]
+    assert [name for name, _ in links_named(ns_b)] == ["lo"]  # its ifb device went with it
     assert node.delete(ns_a, "pod-a")[0] == 0
 
 

@@ -446,3 +446,106 @@ def test_metrics_show_shaped_rates(tmp_path) -> None:
     labels = samples[("c1", "egress")][1]
     assert labels == {"device": "nic-a", "network": "net1", "pod": "ns/p", "container": "c1", "ifname": "eth0",
                       "direction": "egress"}
+
+
+# -- STATUS: the kernel's pieces of shaping, probed once per boot ----------------------------------
+
+def _status_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **conf: Any) -> tuple[FakeKernel, dict, dict]:
+    """A node whose NIC exists and whose throwaway probe namespace is faked; no IPAM plugin."""
+    import os
+
+    kernel = FakeKernel(monkeypatch)
+    monkeypatch.setattr(netns, "new_netns", lambda: os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+    monkeypatch.setattr(shaping, "apply_shaping", lambda ns, ifname, spec, new_link=False: kernel._apply(
+        ns, ifname, spec, new_link))
+    env, c = _node(tmp_path, **conf)
+    del c["ipam"]
+    return kernel, {"CNI_PATH": env["CNI_PATH"], "PATH": env["PATH"]}, c
+
+
+LACKS_IFB = ('plugin not available: the network shapes traffic ("shaping") and this kernel lacks ifb; '
+             'load the kernel module ifb (modprobe ifb) or set "shaping": false in the network config')
+
+
+def test_status_is_code_50_naming_the_missing_piece_and_the_fix(tmp_path, monkeypatch) -> None:
+    from cni_dra.state import owner
+    from cni_dra.verbs.status import SHAPING_PROBE_FILE
+
+    kernel, env, conf = _status_node(tmp_path, monkeypatch)
+    kernel.fail_shaping = NetlinkError("failed to create ifb device ifb-lo in netns /proc/self/fd/5: "
+                                       "kernel lacks ifb")  # what ADD raises on such a kernel
+    code, out = _run("STATUS", env, conf)
+    assert code == 1 and out["code"] == 50 and out["msg"] == LACKS_IFB
+    assert [s.ingress is not None and s.egress is not None for s in kernel.shaped] == [True]  # both ways, once
+    kept = json.loads((tmp_path / "state" / SHAPING_PROBE_FILE).read_text())
+    assert kept == {"bootID": owner.boot_id(), "lacks": "ifb"}
+    # the answer holds for the boot: no second probe, even when the kernel would now answer otherwise
+    kernel.fail_shaping = None
+    assert _run("STATUS", env, conf) == (code, out) and len(kernel.shaped) == 1
+    # shaping off: the kernel's gap does not matter, and nothing is probed
+    assert _run("STATUS", env, {**conf, "shaping": False}) == (0, None) and len(kernel.shaped) == 1
+    # another boot: probed again
+    monkeypatch.setattr(owner, "boot_id", lambda: "another-boot")
+    assert _run("STATUS", env, conf) == (0, None) and len(kernel.shaped) == 2
+    assert json.loads((tmp_path / "state" / SHAPING_PROBE_FILE).read_text()) == {"bootID": "another-boot",
+                                                                                 "lacks": None}
+
+
+@pytest.mark.parametrize(("piece", "fix"), [
+    ("the tbf qdisc", "load the kernel module sch_tbf (modprobe sch_tbf)"),
+    ("the ingress qdisc, u32 classifier or mirred action",
+     "load the kernel modules sch_ingress, cls_u32, act_mirred (modprobe -a sch_ingress cls_u32 act_mirred)"),
+])
+def test_status_names_each_piece_and_its_modules(tmp_path, monkeypatch, piece: str, fix: str) -> None:
+    kernel, env, conf = _status_node(tmp_path, monkeypatch)
+    kernel.fail_shaping = NetlinkError(f"failed to shape egress of lo in netns /proc/self/fd/5: kernel lacks {piece}")
+    code, out = _run("STATUS", env, conf)
+    assert code == 1 and out["code"] == 50
+    assert out["msg"] == (f'plugin not available: the network shapes traffic ("shaping") and this kernel lacks '
+                          f'{piece}; {fix} or set "shaping": false in the network config')
+
+
+def test_status_with_shaping_off_does_not_probe(tmp_path, monkeypatch) -> None:
+    _kernel, env, conf = _status_node(tmp_path, monkeypatch, shaping=False)
+
+    def no_probe() -> None:
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(shaping, "probe_kernel", no_probe)
+    assert _run("STATUS", env, conf) == (0, None)
+    assert not (tmp_path / "state").exists()
+
+
+def test_status_when_the_probe_itself_fails_is_code_50_and_not_kept(tmp_path, monkeypatch) -> None:
+    from cni_dra.errors import IOFailureError
+
+    _kernel, env, conf = _status_node(tmp_path, monkeypatch)
+
+    def refused() -> None:
+        raise IOFailureError("failed to create a network namespace: Operation not permitted")
+
+    monkeypatch.setattr(netns, "new_netns", refused)
+    code, out = _run("STATUS", env, conf)
+    assert code == 1 and out["code"] == 50
+    assert out["msg"] == ("plugin not available: cannot check the kernel's traffic control for shaping: "
+                          "failed to create a network namespace: Operation not permitted")
+    assert not (tmp_path / "state" / "shaping-probe.json").exists()
+
+
+@pytest.mark.parametrize(("name", "ours"), [
+    ("ifb-eth0", True), (shaping.ifb_name("podinterface0"), True), ("ifb-" + "x" * 11, True),
+    ("myifb0", False), ("ifb0", False), ("ifb-", False), ("ifb3F2A00000000", False), ("ifb3f2a0000000", False),
+])
+def test_ifb_names_of_the_rule(name: str, ours: bool) -> None:
+    assert shaping.is_ifb_name(name) is ours
+
+
+def test_status_keeps_nothing_in_a_state_directory_others_can_write(tmp_path, monkeypatch) -> None:
+    from cni_dra.verbs.status import SHAPING_PROBE_FILE
+
+    kernel, env, conf = _status_node(tmp_path, monkeypatch)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state").chmod(0o777)
+    for n in (1, 2):  # probed each time, answered each time
+        assert _run("STATUS", env, conf) == (0, None) and len(kernel.shaped) == n
+    assert not (tmp_path / "state" / SHAPING_PROBE_FILE).exists()

@@ -365,7 +365,7 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
         ])
     (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damaged: repair takes the backup copy
     monkeypatch.setattr(recover_mod, "_live_links", lambda base: {("/var/run/netns/a", "eth0"): "eth9"})
-    monkeypatch.setattr(recover_mod, "_untracked_links", lambda known, parents: [])
+    monkeypatch.setattr(recover_mod, "_untracked_links", lambda paths, known, parents: [])
     report = repair(store, environ={})
     got = {a.containerID: a for a in store.read().attachments}
     assert got["served"].phase == "ready" and got["served"].owner is None

@@ -53,6 +53,7 @@ __all__ = [
     "open_netns",
     "in_netns",
     "in_netns_fd",
+    "new_netns",
 ]
 
 NetnsIdentity = tuple[int, int]
@@ -95,6 +96,47 @@ def _libc() -> ctypes.CDLL:
 
         _LIBC = ctypes.CDLL(None, use_errno=True)
     return _LIBC
+
+
+def _unshare_net() -> None:
+    """``unshare(CLONE_NEWNET)`` for the calling thread; raises ``OSError``."""
+    if hasattr(os, "unshare"):  # Python >= 3.12
+        os.unshare(CLONE_NEWNET)
+        return
+    libc = _libc()
+    if libc.unshare(CLONE_NEWNET) != 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def new_netns() -> int:
+    """A new, empty network namespace (only ``lo``, down), as an ``O_CLOEXEC`` file
+    descriptor the caller must ``os.close``: the namespace and what was made in it go
+    with its last reference (this descriptor, sockets opened inside), nothing is mounted.
+
+    A helper thread unshares and ends there; the calling thread stays where it is. Enter
+    the namespace with :func:`in_netns_fd`, or name it ``/proc/self/fd/<fd>``.
+    Raises :class:`IOFailureError` (code 5) when the kernel refuses (no privilege).
+    """
+    made: list[int] = []
+    failed: list[OSError] = []
+
+    def unshare() -> None:
+        try:
+            _unshare_net()
+            made.append(os.open(_THREAD_SELF_NET, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=unshare, name="cni-dra-new-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if failed or not made:
+        exc = failed[0] if failed else OSError("no namespace")
+        raise IOFailureError(f"failed to create a network namespace: {exc.strerror or exc}", details=str(exc)) from exc
+    return made[0]
 
 
 def _check_is_netns(fd: int, path: str) -> None:

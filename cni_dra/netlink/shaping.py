@@ -14,6 +14,8 @@ burst, queue limit), with the defaults computed by :meth:`Tbf.for_rate`.
 :func:`apply_shaping` installs a spec (replacing whatever shaping was there),
 :func:`remove_shaping` removes it, :func:`delete_shaped_link` deletes the pod interface and
 its ifb device in one go, :func:`read_shaping` reads back what the kernel holds.
+:func:`remove_leaked_ifbs` deletes the ifb devices of a namespace that shape no link any
+more; :func:`probe_kernel` says which piece of all this the kernel lacks.
 Every call runs inside the pod's namespace on a socket opened there for the call
 (:func:`cni_dra.netlink.sockets.netns_iproute`); nothing runs ``tc`` or ``ip``.
 
@@ -35,13 +37,15 @@ from __future__ import annotations
 import errno
 import hashlib
 import math
+import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from cni_dra.errors import ContainerUnknownError, InvalidConfigError, InvalidEnvironmentError, NetlinkError
 from cni_dra.iface import validate_ifname
-from cni_dra.netlink import _pyroute2, sockets
+from cni_dra.netlink import _pyroute2, netns, sockets
 from cni_dra.netlink.netns import netns_exists
 
 __all__ = [
@@ -58,6 +62,9 @@ __all__ = [
     "remove_shaping",
     "delete_shaped_link",
     "read_shaping",
+    "is_ifb_name",
+    "remove_leaked_ifbs",
+    "probe_kernel",
 ]
 
 DEFAULT_LATENCY_S = 0.025
@@ -200,6 +207,21 @@ def ifb_name(ifname: str) -> str:
     if len(short.encode()) <= _IFNAMSIZ:
         return short
     return _HASHED_IFB_PREFIX + hashlib.sha256(ifname.encode()).hexdigest()[:_IFNAMSIZ - len(_HASHED_IFB_PREFIX)]
+
+
+_HASHED_IFB = re.compile(r"ifb[0-9a-f]{12}")
+
+
+def is_ifb_name(name: str) -> bool:
+    """True when ``name`` is one :func:`ifb_name` gives (either form) for some interface name."""
+    if _HASHED_IFB.fullmatch(name):
+        return True
+    if not name.startswith(IFB_PREFIX):
+        return False
+    try:
+        return ifb_name(name[len(IFB_PREFIX):]) == name
+    except InvalidEnvironmentError:
+        return False
 
 
 def burst_from_buffer(buffer_ticks: int, rate_bps: int, ticks_per_us: float) -> int:
@@ -570,3 +592,81 @@ def _read(ipr: Any, ifname: str) -> ShapeInfo | None:
             ifb = names[target]
             ingress = _tbf_of(qdiscs.get((target, _TC_H_ROOT)), ticks)
     return ShapeInfo(ifname=ifname, egress=egress, ingress=ingress, ifb=ifb)
+
+
+def remove_leaked_ifbs(netns_path: str) -> list[str]:
+    """Delete the ifb devices in ``netns_path`` that shape no link any more; their names.
+
+    Leaked: an ifb device whose name follows :func:`ifb_name`'s rule (:func:`is_ifb_name`)
+    while no link X of the namespace has ``ifb_name(X)`` equal to it and no link's ingress
+    redirects to it (its link was deleted without it: a DEL whose record was lost).
+    An ifb device of a live link stays (that link's DEL removes it), and so does one named
+    otherwise (not cni-dra's). A missing netns is nothing to do.
+
+    Raises:
+        InvalidEnvironmentError: (4) ``netns_path`` is not a network namespace.
+        NetlinkError: (102) the kernel refused a request.
+    """
+    try:
+        with sockets.netns_iproute(netns_path) as ipr, \
+                _pyroute2.translated(f"remove leaked ifb devices in netns {netns_path}"):
+            return _remove_leaked(ipr)
+    except ContainerUnknownError:
+        return []
+    except InvalidEnvironmentError:
+        if not netns_exists(netns_path):
+            return []
+        raise
+
+
+def _remove_leaked(ipr: Any) -> list[str]:
+    dump = list(ipr.link("dump"))
+    links = {int(msg["index"]): msg.get_attr("IFLA_IFNAME") for msg in dump}
+    kinds = {int(msg["index"]): _link_kind(msg) for msg in dump}
+    owned = set()
+    for name in links.values():
+        try:
+            owned.add(ifb_name(name))
+        except InvalidEnvironmentError:
+            continue
+    orphans = {i: n for i, n in links.items() if kinds.get(i) == "ifb" and is_ifb_name(n) and n not in owned}
+    if not orphans:
+        return []
+    redirected = {_redirect_target(ipr, int(msg["index"])) for msg in ipr.get_qdiscs()
+                  if int(msg["parent"]) == _TC_H_INGRESS}
+    removed = []
+    for idx, name in sorted(orphans.items()):
+        if idx not in redirected:
+            _delete_link_index(ipr, idx)
+            removed.append(name)
+    return removed
+
+
+_PROBE_RATE_BPS = 8_000_000
+
+
+def probe_kernel() -> str | None:
+    """The piece of shaping this kernel lacks, as ADD names it (``ifb``, ``the tbf qdisc``,
+    ``the ingress qdisc, u32 classifier or mirred action``), or None when it has them all.
+
+    Shapes ``lo`` of a throwaway network namespace (:func:`cni_dra.netlink.netns.new_netns`)
+    both ways with :func:`apply_shaping`, as ADD shapes a pod interface: an ifb device with
+    a tbf, a tbf on ``lo``, its ingress qdisc and u32 filter redirecting (mirred) to the ifb
+    device. The namespace, and all of it with it, is gone when this returns. Costs a
+    namespace and about ten requests: callers keep the answer (it holds until a reboot).
+
+    Raises:
+        IOFailureError: (5) no namespace can be made (no privilege).
+        NetlinkError: (102) a request failed for another reason than a missing piece.
+    """
+    fd = netns.new_netns()
+    try:
+        apply_shaping(f"/proc/self/fd/{fd}", "lo", ShapeSpec.symmetric(_PROBE_RATE_BPS), new_link=True)
+    except NetlinkError as exc:
+        _, lacks, piece = exc.msg.partition("kernel lacks ")
+        if lacks:
+            return piece
+        raise
+    finally:
+        os.close(fd)
+    return None

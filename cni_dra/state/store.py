@@ -175,6 +175,13 @@ class StateStore:
         if not self._dir_exists():  # removed again at once
             raise StateError(f"failed to create state directory {self.dir}: it vanished")
 
+    def private_dir(self) -> Path:
+        """``stateDir``, created (0700) if missing and checked as the state's own files are
+        (a real directory of ours, not writable by group or others), for a small file of
+        another job kept beside the state. Raises StateError (5) naming the problem."""
+        self._ensure_dir()
+        return self.dir
+
     # -- locking -------------------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

@@ -22,7 +22,8 @@ retry the ADD or send DEL. Errors on one attachment are logged and leave it for 
 recovery; the others proceed.
 
 :func:`repair` (``cni-dra state repair``) rebuilds an unreadable state file from the last
-good backup plus the live links and reports every change.
+good backup plus the live links, deletes the ifb devices that shape no link any more, and
+reports every change.
 
 Source: CNI spec 1.1.0 "DEL" (must succeed when things are already gone), "GC"; KEP-5075
 (capacity is charged until released). Errors: StateError (5), TryAgainLaterError (11).
@@ -207,23 +208,27 @@ REPAIR_NETWORK = "cni-dra-repair"
 """Network name of the placeholder attachments ``state repair`` makes for untracked live links."""
 
 
-def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[tuple[str, str, str, str]]:
-    """Macvlan/ipvlan links in ``/var/run/netns/*`` on an inventory NIC that no attachment
-    names: (netns path, link name, link kind, parent host name)."""
+def _pod_netns_paths() -> list[str]:
+    """Every usable network namespace under ``/var/run/netns`` but the host's, sorted."""
     import os
 
+    try:
+        names = sorted(os.listdir("/var/run/netns"))
+    except OSError:
+        return []
+    return [path for path in (f"/var/run/netns/{name}" for name in names) if _netns_usable(path)]
+
+
+def _untracked_links(
+    paths: Sequence[str], known: set[tuple[str, str]], parents: set[str]
+) -> list[tuple[str, str, str, str]]:
+    """Macvlan/ipvlan links in the namespaces ``paths`` on an inventory NIC that no
+    attachment names: (netns path, link name, link kind, parent host name)."""
     from cni_dra.netlink import info
     from cni_dra.netlink.netns import in_netns
 
     found: list[tuple[str, str, str, str]] = []
-    try:
-        names = sorted(os.listdir("/var/run/netns"))
-    except OSError:
-        return found
-    for name in names:
-        path = f"/var/run/netns/{name}"
-        if not _netns_usable(path):
-            continue
+    for path in paths:
         try:
             with in_netns(path):
                 kids = [(li.name, li.kind) for li in info.list_host_links() if li.kind in ("macvlan", "ipvlan")]
@@ -236,6 +241,20 @@ def _untracked_links(known: set[tuple[str, str]], parents: set[str]) -> list[tup
         except CniError:
             continue
     return found
+
+
+def _remove_leaked_ifbs(paths: Sequence[str], report: RecoveryReport) -> None:
+    """Delete the ifb devices in ``paths`` whose shaped link is gone and that no record
+    names any more (:func:`cni_dra.netlink.shaping.remove_leaked_ifbs`); one change each."""
+    from cni_dra.netlink import shaping
+
+    for path in paths:
+        try:
+            removed = shaping.remove_leaked_ifbs(path)
+        except CniError as exc:
+            report.errors.append(f"leaked ifb devices in {path}: {exc.msg}")
+            continue
+        report.changes += [f"removed leaked ifb device {name} in {path}" for name in removed]
 
 
 def repair(
@@ -261,20 +280,26 @@ def repair(
       is unknown; charging less could promise the NIC twice) as a placeholder attachment of
       network :data:`REPAIR_NETWORK`, which the pod's DEL (same netns and ifname) releases.
       ``slice_`` (the inventory ResourceSlice) maps parents to devices; without it they
-      are only reported.
+      are only reported;
+    * ifb devices in ``/var/run/netns/*`` named by the shaping rule whose shaped link is gone
+      (:func:`cni_dra.netlink.shaping.remove_leaked_ifbs`; their records were lost with the
+      state, or the link was deleted without its record) are deleted, also when there is no
+      state file; an ifb device of a live link stays (tracked or charged as a placeholder
+      above: the link's DEL removes both), an ifb device named otherwise is not cni-dra's.
 
     Returns the report. Raises StateError (5) when the directory cannot be written,
     TryAgainLaterError (11) on lock timeout.
     """
     report = RecoveryReport()
+    paths = _pod_netns_paths()
     with store.replace() as view:
         base = _repair_base(store, view, report)
-        if base is None:
-            return report
-        live = _live_links(base)
-        kept = _reconcile(base.attachments, live, environ, cni_path, report)
-        kept += _charge_untracked(set(live), parents, slice_, report)
-        view.write(base.model_copy(update={"attachments": Attachments(kept), "bootID": boot_id()}))
+        if base is not None:
+            live = _live_links(base)
+            kept = _reconcile(base.attachments, live, environ, cni_path, report)
+            kept += _charge_untracked(paths, set(live), parents, slice_, report)
+            view.write(base.model_copy(update={"attachments": Attachments(kept), "bootID": boot_id()}))
+    _remove_leaked_ifbs(paths, report)
     return report
 
 
@@ -346,7 +371,8 @@ def _reconcile(
 
 
 def _charge_untracked(
-    known: set[tuple[str, str]], parents: Sequence[str], slice_: ResourceSlice | None, report: RecoveryReport
+    paths: Sequence[str], known: set[tuple[str, str]], parents: Sequence[str], slice_: ResourceSlice | None,
+    report: RecoveryReport,
 ) -> list[Attachment]:
     """Placeholder attachments charging untracked links on inventory NICs (see :func:`repair`)."""
     out: list[Attachment] = []
@@ -355,7 +381,7 @@ def _charge_untracked(
         from cni_dra.dra.models import device_attribute
 
         by_parent = {device_attribute(d, "ifName", slice_.spec.driver): d for d in slice_.spec.devices}
-    for netns, kid, kind, parent_name in _untracked_links(known, set(parents)):
+    for netns, kid, kind, parent_name in _untracked_links(paths, known, set(parents)):
         device = by_parent.get(parent_name)
         where = f"{kid} in {netns} on {parent_name}"
         if device is None or slice_ is None:
