@@ -477,18 +477,20 @@ def test_status_is_code_50_naming_the_missing_piece_and_the_fix(tmp_path, monkey
     code, out = _run("STATUS", env, conf)
     assert code == 1 and out["code"] == 50 and out["msg"] == LACKS_IFB
     assert [s.ingress is not None and s.egress is not None for s in kernel.shaped] == [True]  # both ways, once
-    kept = json.loads((tmp_path / "state" / SHAPING_PROBE_FILE).read_text())
-    assert kept == {"bootID": owner.boot_id(), "lacks": "ifb"}
-    # the answer holds for the boot: no second probe, even when the kernel would now answer otherwise
-    kernel.fail_shaping = None
-    assert _run("STATUS", env, conf) == (code, out) and len(kernel.shaped) == 1
+    probe_file = tmp_path / "state" / SHAPING_PROBE_FILE
+    assert not probe_file.exists()  # a gap is never remembered: the operator may load the module
+    assert _run("STATUS", env, conf) == (code, out) and len(kernel.shaped) == 2
     # shaping off: the kernel's gap does not matter, and nothing is probed
-    assert _run("STATUS", env, {**conf, "shaping": False}) == (0, None) and len(kernel.shaped) == 1
+    assert _run("STATUS", env, {**conf, "shaping": False}) == (0, None) and len(kernel.shaped) == 2
+    # the module loaded: the next STATUS passes, and a complete kernel is remembered for the boot
+    kernel.fail_shaping = None
+    assert _run("STATUS", env, conf) == (0, None) and len(kernel.shaped) == 3
+    assert json.loads(probe_file.read_text()) == {"bootID": owner.boot_id(), "lacks": None}
+    assert _run("STATUS", env, conf) == (0, None) and len(kernel.shaped) == 3
     # another boot: probed again
     monkeypatch.setattr(owner, "boot_id", lambda: "another-boot")
-    assert _run("STATUS", env, conf) == (0, None) and len(kernel.shaped) == 2
-    assert json.loads((tmp_path / "state" / SHAPING_PROBE_FILE).read_text()) == {"bootID": "another-boot",
-                                                                                 "lacks": None}
+    assert _run("STATUS", env, conf) == (0, None) and len(kernel.shaped) == 4
+    assert json.loads(probe_file.read_text()) == {"bootID": "another-boot", "lacks": None}
 
 
 @pytest.mark.parametrize(("piece", "fix"), [

@@ -18,10 +18,11 @@ shapes (``shaping`` not false), and the IPAM plugin (``ipam.type``) is ready. Ot
 
 The shaping probe (:func:`shaping_lacks`) shapes ``lo`` of a throwaway network namespace
 as ADD shapes a pod interface (:func:`cni_dra.netlink.shaping.probe_kernel`). Runtimes
-call STATUS often (containerd on every CRI status call), so the answer is kept for the
-boot in ``<stateDir>/`` :data:`SHAPING_PROBE_FILE` (``{"bootID": ..., "lacks": null |
-"<piece>"}``): one probe per boot and state directory; after loading a module, delete the
-file (or reboot) to probe again. A state directory that fails the state's own checks (a
+call STATUS often (containerd on every CRI status call), so a kernel found complete is
+remembered for the boot in ``<stateDir>/`` :data:`SHAPING_PROBE_FILE` (``{"bootID": ...,
+"lacks": null}``): one probe per boot and state directory. A kernel found lacking a piece is
+not remembered: every STATUS probes again (about 9 ms), so loading the module makes the
+next STATUS pass. A state directory that fails the state's own checks (a
 symlink, writable by group or others...) is not used: then every STATUS probes. With
 ``shaping: false`` nothing is probed.
 """
@@ -104,9 +105,9 @@ def _check_shaping(store: StateStore) -> None:
 
 
 def shaping_lacks(store: StateStore) -> str | None:
-    """The piece of shaping this kernel lacks (as ADD names it), or None: the answer kept for
-    this boot in ``store``'s directory, else :func:`cni_dra.netlink.shaping.probe_kernel`'s,
-    then kept there. A state directory that cannot be used (it fails the state's own
+    """The piece of shaping this kernel lacks (as ADD names it), or None: None when this
+    boot's probe found the kernel complete (kept in ``store``'s directory), else
+    :func:`cni_dra.netlink.shaping.probe_kernel`'s answer, kept there when it is None. A state directory that cannot be used (it fails the state's own
     checks: a symlink, writable by others...) or a file that cannot be read or written only
     costs a probe per call. Raises IOFailureError (5) / NetlinkError (102) when the probe
     itself fails.
@@ -119,24 +120,21 @@ def shaping_lacks(store: StateStore) -> str | None:
         path: Path | None = store.private_dir() / SHAPING_PROBE_FILE
     except CniError:
         path = None
-    kept = _read_kept(path, boot) if path is not None else None
-    if kept is not None:
-        return kept[0]
+    if path is not None and _complete_this_boot(path, boot):
+        return None
     lacks = shaping.probe_kernel()
-    if path is not None:
-        _keep(path, {"bootID": boot, "lacks": lacks})
+    if path is not None and lacks is None:
+        _keep(path, {"bootID": boot, "lacks": None})
     return lacks
 
 
-def _read_kept(path: Path, boot: str) -> tuple[str | None] | None:
-    """(the kept answer,) when ``path`` holds one for ``boot``, else None."""
+def _complete_this_boot(path: Path, boot: str) -> bool:
+    """Whether ``path`` says this boot's probe found the kernel complete."""
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    if isinstance(kept, dict) and kept.get("bootID") == boot and isinstance(kept.get("lacks"), (str, type(None))):
-        return (kept["lacks"],)
-    return None
+        return False
+    return isinstance(kept, dict) and kept.get("bootID") == boot and "lacks" in kept and kept["lacks"] is None
 
 
 def _keep(path: Path, doc: dict[str, object]) -> None:
