@@ -1,7 +1,8 @@
 """cni-dra on a real one-node cluster: kube-apiserver, kube-scheduler,
 kube-controller-manager, kubelet and containerd of the versions scripts/e2e/cluster.py
 runs, two veth pairs as the node's 10G NICs (requestPolicy default 1G, validRange min
-100M step 100M), cni-dra's agent on the host under its own service account.
+100M step 100M; one of MTU 1500, one jumbo of MTU 9216), cni-dra's agent on the host under
+its own service account, limited by the plugin's conflist.
 
 The scenarios run in file order and share the cluster; each one removes its pods before
 it ends. Expected values come from the API server's objects (official Python client),
