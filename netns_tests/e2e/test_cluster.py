@@ -511,7 +511,8 @@ def test_profile_jumbo_claim_gets_mtu_9000_on_a_jumbo_nic(api, cluster):
     least 9000 (the bed's jumbo NIC, MTU 9216; the other has 1500), with a 2G share; the
     kernel shows the pod's eth0 as a macvlan (the conflist's type and mode: the profile
     names neither) of MTU 9000 on that NIC. The NIC's MTU is above 9000 because a macvlan
-    takes its parent's MTU when nobody sets one: 9000 is the profile's, applied at ADD."""
+    takes its parent's MTU when nobody sets one: 9000 is the profile's, applied at ADD.
+    cni-dra's record of the attachment and the claim's status ``data`` say the same."""
     (claim_obj,) = cluster.apply_manifest(api, cluster.REPO / PROFILES / "resourceclaim-jumbo.yaml")
     claim_name = claim_obj["metadata"]["name"]
     slc = to_dict(api, resource(api).read_resource_slice(f"{cluster.NODE}-{cluster.DRIVER}"))
@@ -531,6 +532,16 @@ def test_profile_jumbo_claim_gets_mtu_9000_on_a_jumbo_nic(api, cluster):
         assert (link["linkinfo"]["info_kind"], link["linkinfo"]["info_data"]["mode"], link["mtu"]) == (
             "macvlan", "bridge", 9000), link
         assert host_mtu(cluster.JUMBO_NIC) == cluster.JUMBO_MTU
+        # what cni-dra recorded (status --json) and wrote in the claim's status agrees
+        (att,) = [a for a in books(cluster)["attachments"] if a["podUID"] == p["metadata"]["uid"]]
+        prof = att["profile"]
+        assert att["linkType"] == "macvlan"
+        assert {k: prof.get(k) for k in ("linkType", "mode", "mtu", "fromConfig")} == {
+            "linkType": "macvlan", "mode": "bridge", "mtu": 9000, "fromConfig": ["mtu"]}, prof
+        assert prof["shaping"] == (att["shaping"] is not None)
+        data = status_entry(claim, res["shareID"])["data"]
+        assert (data["kind"], data["linkType"], data["parentInterface"], data["profile"]) == (
+            "InterfaceStatus", "macvlan", cluster.JUMBO_NIC, prof), data
         wait_for(lambda: books_match(api, cluster), "books", 30)
     finally:
         delete_pods(api, "pod-jumbo")
@@ -570,6 +581,7 @@ def test_profile_ipvlan_l3_reaches_add(api, cluster):
                 return next((m for r, m in pod_events(api, p) if r == "FailedCreatePodSandBox" and "ipvlan" in m), None)
 
             msg = wait_for(refused, "pod-ipvlan: a FailedCreatePodSandBox event about ipvlan", 90)
+            print(f"\ne2e profile: pod-ipvlan: FailedCreatePodSandBox: {msg}")
             assert "does not support link kind ipvlan" in msg or "lacks ipvlan" in msg, msg
             p = pod(api, "pod-ipvlan")
             assert p["status"].get("phase") == "Pending" and not p["status"].get("podIP"), p["status"]
@@ -610,6 +622,7 @@ def test_profile_the_node_forbids_fails_at_prepare(api, cluster):
                          "which this node does not allow (profiles.allowMac: false), "
                          "asked by config[0] (FromClaim")
         assert "InvalidConfigError (CNI code 7)" in msg, msg
+        print(f"\ne2e profile: pod-mac: FailedPrepareDynamicResources: {msg}")
         p = pod(api, "pod-mac")
         assert p["status"].get("phase") == "Pending" and not p["status"].get("podIP"), p["status"]
         # the scheduler allocated and reserved it; the node took nothing
