@@ -1,7 +1,8 @@
 """cni-dra on a real one-node cluster: kube-apiserver, kube-scheduler,
 kube-controller-manager, kubelet and containerd of the versions scripts/e2e/cluster.py
 runs, two veth pairs as the node's 10G NICs (requestPolicy default 1G, validRange min
-100M step 100M), cni-dra's agent on the host under its own service account.
+100M step 100M; one of MTU 1500, one jumbo of MTU 9216), cni-dra's agent on the host under
+its own service account, limited by the plugin's conflist.
 
 The scenarios run in file order and share the cluster; each one removes its pods before
 it ends. Expected values come from the API server's objects (official Python client),
@@ -190,6 +191,59 @@ def host_ifindex(ifname: str) -> int:
     idx = lookup(ifname)
     assert idx is not None, ifname
     return idx
+
+
+def ip_link(uid: str, ifname: str = "eth0") -> dict:
+    """``ip -d -j link show`` of ``ifname`` in pod ``uid``'s netns: the kernel's own words
+    on the link's kind (``linkinfo.info_kind``), mode (``linkinfo.info_data.mode``) and MTU."""
+    out = subprocess.run(["nsenter", f"--net={pod_netns(uid)}", "ip", "-d", "-j", "link", "show", ifname],
+                         capture_output=True, text=True, check=True)
+    (link,) = json.loads(out.stdout)
+    return link
+
+
+def host_mtu(ifname: str) -> int:
+    return int(Path(f"/sys/class/net/{ifname}/mtu").read_text())
+
+
+def pod_events(api, pod_obj: dict) -> list[tuple[str, str]]:
+    """(reason, message) of the events about this pod (by UID: a pod of the same name in an
+    earlier scenario has events of its own), as ``kubectl describe pod`` lists them."""
+    uid = pod_obj["metadata"]["uid"]
+    events = core(api).list_namespaced_event(NS, field_selector=f"involvedObject.uid={uid}").items
+    return [(e.reason or "", e.message or "") for e in events]
+
+
+def wait_event(api, name: str, reason: str, *needles: str, timeout_s: float = 60) -> str:
+    """The message of pod ``name``'s first event of ``reason`` that contains every needle."""
+    p = pod(api, name)
+    assert p is not None, name
+
+    def found() -> str | None:
+        for r, msg in pod_events(api, p):
+            if r == reason and all(n in msg for n in needles):
+                return msg
+        return None
+
+    try:
+        return wait_for(found, f"pod {name}: event {reason} with {needles}", timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; events: {pod_events(api, p)}") from None
+
+
+def delete_cluster_objects(api, *, classes: tuple[str, ...] = (), templates: tuple[str, ...] = ()) -> None:
+    for name in templates:
+        try:
+            resource(api).delete_namespaced_resource_claim_template(name, NS)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    for name in classes:
+        try:
+            resource(api).delete_device_class(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
 
 def status_entry(claim: dict, share_id: str) -> dict | None:
@@ -446,6 +500,144 @@ def test_conf_k8s_example_pod_gets_its_2g_share(api, cluster):
     finally:
         delete_pods(api, name)
     wait_for(lambda: not books(cluster)["attachments"], "example share released", 30)
+
+
+PROFILES = Path("conf/k8s/profiles")
+
+
+def test_profile_jumbo_claim_gets_mtu_9000_on_a_jumbo_nic(api, cluster):
+    """conf/k8s/profiles/resourceclaim-jumbo.yaml applied unchanged, and a pod naming the
+    claim: the scheduler puts it on the only NIC whose published ``mtu`` attribute is at
+    least 9000 (the bed's jumbo NIC, MTU 9216; the other has 1500), with a 2G share; the
+    kernel shows the pod's eth0 as a macvlan (the conflist's type and mode: the profile
+    names neither) of MTU 9000 on that NIC. The NIC's MTU is above 9000 because a macvlan
+    takes its parent's MTU when nobody sets one: 9000 is the profile's, applied at ADD.
+    cni-dra's record of the attachment and the claim's status ``data`` say the same."""
+    (claim_obj,) = cluster.apply_manifest(api, cluster.REPO / PROFILES / "resourceclaim-jumbo.yaml")
+    claim_name = claim_obj["metadata"]["name"]
+    slc = to_dict(api, resource(api).read_resource_slice(f"{cluster.NODE}-{cluster.DRIVER}"))
+    published = {d["name"]: d["attributes"]["mtu"]["int"] for d in slc["spec"]["devices"]}
+    assert published == {n: host_mtu(n) for n in cluster.NICS}
+    assert published[cluster.JUMBO_NIC] == cluster.JUMBO_MTU and sorted(published.values())[0] == 1500
+    make_pod(api, cluster, "pod-jumbo", claim=claim_name)
+    try:
+        p, claim, res = check_attached(api, cluster, "pod-jumbo", "2G")
+        assert res["device"] == cluster.JUMBO_NIC and res["request"] == "net1"
+        # the scheduler copies the claim's config; it drops ``requests`` when the entry
+        # covers every request of the claim (here: net1 is the only one)
+        configs = claim["status"]["allocation"]["devices"]["config"]
+        assert [(c["source"], c["opaque"]["parameters"].get("mtu")) for c in configs] == [("FromClaim", 9000)]
+        assert configs[0].get("requests") in (None, ["net1"]), configs
+        link = ip_link(p["metadata"]["uid"])
+        assert (link["linkinfo"]["info_kind"], link["linkinfo"]["info_data"]["mode"], link["mtu"]) == (
+            "macvlan", "bridge", 9000), link
+        assert host_mtu(cluster.JUMBO_NIC) == cluster.JUMBO_MTU
+        # what cni-dra recorded (status --json) and wrote in the claim's status agrees
+        (att,) = [a for a in books(cluster)["attachments"] if a["podUID"] == p["metadata"]["uid"]]
+        prof = att["profile"]
+        assert att["linkType"] == "macvlan"
+        assert {k: prof.get(k) for k in ("linkType", "mode", "mtu", "fromConfig")} == {
+            "linkType": "macvlan", "mode": "bridge", "mtu": 9000, "fromConfig": ["mtu"]}, prof
+        assert prof["shaping"] == (att["shaping"] is not None)
+        data = status_entry(claim, res["shareID"])["data"]
+        assert (data["kind"], data["linkType"], data["parentInterface"], data["profile"]) == (
+            "InterfaceStatus", "macvlan", cluster.JUMBO_NIC, prof), data
+        wait_for(lambda: books_match(api, cluster), "books", 30)
+    finally:
+        delete_pods(api, "pod-jumbo")
+    wait_for(lambda: not books(cluster)["attachments"], "jumbo share released", 30)
+
+
+def test_profile_ipvlan_l3_reaches_add(api, cluster):
+    """conf/k8s/profiles/deviceclass-ipvlan-l3.yaml and resourceclaimtemplate-ipvlan-l3.yaml
+    applied unchanged, and a pod of that template: the class's profile (ipvlan, mode l3)
+    passes prepare and reaches ADD. This host's kernel has no ipvlan (the ipvlan lane of
+    ``make test`` runs under user-mode-linux, which checks the ipvlan l3 link itself), so
+    ADD must refuse rather than silently make the conflist's macvlan: the pod never runs,
+    its sandbox fails with an event saying the kernel does not support link kind ipvlan,
+    and no attachment is left. On a kernel with ipvlan, the pod's eth0 is an ipvlan in mode l3 on the
+    allocated NIC."""
+    from cni_dra.netlink.sublink import link_kind_supported
+
+    classes, templates = ("cni-dra-ipvlan-l3",), ("nic-share-ipvlan-l3",)
+    try:
+        cluster.apply_manifest(api, cluster.REPO / PROFILES / "deviceclass-ipvlan-l3.yaml")
+        (tpl,) = cluster.apply_manifest(api, cluster.REPO / PROFILES / "resourceclaimtemplate-ipvlan-l3.yaml")
+        assert tpl["metadata"]["name"] == templates[0]
+        make_pod(api, cluster, "pod-ipvlan", template=templates[0])
+        if link_kind_supported("ipvlan"):
+            p, _, res = check_attached(api, cluster, "pod-ipvlan", "1G")
+            link = ip_link(p["metadata"]["uid"])
+            assert (link["linkinfo"]["info_kind"], link["linkinfo"]["info_data"]["mode"]) == ("ipvlan", "l3"), link
+        else:
+            p = pod(api, "pod-ipvlan")
+            uid = p["metadata"]["uid"]
+
+            def refused() -> str | None:
+                now = pod(api, "pod-ipvlan")
+                if now["status"].get("phase") == "Running":
+                    kind = ip_link(uid)["linkinfo"]["info_kind"]
+                    raise AssertionError(f"pod-ipvlan runs with a {kind} eth0: ADD did not apply the class's ipvlan")
+                return next((m for r, m in pod_events(api, p) if r == "FailedCreatePodSandBox" and "ipvlan" in m), None)
+
+            msg = wait_for(refused, "pod-ipvlan: a FailedCreatePodSandBox event about ipvlan", 90)
+            print(f"\ne2e profile: pod-ipvlan: FailedCreatePodSandBox: {msg}")
+            p = pod(api, "pod-ipvlan")
+            assert p["status"].get("phase") == "Pending" and not p["status"].get("podIP"), p["status"]
+            # prepare took the claim (the profile is valid on this node); ADD refused the link
+            claim = claim_of(api, p)
+            assert (f'plugin type="cni-dra" failed (add): failed to create ipvlan eth0 on {result_of(claim)["device"]}: '
+                    "the kernel does not support link kind ipvlan") in msg, msg
+            assert [c["uid"] for c in books(cluster)["preparedClaims"] if c["podUID"] == uid] == [
+                claim["metadata"]["uid"]]
+            assert [(c["source"], c["opaque"]["parameters"]["linkType"], c["opaque"]["parameters"]["mode"])
+                    for c in claim["status"]["allocation"]["devices"]["config"]] == [("FromClass", "ipvlan", "l3")]
+            assert not [a for a in books(cluster)["attachments"] if a["podUID"] == uid]
+    finally:
+        delete_pods(api, "pod-ipvlan")
+        delete_cluster_objects(api, classes=classes, templates=templates)
+    wait_for(lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
+             "ipvlan claim unprepared", 60)
+
+
+def test_profile_the_node_forbids_fails_at_prepare(api, cluster):
+    """A claim whose config fixes the MAC (macvlan, 02:00:00:00:00:42) on a node whose
+    conflist does not allow it (``profiles.allowMac`` defaults to false): the scheduler
+    allocates it, the agent's NodePrepareResources refuses it, and the pod never starts;
+    its event names the claim, the request, the field, the limit and the config entry.
+    Nothing is stored: no prepared claim, no attachment, nothing charged."""
+    before = books(cluster)
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "fixed-mac", "namespace": NS},
+            "spec": {"devices": {
+                "requests": [{"name": "net1", "exactly": {"deviceClassName": "cni-dra-shared-nic",
+                                                          "capacity": {"requests": {"bandwidth": "1G"}}}}],
+                "config": [{"requests": ["net1"], "opaque": {"driver": cluster.DRIVER, "parameters": {
+                    "apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceConfig",
+                    "linkType": "macvlan", "mac": "02:00:00:00:00:42"}}}]}}}
+    resource(api).create_namespaced_resource_claim(NS, body)
+    make_pod(api, cluster, "pod-mac", claim="fixed-mac")
+    try:
+        msg = wait_event(api, "pod-mac", "FailedPrepareDynamicResources",
+                         "failed to prepare claim default/fixed-mac request 'net1': mac 02:00:00:00:00:42 is fixed, "
+                         "which this node does not allow (profiles.allowMac: false), "
+                         "asked by config[0] (FromClaim")
+        assert "InvalidConfigError (CNI code 7)" in msg, msg
+        print(f"\ne2e profile: pod-mac: FailedPrepareDynamicResources: {msg}")
+        p = pod(api, "pod-mac")
+        assert p["status"].get("phase") == "Pending" and not p["status"].get("podIP"), p["status"]
+        # the scheduler allocated and reserved it; the node took nothing
+        claim = to_dict(api, resource(api).read_namespaced_resource_claim("fixed-mac", NS))
+        assert result_of(claim)["device"] in cluster.NICS
+        assert [r["uid"] for r in claim["status"]["reservedFor"]] == [p["metadata"]["uid"]]
+        after = books(cluster)
+        assert not [c for c in after["preparedClaims"]
+                    if c["uid"] == claim["metadata"]["uid"] or c["podUID"] == p["metadata"]["uid"]]
+        assert after["attachments"] == before["attachments"] == []
+        assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
+        assert not (claim.get("status") or {}).get("devices"), "no networkData for a claim the node refused"
+    finally:
+        delete_pods(api, "pod-mac")
 
 
 def test_a_pods_rate_is_the_share_the_scheduler_gave_it(api, cluster, tmp_path):

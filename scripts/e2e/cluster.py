@@ -6,10 +6,12 @@ usage: cluster.py up | down | status | versions | agent-start | agent-stop
 
 ``up`` starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd
 and the kubelet under the cluster directory (``CNI_DRA_E2E_DIR``, default
-/run/cni-dra-e2e), creates two veth pairs as the node's 10G NICs, applies
-conf/k8s/rbac.yaml and conf/k8s/deviceclass.yaml unchanged, starts ``cni-dra agent`` on
-the host with its own service account's token (bound to the Node, as a DaemonSet pod's
-token is bound to its node), waits until the Node is Ready and prints the admin
+/run/cni-dra-e2e), creates two veth pairs as the node's 10G NICs (one of MTU 1500, one
+jumbo: ``JUMBO_NIC``, MTU ``JUMBO_MTU``), applies conf/k8s/rbac.yaml and
+conf/k8s/deviceclass.yaml unchanged, starts ``cni-dra agent`` on the host with its own
+service account's token (bound to the Node, as a DaemonSet pod's token is bound to its
+node) and the plugin's conflist as its ``--conflist`` (the limits on device profiles, as
+the DaemonSet points the agent at the plugin's conflist), waits until the Node is Ready and prints the admin
 KUBECONFIG path on stdout. ``down`` stops every process it started, unmounts what they
 mounted under the cluster directory, removes the cgroups under the cluster's cgroup root,
 the NICs and the directory. Both are idempotent. Each component logs to
@@ -39,6 +41,11 @@ DRIVER = "net.cni-dra.dev"
 NETWORK = "cni-dra-e2e"  # the conflist's name (libcni's cache files are named after it)
 CGROUP_ROOT = "cni-dra-e2e"  # under every cgroup hierarchy; the kubelet's --cgroup-root
 NICS = {"cde2e-nic0": "cde2e-nic0p", "cde2e-nic1": "cde2e-nic1p"}  # NIC -> its veth peer
+JUMBO_NIC = "cde2e-nic1"
+JUMBO_MTU = 9216
+"""The MTU of the jumbo NIC (both veth ends; the other NIC keeps the kernel's 1500). Above
+9000, so that a link a profile makes 9000 bytes differs from what a macvlan or ipvlan takes
+by default (its parent's MTU)."""
 NIC_BANDWIDTH = "10G"
 POD_SUBNET = "10.244.77.0/24"
 SERVICE_RANGE = "10.96.0.0/24"
@@ -339,8 +346,9 @@ def make_nics() -> None:
     for nic, peer in NICS.items():
         if not Path(f"/sys/class/net/{nic}").exists():
             run("ip", "link", "add", nic, "type", "veth", "peer", "name", peer)
-        run("ip", "link", "set", nic, "up")
-        run("ip", "link", "set", peer, "up")
+        mtu = str(JUMBO_MTU if nic == JUMBO_NIC else 1500)
+        run("ip", "link", "set", nic, "mtu", mtu, "up")
+        run("ip", "link", "set", peer, "mtu", mtu, "up")
 
 
 def delete_nics() -> None:
@@ -544,6 +552,10 @@ def start_scheduler(bins: dict[str, str]) -> None:
     ])
 
 
+def conflist_path() -> Path:
+    return p("net.d", "10-cni-dra-e2e.conflist")
+
+
 def containerd_socket() -> Path:
     return p("containerd", "containerd.sock")
 
@@ -554,7 +566,7 @@ def start_containerd(bins: dict[str, str]) -> None:
     (cdir / "state").mkdir(parents=True, exist_ok=True)
     netd = p("net.d")
     netd.mkdir(parents=True, exist_ok=True)
-    (netd / "10-cni-dra-e2e.conflist").write_text(json.dumps(conflist(), indent=1))
+    conflist_path().write_text(json.dumps(conflist(), indent=1))
     config = f"""version = 3
 root = "{cdir}/root"
 state = "{cdir}/state"
@@ -679,11 +691,13 @@ def agent_token(api, node_uid: str) -> str:
 
 def agent_start(extra: list[str] | None = None) -> int:
     """Start ``cni-dra agent`` as the DaemonSet's container would run it, with the
-    kubelet's plugin directories of this cluster. Returns its pid."""
+    kubelet's plugin directories of this cluster and containerd's conflist (the profile
+    limits of its cni-dra entry). Returns its pid."""
     root = kubelet_root()
     args = [CNI_EXE, "agent", "--node-name", NODE, "--kubeconfig", str(agent_kubeconfig()),
             "--inventory", str(inventory_path()), "--state-dir", str(state_dir()),
             "--plugin-dir", f"{root}/plugins/{DRIVER}", "--registry-dir", f"{root}/plugins_registry",
+            "--conflist", str(conflist_path()),
             "--metrics-address", "127.0.0.1:19412", "--resync-interval", "60", *(extra or [])]
     return start("agent", args, {"CNI_DRA_AGENT_SOCKET": str(fastpath_socket())})
 
