@@ -141,13 +141,15 @@ def test_the_profiles_link_type_is_the_one_checked_against_the_nic(tmp_path: Pat
 
 
 def test_the_profiles_mtu_is_checked_against_the_parent(tmp_path: Path) -> None:
-    from cni_dra.errors import InvalidConfigError
     from cni_dra.verbs.add import _reserve
 
     _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
     inv = _inv(tmp_path)
-    with pytest.raises(InvalidConfigError, match=r"mtu 9000 is above the MTU 1500 of the chosen parent if-a"):
+    with pytest.raises(ClaimError) as info:  # the claim asked it, not the conflist: the message says so
         _reserve(inv, {"if-a": _Parent(mtu=1500), "if-b": _Parent(mtu=1500)})
+    assert info.value.code == 101 and info.value.msg == (
+        "failed to honour claim prod/web request 'eth0': its device profile asks mtu 9000, above the MTU 1500 "
+        "of the allocated parent if-a (device a)")
     assert StateStore(str(tmp_path / "st")).read().attachments == ()
 
 

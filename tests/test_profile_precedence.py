@@ -141,7 +141,8 @@ def test_a_bad_entry_of_this_driver_is_named(entry, words):
     ("config", "words"),
     [
         ([profile_config("FromClass", mode="l3")],
-         "mode set without linkType (they depend on it: name linkType in the same config), in config[0] (FromClass)"),
+         "mode set without linkType (they depend on it: name linkType in this config entry or in one below it, "
+         "e.g. the DeviceClass's), in config[0] (FromClass)"),
         ([profile_config("FromClass", mac="02:00:00:00:00:01")], "mac set without linkType"),
         ([profile_config("FromClass", linkType="ipvlan"), profile_config("FromClaim", mode="bridge")],
          "mode 'bridge' is not an ipvlan mode (one of l2, l3, l3s) (after config[1] (FromClaim))"),

@@ -75,7 +75,12 @@ def recover_cmd(state_dir: str, cni_path: str, as_json: bool) -> None:
               help="The node's ResourceSlice (its NICs are searched for untracked links).")
 @_JSON
 def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> None:
-    """Rebuild an unreadable state file from its backup plus the live links, reporting each change."""
+    """Rebuild an unreadable state file from its backup plus the live links, reporting each change.
+
+    Attachments whose link is gone are dropped (their IPAM released with the recorded
+    config, found under --cni-path); macvlan/ipvlan links in /var/run/netns/* on an
+    inventory NIC that no attachment names are charged their device's whole capacity until
+    their pod's DEL; ifb devices there that shape no link any more are deleted."""
     from cni_dra.errors import CniError
     from cni_dra.state import StateStore
     from cni_dra.verbs.recover import repair

@@ -19,7 +19,8 @@ Steps (each effect registers its undo; a failure undoes them in reverse and re-r
 
 Errors: InvalidConfigError (7) for mtu above the parent's (before any IPAM call),
 NoCapacityError (100) when nothing fits, ClaimError (101) for an allocation that cannot be
-honoured, NetlinkError (102; also when the kernel lacks a piece of shaping, e.g. ``kernel
+honoured (also a device profile this network's limits forbid, or whose MTU is above the
+allocated parent's: :mod:`cni_dra.verbs.profile`), NetlinkError (102; also when the kernel lacks a piece of shaping, e.g. ``kernel
 lacks ifb``, unless ``shaping`` is false), IpamError (the IPAM plugin's code; its catch-all 999 becomes
 103), TryAgainLaterError (11, also when the dhcp daemon's socket is absent), IncompatibleVersionError
 (1) for an L2-only 0.1.0/0.2.0 config, InvalidConfigError (7) for a MAC already used on the parent,
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from cni_dra.faults import fault_point
 from cni_dra.errors import (
     AttachmentExistsError,
+    ClaimError,
     IncompatibleVersionError,
     InvalidConfigError,
     IOFailureError,
@@ -212,6 +214,13 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo]) -> AddIntent | Re
             return _repeated(inv, existing)
         att, conf = plan(inv, txn.state, host_links)
         parent = host_links[att.parent]
+        if conf.mtu is not None and conf.mtu > parent.mtu and att.profile and "mtu" in att.profile["fromConfig"]:
+            claim = att.claim
+            where = f"claim {claim.namespace}/{claim.name} request {claim.request!r}" if claim else "the claim"
+            raise ClaimError(
+                f"failed to honour {where}: its device profile asks mtu {conf.mtu}, above the MTU {parent.mtu} "
+                f"of the allocated parent {att.parent} (device {att.device})"
+            )
         if conf.mtu is not None and conf.mtu > parent.mtu:
             raise InvalidConfigError(
                 f"invalid network config {conf.name!r}: mtu {conf.mtu} is above the MTU {parent.mtu} "

@@ -156,7 +156,8 @@ def _complete(profile: InterfaceProfile | None, origin: dict[str, ProfileEntry],
     loose = [name for name in LINK_FIELDS if getattr(profile, name) is not None]
     if loose and profile.linkType is None:
         raise InvalidConfigError(f"{', '.join(loose)} set without linkType (they depend on it: name linkType "
-                                 f"in the same config), in {origin[loose[0]].where()}")
+                                 f"in this config entry or in one below it, e.g. the DeviceClass's), in "
+                                 f"{origin[loose[0]].where()}")
     if profile.mode == "passthru" and share_id is not None:
         raise InvalidConfigError("mode 'passthru' takes the whole NIC: it needs a device allocated whole, "
                                  f"not a share, in {origin['mode'].where()}")
