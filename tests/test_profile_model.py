@@ -71,11 +71,11 @@ def test_the_mac_is_kept_lower_case():
         ({"mac": "02-00-00-00-00-01"}, "malformed MAC address"),
         ({"mtu": 67}, "mtu: Input should be greater than or equal to 68"),
         ({"mtu": 65536}, "mtu: Input should be less than or equal to 65535"),
-        ({"mtu": "9000"}, "mtu: Input should be a valid integer"),
-        ({"mtu": 1500.0}, "mtu: Input should be a valid integer"),
-        ({"mtu": True}, "mtu: Input should be a valid integer"),
+        ({"mtu": "9000"}, 'mtu: Input should be a valid integer, not "9000"'),
+        ({"mtu": 1500.0}, "mtu: Input should be a valid integer, not 1500.0"),
+        ({"mtu": True}, "mtu: Input should be a valid integer, not true"),
         ({"linkType": 1}, "linkType: Input should be a valid string"),
-        ({"shaping": True}, "shaping: Input should be a valid dictionary"),
+        ({"shaping": True}, "shaping: must be an object, not true"),
         ({"shaping": {"enabled": "yes"}}, "shaping.enabled: Input should be a valid boolean"),
         ({"shaping": {"ingressBurstBytes": 0}}, "shaping.ingressBurstBytes: Input should be greater than or equal to 1"),
         ({"shaping": {"egressBurstBytes": 2**32}}, "shaping.egressBurstBytes: Input should be less than or equal to"),
@@ -140,3 +140,17 @@ def test_a_profile_without_link_type_takes_any_known_mode():
     # completed by the layers below (checked when all layers are laid over each other)
     assert parse(mode="l3").mode == "l3"
     assert parse(ipvlanFlag="vepa").ipvlanFlag == "vepa"
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"shaping": "yes"}, 'shaping: must be an object, not "yes"'),
+    ({"mtu": "1400"}, 'mtu: Input should be a valid integer, not "1400"'),
+    ({"shaping": {"enabled": "no"}}, 'shaping.enabled: Input should be a valid boolean, not "no"'),
+])
+def test_a_value_of_the_wrong_type_is_quoted_back(fields, message) -> None:
+    from cni_dra.errors import InvalidConfigError
+    from cni_dra.protocol.profile import parse_interface_config
+
+    with pytest.raises(InvalidConfigError) as info:
+        parse_interface_config({"apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceConfig", **fields})
+    assert info.value.msg == message

@@ -241,7 +241,7 @@ def test_every_breach_is_named_with_where_it_was_asked():
         ({"allowedLinkTypes": "macvlan"}, "allowedLinkTypes: Input should be a valid tuple"),
         ({"allowMac": "yes"}, "allowMac: Input should be a valid boolean"),
         ({"maxMtu": 10}, "maxMtu: Input should be greater than or equal to 68"),
-        (None, "Input should be a valid dictionary"),
+        (None, "profiles: must be an object, not null"),
     ],
 )
 def test_bad_limits_are_refused(profiles, words):
@@ -344,7 +344,7 @@ def test_the_decoded_profile_never_raises():
     assert decode_result_profile(good, DRIVER, "net1") == (InterfaceProfile(linkType="ipvlan", mtu=9000), None)
     assert decode_result_profile(None, DRIVER, "net1") == (None, None)
     profile, why = decode_result_profile([profile_config(mtu="big")], DRIVER, "net1")
-    assert profile is None and why == "config[0] (FromClaim): mtu: Input should be a valid integer"
+    assert profile is None and why == 'config[0] (FromClaim): mtu: Input should be a valid integer, not "big"'
     # limits are not the state's business: what prepare let through, the state reads back
     assert decode_result_profile([profile_config(shaping={"enabled": False})], DRIVER, "net1")[1] is None
 

@@ -130,7 +130,7 @@ def test_a_stored_claim_with_a_bad_profile_decodes_with_its_error(tmp_path):
     (prepared,) = StateStore(d).read().prepared("pod-1")
     (res,) = prepared.results
     assert res.profile is None
-    assert res.profileError == "config[0] (FromClaim): mtu: Input should be a valid integer"
+    assert res.profileError == 'config[0] (FromClaim): mtu: Input should be a valid integer, not "jumbo"'
     assert str(res.consumedCapacity["bandwidth"]) == "1G" and res.shareID == SHARE
 
 

@@ -149,8 +149,13 @@ def validation_errors(exc: ValidationError) -> str:
         if err["type"] == "extra_forbidden":
             hint = " (the parent NIC is the allocated device: a profile cannot name it)" if loc in _PARENT_KEYS else ""
             parts.append(f"unknown field {loc!r}{hint}")
+        elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):  # an object was expected
+            what = f"must be an object, not {json.dumps(err['input'], default=str)[:80]}"
+            parts.append(f"{loc}: {what}" if loc else what)
         else:
             msg = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"].endswith("_type") or err["type"].endswith("_parsing"):  # say what was given
+                msg += f", not {json.dumps(err['input'], default=str)[:80]}"
             parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
 
