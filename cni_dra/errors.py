@@ -110,9 +110,16 @@ class ClaimError(CniError):
 
 
 class NetlinkError(CniError):
-    """A netlink operation (link create/delete/rename/address) failed. Code 102."""
+    """A netlink operation (link create/delete/rename/address) failed. Code 102.
+
+    ``lacks``: the piece of the kernel whose absence made it fail (e.g. ``ifb``), when
+    that is the cause (:mod:`cni_dra.netlink.shaping`); else None."""
 
     code = 102
+
+    def __init__(self, msg: str, details: str = "", *, lacks: str | None = None) -> None:
+        super().__init__(msg, details)
+        self.lacks = lacks
 
 
 class IpamError(CniError):

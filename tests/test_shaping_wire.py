@@ -348,7 +348,7 @@ def test_unshaped_add_records_nothing_and_del_leaves_shaping_alone(tmp_path, mon
 def test_a_shaping_failure_fails_the_add_and_undoes_it(tmp_path, monkeypatch) -> None:
     kernel = FakeKernel(monkeypatch)
     kernel.fail_shaping = NetlinkError("failed to create ifb device ifb-eth0 in netns /var/run/netns/pod: "
-                                       "kernel lacks ifb")
+                                       "kernel lacks ifb", lacks="ifb")
     env, conf = _node(tmp_path)
     code, out = _run("ADD", env, conf)
     assert code == 1 and out["code"] == 102 and out["msg"].endswith("kernel lacks ifb")
@@ -473,7 +473,7 @@ def test_status_is_code_50_naming_the_missing_piece_and_the_fix(tmp_path, monkey
 
     kernel, env, conf = _status_node(tmp_path, monkeypatch)
     kernel.fail_shaping = NetlinkError("failed to create ifb device ifb-lo in netns /proc/self/fd/5: "
-                                       "kernel lacks ifb")  # what ADD raises on such a kernel
+                                       "kernel lacks ifb", lacks="ifb")  # what ADD raises on such a kernel
     code, out = _run("STATUS", env, conf)
     assert code == 1 and out["code"] == 50 and out["msg"] == LACKS_IFB
     assert [s.ingress is not None and s.egress is not None for s in kernel.shaped] == [True]  # both ways, once
@@ -500,7 +500,8 @@ def test_status_is_code_50_naming_the_missing_piece_and_the_fix(tmp_path, monkey
 ])
 def test_status_names_each_piece_and_its_modules(tmp_path, monkeypatch, piece: str, fix: str) -> None:
     kernel, env, conf = _status_node(tmp_path, monkeypatch)
-    kernel.fail_shaping = NetlinkError(f"failed to shape egress of lo in netns /proc/self/fd/5: kernel lacks {piece}")
+    kernel.fail_shaping = NetlinkError(f"failed to shape egress of lo in netns /proc/self/fd/5: kernel lacks {piece}",
+                                       lacks=piece)
     code, out = _run("STATUS", env, conf)
     assert code == 1 and out["code"] == 50
     assert out["msg"] == (f'plugin not available: the network shapes traffic ("shaping") and this kernel lacks '

@@ -39,9 +39,9 @@ import hashlib
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from cni_dra.errors import ContainerUnknownError, InvalidConfigError, InvalidEnvironmentError, NetlinkError
 from cni_dra.iface import validate_ifname
@@ -65,7 +65,21 @@ __all__ = [
     "is_ifb_name",
     "remove_leaked_ifbs",
     "probe_kernel",
+    "KERNEL_PIECES",
 ]
+
+_T = TypeVar("_T")
+
+LACKS_IFB = "ifb"
+LACKS_TBF = "the tbf qdisc"
+LACKS_REDIRECT = "the ingress qdisc, u32 classifier or mirred action"
+KERNEL_PIECES: dict[str, tuple[str, ...]] = {
+    LACKS_IFB: ("ifb",),
+    LACKS_TBF: ("sch_tbf",),
+    LACKS_REDIRECT: ("sch_ingress", "cls_u32", "act_mirred"),
+}
+"""The pieces of shaping a kernel may lack, as errors name them (``NetlinkError.lacks``),
+and the kernel modules that provide each."""
 
 DEFAULT_LATENCY_S = 0.025
 """Longest a packet may wait in a tbf queue by default (the reference bandwidth plugin's 25 ms)."""
@@ -337,9 +351,10 @@ def _delete_link_index(ipr: Any, index: int) -> None:
 
 
 def _kernel_lacks(exc: BaseException, piece: str, what: str) -> NetlinkError:
-    """``failed to <what>: kernel lacks <piece>`` for 'unknown kind' answers, else the cause."""
+    """``failed to <what>: kernel lacks <piece>`` (``lacks`` set to ``piece``, one of
+    :data:`KERNEL_PIECES`) for 'unknown kind' answers, else the cause."""
     if _code(exc) in (errno.EOPNOTSUPP, errno.ENOENT, errno.EPROTONOSUPPORT):
-        return NetlinkError(f"failed to {what}: kernel lacks {piece}", details=repr(exc))
+        return NetlinkError(f"failed to {what}: kernel lacks {piece}", details=repr(exc), lacks=piece)
     return _pyroute2.nl_error(what, exc)
 
 
@@ -355,7 +370,7 @@ def _ensure_ifb(ipr: Any, netns: str, ifname: str, mtu: int) -> tuple[int, bool]
         made = True
     except _pyroute2.load().NetlinkError as exc:
         if _code(exc) != errno.EEXIST:
-            raise _kernel_lacks(exc, "ifb", what) from exc
+            raise _kernel_lacks(exc, LACKS_IFB, what) from exc
         made = False
     idx = _link_index(ipr, name)
     if idx is None:  # pragma: no cover - removed under us
@@ -437,7 +452,7 @@ def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, mtu: int, egress: Tb
         try:
             _replace_tbf(ipr, pod_idx, egress)
         except (OSError, _pyroute2.load().NetlinkError) as exc:
-            raise _kernel_lacks(exc, "the tbf qdisc", f"shape egress of {where}") from exc
+            raise _kernel_lacks(exc, LACKS_TBF, f"shape egress of {where}") from exc
     elif not new_link:
         with _pyroute2.translated(f"remove egress shaping of {where}"):
             _delete_qdisc(ipr, pod_idx, _TC_H_ROOT, "tbf")
@@ -453,11 +468,11 @@ def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, mtu: int, egress: Tb
     try:
         _replace_tbf(ipr, ifb_idx, ingress)
     except (OSError, _pyroute2.load().NetlinkError) as exc:
-        raise _kernel_lacks(exc, "the tbf qdisc", f"shape ingress of {where}") from exc
+        raise _kernel_lacks(exc, LACKS_TBF, f"shape ingress of {where}") from exc
     try:
         _add_redirect(ipr, pod_idx, ifb_idx)
     except (OSError, _pyroute2.load().NetlinkError) as exc:
-        raise _kernel_lacks(exc, "the ingress qdisc, u32 classifier or mirred action",
+        raise _kernel_lacks(exc, LACKS_REDIRECT,
                             f"redirect ingress of {where} to {ifb_name(ifname)}") from exc
 
 
@@ -469,6 +484,22 @@ def _remove_ifb(ipr: Any, ifname: str) -> bool:
             _delete_link_index(ipr, idx)
             return True
     return False
+
+
+def _in_pod_netns(netns: str, what: str, work: Callable[[Any], _T], gone: _T) -> _T:
+    """``work(ipr)`` on a socket opened in ``netns`` (its errors as ``failed to <what>``);
+    ``gone`` when the netns is gone: a missing path, or the empty file left once it was
+    unmounted (DEL's rule: nothing left to do). Raises InvalidEnvironmentError (4) when
+    ``netns`` exists but is not a network namespace."""
+    try:
+        with sockets.netns_iproute(netns) as ipr, _pyroute2.translated(what):
+            return work(ipr)
+    except ContainerUnknownError:
+        return gone
+    except InvalidEnvironmentError:
+        if not netns_exists(netns):
+            return gone
+        raise
 
 
 def remove_shaping(netns: str, ifname: str) -> bool:
@@ -483,16 +514,8 @@ def remove_shaping(netns: str, ifname: str) -> bool:
         NetlinkError: (102) the kernel refused a request.
     """
     validate_ifname(ifname)
-    try:
-        with sockets.netns_iproute(netns) as ipr, \
-                _pyroute2.translated(f"remove shaping of {ifname} in netns {netns}"):
-            return _remove_all(ipr, ifname)
-    except ContainerUnknownError:
-        return False
-    except InvalidEnvironmentError:
-        if not netns_exists(netns):  # the empty file left once the netns was unmounted
-            return False
-        raise
+    return _in_pod_netns(netns, f"remove shaping of {ifname} in netns {netns}",
+                         lambda ipr: _remove_all(ipr, ifname), False)
 
 
 _BATCH_GROUP_BASE = 0x7CD40000  # netdev groups tried for a batched deletion (any unused one does)
@@ -515,16 +538,8 @@ def delete_shaped_link(netns: str, ifname: str) -> tuple[bool, bool]:
         NetlinkError: (102) the kernel refused a request.
     """
     validate_ifname(ifname)
-    what = f"delete link {ifname} and its ifb device in netns {netns}"
-    try:
-        with sockets.netns_iproute(netns) as ipr, _pyroute2.translated(what):
-            return _delete_pair(ipr, ifname)
-    except ContainerUnknownError:
-        return False, False
-    except InvalidEnvironmentError:
-        if not netns_exists(netns):  # the empty file left once the netns was unmounted
-            return False, False
-        raise
+    return _in_pod_netns(netns, f"delete link {ifname} and its ifb device in netns {netns}",
+                         lambda ipr: _delete_pair(ipr, ifname), (False, False))
 
 
 def _delete_pair(ipr: Any, ifname: str) -> tuple[bool, bool]:
@@ -607,16 +622,7 @@ def remove_leaked_ifbs(netns_path: str) -> list[str]:
         InvalidEnvironmentError: (4) ``netns_path`` is not a network namespace.
         NetlinkError: (102) the kernel refused a request.
     """
-    try:
-        with sockets.netns_iproute(netns_path) as ipr, \
-                _pyroute2.translated(f"remove leaked ifb devices in netns {netns_path}"):
-            return _remove_leaked(ipr)
-    except ContainerUnknownError:
-        return []
-    except InvalidEnvironmentError:
-        if not netns_exists(netns_path):
-            return []
-        raise
+    return _in_pod_netns(netns_path, f"remove leaked ifb devices in netns {netns_path}", _remove_leaked, [])
 
 
 def _remove_leaked(ipr: Any) -> list[str]:
@@ -663,9 +669,8 @@ def probe_kernel() -> str | None:
     try:
         apply_shaping(f"/proc/self/fd/{fd}", "lo", ShapeSpec.symmetric(_PROBE_RATE_BPS), new_link=True)
     except NetlinkError as exc:
-        _, lacks, piece = exc.msg.partition("kernel lacks ")
-        if lacks:
-            return piece
+        if exc.lacks is not None:
+            return exc.lacks
         raise
     finally:
         os.close(fd)

@@ -42,11 +42,6 @@ __all__ = ["cmd_status", "DHCP_DEFAULT_SOCKET", "SHAPING_PROBE_FILE", "dhcp_sock
 SHAPING_PROBE_FILE = "shaping-probe.json"
 """The kept answer of the shaping probe, in the state directory (module docstring)."""
 
-_MODULES = {  # the piece as ADD names it -> the kernel modules that provide it
-    "ifb": ("ifb",),
-    "the tbf qdisc": ("sch_tbf",),
-    "the ingress qdisc, u32 classifier or mirred action": ("sch_ingress", "cls_u32", "act_mirred"),
-}
 
 DHCP_DEFAULT_SOCKET = "/run/cni/dhcp.sock"
 """Where the reference dhcp daemon listens unless ``ipam.daemonSocketPath`` says otherwise."""
@@ -91,7 +86,9 @@ def _check_shaping(store: StateStore) -> None:
             f"plugin not available: cannot check the kernel's traffic control for shaping: {exc.msg}") from exc
     if lacks is None:
         return
-    modules = _MODULES.get(lacks)
+    from cni_dra.netlink.shaping import KERNEL_PIECES
+
+    modules = KERNEL_PIECES.get(lacks)
     if modules is None:
         load = "load the kernel module that provides it"
     elif len(modules) == 1:
