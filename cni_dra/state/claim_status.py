@@ -52,10 +52,6 @@ def network_data(result: dict[str, Any], ifname: str) -> dict[str, Any]:
     return out
 
 
-INTERFACE_STATUS_VERSION = "net.cni-dra.dev/v1alpha1"
-"""``apiVersion`` of the ``data`` cni-dra writes in a claim's ``status.devices[]`` entry."""
-
-
 def interface_data(att: Attachment) -> dict[str, Any]:
     """The driver-specific ``data`` of a ready attachment's ``status.devices[]`` entry
     (KEP-4817: opaque to Kubernetes, a JSON object)::
@@ -66,9 +62,10 @@ def interface_data(att: Attachment) -> dict[str, Any]:
 
     ``profile`` (what the allocation result's device profile made of the link,
     :func:`cni_dra.verbs.profile.describe`) only when one applied."""
+    from cni_dra.protocol.profile import API_VERSION  # the driver's one API group and version
     from cni_dra.state.frozen import thaw
 
-    out: dict[str, Any] = {"apiVersion": INTERFACE_STATUS_VERSION, "kind": "InterfaceStatus",
+    out: dict[str, Any] = {"apiVersion": API_VERSION, "kind": "InterfaceStatus",
                            "linkType": att.linkType, "parentInterface": att.parent}
     if att.profile is not None:
         out["profile"] = thaw(att.profile)

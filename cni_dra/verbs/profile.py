@@ -33,10 +33,7 @@ if TYPE_CHECKING:
     from cni_dra.state.models import PreparedClaim, PreparedResult
     from cni_dra.verbs.common import Invocation
 
-__all__ = ["conf_for", "describe", "PROFILE_FIELDS"]
-
-PROFILE_FIELDS = ("linkType", "mode", "ipvlanFlag", "mtu", "mac")
-"""The link fields a profile can set, as the attachment's ``profile`` record names them."""
+__all__ = ["conf_for", "describe"]
 
 
 def conf_for(inv: Invocation, picked: tuple[PreparedClaim, PreparedResult] | None) -> NetConf:
