@@ -247,7 +247,7 @@ def test_a_device_class_profile_makes_an_ipvlan_l3_on_a_macvlan_network(bed: Nod
     import uuid
 
     from cni_dra.netlink.info import link_in_netns as nl_link
-    from netns_tests.runner import cni_dra_cli
+    from netns_tests.runner import cni_dra_cli, k8s_cni_args
     from tests.builders import allocation_result, profile_config, resource_claim
 
     pod = str(uuid.uuid4())
@@ -262,7 +262,7 @@ def test_a_device_class_profile_makes_an_ipvlan_l3_on_a_macvlan_network(bed: Nod
     assert r.returncode == 0, r.stderr
     netns = bed.make_netns()
     conf = bed.spec_conf("1.1.0", "l2")  # linkType macvlan (the default), mode bridge
-    args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME=routed;K8S_POD_UID={pod}"
+    args = k8s_cni_args(namespace="prod", name="routed", uid=pod, infra_container_id="c1")
     code, res, err = bed.run("ADD", conf, netns, cid="c1", ifname="net1", cni_args=args)
     assert code == 0, (res, err)
     link = nl_link(netns, "net1")

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from cni_dra.netlink.info import host_link, link_in_netns
-from netns_tests.runner import cni_dra_cli, run_plugin
+from netns_tests.runner import cni_dra_cli, k8s_cni_args, run_plugin
 from tests.builders import allocation_result, profile_config, resource_claim
 
 
@@ -75,7 +75,7 @@ def test_prepare_refuses_a_bad_profile_and_leaves_the_state(node, tmp_path, conf
 
 
 def _pod_args(pod_uid: str) -> str:
-    return f"IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME=jumbo-pod;K8S_POD_UID={pod_uid}"
+    return k8s_cni_args(namespace="prod", name="jumbo-pod", uid=pod_uid, infra_container_id="c")
 
 
 def _open_conflist(tmp_path, **limits) -> str:
