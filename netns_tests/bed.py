@@ -281,6 +281,14 @@ def recover(node: NodeBed) -> tuple[int, dict[str, Any]]:
     return proc.returncode, json.loads(proc.stdout or "{}")
 
 
+def repair(node: NodeBed, *extra: str) -> tuple[int, str, str]:
+    """``cni-dra state repair`` on the node's state and inventory (``extra``: more options,
+    e.g. ``--json``): (exit code, stdout, stderr)."""
+    proc = cni_dra_cli("state", "repair", "--state-dir", str(node.state_dir), "--inventory", str(node.inventory),
+                       "--cni-path", CNI_PATH, *extra)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
 def parent_of(netns: str, ifname: str = "eth0") -> str | None:
     """Host name of the parent of ``ifname`` in ``netns`` (None: no such link or parent)."""
     from cni_dra.netlink.info import host_link_by_index, link_in_netns

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from cni_dra.netlink.shaping import Tbf, ifb_name, read_shaping
-from netns_tests.bed import NodeBed, links_named, pod_args
-from netns_tests.runner import CNI_PATH, cni_dra_cli, run_plugin
+from netns_tests.bed import NodeBed, links_named, pod_args, repair
+from netns_tests.runner import cni_dra_cli, run_plugin
 from netns_tests.traffic import IPERF3, TOLERANCE, Client, IperfServer, M, concurrent_median_bps, median_bps, remote_end
 
 NET = "shapenet"
@@ -191,10 +191,9 @@ def test_state_repair_removes_a_leaked_ifb(node, make_netns) -> None:
     with IPRoute(netns=ns) as ipr:
         ipr.link("del", index=ipr.link_lookup(ifname="eth0")[0])
     assert _ifbs(ns) == ["ifb-eth0"]
-    proc = cni_dra_cli("state", "repair", "--state-dir", str(node.state_dir), "--inventory", str(node.inventory),
-                       "--cni-path", CNI_PATH, "--json")
-    assert proc.returncode == 0, proc.stderr
-    changes = json.loads(proc.stdout)["changes"]
+    code, out, err = repair(node, "--json")
+    assert code == 0, err
+    changes = json.loads(out)["changes"]
     assert any("link not live" in c and f"shaping of eth0 (ifb-eth0) removed in {ns}" in c for c in changes), changes
     assert [name for name, _ in links_named(ns)] == ["lo"] and node.status()["attachments"] == []
 

@@ -24,9 +24,9 @@ from cni_dra.netlink.info import host_link, link_in_netns
 from cni_dra.quantity import Quantity
 from cni_dra.state import Txn
 from cni_dra.state.models import SCHEMA_VERSION
-from netns_tests.bed import DRIVER, NodeBed, links_named, parent_of, recover
+from netns_tests.bed import DRIVER, NodeBed, links_named, parent_of, recover, repair
 from netns_tests.conftest import remove_netns
-from netns_tests.runner import CNI_PATH, cni_dra_cli, run_plugin
+from netns_tests.runner import run_plugin
 
 NET = "relnet"
 KILLED = -signal.SIGKILL
@@ -176,10 +176,9 @@ def test_corrupt_state_fails_closed_and_repair_rebuilds(node, make_netns, how):
     assert state_file.read_bytes() == corrupt_bytes
 
     # repair: from the backup plus live links; pod-a's link is gone, pod-b's is live
-    proc = cni_dra_cli("state", "repair", "--state-dir", str(node.state_dir), "--inventory", str(node.inventory),
-                       "--cni-path", CNI_PATH, "--json")
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    code, out, err = repair(node, "--json")
+    assert code == 0, err
+    report = json.loads(out)
     text = "\n".join(report["changes"])
     assert "moved the unreadable state.json" in text and "from state.json.bak" in text
     assert "dropped attachment relnet/pod-a/eth0" in text
@@ -442,10 +441,9 @@ def test_repair_charges_links_no_attachment_names(node, make_netns):
         finally:
             os.close(fd)
     _corrupt(node.state_dir / "state.json", "truncated")
-    proc = cni_dra_cli("state", "repair", "--state-dir", str(node.state_dir), "--inventory", str(node.inventory),
-                       "--cni-path", CNI_PATH, "--json")
-    assert proc.returncode == 0, proc.stderr
-    changes = json.loads(proc.stdout)["changes"]
+    code, out, err = repair(node, "--json")
+    assert code == 0, err
+    changes = json.loads(out)["changes"]
     assert any(c.startswith(f"untracked link stray0 in {ns_x} on {node.parents['nic-b']}: charged the whole")
                for c in changes), changes
     assert not any("untracked link eth0" in c for c in changes)  # pod-a's link is tracked

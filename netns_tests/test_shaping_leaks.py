@@ -18,8 +18,7 @@ import pytest
 
 from cni_dra.netlink.shaping import ifb_name, probe_kernel
 from cni_dra.state import StateStore
-from netns_tests.bed import NodeBed, links_named
-from netns_tests.runner import CNI_PATH, cni_dra_cli
+from netns_tests.bed import NodeBed, links_named, repair
 
 NET = "leaknet"
 LONG_IFNAME = "podinterface0"  # 13 bytes: its ifb device has the hashed name
@@ -51,12 +50,6 @@ def _add_ifb(netns: str, name: str) -> None:
         ipr.link("add", ifname=name, kind="ifb")
 
 
-def _repair(node: NodeBed, *extra: str) -> tuple[int, str, str]:
-    proc = cni_dra_cli("state", "repair", "--state-dir", str(node.state_dir), "--inventory", str(node.inventory),
-                       "--cni-path", CNI_PATH, *extra)
-    return proc.returncode, proc.stdout, proc.stderr
-
-
 def test_repair_removes_ifb_devices_whose_link_and_record_are_gone(node, make_netns) -> None:
     ns_a, ns_b, ns_c, ns_d = (make_netns() for _ in range(4))
     for ns, cid, ifname in ((ns_a, "pod-a", "eth0"), (ns_b, "pod-b", "eth0"), (ns_c, "pod-c", LONG_IFNAME),
@@ -75,7 +68,7 @@ def test_repair_removes_ifb_devices_whose_link_and_record_are_gone(node, make_ne
     _delete_link(ns_c, LONG_IFNAME)
     _add_ifb(ns_b, "myifb0")  # someone else's
 
-    code, out, err = _repair(node, "--json")
+    code, out, err = repair(node, "--json")
     assert code == 0, (out, err)
     changes = json.loads(out)["changes"]
     leaked = sorted(c for c in changes if c.startswith("removed leaked ifb device"))
@@ -87,7 +80,7 @@ def test_repair_removes_ifb_devices_whose_link_and_record_are_gone(node, make_ne
     assert _links(ns_c) == {"lo": None}
     assert _links(ns_d) == {"lo": None, "eth0": "macvlan", "ifb-eth0": "ifb"}  # charged placeholder: stays
     # a second repair finds nothing more
-    code, out, err = _repair(node, "--json")
+    code, out, err = repair(node, "--json")
     assert code == 0 and not [c for c in json.loads(out)["changes"] if "leaked" in c], (out, err)
     # the live links' DELs take their ifb devices with them
     for ns, cid in ((ns_a, "pod-a"), (ns_d, "pod-d")):
@@ -104,7 +97,7 @@ def test_repair_without_a_state_file_still_removes_leaked_ifb_devices(node, make
     _delete_link(ns, "eth0")
     for path in node.state_dir.iterdir():  # the state directory wiped
         path.unlink()
-    code, out, err = _repair(node)  # the operator's text output
+    code, out, err = repair(node)  # the operator's text output
     assert code == 0, (out, err)
     assert out.splitlines() == [f"removed leaked ifb device ifb-eth0 in {ns}"]
     assert _links(ns) == {"lo": None}
