@@ -3,8 +3,9 @@
 Identity: a network namespace is its nsfs inode, ``(st_dev, st_ino)`` from
 ``stat(2)`` of a path that refers to it (``/var/run/netns/NAME``,
 ``/proc/PID/ns/net``, a bind mount made by a container runtime). Two paths name
-the same namespace exactly when their identities are equal; path strings are
-never compared.
+the same namespace exactly when their identities are equal (:func:`same_netns`,
+which every verb and repair use: ``/run/netns/x`` and ``/var/run/netns/x`` are one
+namespace); different path strings are never taken for different namespaces.
 
 Switching: :func:`in_netns` moves *the calling thread* into a namespace with
 ``setns(2)`` and always moves it back. If it cannot move back it writes a
@@ -37,7 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from cni_dra.errors import ContainerUnknownError, InvalidEnvironmentError, IOFailureError
+from cni_dra.errors import CniError, ContainerUnknownError, InvalidEnvironmentError, IOFailureError
 
 if TYPE_CHECKING:
     import ctypes  # imported at run time only where os.setns is missing
@@ -46,6 +47,8 @@ __all__ = [
     "EXIT_WRONG_NETNS",
     "NetnsIdentity",
     "netns_identity",
+    "netns_identity_or_none",
+    "same_netns",
     "host_netns_identity",
     "current_netns_identity",
     "is_host_netns",
@@ -198,6 +201,29 @@ def netns_identity(path: str) -> NetnsIdentity:
     finally:
         os.close(fd)
     return (st.st_dev, st.st_ino)
+
+
+def netns_identity_or_none(path: str) -> NetnsIdentity | None:
+    """:func:`netns_identity` of ``path``, or None when it names no network namespace now
+    (gone, not a namespace, unreadable): for comparisons, where such a path matches nothing."""
+    try:
+        return netns_identity(path)
+    except CniError:
+        return None
+
+
+def same_netns(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name the same network namespace, by identity:
+    ``/run/netns/x``, ``/var/run/netns/x`` (``/var/run`` is a symlink to ``/run``) and a
+    runtime's bind mount of it are one namespace. Equal strings are the same without a look
+    (so a path that no longer resolves still matches itself); otherwise a path that names
+    no namespace matches nothing. Costs one open and ``fstat`` per path, no netlink."""
+    if a == b:
+        return True
+    if not a or not b:
+        return False
+    ident = netns_identity_or_none(a)
+    return ident is not None and ident == netns_identity_or_none(b)
 
 
 def netns_exists(path: str) -> bool:

@@ -233,9 +233,12 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo]) -> AddIntent | Re
 
 def _repeated(inv: Invocation, existing: Attachment) -> Result:
     """An ADD of an attachment already recorded: its result when it is ready in the same
-    netns; TryAgainLaterError (11) while another ADD of it runs; AttachmentExistsError."""
+    netns (by identity: another path of it is the same); TryAgainLaterError (11) while
+    another ADD of it runs; AttachmentExistsError."""
+    from cni_dra.netlink.netns import same_netns
+
     env, conf = inv.env, inv.conf
-    if existing.phase == "ready" and existing.result and existing.netns == (env.netns or ""):
+    if existing.phase == "ready" and existing.result and same_netns(existing.netns, env.netns or ""):
         log.info("ADD repeated for %s: returning the recorded result", existing.key)
         return parse_result(existing.result, "1.1.0")
     if existing.phase != "ready":

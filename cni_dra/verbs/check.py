@@ -66,6 +66,7 @@ def cmd_check(inv: Invocation) -> None:
 def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
     """The link checks of :func:`cmd_check`; raises CheckFailedError (105)."""
     from cni_dra.netlink import info  # called through the module: the seam tests patch
+    from cni_dra.netlink.netns import same_netns
 
     env, conf = inv.env, inv.conf
     link = info.link_in_netns(env.netns, env.ifname)
@@ -100,7 +101,7 @@ def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
         raise CheckFailedError(f"failed to check {what}: the link has no carrier (NO-CARRIER)")
     ours = [i for i, iface in enumerate(prev.interfaces) if iface.name == env.ifname and iface.sandbox]
     sandbox = prev.interfaces[ours[-1]].sandbox if ours else att.netns
-    if sandbox and not _same_netns(sandbox, env.netns):
+    if sandbox and not same_netns(sandbox, env.netns):
         raise CheckFailedError(f"failed to check {what}: it was added in netns {sandbox}, not in CNI_NETNS {env.netns}")
     if ours:
         want_mac = prev.interfaces[ours[-1]].mac
@@ -125,15 +126,3 @@ def _check_shaping(recorded: dict[str, Any], netns: str, ifname: str, what: str)
     if problem is not None:
         raise CheckFailedError(f"failed to check {what}: {problem}")
 
-
-def _same_netns(a: str, b: str) -> bool:
-    """Whether paths ``a`` and ``b`` name the same network namespace (identity, not string)."""
-    from cni_dra.errors import CniError
-    from cni_dra.netlink.netns import netns_identity
-
-    if a == b:
-        return True
-    try:
-        return netns_identity(a) == netns_identity(b)
-    except CniError:
-        return False

@@ -46,10 +46,14 @@ def begin_delete(inv: Invocation) -> Attachment | None:
         with inv.store.transaction(durable=False) as st:
             att = st.find(*key)
             if att is None:
-                # A placeholder that ``state repair`` made for this pod's untracked link.
+                from cni_dra.netlink.netns import same_netns
+
+                # A placeholder that ``state repair`` made for this pod's untracked link (the
+                # same namespace by identity: repair names it /var/run/netns/..., the runtime
+                # may say /run/netns/...).
                 for placeholder in st.attachments:
-                    if (placeholder.network == REPAIR_NETWORK and placeholder.netns == (inv.env.netns or "")
-                            and placeholder.ifname == inv.env.ifname and inv.env.netns):
+                    if (placeholder.network == REPAIR_NETWORK and placeholder.ifname == inv.env.ifname
+                            and inv.env.netns and same_netns(placeholder.netns, inv.env.netns)):
                         st.remove(*placeholder.key)
                         log.info("DEL %s: released the repair placeholder of %s", key, placeholder.ifname)
                         break

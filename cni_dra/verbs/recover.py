@@ -41,6 +41,7 @@ from cni_dra.state import Attachment, NodeState, StateStore
 
 if TYPE_CHECKING:
     from cni_dra.dra.models import ResourceSlice
+    from cni_dra.netlink.netns import NetnsIdentity
 from cni_dra.state.models import STEP_IPAM, STEP_LINK, Attachments, Owner
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
 from cni_dra.state.repair import RepairView
@@ -219,21 +220,32 @@ def _pod_netns_paths() -> list[str]:
     return [path for path in (f"/var/run/netns/{name}" for name in names) if _netns_usable(path)]
 
 
+def _known_links(live: Iterable[tuple[str, str]]) -> set[tuple[NetnsIdentity, str]]:
+    """(namespace identity, ifname) of the attachments' live links ``live`` ((netns path,
+    ifname), as :func:`_live_links` keys them): a namespace is the same whatever path names it."""
+    from cni_dra.netlink.netns import netns_identity_or_none
+
+    return {(ident, ifname) for path, ifname in live if (ident := netns_identity_or_none(path)) is not None}
+
+
 def _untracked_links(
-    paths: Sequence[str], known: set[tuple[str, str]], parents: set[str]
+    paths: Sequence[str], known: set[tuple[NetnsIdentity, str]], parents: set[str]
 ) -> list[tuple[str, str, str, str]]:
     """Macvlan/ipvlan links in the namespaces ``paths`` on an inventory NIC that no
-    attachment names: (netns path, link name, link kind, parent host name)."""
+    attachment names (``known``: :func:`_known_links`, by namespace identity, so a pod added
+    as ``/run/netns/x`` is found tracked under ``/var/run/netns/x``): (netns path, link name,
+    link kind, parent host name)."""
     from cni_dra.netlink import info
-    from cni_dra.netlink.netns import in_netns
+    from cni_dra.netlink.netns import in_netns, netns_identity
 
     found: list[tuple[str, str, str, str]] = []
     for path in paths:
         try:
+            ident = netns_identity(path)
             with in_netns(path):
                 kids = [(li.name, li.kind) for li in info.list_host_links() if li.kind in ("macvlan", "ipvlan")]
             for kid, kind in kids:
-                if (path, kid) in known:
+                if (ident, kid) in known:
                     continue
                 parent = info.host_parent_of(path, kid)
                 if parent is not None and parent.name in parents:
@@ -276,9 +288,11 @@ def repair(
       their owner still runs (a resident agent does); other in-flight intents with a live
       owner stay; ``deleting`` ones are finished;
     * macvlan/ipvlan links in ``/var/run/netns/*`` on one of ``parents`` (inventory NICs)
-      that no attachment names are charged with their device's WHOLE capacity (their share
+      that no attachment names (the same namespace by identity, whatever path the attachment
+      recorded, and the same ifname) are charged with their device's WHOLE capacity (their share
       is unknown; charging less could promise the NIC twice) as a placeholder attachment of
-      network :data:`REPAIR_NETWORK`, which the pod's DEL (same netns and ifname) releases.
+      network :data:`REPAIR_NETWORK`, which the pod's DEL (same netns by identity, same
+      ifname) releases.
       ``slice_`` (the inventory ResourceSlice) maps parents to devices; without it they
       are only reported;
     * ifb devices in ``/var/run/netns/*`` named by the shaping rule whose shaped link is gone
@@ -297,7 +311,7 @@ def repair(
         if base is not None:
             live = _live_links(base)
             kept = _reconcile(base.attachments, live, environ, cni_path, report)
-            kept += _charge_untracked(paths, set(live), parents, slice_, report)
+            kept += _charge_untracked(paths, _known_links(live), parents, slice_, report)
             view.write(base.model_copy(update={"attachments": Attachments(kept), "bootID": boot_id()}))
     _remove_leaked_ifbs(paths, report)
     return report
@@ -371,7 +385,7 @@ def _reconcile(
 
 
 def _charge_untracked(
-    paths: Sequence[str], known: set[tuple[str, str]], parents: Sequence[str], slice_: ResourceSlice | None,
+    paths: Sequence[str], known: set[tuple[NetnsIdentity, str]], parents: Sequence[str], slice_: ResourceSlice | None,
     report: RecoveryReport,
 ) -> list[Attachment]:
     """Placeholder attachments charging untracked links on inventory NICs (see :func:`repair`)."""

@@ -1,0 +1,203 @@
+"""Network namespaces are told apart by identity (device and inode), not by path, in every
+verb: DEL (which link it may delete, the repair placeholder it releases, the namespace it
+uses when CNI_NETNS is empty), a repeated ADD, and :func:`cni_dra.netlink.netns.same_netns`
+itself. The kernel is faked: each fake path resolves to an identity from a table, the way
+``/run/netns/x`` and ``/var/run/netns/x`` resolve to one nsfs inode on a node where
+``/var/run`` is a symlink to ``/run``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni_dra import ipam
+from cni_dra.cni import run
+from cni_dra.errors import ContainerUnknownError
+from cni_dra.netlink import info, netns, shaping, sublink
+from cni_dra.netlink.shaping import ShapeInfo, Tbf
+from cni_dra.state import StateStore
+from cni_dra.verbs.recover import REPAIR_NETWORK
+from cni_dra.verbs.shaping import record
+from tests.builders import attachment, cni_env, device, netconf, write_slice
+
+POD = (0x20, 4026532001)
+OTHER = (0x20, 4026532002)
+IDENTITIES = {"/run/netns/pod": POD, "/var/run/netns/pod": POD, "/run/netns/other": OTHER}
+"""Path → namespace identity: the pod's namespace under two spellings, and another pod's."""
+
+
+def _link(name: str, parent_index: int = 7) -> info.LinkInfo:
+    return info.LinkInfo(name=name, index=3, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500, operstate="UP",
+                         admin_up=True, parent_index=parent_index, parent_netnsid=0, mode="bridge")
+
+
+def _nic(name: str, index: int) -> info.LinkInfo:
+    return info.LinkInfo(name=name, index=index, kind=None, mac="02:00:00:00:00:09", mtu=1500, operstate="UP",
+                         admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
+
+
+class Kernel:
+    """Namespaces from :data:`IDENTITIES` (``ids``), each holding a macvlan of every name asked on
+    host NIC ``parent`` (``eth9``, the inventory's); records the links deleted as (netns, name)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.deleted: list[tuple[str, str]] = []
+        self.parent = "eth9"
+        self.ids = dict(IDENTITIES)
+
+        def identity(path: str) -> tuple[int, int]:
+            if path not in self.ids:
+                raise ContainerUnknownError(f"failed to open netns {path}: no such file")
+            return self.ids[path]
+
+        def delete_shaped(ns: str, name: str) -> tuple[bool, bool]:
+            self.deleted.append((ns, name))
+            return True, True
+
+        monkeypatch.setattr(netns, "netns_identity", identity)
+        monkeypatch.setattr(netns, "netns_exists", lambda path: path in self.ids)
+        monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
+        monkeypatch.setattr(info, "link_in_netns", lambda ns, name: _link(name) if ns in self.ids else None)
+        monkeypatch.setattr(info, "host_parent_of", lambda ns, name: _nic(self.parent, 7) if ns in self.ids else None)
+        monkeypatch.setattr(shaping, "delete_shaped_link", delete_shaped)
+        monkeypatch.setattr(sublink, "delete_link", lambda ns, name: bool(self.deleted.append((ns, name))) or True)
+        monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
+
+
+def _node(tmp_path: Path, *atts: Any) -> dict[str, Any]:
+    """A network ``net`` on NIC ``eth9`` (device nic-a) whose state holds ``atts``; its config."""
+    write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
+    if atts:
+        with StateStore(tmp_path / "state").transaction() as st:
+            for att in atts:
+                st.put(att)
+    return netconf(name="net", stateDir=str(tmp_path / "state"), inventory=str(tmp_path / "slice.yaml"),
+                   ipam={"type": "host-local"})
+
+
+def _run(command: str, conf: dict[str, Any], **env: str) -> tuple[int, Any]:
+    out = io.StringIO()
+    code = run({**cni_env(command, **env), "PATH": "/usr/bin:/bin"}, json.dumps(conf).encode(), out)
+    return code, json.loads(out.getvalue()) if out.getvalue().strip() else None
+
+
+def _keys(tmp_path: Path) -> list[tuple[str, str, str]]:
+    return [a.key for a in StateStore(tmp_path / "state").read().attachments]
+
+
+SHAPED = record(ShapeInfo("net1", Tbf.for_rate(300_000_000), Tbf.for_rate(300_000_000), "ifb-net1"))
+
+
+# -- DEL of a container with no record -----------------------------------------------------------
+@pytest.mark.parametrize("spelling", ["/run/netns/pod", "/var/run/netns/pod"])
+def test_del_of_an_unknown_container_leaves_another_attachments_link(tmp_path, monkeypatch, spelling):
+    """The link (and its ifb device) belongs to the attachment whose record names it, in the
+    same namespace by identity whatever the path: a DEL without a record of its own leaves it."""
+    kernel = Kernel(monkeypatch)
+    owner = attachment("c-b", network="net", ifname="net1", netns="/run/netns/pod", parent="eth9",
+                       consumedCapacity={"bandwidth": "2G"}, shaping=SHAPED)
+    conf = _node(tmp_path, owner)
+    code, out = _run("DEL", conf, container_id="c-x", netns=spelling, ifname="net1")
+    assert (code, out) == (0, None)
+    assert kernel.deleted == []
+    assert _keys(tmp_path) == [("net", "c-b", "net1")]
+
+
+def test_del_of_an_unknown_container_still_removes_an_unowned_cni_dra_link(tmp_path, monkeypatch):
+    """A record naming the same ifname in ANOTHER namespace is no owner: the state-lost case holds."""
+    kernel = Kernel(monkeypatch)
+    conf = _node(tmp_path, attachment("c-b", network="net", ifname="net1", netns="/run/netns/other", parent="eth9"))
+    assert _run("DEL", conf, container_id="c-x", netns="/var/run/netns/pod", ifname="net1") == (0, None)
+    assert kernel.deleted == [("/var/run/netns/pod", "net1")]
+    assert _keys(tmp_path) == [("net", "c-b", "net1")]
+
+
+def test_del_releases_the_repair_placeholder_named_under_another_path(tmp_path, monkeypatch):
+    """``state repair`` names the pod's namespace /var/run/netns/...; the runtime's DEL may say
+    /run/netns/...: the same namespace, so the placeholder is released with the link."""
+    kernel = Kernel(monkeypatch)
+    placeholder = attachment("repair-pod", network=REPAIR_NETWORK, ifname="net1", netns="/var/run/netns/pod",
+                             parent="eth9", consumedCapacity={"bandwidth": "10G"})
+    conf = _node(tmp_path, placeholder)
+    assert _run("DEL", conf, container_id="c-x", netns="/run/netns/pod", ifname="net1") == (0, None)
+    assert _keys(tmp_path) == []
+    assert kernel.deleted == [("/run/netns/pod", "net1")]
+
+
+# -- DEL with an empty CNI_NETNS -----------------------------------------------------------------
+def test_del_with_empty_netns_deletes_the_link_in_the_recorded_namespace(tmp_path, monkeypatch):
+    kernel = Kernel(monkeypatch)
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/var/run/netns/pod",
+                                      parent="eth9", shaping=SHAPED))
+    assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert kernel.deleted == [("/var/run/netns/pod", "net1")]  # with its ifb device (the shaped deletion)
+    assert _keys(tmp_path) == []
+
+
+def test_del_with_empty_netns_leaves_a_link_off_the_recorded_parent(tmp_path, monkeypatch):
+    """The recorded path may name another namespace now (a reused /proc/PID path): a link of
+    that name on another NIC is not this attachment's. The record and IPAM still go."""
+    kernel = Kernel(monkeypatch)
+    kernel.parent = "eth8"
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/var/run/netns/pod", parent="eth9"))
+    assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert kernel.deleted == []
+    assert _keys(tmp_path) == []
+
+
+def test_del_with_empty_netns_leaves_a_link_another_record_names(tmp_path, monkeypatch):
+    """The recorded /proc/PID path now names another pod's namespace (the PID was reused),
+    where that pod's attachment has a link of the same name on the same NIC: not ours."""
+    kernel = Kernel(monkeypatch)
+    kernel.ids["/proc/4242/ns/net"] = POD
+    mine = attachment("c1", network="net", ifname="net1", netns="/proc/4242/ns/net", parent="eth9")
+    theirs = attachment("c-b", network="net", ifname="net1", netns="/run/netns/pod", parent="eth9")
+    conf = _node(tmp_path, mine, theirs)
+    assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert kernel.deleted == []
+    assert _keys(tmp_path) == [("net", "c-b", "net1")]
+
+
+def test_del_with_empty_netns_and_the_recorded_namespace_gone_succeeds(tmp_path, monkeypatch):
+    kernel = Kernel(monkeypatch)
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/var/run/netns/gone", parent="eth9"))
+    assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert kernel.deleted == [] and _keys(tmp_path) == []
+
+
+# -- a repeated ADD --------------------------------------------------------------------------------
+def test_repeated_add_under_another_path_returns_the_recorded_result(tmp_path, monkeypatch):
+    Kernel(monkeypatch)
+    result = {"cniVersion": "1.1.0", "interfaces": [{"name": "net1", "sandbox": "/run/netns/pod"}],
+              "ips": [{"address": "192.0.2.5/24", "interface": 0}]}
+    monkeypatch.setattr(info, "host_link", lambda name: _nic("eth9", 7) if name == "eth9" else None)
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", parent="eth9",
+                                      result=result))
+    code, out = _run("ADD", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1")
+    assert code == 0, out
+    assert out["ips"] == [{"address": "192.0.2.5/24", "interface": 0}]
+    code, out = _run("ADD", conf, container_id="c1", netns="/run/netns/other", ifname="net1")
+    assert code == 1 and out["code"] == 104  # another namespace: a container ID reused without DEL
+
+
+# -- same_netns itself, on real namespace files ------------------------------------------------------
+def test_same_netns_compares_identities_not_paths(tmp_path):
+    alias = tmp_path / "alias"
+    alias.symlink_to("/proc/self/ns/net")  # another path to this process's namespace
+    here = f"/proc/{os.getpid()}/ns/net"
+    assert netns.same_netns(str(alias), here)
+    assert netns.same_netns("/proc/thread-self/ns/net", here)
+    assert netns.netns_identity_or_none(str(alias)) == (os.stat(here).st_dev, os.stat(here).st_ino)
+    plain = tmp_path / "plain"
+    plain.write_text("")  # what an unmounted /var/run/netns/NAME leaves: no namespace
+    assert not netns.same_netns(str(plain), here)
+    assert not netns.same_netns(str(tmp_path / "missing"), here)
+    assert not netns.same_netns("", here)
+    assert netns.netns_identity_or_none(str(plain)) is None
+    assert netns.same_netns(str(tmp_path / "missing"), str(tmp_path / "missing"))  # one path is itself
