@@ -6,8 +6,10 @@ when the parent NIC is gone. Capacity is released last, so a DEL that fails half
 runtime retries it) never frees capacity whose link or IP is still held.
 
 Steps: the ``deleting`` intent (:mod:`cni_dra.verbs.intent`, after recovering stale
-intents); the link, its ifb device and IPAM released (:func:`cni_dra.verbs.release.release`:
-IPAM DEL beside the link deletion, ``dhcp`` first); the record dropped.
+intents: an ADD killed halfway is undone there, the link it left under its temporary name
+included); the link, its ifb device and IPAM released (:func:`cni_dra.verbs.release.release`:
+IPAM DEL beside the link deletion, ``dhcp`` first; a temporary link the record still
+names, :func:`cni_dra.verbs.release.release_temp_link`); the record dropped.
 
 Errors: IpamError (the IPAM plugin's code), NetlinkError (102), TryAgainLaterError (11),
 StateError (5).
@@ -29,7 +31,7 @@ def cmd_del(inv: Invocation) -> None:
     """Run DEL for ``inv`` (idempotent). See module docstring."""
     from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
     from cni_dra.verbs.intent import begin_delete, finish_delete
-    from cni_dra.verbs.release import IpamRelease, release
+    from cni_dra.verbs.release import IpamRelease, release, release_temp_link
 
     env, conf = inv.env, inv.conf
     key = (conf.name, env.container_id, env.ifname)
@@ -53,6 +55,7 @@ def cmd_del(inv: Invocation) -> None:
     release(env.netns or "", env.ifname, delete_link=delete_link, ipam=ipam, cni_path=env.path, faults="del",
             shaped=shaped)
     if att is not None:
+        release_temp_link(att)  # an ADD of it killed before its rename, whose undo failed
         finish_delete(inv)
 
 
