@@ -25,6 +25,8 @@ SWITCH_FILE = "/run/cni-dra/test-faults-enabled"
 
 FAULT_POINTS: tuple[str, ...] = (
     "add:reserved",  # attachment recorded as "adding" (capacity charged, IPAM step), nothing else done
+    "add:link-temp",  # link made in the pod netns under its temporary name (cdra...), not renamed yet
+    "add:link-renamed",  # link renamed to CNI_IFNAME and up; neighbour notification not set, not shaped
     "add:link-created",  # link exists in the pod netns, IPAM may be running
     "add:shaped",  # traffic control (and the ifb device) installed on the link, IPAM may be running
     "add:ipam-done",  # IPAM ADD returned, addresses not configured yet

@@ -258,3 +258,66 @@ def test_declined_invocation_runs_in_process_on_identical_stdin(node, make_netns
     code, _, err = run_plugin("DEL", conf, container_id=cid, netns=ns, ifname="eth0", extra_env=env)
     assert code == 0, err
     assert link_in_netns(ns, "eth0") is None and node.state_doc()["attachments"] == []
+
+
+def _temp_links(netns: str) -> list[str]:
+    """Links in ``netns`` named like cni-dra's temporary link names (``cdra`` + 10 hex digits)."""
+    import re
+
+    from netns_tests.bed import links_named
+
+    return [name for name, _ in links_named(netns) if re.fullmatch(r"cdra[0-9a-f]{10}", name or "")]
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_agent_killed_mid_add_records_the_temporary_link_and_recovery_removes_it(
+        make_node, make_netns, faults_on, tmp_path, processes):
+    """The agent (or its worker process) dies between making the link under its temporary
+    name and renaming it: the intent it wrote names that link (as an in-process ADD's does),
+    and ``state recover`` deletes it, the dead process still unreaped (a zombie counts as dead)."""
+    from netns_tests.bed import recover
+
+    sock = str(tmp_path / "dying" / "agent.sock")
+    node = make_node(network="fpnet", agent_socket=sock)
+    agent = start_fastpath_agent(sock, "--processes", str(processes), env={"CNI_DRA_FAULT": "add:link-temp"})
+    try:
+        ns, cid = make_netns(), uuid.uuid4().hex
+        code, out, err = _plugin(node, "agent", "ADD", node.conf(), ns, cid)
+        assert code == 1 and out["code"] == 11, (out, err)  # "require": not served, no fallback
+        (temp,) = _temp_links(ns)
+        (att,) = node.state_doc()["attachments"]
+        assert (att["phase"], att["tempName"]) == ("adding", temp)
+        assert link_in_netns(ns, "eth0") is None
+        code, report = recover(node)
+        assert code == 0 and report["errors"] == [], report
+        assert _temp_links(ns) == [] and node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
+    finally:
+        agent.kill()
+        stop_process(agent)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_add_falls_back_when_the_agent_dies_mid_add(make_node, make_netns, faults_on, tmp_path, processes):
+    """The process serving an ADD dies halfway; the client at once runs the ADD in-process,
+    while the dead process is a zombie its parent has not reaped yet (the agent's own
+    parent, or the agent for a worker process). That owner is dead: the in-process ADD
+    undoes its intent (the temporary link included) and succeeds, instead of answering
+    "an ADD of the same attachment is still in progress" (code 11)."""
+    sock = str(tmp_path / "dying" / "agent.sock")
+    node = make_node(network="fpnet", agent_socket=sock)
+    agent = start_fastpath_agent(sock, "--processes", str(processes), env={"CNI_DRA_FAULT": "add:link-temp"})
+    try:
+        ns, cid = make_netns(), uuid.uuid4().hex
+        env = {"CNI_DRA_AGENT_SOCKET": sock}  # the default mode: the agent, else in-process
+        code, out, err = run_plugin("ADD", node.conf(), container_id=cid, netns=ns, ifname="eth0", extra_env=env)
+        assert code == 0, (out, err)
+        assert _temp_links(ns) == [] and link_in_netns(ns, "eth0") is not None
+        (att,) = node.state_doc()["attachments"]
+        assert (att["containerID"], att["phase"]) == (cid, "ready")
+        code, _, err = run_plugin("DEL", node.conf(), container_id=cid, netns=ns, ifname="eth0",
+                                  extra_env={"CNI_DRA_AGENT": "off"})
+        assert code == 0, err
+        assert node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
+    finally:
+        agent.kill()
+        stop_process(agent)

@@ -39,7 +39,8 @@ def node(make_node) -> NodeBed:
 
 
 # -- 1. kill at every step ------------------------------------------------------------------
-ADD_STEPS_UNDONE = ["add:reserved", "add:link-created", "add:shaped", "add:ipam-done"]
+ADD_STEPS_UNDONE = ["add:reserved", "add:link-temp", "add:link-renamed", "add:link-created", "add:shaped",
+                    "add:ipam-done"]
 
 
 @pytest.mark.parametrize("step", ADD_STEPS_UNDONE + ["add:ready", "state:tmp-written", "state:renamed"])
@@ -82,6 +83,82 @@ def test_add_killed_at_step_then_recovered(node, make_netns, faults_on, step):
         code, out, err = node.delete(ns, cid)
         assert code == 0, (out, err)
     assert node.phases() == {} and node.ip_holders() == {}
+
+
+def _temp_links(netns: str) -> list[str]:
+    """Links in ``netns`` named like cni-dra's temporary link names (``cdra`` + 10 hex digits)."""
+    import re
+
+    return [name for name, _ in links_named(netns) if re.fullmatch(r"cdra[0-9a-f]{10}", name or "")]
+
+
+@pytest.mark.parametrize("cleaner", ["del", "gc", "next-add", "repair"])
+def test_add_killed_before_the_rename_leaves_no_temporary_link(node, make_netns, faults_on, cleaner):
+    """A kill between creating the link under its temporary name and renaming it leaves a
+    ``cdra…`` macvlan in the pod. The intent names it, so whatever runs next (the pod's DEL,
+    GC, another ADD, ``state repair``) deletes it, and nothing charges it."""
+    ns_a, ns_b, ns_c = make_netns(), make_netns(), make_netns()
+    assert node.add(ns_a, "pod-a")[0] == 0
+    code, out, err = node.add(ns_b, "pod-b", conf=node.conf("2G"), fault="add:link-temp")
+    assert code == KILLED, (code, out, err)
+    (temp,) = _temp_links(ns_b)
+    assert parent_of(ns_b, temp) == node.parents["nic-a"] and link_in_netns(ns_b, "eth0") is None
+    assert node.state().find(NET, "pod-b", "eth0").tempName == temp  # recorded before the link existed
+
+    expect = {"pod-a": "ready"}
+    if cleaner == "del":
+        code, out, err = node.delete(ns_b, "pod-b")
+    elif cleaner == "gc":
+        gc_conf = node.conf() | {"cniVersion": "1.1.0", "cni.dev/valid-attachments": [
+            {"containerID": "pod-a", "ifname": "eth0"}, {"containerID": "pod-b", "ifname": "eth0"}]}
+        code, out, err = run_plugin("GC", gc_conf, container_id="", netns="", ifname="", cni_args=None)
+    elif cleaner == "next-add":
+        code, out, err = node.add(ns_c, "pod-c")
+        expect["pod-c"] = "ready"
+    else:
+        code, out, err = repair(node, "--json")
+        assert not any("untracked link" in c for c in json.loads(out)["changes"]), out
+    assert code == 0, (out, err)
+    assert _temp_links(ns_b) == [] and [name for name, _ in links_named(ns_b)] == ["lo"]
+    assert node.phases() == expect
+    assert sorted(node.ip_holders().values()) == sorted(expect)
+    assert node.consumed_with_inventory() == {"nic-a": {"bandwidth": Quantity.parse(f"{len(expect)}G")}}
+    for ns, cid in ((ns_a, "pod-a"), (ns_c, "pod-c")):
+        assert node.delete(ns, cid)[0] == 0
+    assert node.phases() == {} and node.ip_holders() == {}
+
+
+def test_repair_removes_temporary_links_and_never_charges_them(node, make_netns, faults_on):
+    """Links named as cni-dra names its temporary links are leftovers of an ADD killed
+    before the rename: ``state repair`` deletes them, with or without a record, and
+    charges none of them (each would have held its NIC's whole capacity)."""
+    from pyroute2 import IPRoute
+
+    from cni_dra.netlink.sublink import temp_name
+
+    ns_a, ns_b, ns_c, ns_x = make_netns(), make_netns(), make_netns(), make_netns()
+    assert node.add(ns_a, "pod-a")[0] == 0
+    for ns, cid in ((ns_b, "pod-b"), (ns_c, "pod-c")):
+        code, out, err = node.add(ns, cid, fault="add:link-temp")
+        assert code == KILLED and len(_temp_links(ns)) == 1, (code, out, err)
+    stray = temp_name()  # no record names this one
+    with IPRoute() as ipr:
+        (parent,) = ipr.link_lookup(ifname=node.parents["nic-b"])
+        fd = os.open(ns_x, os.O_RDONLY)
+        try:
+            ipr.link("add", ifname=stray, kind="macvlan", link=parent, macvlan_mode="bridge", net_ns_fd=fd)
+        finally:
+            os.close(fd)
+    _corrupt(node.state_dir / "state.json", "truncated")
+    code, out, err = repair(node, "--json")
+    assert code == 0, err
+    changes = json.loads(out)["changes"]
+    assert not any("untracked link" in c for c in changes), changes
+    assert f"removed leaked temporary link {stray} in {ns_x}" in changes, changes
+    assert all(_temp_links(ns) == [] for ns in (ns_b, ns_c, ns_x))
+    assert node.phases() == {"pod-a": "ready"} and list(node.ip_holders().values()) == ["pod-a"]
+    assert node.consumed_with_inventory() == {"nic-a": {"bandwidth": Quantity.parse("1G")}}
+    assert node.delete(ns_a, "pod-a")[0] == 0
 
 
 @pytest.mark.parametrize("step", ["del:intent", "del:link-deleted", "del:ipam-released", "state:tmp-written"])
@@ -387,9 +464,9 @@ def test_cli_recover_on_clean_state_does_nothing(node):
 _ = uuid  # container IDs are fixed names here; uuid kept for ad-hoc debugging
 
 
-def test_temp_link_names_are_random_and_a_collision_is_retried(make_netns, make_parent_nic, monkeypatch):
-    """In-process: the first temporary name is already taken in the pod netns; ADD's link
-    creation picks another and leaves the squatter alone."""
+def test_temp_link_names_are_random_and_a_collision_is_retried(make_netns, make_parent_nic):
+    """In-process: the recorded temporary name is already taken in the pod netns; link
+    creation goes on under the next name derived from it and leaves the squatter alone."""
     from pyroute2 import IPRoute
 
     from cni_dra.netlink import sublink
@@ -397,15 +474,39 @@ def test_temp_link_names_are_random_and_a_collision_is_retried(make_netns, make_
     names = {sublink.temp_name() for _ in range(50)}
     assert len(names) == 50 and all(n.startswith(sublink.TEMP_NAME_PREFIX) and len(n) <= 15 for n in names)
     ns, parent = make_netns(), make_parent_nic()
-    squatter = sublink.TEMP_NAME_PREFIX + "0000000000"
+    squatter = sublink.temp_name()
     with IPRoute(netns=ns) as ipr:
         ipr.link("add", ifname=squatter, kind="veth", peer="sq-peer")
-    handed = iter([squatter, sublink.TEMP_NAME_PREFIX + "1111111111"])
-    monkeypatch.setattr(sublink, "temp_name", lambda: next(handed))
-    info = sublink.create_macvlan(parent=parent, netns=ns, ifname="eth0")
+    info = sublink.create_macvlan(parent=parent, netns=ns, ifname="eth0", temp=squatter)
     assert info.name == "eth0" and info.kind == "macvlan"
     assert link_in_netns(ns, squatter) is not None and link_in_netns(ns, squatter).kind == "veth"
-    assert next(handed, None) is None  # both names were asked for
+    assert sorted(name for name, _ in links_named(ns)) == sorted(["lo", "eth0", squatter, "sq-peer"])
+
+
+def test_temporary_links_are_deleted_only_when_they_are_ours(make_netns, make_parent_nic):
+    """What a killed ADD can leave under the names derived from its recorded temporary name
+    is deleted: a macvlan on the recorded parent. A link of such a name of another kind, or
+    on another parent, and a macvlan under any other name stay."""
+    from pyroute2 import IPRoute
+
+    from cni_dra.netlink import sublink
+
+    ns, parent, other = make_netns(), make_parent_nic(), make_parent_nic()
+    first = sublink.temp_name()
+    ours, on_other, unrelated = sublink.temp_names(first)[1], sublink.temp_names(first)[2], sublink.temp_name()
+    with IPRoute(netns=ns) as ipr:
+        ipr.link("add", ifname=first, kind="veth", peer="sq-peer")  # a squatter
+    with IPRoute() as ipr:
+        fd = os.open(ns, os.O_RDONLY)
+        try:
+            for name, nic in ((ours, parent), (on_other, other), (unrelated, parent)):
+                (index,) = ipr.link_lookup(ifname=nic)
+                ipr.link("add", ifname=name, kind="macvlan", link=index, macvlan_mode="bridge", net_ns_fd=fd)
+        finally:
+            os.close(fd)
+    assert sublink.delete_temp_links(ns, first, parent) == [ours]
+    assert sorted(name for name, _ in links_named(ns)) == sorted(["lo", first, "sq-peer", on_other, unrelated])
+    assert sublink.delete_temp_links(ns, first, parent) == []  # idempotent
 
 
 def test_gc_recovers_a_crashed_add(node, make_netns, faults_on):

@@ -3,9 +3,13 @@
 :class:`SubLinkSpec` holds everything RTM_NEWLINK carries for one sub-link, validated when
 built (:meth:`SubLinkSpec.macvlan`, :meth:`SubLinkSpec.ipvlan`); :func:`create_sublink`
 makes it like the reference macvlan plugin: under a random temporary name
-(:data:`TEMP_NAME_PREFIX`) directly in the target namespace (IFLA_NET_NS_FD; a name
-collision there retries with a new name), then renamed to its ``ifname`` and brought up
-in one RTM_SETLINK. On any failure after creation the link is deleted again.
+(:data:`TEMP_NAME_PREFIX`) directly in the target namespace (IFLA_NET_NS_FD), then renamed
+to its ``ifname`` and brought up in one RTM_SETLINK. On any failure after creation the link
+is deleted again. The caller may choose the temporary name first (:func:`temp_name`; ADD
+records it in its intent before the link exists); a name collision in the namespace retries
+with names derived from it (:func:`temp_names`), so whoever knows the first name knows
+every name the link can have before its rename, and :func:`delete_temp_links` removes a
+link left under one of them by a process killed in between.
 :func:`create_macvlan` and :func:`create_ipvlan` are the keyword forms the verbs call.
 :func:`delete_link` is DEL's; :func:`link_kind_supported` asks the kernel up front.
 
@@ -27,13 +31,16 @@ Errors (CNI spec 1.1.0 "Error"; cni-dra codes in :mod:`cni_dra.errors`):
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from cni_dra.errors import CniError, ContainerUnknownError, InvalidConfigError, InvalidEnvironmentError, NetlinkError
+from cni_dra.faults import fault_point
 from cni_dra.iface import IPVLAN_FLAGS, IPVLAN_MODES, MACVLAN_MODES, validate_ifname, validate_mac
 from cni_dra.netlink import _pyroute2, info, sockets
 from cni_dra.netlink.info import LinkInfo
@@ -46,14 +53,18 @@ __all__ = [
     "create_macvlan",
     "create_ipvlan",
     "delete_link",
+    "delete_temp_links",
+    "is_temp_name",
     "link_kind_supported",
     "temp_name",
+    "temp_names",
 ]
 
 TEMP_NAME_PREFIX = "cdra"
 """Links are created as ``cdra<10 hex>`` in the target netns and then renamed."""
 
 _TEMP_NAME_ATTEMPTS = 8
+_TEMP_NAME = re.compile(rf"{TEMP_NAME_PREFIX}[0-9a-f]{{10}}")
 _MIN_MTU = 68  # RFC 791 minimum for IPv4
 _MAX_U32 = 2**32 - 1
 
@@ -140,13 +151,25 @@ def temp_name() -> str:
     return f"{TEMP_NAME_PREFIX}{os.urandom(5).hex()}"
 
 
+def temp_names(first: str) -> tuple[str, ...]:
+    """The temporary names a link is tried under, in order: ``first`` (a :func:`temp_name`),
+    then names derived from it (SHA-256), :data:`_TEMP_NAME_ATTEMPTS` in all."""
+    derived = (hashlib.sha256(f"{first}/{i}".encode()).hexdigest()[:10] for i in range(1, _TEMP_NAME_ATTEMPTS))
+    return (first, *(f"{TEMP_NAME_PREFIX}{h}" for h in derived))
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` has the form of a temporary link name (:func:`temp_name`, :func:`temp_names`)."""
+    return _TEMP_NAME.fullmatch(name) is not None
+
+
 def create_macvlan(
     *, parent: str, netns: str, ifname: str, mode: str = "bridge", mtu: int | None = None, mac: str | None = None,
-    bcqueuelen: int | None = None, parent_link: LinkInfo | None = None,
+    bcqueuelen: int | None = None, parent_link: LinkInfo | None = None, temp: str | None = None,
 ) -> LinkInfo:
     """Create a macvlan on host link ``parent`` as ``ifname`` in the netns ``netns``; set it up.
 
-    The arguments are :meth:`SubLinkSpec.macvlan`'s; ``parent_link`` as
+    The arguments are :meth:`SubLinkSpec.macvlan`'s; ``parent_link`` and ``temp`` as
     :func:`create_sublink`. Returns the link as seen in ``netns`` (``addresses`` None).
     Raises as the module docstring says (a MAC already used on ``parent``, by the parent
     itself or another macvlan: InvalidConfigError, the link is removed again).
@@ -154,12 +177,12 @@ def create_macvlan(
     spec = SubLinkSpec.macvlan(
         parent=parent, netns=netns, ifname=ifname, mode=mode, mtu=mtu, mac=mac, bcqueuelen=bcqueuelen
     )
-    return create_sublink(spec, parent_link=parent_link)
+    return create_sublink(spec, parent_link=parent_link, temp=temp)
 
 
 def create_ipvlan(
     *, parent: str, netns: str, ifname: str, mode: str = "l2", flag: str = "bridge", mtu: int | None = None,
-    parent_link: LinkInfo | None = None,
+    parent_link: LinkInfo | None = None, temp: str | None = None,
 ) -> LinkInfo:
     """Create an ipvlan (``mode`` l2/l3/l3s, ``flag`` bridge/private/vepa) like :func:`create_macvlan`.
 
@@ -168,15 +191,17 @@ def create_ipvlan(
     EOPNOTSUPP in ``__cause__.code``); :func:`link_kind_supported` asks up front.
     """
     spec = SubLinkSpec.ipvlan(parent=parent, netns=netns, ifname=ifname, mode=mode, flag=flag, mtu=mtu)
-    return create_sublink(spec, parent_link=parent_link)
+    return create_sublink(spec, parent_link=parent_link, temp=temp)
 
 
-def create_sublink(spec: SubLinkSpec, *, parent_link: LinkInfo | None = None) -> LinkInfo:
+def create_sublink(spec: SubLinkSpec, *, parent_link: LinkInfo | None = None, temp: str | None = None) -> LinkInfo:
     """Create ``spec`` in its netns, renamed to its ``ifname`` and up; return it as seen there.
 
     ``parent_link``: the host link ``spec.parent`` as the caller already read it
     (:func:`cni_dra.netlink.info.host_link`); its index and MTU are used instead of looking
-    the parent up again. ``mtu`` above the parent's is InvalidConfigError (7). Nothing is
+    the parent up again. ``temp``: the first temporary name to try (a :func:`temp_name` the
+    caller has recorded; None: a fresh one); a collision tries the others of
+    :func:`temp_names`. ``mtu`` above the parent's is InvalidConfigError (7). Nothing is
     left behind on failure. Raises as the module docstring says.
     """
     fd = open_netns(spec.netns)
@@ -186,9 +211,10 @@ def create_sublink(spec: SubLinkSpec, *, parent_link: LinkInfo | None = None) ->
             raise InvalidEnvironmentError(
                 f"failed to create {spec.kind} {spec.ifname}: netns {spec.netns} is the host network namespace"
             )
-        temp = _add_in_netns(spec, fd, parent_link)
+        made = _add_in_netns(spec, fd, parent_link, temp or temp_name())
+        fault_point("add:link-temp")  # crash tests: the link exists under its temporary name
         with in_netns_fd(fd, spec.netns), sockets.iproute() as ipr:
-            return _rename_and_up(ipr, spec, temp)
+            return _rename_and_up(ipr, spec, made)
     finally:
         os.close(fd)
 
@@ -205,16 +231,16 @@ def _parent_index_and_mtu(
     return parent_msg["index"], parent_msg.get_attr("IFLA_MTU")
 
 
-def _add_in_netns(spec: SubLinkSpec, fd: int, parent_link: LinkInfo | None) -> str:
-    """Create the link under a fresh temporary name directly in the netns ``fd``; return the name."""
+def _add_in_netns(spec: SubLinkSpec, fd: int, parent_link: LinkInfo | None, first: str) -> str:
+    """Create the link directly in the netns ``fd`` under the first free name of
+    :func:`temp_names` of ``first``; return the name."""
     what = f"create {spec.kind} {spec.ifname} on {spec.parent}"
     with sockets.host_iproute() as ipr, _pyroute2.translated(what):
         parent_index, parent_mtu = _parent_index_and_mtu(ipr, spec, what, parent_link)
         if spec.mtu is not None and parent_mtu is not None and spec.mtu > parent_mtu:
             raise InvalidConfigError(f"failed to {what}: mtu {spec.mtu} exceeds parent {spec.parent} mtu {parent_mtu}")
         newlink = spec.newlink(parent_index=parent_index, netns_fd=fd)
-        for _ in range(_TEMP_NAME_ATTEMPTS):
-            temp = temp_name()
+        for temp in temp_names(first):
             try:
                 ipr.link("add", ifname=temp, **newlink)
             except _pyroute2.load().NetlinkError as exc:
@@ -332,6 +358,29 @@ def _delete(ipr: Any, ifname: str) -> bool:
             return False
         raise
     return True
+
+
+def delete_temp_links(netns: str, first: str, parent: str) -> list[str]:
+    """Delete what :func:`create_sublink` leaves in ``netns`` when its process is killed
+    between making the link and renaming it: a macvlan/ipvlan on host link ``parent`` named
+    as one of :func:`temp_names` of ``first``. Returns the names deleted. A link of such a
+    name of another kind or on another parent is left alone; a netns that is gone has none.
+    Raises InvalidEnvironmentError (4) for a path that is no netns, NetlinkError (102).
+    """
+    names = set(temp_names(first))
+    try:
+        with sockets.netns_iproute(netns) as ipr, _pyroute2.translated(f"list links in netns {netns}"):
+            found = [info.decode_link(m) for m in ipr.link("dump") if m.get_attr("IFLA_IFNAME") in names]
+    except ContainerUnknownError:
+        return []
+    deleted = []
+    for link in found:
+        if link.kind not in ("macvlan", "ipvlan"):
+            continue
+        on = info.host_parent_of(netns, link.name)
+        if on is not None and on.name == parent and delete_link(netns, link.name):
+            deleted.append(link.name)
+    return deleted
 
 
 def link_kind_supported(kind: str) -> bool:

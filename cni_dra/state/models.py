@@ -25,6 +25,10 @@ Intent records (crash safety): while ``phase`` is ``adding`` or ``deleting`` the
 names its ``owner`` (the process doing the work, :class:`Owner`) and lists in ``steps`` the
 side effects that may have been made (:data:`STEP_IPAM`; :data:`STEP_LINK` in older records). When the owner is dead
 the intent is stale and recovery (:mod:`cni_dra.verbs.recover`) undoes it step by step.
+An ``adding`` attachment also names ``tempName``, the temporary name its link is created
+under before the rename to ``ifname`` (:func:`cni_dra.netlink.sublink.temp_names`), chosen
+and recorded before the link exists, so that a link left under it is found and deleted;
+``ready`` drops it (absent in records written before it existed).
 
 ``readyAt`` (optional; absent in attachments written before it existed) is when ADD made
 the attachment ``ready``: GC leaves an attachment alone for a grace period after that
@@ -151,6 +155,7 @@ class Attachment(BaseModel):
     phase: Literal["adding", "ready", "deleting"] = "adding"
     owner: Owner | None = None  # set while phase is adding/deleting (intent record)
     steps: tuple[str, ...] = ()  # side effects done so far (STEP_*)
+    tempName: str | None = None  # while adding: the link's first temporary name (see above)
     ipamType: str | None = None
     ipamConf: str | None = None  # the network config given to IPAM ADD, for release without the runtime
     result: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # CNI result (1.1.0 schema) of the ADD

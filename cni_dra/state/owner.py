@@ -1,8 +1,16 @@
 """Who holds an intent: this process's identity, and whether another one still runs.
 
-An :class:`~cni_dra.state.models.Owner` names a process by pid, start time (clock ticks
-since boot, ``/proc/PID/stat`` field 22) and kernel boot id, so a reused pid or a reboot
-never passes for the process that wrote an intent record.
+An :class:`~cni_dra.state.models.Owner` names a process by pid (the thread group id: every
+thread of a plugin or of the agent, and each of the agent's worker processes, records its
+own process), start time (clock ticks since boot, ``/proc/PID/stat`` field 22) and kernel
+boot id, so a reused pid or a reboot never passes for the process that wrote an intent
+record.
+
+A killed process stays in ``/proc`` with its pid and start time while the kernel tears it
+down (its main thread flagged ``PF_EXITING``) and then as a zombie (state ``Z``) until its
+parent reaps it; its sockets are closed before that, so a client of the agent already runs
+the invocation again in-process. Neither can finish an intent: :func:`owner_alive` counts
+a process alive only while one of its threads is neither exiting nor a zombie.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from cni_dra.state.models import Owner
 __all__ = ["BOOT_ID_PATH", "boot_id", "current_owner", "owner_alive"]
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+_PF_EXITING = 0x4  # task flag (include/linux/sched.h, /proc/PID/stat field 9): in do_exit()
+_GONE_STATES = frozenset("ZXx")  # zombie, dead (``x`` on kernels before 4.14)
 
 
 def boot_id() -> str:
@@ -25,33 +35,56 @@ def boot_id() -> str:
         return ""
 
 
-def _start_ticks(pid: int) -> int | None:
-    """Start time of process ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22)."""
+def _stat(path: str) -> tuple[str, int, int] | None:
+    """(state, flags, start time in clock ticks since boot) from a ``/proc`` stat file
+    (fields 3, 9 and 22), None when it cannot be read."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(path, "rb") as f:
             raw = f.read()
     except OSError:
         return None
     # comm (field 2) is in parentheses and may hold spaces; fields after the last ')' are plain.
     rest = raw[raw.rfind(b")") + 2 :].split()
     try:
-        return int(rest[19])  # field 22 overall; rest starts at field 3
-    except (IndexError, ValueError):  # pragma: no cover - kernel format is stable
+        return rest[0].decode("ascii"), int(rest[6]), int(rest[19])  # rest starts at field 3
+    except (IndexError, ValueError, UnicodeDecodeError):  # pragma: no cover - kernel format is stable
         return None
+
+
+def _going(stat: tuple[str, int, int]) -> bool:
+    """The thread exits (``PF_EXITING``) or has exited (zombie or dead)."""
+    state, flags, _start = stat
+    return state in _GONE_STATES or bool(flags & _PF_EXITING)
 
 
 def current_owner() -> Owner:
     """An :class:`Owner` naming this process (for intent records)."""
     pid = os.getpid()
-    return Owner(pid=pid, start=_start_ticks(pid) or 0, boot=boot_id())
+    stat = _stat(f"/proc/{pid}/stat")
+    return Owner(pid=pid, start=stat[2] if stat else 0, boot=boot_id())
 
 
-def owner_alive(owner: Owner | None) -> bool:
-    """True when ``owner`` is a process that still runs (same boot, pid and start time)."""
+def owner_alive(owner: Owner | None, *, proc: str = "/proc") -> bool:
+    """True when ``owner`` is a process that still runs: same boot, a process with its pid
+    and start time, and a thread of it that is neither exiting nor a zombie (module
+    docstring). ``/proc/PID/stat`` describes the main thread; only when that one is going
+    are the other threads (``/proc/PID/task``) read, as a process may outlive its main
+    thread. ``proc``: where procfs is mounted."""
     if owner is None:
         return False
     if owner.boot and owner.boot != boot_id():
         return False
-    start = _start_ticks(owner.pid)
-    return start is not None and start == owner.start
-
+    main = _stat(f"{proc}/{owner.pid}/stat")
+    if main is None or main[2] != owner.start:
+        return False
+    if not _going(main):
+        return True
+    try:
+        tids = [t for t in os.listdir(f"{proc}/{owner.pid}/task") if t != str(owner.pid)]
+    except OSError:  # reaped meanwhile
+        return False
+    for tid in tids:
+        thread = _stat(f"{proc}/{owner.pid}/task/{tid}/stat")
+        if thread is not None and not _going(thread):
+            return True
+    return False

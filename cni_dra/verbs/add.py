@@ -10,9 +10,10 @@ Steps (each effect registers its undo; a failure undoes them in reverse and re-r
    ResourceClaim shared by several pods: each pod's interface uses the claim's one share,
    charged once, on the device the scheduler allocated);
 2. start IPAM ADD (the plugin named by ``ipam.type``) in a thread; meanwhile create the
-   macvlan/ipvlan in the pod netns (temporary name, then CNI_IFNAME) and shape it to the
-   attachment's consumed capacity (:mod:`cni_dra.verbs.shaping`: tbf for egress, an ifb
-   device for ingress; traffic control does not depend on the addresses); then addresses
+   macvlan/ipvlan in the pod netns (under the temporary name step 1 recorded, then renamed
+   to CNI_IFNAME) and shape it to the attachment's consumed capacity
+   (:mod:`cni_dra.verbs.shaping`: tbf for egress, an ifb device for ingress; traffic
+   control does not depend on the addresses); then addresses
    and routes from IPAM's result on the link (dhcp, whose daemon configures through the
    link, runs after the link instead, in the reference order);
 3. under the lock: the attachment becomes ``ready`` with the CNI result and the shaping record.
@@ -202,9 +203,10 @@ def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> 
 
 def _reserve(inv: Invocation, host_links: dict[str, LinkInfo]) -> AddIntent | Result:
     """The reserving transaction: a repeated ADD's recorded result, or the planned
-    attachment recorded as ``adding`` with this process as owner (recovery undoes it if
-    the process dies), its capacity charged. The intent's invocation carries the config
-    the link is made from (the device profile applied)."""
+    attachment recorded as ``adding`` with this process as owner and the link's temporary
+    name (recovery undoes it if the process dies), its capacity charged. The intent's
+    invocation carries the config the link is made from (the device profile applied)."""
+    from cni_dra.netlink.sublink import temp_name
     from cni_dra.state.owner import current_owner
 
     env = inv.env
@@ -228,7 +230,10 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo]) -> AddIntent | Re
             )
         if conf.mac is not None:
             _refuse_duplicate_mac(conf.mac, att, parent, txn.state)
-        return AddIntent(inv.with_conf(conf), txn.put(att.model_copy(update={"owner": current_owner()})))
+        # The link's temporary name, recorded before the link exists: recovery finds a link
+        # left under it by a kill before the rename.
+        intent = att.model_copy(update={"owner": current_owner(), "tempName": temp_name()})
+        return AddIntent(inv.with_conf(conf), txn.put(intent))
 
 
 def _repeated(inv: Invocation, existing: Attachment) -> Result:
@@ -278,13 +283,14 @@ def _create_link(inv: Invocation, att: Attachment, parent: LinkInfo, undo: ExitS
     if conf.linkType == "ipvlan":
         link = sublink.create_ipvlan(
             parent=att.parent, netns=env.netns, ifname=env.ifname, mode=conf.mode,
-            flag=conf.ipvlanFlag or "bridge", mtu=conf.mtu, parent_link=parent,
+            flag=conf.ipvlanFlag or "bridge", mtu=conf.mtu, parent_link=parent, temp=att.tempName,
         )
     else:
         link = sublink.create_macvlan(
             parent=att.parent, netns=env.netns, ifname=env.ifname, mode=conf.mode, mtu=conf.mtu,
-            mac=conf.mac, bcqueuelen=conf.bcqueuelen, parent_link=parent,
+            mac=conf.mac, bcqueuelen=conf.bcqueuelen, parent_link=parent, temp=att.tempName,
         )
+    fault_point("add:link-renamed")
     _undo_with(undo, lambda: sublink.delete_link(env.netns, env.ifname))
     _announce(env.netns, env.ifname)
     fault_point("add:link-created")

@@ -6,8 +6,10 @@ when the parent NIC is gone. Capacity is released last, so a DEL that fails half
 runtime retries it) never frees capacity whose link or IP is still held.
 
 Steps: the ``deleting`` intent (:mod:`cni_dra.verbs.intent`, after recovering stale
-intents); the link, its ifb device and IPAM released (:func:`cni_dra.verbs.release.release`:
-IPAM DEL beside the link deletion, ``dhcp`` first); the record dropped.
+intents: an ADD killed halfway is undone there, the link it left under its temporary name
+included); the link, its ifb device and IPAM released (:func:`cni_dra.verbs.release.release`:
+IPAM DEL beside the link deletion, ``dhcp`` first; a temporary link the record still
+names, :func:`cni_dra.verbs.release.release_temp_link`); the record dropped.
 
 Which link: CNI_IFNAME in CNI_NETNS, or, when CNI_NETNS is empty (the spec allows it for
 DEL), in the namespace the attachment recorded at ADD, if it still exists and the link there
@@ -40,7 +42,7 @@ log = logging.getLogger("cni_dra.del")
 def cmd_del(inv: Invocation) -> None:
     """Run DEL for ``inv`` (idempotent). See module docstring."""
     from cni_dra.verbs.intent import begin_delete, finish_delete
-    from cni_dra.verbs.release import IpamRelease, release
+    from cni_dra.verbs.release import IpamRelease, release, release_temp_link
 
     env, conf = inv.env, inv.conf
     att = begin_delete(inv)  # recovery, then the "deleting" intent; None if absent or state unreadable
@@ -58,6 +60,7 @@ def cmd_del(inv: Invocation) -> None:
     release(netns, env.ifname, delete_link=delete_link, ipam=ipam, cni_path=env.path, faults="del",
             shaped=shaped)
     if att is not None:
+        release_temp_link(att)  # an ADD of it killed before its rename, whose undo failed
         finish_delete(inv)
 
 

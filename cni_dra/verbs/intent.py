@@ -6,7 +6,9 @@ effect, in its reserving transaction (:mod:`cni_dra.verbs.add`), which returns a
 :class:`AddIntent`; the IPAM step (:data:`~cni_dra.state.models.STEP_IPAM`) is recorded
 there too when the network has IPAM (recovery then runs the IPAM DEL, a no-op when the
 ADD had not reached IPAM), and the link needs no step: recovery deletes a link of that
-name only when it sits on the recorded parent NIC, never another plugin's. The intent
+name only when it sits on the recorded parent NIC, never another plugin's, and likewise a
+link left under the temporary name the intent records (``tempName``: the ADD was killed
+between creating the link and renaming it). The intent
 ends with :meth:`AddIntent.complete` or :meth:`AddIntent.abandon`. DEL marks it
 ``deleting`` before its first effect (:func:`begin_delete`) and drops it after the last
 (:func:`finish_delete`).
@@ -108,7 +110,7 @@ class AddIntent:
             if recorded is None:  # pragma: no cover - only a concurrent GC/repair could do this
                 raise ClaimError(f"failed to complete ADD of {self.key}: the attachment vanished from state")
             extra = {"shaping": shaping} if shaping is not None else {}
-            ready = state.update(recorded, phase="ready", result=result, owner=None, steps=(),
+            ready = state.update(recorded, phase="ready", result=result, owner=None, steps=(), tempName=None,
                                  readyAt=ready_at(time.time()), **extra)  # GC spares it for a grace period
             if ready.claim is not None:  # claim mode: the agent writes it into the claim's status
                 state.add_status_update(claim_status_record(ready))

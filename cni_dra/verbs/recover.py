@@ -12,9 +12,10 @@ process is dead is *stale*.
    (a reboot), every attachment of the previous boot whose netns is gone (as ``deleting``);
    prepared claims stay: the kubelet prepares them again after a reboot;
 2. outside the lock, per attachment and per step: ``adding`` is undone (the link is deleted
-   when the step says it was made, or when a link of that name sits on the recorded parent;
-   IPAM is released when its step was reached), ``deleting`` is finished (link, IPAM),
-   both through :func:`cni_dra.verbs.release.release_attachment`;
+   when the step says it was made, or when a link of that name sits on the recorded parent,
+   and so is a link still under the temporary name the intent records; IPAM is released
+   when its step was reached), ``deleting`` is finished (link, IPAM), both through
+   :mod:`cni_dra.verbs.release`;
 3. under the lock, drop the attachment, releasing its capacity.
 
 The runtime never saw a result for an ``adding`` attachment, so undoing is right; it will
@@ -93,11 +94,12 @@ def _undo(
 ) -> str:
     """Undo (``adding``) or finish (``deleting``, ``ready``) one attachment's side effects."""
     from cni_dra.netlink import info
-    from cni_dra.verbs.release import release_attachment
+    from cni_dra.verbs.release import release_attachment, release_temp_link
 
     finishing = att.phase != "adding"
     remove = False
-    if _netns_usable(att.netns):
+    usable = _netns_usable(att.netns)
+    if usable:
         remove = finishing or STEP_LINK in att.steps
         if not remove:  # an ADD that died: its link, if it made it, sits on the recorded parent
             parent = info.host_parent_of(att.netns, att.ifname)
@@ -106,7 +108,8 @@ def _undo(
     # kept their steps unsynced, so the last may be lost: release IPAM anyway (an IPAM DEL
     # of nothing is a no-op). STEP_LINK is only in such older records.
     ipam = finishing or STEP_LINK in att.steps or STEP_IPAM in att.steps or earlier_boot
-    done = release_attachment(att, environ, cni_path, delete_link=remove, release_ipam=ipam)
+    done = release_temp_link(att) if usable else []  # an ADD killed before its rename
+    done += release_attachment(att, environ, cni_path, delete_link=remove, release_ipam=ipam)
     done.append(f"{_charge(att)} on {att.device} released")
     return "; ".join(done)
 
@@ -288,11 +291,14 @@ def repair(
       their owner still runs (a resident agent does); other in-flight intents with a live
       owner stay; ``deleting`` ones are finished;
     * macvlan/ipvlan links in ``/var/run/netns/*`` on one of ``parents`` (inventory NICs)
-      that no attachment names (the same namespace by identity, whatever path the attachment
-      recorded, and the same ifname) are charged with their device's WHOLE capacity (their share
-      is unknown; charging less could promise the NIC twice) as a placeholder attachment of
-      network :data:`REPAIR_NETWORK`, which the pod's DEL (same netns by identity, same
-      ifname) releases.
+      named as cni-dra names a link before its rename
+      (:func:`cni_dra.netlink.sublink.is_temp_name`) were left by an ADD killed halfway:
+      they are deleted (those of an ADD still in flight excepted) and never charged;
+    * the other such links that no attachment names (the same namespace by identity,
+      whatever path the attachment recorded, and the same ifname) are charged with their
+      device's WHOLE capacity (their share is unknown; charging less could promise the NIC
+      twice) as a placeholder attachment of network :data:`REPAIR_NETWORK`, which the pod's
+      DEL (same netns by identity, same ifname) releases.
       ``slice_`` (the inventory ResourceSlice) maps parents to devices; without it they
       are only reported;
     * ifb devices in ``/var/run/netns/*`` named by the shaping rule whose shaped link is gone
@@ -304,6 +310,8 @@ def repair(
     Returns the report. Raises StateError (5) when the directory cannot be written,
     TryAgainLaterError (11) on lock timeout.
     """
+    from cni_dra.netlink.sublink import is_temp_name
+
     report = RecoveryReport()
     paths = _pod_netns_paths()
     with store.replace() as view:
@@ -311,7 +319,9 @@ def repair(
         if base is not None:
             live = _live_links(base)
             kept = _reconcile(base.attachments, live, environ, cni_path, report)
-            kept += _charge_untracked(paths, _known_links(live), parents, slice_, report)
+            found = _untracked_links(paths, _known_links(live), set(parents))
+            kept += _charge_untracked([f for f in found if not is_temp_name(f[1])], slice_, report)
+            _remove_temp_links([f for f in found if is_temp_name(f[1])], kept, report)
             view.write(base.model_copy(update={"attachments": Attachments(kept), "bootID": boot_id()}))
     _remove_leaked_ifbs(paths, report)
     return report
@@ -370,7 +380,7 @@ def _reconcile(
         if att.phase != "deleting" and parent == att.parent:
             if att.phase == "adding":  # the backup is one write behind: the ADD may have completed
                 report.changes.append(f"kept {_describe(att)} as ready: its link is live on {parent}")
-                att = att.model_copy(update={"phase": "ready", "owner": None, "steps": ()})
+                att = att.model_copy(update={"phase": "ready", "owner": None, "steps": (), "tempName": None})
             keep.append(att)
             continue
         try:
@@ -384,9 +394,28 @@ def _reconcile(
     return keep
 
 
+def _remove_temp_links(found: Sequence[tuple[str, str, str, str]], kept: Sequence[Attachment],
+                       report: RecoveryReport) -> None:
+    """Delete the links of ``found`` (:func:`_untracked_links`) left under a temporary name,
+    except those an ADD still running may be renaming (the names of its ``tempName``)."""
+    from cni_dra.netlink import sublink
+    from cni_dra.netlink.netns import netns_identity_or_none
+
+    running = {(ident, name) for a in kept if a.tempName and a.phase == "adding"
+               and (ident := netns_identity_or_none(a.netns)) is not None
+               for name in sublink.temp_names(a.tempName)}
+    for netns, kid, _kind, _parent in found:
+        if (netns_identity_or_none(netns), kid) in running:
+            continue
+        try:
+            if sublink.delete_link(netns, kid):
+                report.changes.append(f"removed leaked temporary link {kid} in {netns}")
+        except CniError as exc:
+            report.errors.append(f"leaked temporary link {kid} in {netns}: {exc.msg}")
+
+
 def _charge_untracked(
-    paths: Sequence[str], known: set[tuple[NetnsIdentity, str]], parents: Sequence[str], slice_: ResourceSlice | None,
-    report: RecoveryReport,
+    found: Sequence[tuple[str, str, str, str]], slice_: ResourceSlice | None, report: RecoveryReport,
 ) -> list[Attachment]:
     """Placeholder attachments charging untracked links on inventory NICs (see :func:`repair`)."""
     out: list[Attachment] = []
@@ -395,7 +424,7 @@ def _charge_untracked(
         from cni_dra.dra.models import device_attribute
 
         by_parent = {device_attribute(d, "ifName", slice_.spec.driver): d for d in slice_.spec.devices}
-    for netns, kid, kind, parent_name in _untracked_links(paths, known, set(parents)):
+    for netns, kid, kind, parent_name in found:
         device = by_parent.get(parent_name)
         where = f"{kid} in {netns} on {parent_name}"
         if device is None or slice_ is None:

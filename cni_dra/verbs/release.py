@@ -1,7 +1,8 @@
 """Release one attachment's side effects: its link in the pod netns, the ifb device that
 shaped its ingress, and its IPAM reservation.
 
-The one path by which DEL, GC and recovery take an attachment's link and address away (the
+The one path by which DEL, GC and recovery take an attachment's link (also one left under
+its temporary name, :func:`release_temp_link`) and address away (the
 capacity goes when the caller drops the record, always after this has succeeded, so a
 failure never frees capacity whose link or IP is still held).
 
@@ -31,7 +32,7 @@ from cni_dra.faults import fault_point
 from cni_dra.state import Attachment
 from cni_dra.verbs.common import Concurrently, ipam_codes
 
-__all__ = ["IpamRelease", "release", "release_attachment"]
+__all__ = ["IpamRelease", "release", "release_attachment", "release_temp_link"]
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,18 @@ def release_attachment(
         ipam = IpamRelease(att.ipamType, att.ipamConf.encode(), env)
     shaped = att.shaping is not None or att.phase == "adding"
     return release(att.netns, att.ifname, delete_link=delete_link, ipam=ipam, cni_path=cni_path, shaped=shaped)
+
+
+def release_temp_link(att: Attachment) -> list[str]:
+    """Delete the link an ADD of ``att`` left under the temporary name its intent records
+    (``tempName``: killed between creating the link and renaming it), when it is still in
+    the attachment's netns on the recorded parent
+    (:func:`cni_dra.netlink.sublink.delete_temp_links`); returns what was done, in words.
+    Nothing when no name is recorded, the netns is gone or is the host's. Raises
+    InvalidEnvironmentError (4) for a netns path that is something else, NetlinkError (102)."""
+    from cni_dra.netlink import netns, sublink  # called through the module: the seam tests patch
+
+    if not att.tempName or not att.netns or not netns.netns_exists(att.netns) or netns.is_host_netns(att.netns):
+        return []
+    gone = sublink.delete_temp_links(att.netns, att.tempName, att.parent)
+    return [f"temporary link {name} deleted in {att.netns}" for name in gone]
