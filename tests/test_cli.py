@@ -104,6 +104,51 @@ def test_prepare_refuses_unallocated_claim_with_type_and_message(env, tmp_path):
     assert "InvalidConfigError: failed to prepare claim c: it has no status.allocation" in r.output
 
 
+def _named(uid: str, name: str, request: str, device: str) -> dict:
+    c = _claim(uid, device, "1G")
+    c["metadata"]["name"] = name
+    (res,) = c["status"]["allocation"]["devices"]["results"]
+    res["request"] = c["spec"]["devices"]["requests"][0]["name"] = request
+    res["shareID"] = f"2f1d3c4e-0000-4000-8000-00000000000{uid[-1]}"
+    return c
+
+
+def test_prepare_refuses_claims_that_give_one_interface_two_results_and_stores_none(env, tmp_path):
+    f = tmp_path / "claims.json"
+    f.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        _named("u1", "a", "net1", "eth-a"), _named("u2", "b", "net1", "eth-b")]}))
+    r = CliRunner().invoke(cli, ["claims", "prepare", "--pod-uid", "pod-1", str(f)], env=env)
+    assert r.exit_code == 1, r.output
+    assert ("ClaimError: failed to prepare claims ns/a, ns/b for pod pod-1: interface 'net1' would have 2 "
+            "allocation results of net.cni-dra.dev to choose from (claim ns/a request 'net1', claim ns/b request "
+            "'net1')") in r.output, r.output
+    assert StateStore(env["CNI_DRA_STATE_DIR"]).read().claims == {}
+    doc = json.loads(_invoke(["status", "--json"], env).output)
+    assert [d["consumed"] for d in doc["devices"]] == [{"bandwidth": "0"}, {"bandwidth": "0"}]
+
+
+def test_prepare_refuses_a_claim_that_gives_a_held_interface_a_second_result(env, tmp_path):
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(json.dumps(_named("u1", "a", "net1", "eth-a")))
+    second.write_text(json.dumps(_named("u2", "b", "net1", "eth-b")))
+    assert _invoke(["claims", "prepare", "--pod-uid", "pod-1", str(first)], env).exit_code == 0
+    r = CliRunner().invoke(cli, ["claims", "prepare", "--pod-uid", "pod-1", str(second)], env=env)
+    assert r.exit_code == 1 and "failed to prepare claim ns/b for pod pod-1: interface 'net1'" in r.output, r.output
+    assert [c["metadata"]["name"] for c in StateStore(env["CNI_DRA_STATE_DIR"]).read().claims["pod-1"]] == ["a"]
+    # another pod may hold it
+    assert _invoke(["claims", "prepare", "--pod-uid", "pod-2", str(second)], env).exit_code == 0
+
+
+def test_prepare_takes_two_claims_whose_requests_name_two_interfaces(env, tmp_path):
+    f = tmp_path / "claims.yaml"
+    import yaml
+
+    f.write_text(yaml.safe_dump_all([_named("u1", "a", "net1", "eth-a"), _named("u2", "b", "net2", "eth-b")]))
+    r = _invoke(["claims", "prepare", "--pod-uid", "pod-1", str(f)], env)
+    assert r.exit_code == 0 and r.output.splitlines() == ["claim a prepared for pod pod-1",
+                                                          "claim b prepared for pod pod-1"], r.output
+
+
 def test_status_with_unreadable_inventory_fails_cleanly(env):
     env = dict(env, CNI_DRA_INVENTORY="/nonexistent.yaml")
     r = CliRunner().invoke(cli, ["status"], env=env)

@@ -177,6 +177,58 @@ def test_one_bad_claim_does_not_fail_the_others(world):
     assert list(claims_in_state(state_dir)) == ["p"]
 
 
+def test_a_pods_claims_giving_one_interface_two_results_are_refused_together(world):
+    """The kubelet sends a pod's claims together; two whose requests are both named net1
+    would leave ADD two results for interface net1 (and, under containerd, two results and
+    none named eth0): both are refused at prepare, with one message, and nothing is stored
+    for any pod, not even for another pod that shares one of them."""
+    server, plugin, state_dir, calls = world
+    a = server.add_claim(allocated_claim("pod-x-nic-a", pool="node-1", device="eth-a", bandwidth="1G",
+                                         share_id=SHARE, pod_uids=["px", "py"]))
+    b = server.add_claim(allocated_claim("pod-x-nic-b", pool="node-1", device="eth-b", bandwidth="2G",
+                                         share_id=str(uuid.uuid4()), pod_uids=["px"]))
+    resp = prepare(plugin, "dra_v1", [a, b])
+    errors = [resp.claims[c["metadata"]["uid"]].error for c in (a, b)]
+    assert errors[0] == errors[1] == (
+        "ClaimError (CNI code 101): failed to prepare claims default/pod-x-nic-a, default/pod-x-nic-b for pod "
+        "default/pod-0: interface 'net1' would have 2 allocation results of net.cni-dra.dev to choose from "
+        "(claim default/pod-x-nic-a request 'net1', claim default/pod-x-nic-b request 'net1'); an interface takes "
+        "the one result whose request is named after it (or the pod's only result): give the requests of a pod's "
+        "claims distinct names, one per interface")
+    assert [list(resp.claims[c["metadata"]["uid"]].devices) for c in (a, b)] == [[], []]
+    assert claims_in_state(state_dir) == {}
+    assert [c[:2] for c in calls] == [("prepare", False), ("prepare", False)]
+
+
+def test_a_claim_that_gives_a_held_interface_a_second_result_is_refused_and_the_held_one_stays(world):
+    server, plugin, state_dir, _ = world
+    a = server.add_claim(allocated_claim("first", pool="node-1", device="eth-a", bandwidth="1G",
+                                         share_id=SHARE, pod_uids=["px"]))
+    assert prepare(plugin, "dra_v1", [a]).claims[a["metadata"]["uid"]].error == ""
+    before = StateStore(state_dir).path.read_bytes()
+    b = server.add_claim(allocated_claim("second", pool="node-1", device="eth-b", bandwidth="1G",
+                                         share_id=str(uuid.uuid4()), pod_uids=["px"]))
+    err = prepare(plugin, "dra_v1", [b]).claims[b["metadata"]["uid"]].error
+    assert ("failed to prepare claim default/second for pod default/pod-0: interface 'net1' would have 2 "
+            "allocation results of net.cni-dra.dev to choose from (claim default/first request 'net1', "
+            "claim default/second request 'net1')") in err, err
+    assert StateStore(state_dir).path.read_bytes() == before
+    assert [c["metadata"]["name"] for c in claims_in_state(state_dir)["px"]] == ["first"]
+    # the kubelet preparing the held claim again (a restart) is still fine
+    assert prepare(plugin, "dra_v1", [a]).claims[a["metadata"]["uid"]].error == ""
+
+
+def test_one_request_allocated_two_devices_is_refused(world):
+    server, plugin, state_dir, _ = world
+    claim = allocated_claim("two-of-net1", pool="node-1", device="eth-a", bandwidth="1G", share_id=SHARE,
+                            pod_uids=["px"])
+    (res,) = claim["status"]["allocation"]["devices"]["results"]
+    claim["status"]["allocation"]["devices"]["results"].append({**res, "device": "eth-b",
+                                                                "shareID": str(uuid.uuid4())})
+    claim = server.add_claim(claim)
+    assert "interface 'net1' would have 2 allocation results" in _err(server, plugin, state_dir, claim)
+
+
 def test_api_server_down_is_a_per_claim_error_and_retry_works(world):
     server, plugin, state_dir, _ = world
     claim = server.add_claim(allocated_claim("c1", pool="node-1", device="eth-a", bandwidth="1G",
@@ -191,8 +243,9 @@ def test_unprepare_removes_from_every_pod_and_is_idempotent(world):
     c1 = server.add_claim(allocated_claim("c1", pool="node-1", device="eth-a", bandwidth="1G",
                                           share_id=SHARE, pod_uids=["pa", "pb"]))
     c2 = server.add_claim(allocated_claim("c2", pool="node-1", device="eth-b", bandwidth="1G",
-                                          share_id=str(uuid.uuid4()), pod_uids=["pa"]))
-    prepare(plugin, "dra_v1", [c1, c2])
+                                          share_id=str(uuid.uuid4()), pod_uids=["pa"], request="net2"))
+    resp = prepare(plugin, "dra_v1", [c1, c2])
+    assert [resp.claims[c["metadata"]["uid"]].error for c in (c1, c2)] == ["", ""]
     resp = unprepare(plugin, "dra_v1beta1", [c1])
     assert resp.claims[c1["metadata"]["uid"]].error == ""
     state = claims_in_state(state_dir)

@@ -1,12 +1,16 @@
 """conf/k8s manifests: every document loads through the official client's models
 unchanged (no unknown or misspelt field), and they fit together: the DeviceClass selects
 the inventory's shared NICs, the template's 2G request allocates on them, the RBAC allows
-every call the agent makes, the DaemonSet installs the plugin and runs the agent."""
+every call the agent makes, the admission policy pins the agent's slice writes to its own
+node (its CEL evaluated here with the CEL library the allocator uses; the real API server
+judges it in ``make e2e``), the DaemonSet installs the plugin and runs the agent."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -23,6 +27,8 @@ MODELS = {
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
     ("resource.k8s.io/v1", "DeviceClass"): "V1DeviceClass",
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): "V1ResourceClaimTemplate",
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): "V1ValidatingAdmissionPolicy",
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): "V1ValidatingAdmissionPolicyBinding",
 }
 
 
@@ -170,6 +176,109 @@ def test_the_shipped_conflists_let_pod_bandwidth_annotations_reach_the_plugin() 
     ``kubernetes.io/ingress-bandwidth`` / ``egress-bandwidth`` annotations) only to a plugin
     whose conflist entry declares the capability; cni-dra may then lower a pod's rate."""
     conflists = [json.loads((ROOT / "conf" / "10-cni-dra.conflist").read_text()),
-                 json.loads(by_kind("ConfigMap")[0]["data"]["10-cni-dra.conflist"])]
+                 json.loads(by_kind("ConfigMap")[0]["data"]["10-cni-dra.conflist"]),
+                 _e2e_bed().conflist()]  # what `make e2e` gives containerd
     for conflist in conflists:
         assert conflist["plugins"][0]["capabilities"] == {"bandwidth": True}
+
+
+def _e2e_bed() -> Any:
+    spec = importlib.util.spec_from_file_location("cni_dra_e2e_cluster_manifests", ROOT / "scripts/e2e/cluster.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# -- the admission policy (conf/k8s/admission.yaml) -----------------------------------------------
+
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+
+
+def _agent_user() -> str:
+    (sa,) = by_kind("ServiceAccount")
+    return f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+
+
+def _slice(node: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"driver": "net.cni-dra.dev", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}}
+    spec.update({"nodeName": node} if node else {"allNodes": True})
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"}, "spec": spec}
+
+
+def admit(operation: str, *, user: str, node: str | None, new: dict | None = None, old: dict | None = None
+          ) -> list[str] | None:
+    """The policy's verdict on a request, as the API server's admission evaluates it: None
+    when its match condition leaves the request alone, else the messages of the failed
+    validations ([] = admitted). ``node``: the node the user's token is bound to."""
+    import cel
+
+    (policy,) = by_kind("ValidatingAdmissionPolicy")
+    spec = policy["spec"]
+    user_info: dict[str, Any] = {"username": user}
+    if node is not None:
+        user_info["extra"] = {NODE_NAME_KEY: [node], "authentication.kubernetes.io/credential-id": ["JTI=x"]}
+    ctx: dict[str, Any] = {"request": {"operation": operation, "userInfo": user_info}, "object": new, "oldObject": old}
+    if not all(cel.evaluate(m["expression"], ctx) for m in spec["matchConditions"]):
+        return None
+    variables: dict[str, Any] = {}
+    for var in spec["variables"]:
+        variables[var["name"]] = cel.evaluate(var["expression"], {**ctx, "variables": variables})
+    ctx["variables"] = variables
+    out = []
+    for v in spec["validations"]:
+        if not cel.evaluate(v["expression"], ctx):
+            assert v["reason"] == "Forbidden"  # a 403, not the default 422 Invalid
+            out.append(v["message"] if "message" in v else cel.evaluate(v["messageExpression"], ctx))
+    return out
+
+
+def test_the_admission_policy_is_bound_matches_slice_writes_and_only_the_agents_requests():
+    (policy,) = by_kind("ValidatingAdmissionPolicy")
+    (binding,) = by_kind("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], sorted(rule["operations"])) == (
+        ["resource.k8s.io"], ["resourceslices"], ["CREATE", "DELETE", "UPDATE"])
+    (ds,) = by_kind("DaemonSet")
+    assert _agent_user() == f"system:serviceaccount:{ds['metadata']['namespace']}:" \
+        f"{ds['spec']['template']['spec']['serviceAccountName']}"
+    # the kubelet (its own node restriction applies), the scheduler, an admin, another
+    # service account of the same name elsewhere: not this policy's business
+    for user in ("system:node:node-b", "system:kube-scheduler", "admin", "system:serviceaccount:other:cni-dra"):
+        assert admit("CREATE", user=user, node="node-b", new=_slice("node-a")) is None
+
+
+def test_the_agent_writes_its_own_nodes_slices():
+    user = _agent_user()
+    assert admit("CREATE", user=user, node="node-a", new=_slice("node-a")) == []
+    assert admit("UPDATE", user=user, node="node-a", new=_slice("node-a"), old=_slice("node-a")) == []
+    assert admit("DELETE", user=user, node="node-a", old=_slice("node-a")) == []
+
+
+@pytest.mark.parametrize(("operation", "new", "old"), [
+    ("CREATE", "node-a", None),
+    ("UPDATE", "node-a", "node-a"),
+    ("UPDATE", "node-b", "node-a"),  # taking over another node's slice
+    ("UPDATE", "node-a", "node-b"),  # handing its own slice to another node
+    ("DELETE", None, "node-a"),
+])
+def test_a_token_bound_to_another_node_cannot_touch_this_nodes_slices(operation, new, old):
+    got = admit(operation, user=_agent_user(), node="node-b", new=new and _slice(new), old=old and _slice(old))
+    assert got == ["cni-dra's service account on node 'node-b' may write only that node's ResourceSlices, "
+                   "not those of node 'node-a'"]
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+def test_a_slice_for_no_single_node_is_refused(operation):
+    new = None if operation == "DELETE" else _slice(None)
+    old = None if operation == "CREATE" else _slice(None)
+    assert admit(operation, user=_agent_user(), node="node-a", new=new, old=old) == [
+        "cni-dra's service account on node 'node-a' may write only that node's ResourceSlices, not a slice for no "
+        "single node (allNodes, nodeSelector or perDeviceNodeSelection)"]
+
+
+def test_a_token_bound_to_no_node_writes_no_slice():
+    assert admit("CREATE", user=_agent_user(), node=None, new=_slice("node-a")) == [
+        "cni-dra's service account may write ResourceSlices only with a token bound to a node (its pod's or a Node)"]

@@ -42,8 +42,10 @@ def test_prepare_unprepare_sequences(seq):
             yaml.safe_dump(inventory_doc("node-1", {"eth-a": "ens1", "eth-b": "ens2"}), fh)
         uids = {}
         for name, (device, pods) in CLAIMS.items():
+            # one request name per claim: p0 holds c0 and c1, one interface each (two
+            # results for one interface would be refused at prepare)
             c = server.add_claim(allocated_claim(name, pool="node-1", device=device, bandwidth="1G",
-                                                 share_id=SHARES[name], pod_uids=pods))
+                                                 share_id=SHARES[name], pod_uids=pods, request=f"net{name[1:]}"))
             uids[name] = c["metadata"]["uid"]
         api = KubeApi.from_config(host=server.url)
         driver = ClaimDriver(api, state_dir=f"{tmp}/state", driver_name=DRIVER,

@@ -333,6 +333,17 @@ def test_add_with_runtime_bandwidth_lowers(tmp_path, monkeypatch) -> None:
                                        ingress_rate_bps=300 * M)]
 
 
+def test_add_with_containerds_go_spelling_lowers(tmp_path, monkeypatch) -> None:
+    # containerd marshals its Go struct without JSON tags: IngressRate, EgressRate...
+    kernel = FakeKernel(monkeypatch)
+    env, conf = _node(tmp_path, capabilities={"bandwidth": True},
+                      runtimeConfig={"bandwidth": {"IngressRate": 5000 * M, "IngressBurst": MAX_U32,
+                                                   "EgressRate": 50 * M, "EgressBurst": MAX_U32}})
+    assert _run("ADD", env, conf)[0] == 0
+    assert kernel.shaped == [ShapeSpec(egress_rate_bps=50 * M, egress_burst_bytes=MIN_BURST_BYTES,
+                                       ingress_rate_bps=300 * M, ingress_burst_bytes=MIN_BURST_BYTES)]
+
+
 def test_unshaped_add_records_nothing_and_del_leaves_shaping_alone(tmp_path, monkeypatch) -> None:
     kernel = FakeKernel(monkeypatch)
     env, conf = _node(tmp_path, shaping=False)

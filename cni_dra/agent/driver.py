@@ -9,7 +9,11 @@ stores the claim in the node state for every pod in ``status.reservedFor``, thro
 first validates the device profiles the claim's config asks against the node's limits
 (read at each prepare from the agent's ``--conflist`` files); a claim that fails is
 refused with nothing stored, and the kubelet shows the message as a pod event. The
-state, not memory, holds prepared claims, so an agent restart loses nothing; a repeated
+kubelet sends a pod's claims of this driver in one call (:meth:`ClaimDriver.prepare_claims`):
+when they, with what the node already holds for the pod, would give one of its interfaces
+several allocation results to choose from, all of that pod's claims in the call are refused
+and nothing is stored (ADD could not attach that interface, and the pod would hold its
+capacity while the kubelet retried its sandbox). The state, not memory, holds prepared claims, so an agent restart loses nothing; a repeated
 prepare replaces the stored copy (idempotent), and the state lock serialises it with the
 CNI plugin.
 
@@ -22,9 +26,9 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import ClaimError
 
@@ -32,8 +36,9 @@ if TYPE_CHECKING:
     from cni_dra.dra.models import ResourceSlice
     from cni_dra.k8s.api import KubeApi
     from cni_dra.protocol.profile import ProfileLimits
+    from cni_dra.state.prepared import PreparedClaim
 
-__all__ = ["PreparedDevice", "ClaimDriver"]
+__all__ = ["PreparedDevice", "ClaimDriver", "ClaimName"]
 
 log = logging.getLogger("cni_dra.agent.driver")
 
@@ -47,6 +52,27 @@ class PreparedDevice:
     device_name: str
     share_id: str
     cdi_device_ids: tuple[str, ...] = ()
+
+
+ClaimName = tuple[str, str, str]
+"""A claim as the kubelet names it: (namespace, UID, name)."""
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    """A claim read and checked for prepare: its object as stored, its typed view, the pods
+    it is reserved for (UID -> ``namespace/name``) and its devices of this driver."""
+
+    where: str
+    obj: dict[str, Any]
+    claim: PreparedClaim
+    pods: dict[str, str]
+    devices: list[PreparedDevice]
+
+
+def _fetched(f: _Fetched | Exception) -> _Fetched:
+    assert isinstance(f, _Fetched)
+    return f
 
 
 class ClaimDriver:
@@ -76,26 +102,84 @@ class ClaimDriver:
         self.observe = observe
 
     def prepare(self, namespace: str, uid: str, name: str) -> list[PreparedDevice]:
-        """Prepare claim ``namespace/name`` (UID ``uid``); returns its devices of this driver.
+        """Prepare one claim (:meth:`prepare_claims`); returns its devices of this driver or
+        raises what :meth:`prepare_claims` gives it."""
+        (out,) = self.prepare_claims([(namespace, uid, name)])
+        if isinstance(out, Exception):
+            raise out
+        return out
 
-        Raises ClaimError (101) for a claim that is missing, replaced (other UID), not
-        allocated, allocated on another node's devices or reserved for no pod;
-        InvalidConfigError (7) for device profiles that do not validate or break the node's
-        limits (nothing stored); IOFailureError (5) / TryAgainLaterError (11) from the API
-        server, the state or an unreadable conflist.
+    def prepare_claims(self, claims: Sequence[ClaimName]) -> list[list[PreparedDevice] | Exception]:
+        """Prepare the claims of one NodePrepareResources call (the kubelet sends a pod's
+        claims of this driver together); returns, per claim, its devices of this driver or
+        why it was refused.
+
+        A claim is refused with ClaimError (101) when it is missing, replaced (other UID),
+        not allocated, allocated on another node's devices or reserved for no pod;
+        InvalidConfigError (7) when its device profiles do not validate or break the node's
+        limits; IOFailureError (5) / TryAgainLaterError (11) from the API server, the state
+        or an unreadable conflist. A pod's claims are refused together, with ClaimError
+        (101) and nothing stored for any pod, when they (with those the node already holds
+        for it) would give one of its interfaces several results to choose from
+        (:func:`cni_dra.state.claims.check_pod_interfaces`).
         """
         start = time.monotonic()
-        ok = False
         try:
-            out = self._prepare(namespace, uid, name)
-            ok = True
-            return out
-        finally:
-            self.observe("prepare", ok, time.monotonic() - start)
+            out = self._prepare_claims(claims)
+        except Exception as exc:  # noqa: BLE001 - the inventory, limits or state: every claim fails with it
+            out = [exc for _ in claims]
+        seconds = time.monotonic() - start
+        for one in out:
+            self.observe("prepare", not isinstance(one, Exception), seconds)
+        return out
 
-    def _prepare(self, namespace: str, uid: str, name: str) -> list[PreparedDevice]:
+    def _prepare_claims(self, claims: Sequence[ClaimName]) -> list[list[PreparedDevice] | Exception]:
         from cni_dra.protocol.profile import ProfileLimits
-        from cni_dra.state.claims import prepare_claim
+        from cni_dra.state import NodeState, StateStore
+        from cni_dra.state.claims import check_pod_interfaces, prepare_claims
+
+        slice_ = self.inventory()
+        limits = self.limits() if self.limits is not None else ProfileLimits()
+        found: list[_Fetched | Exception] = []
+        for namespace, uid, name in claims:
+            try:
+                found.append(self._fetch(namespace, uid, name, slice_, limits))
+            except Exception as exc:  # noqa: BLE001 - reported for this claim only
+                found.append(exc)
+        by_pod: dict[str, list[int]] = {}
+        pod_names: dict[str, str] = {}
+        for i, f in enumerate(found):
+            if isinstance(f, _Fetched):
+                for pod_uid, pod_name in f.pods.items():
+                    by_pod.setdefault(pod_uid, []).append(i)
+                    pod_names[pod_uid] = pod_name
+        state = StateStore(self.state_dir).read() if by_pod else NodeState()
+        for pod_uid, idxs in by_pod.items():  # first check every pod, so that a refusal stores nothing
+            adding = [f.claim for i in idxs if isinstance(f := found[i], _Fetched)]
+            try:
+                check_pod_interfaces(state.prepared(pod_uid), adding, driver=self.driver_name, pod=pod_names[pod_uid])
+            except ClaimError as exc:
+                for i in idxs:
+                    found[i] = exc
+        for pod_uid, idxs in by_pod.items():
+            keep = [i for i in idxs if isinstance(found[i], _Fetched)]
+            if not keep:
+                continue
+            try:
+                changed = prepare_claims(self.state_dir, pod_uid, [_fetched(found[i]).obj for i in keep],
+                                         driver=self.driver_name, limits=limits, pod=pod_names[pod_uid])
+            except Exception as exc:  # noqa: BLE001 - reported for these claims
+                for i in keep:
+                    found[i] = exc
+                continue
+            for i, did in zip(keep, changed):
+                if did:
+                    log.info("prepared %s for pod %s", _fetched(found[i]).where, pod_uid)
+        return [f.devices if isinstance(f, _Fetched) else f for f in found]
+
+    def _fetch(self, namespace: str, uid: str, name: str, slice_: ResourceSlice, limits: ProfileLimits) -> _Fetched:
+        """Read and check claim ``namespace/name`` (UID ``uid``) for :meth:`prepare_claims`."""
+        from cni_dra.state.claims import validate_claim
 
         where = f"claim {namespace}/{name} ({uid})"
         claim = self.api.get_resource_claim(namespace, name)
@@ -110,7 +194,6 @@ class ClaimDriver:
         results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
         if not status.get("allocation"):
             raise ClaimError(f"failed to prepare {where}: it is not allocated")
-        slice_ = self.inventory()
         pool = slice_.spec.pool.name
         devices = {d.name for d in slice_.spec.devices}
         mine = [r for r in results if r.get("driver") == self.driver_name]
@@ -120,18 +203,15 @@ class ClaimDriver:
                     f"failed to prepare {where}: request {r.get('request')!r} is allocated on "
                     f"{r.get('pool')}/{r.get('device')}, not on this node (pool {pool}: {', '.join(sorted(devices))})"
                 )
-        pods = [
-            c["uid"]
+        pods = {
+            c["uid"]: f"{namespace}/{c.get('name') or c['uid']}"
             for c in status.get("reservedFor") or []
             if c.get("resource") == "pods" and not c.get("apiGroup") and c.get("uid")
-        ]
+        }
         if not pods:
             raise ClaimError(f"failed to prepare {where}: status.reservedFor names no pod")
-        limits = self.limits() if self.limits is not None else ProfileLimits()
-        for pod_uid in pods:
-            if prepare_claim(self.state_dir, pod_uid, claim, driver=self.driver_name, limits=limits):
-                log.info("prepared %s for pod %s", where, pod_uid)
-        return [
+        prepared = validate_claim(claim, driver=self.driver_name, limits=limits)
+        return _Fetched(where=where, obj=claim, claim=prepared, pods=pods, devices=[
             PreparedDevice(
                 request_names=(r.get("request", ""),),
                 pool_name=r.get("pool", ""),
@@ -139,7 +219,7 @@ class ClaimDriver:
                 share_id=r.get("shareID") or "",
             )
             for r in mine
-        ]
+        ])
 
     def unprepare(self, namespace: str, uid: str, name: str) -> int:
         """Remove claim ``uid`` from every pod in the node state; returns how many copies.

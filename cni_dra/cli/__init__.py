@@ -136,26 +136,28 @@ def _read_text(path: str) -> str:
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 def claims_prepare(state_dir: str, inventory: str, conflists: tuple[str, ...], pod_uid: str, file: str) -> None:
     """Add the allocated ResourceClaim(s) in FILE (JSON or YAML, a List or several
-    documents; '-' for stdin) for a pod. Results of the inventory's driver must name its
-    pool and devices (checked when the inventory file exists), and the device profiles
-    their config asks must validate within the --conflist limits."""
+    documents; '-' for stdin) for a pod, all or none. Results of the inventory's driver
+    must name its pool and devices (checked when the inventory file exists), the device
+    profiles their config asks must validate within the --conflist limits, and together
+    with the pod's prepared claims they must give each interface at most one result."""
     import os
 
     from cni_dra.dra.claims import parse_claim_objects
     from cni_dra.dra.inventory import load_inventory
     from cni_dra.protocol.profile import load_limits
-    from cni_dra.state.claims import check_claim_against_inventory, prepare_claim
+    from cni_dra.state.claims import check_claim_against_inventory, prepare_claims
 
     objs = parse_claim_objects(_read_text(file), file)
     slice_ = load_inventory(inventory) if os.path.exists(inventory) else None
     driver = slice_.spec.driver if slice_ is not None else DEFAULT_DRIVER
     limits = load_limits(conflists)
-    for obj in objs:
-        if slice_ is not None:
+    if slice_ is not None:
+        for obj in objs:
             check_claim_against_inventory(obj, slice_)
-        changed = prepare_claim(state_dir, pod_uid, obj, driver=driver, limits=limits)
+    changed = prepare_claims(state_dir, pod_uid, objs, driver=driver, limits=limits)
+    for obj, did in zip(objs, changed):
         name = (obj.get("metadata") or {}).get("name")
-        click.echo(f"claim {name} {'prepared' if changed else 'already prepared'} for pod {pod_uid}")
+        click.echo(f"claim {name} {'prepared' if did else 'already prepared'} for pod {pod_uid}")
 
 
 @claims.command("unprepare")

@@ -9,11 +9,12 @@
   ``NotifyRegistrationStatus`` records the kubelet's verdict.
 
 This module is a thin adapter: it decodes requests and encodes responses; the work is a
-``driver`` object with ``prepare(namespace, uid, name) -> [device]`` (devices with
-``request_names``, ``pool_name``, ``device_name``, ``share_id``, ``cdi_device_ids``) and
-``unprepare(namespace, uid, name)``. A :class:`~cni_dra.errors.CniError` (or any other
-exception) for one claim becomes that claim's ``error`` string, so the kubelet retries
-only that claim; the RPC itself succeeds.
+``driver`` object with ``prepare_claims([(namespace, uid, name), ...]) -> [[device] |
+exception]`` (one answer per claim of the call, in order; devices with ``request_names``,
+``pool_name``, ``device_name``, ``share_id``, ``cdi_device_ids``: the claims of one call are
+one pod's, and the driver judges them together) and ``unprepare(namespace, uid, name)``. A
+:class:`~cni_dra.errors.CniError` (or any other exception) for one claim becomes that
+claim's ``error`` string, so the kubelet retries only that claim; the RPC itself succeeds.
 """
 
 from __future__ import annotations
@@ -55,21 +56,25 @@ def _dra_servicer(proto: str, driver: Any) -> Any:
     class DRAPlugin(services.DRAPluginServicer):  # type: ignore[misc, name-defined]  # generated at build time or in memory: no types
         def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC name
             resp = pb2.NodePrepareResourcesResponse()
-            for claim in request.claims:
+            claims = list(request.claims)
+            try:
+                answers = driver.prepare_claims([(c.namespace, c.uid, c.name) for c in claims])
+            except Exception as exc:  # noqa: BLE001 - reported for every claim, kubelet retries
+                answers = [exc for _ in claims]
+            for claim, answer in zip(claims, answers):
                 out = resp.claims[claim.uid]
-                try:
-                    for dev in driver.prepare(claim.namespace, claim.uid, claim.name):
-                        out.devices.add(
-                            request_names=list(dev.request_names),
-                            pool_name=dev.pool_name,
-                            device_name=dev.device_name,
-                            cdi_device_ids=list(dev.cdi_device_ids),
-                            share_id=dev.share_id,
-                        )
-                except Exception as exc:  # noqa: BLE001 - reported per claim, kubelet retries
-                    del out.devices[:]
-                    out.error = _error_text(exc)
+                if isinstance(answer, BaseException):
+                    out.error = _error_text(answer)
                     log.warning("prepare %s/%s failed: %s", claim.namespace, claim.name, out.error)
+                    continue
+                for dev in answer:
+                    out.devices.add(
+                        request_names=list(dev.request_names),
+                        pool_name=dev.pool_name,
+                        device_name=dev.device_name,
+                        cdi_device_ids=list(dev.cdi_device_ids),
+                        share_id=dev.share_id,
+                    )
             return resp
 
         def NodeUnprepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802

@@ -12,7 +12,9 @@ runtimeConfig key is honoured only when its capability is declared in ``capabili
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -40,10 +42,13 @@ __all__ = [
     "DEFAULT_SHAPING_LATENCY_S",
     "ShapingConfig",
     "RuntimeBandwidth",
+    "runtime_bandwidth_keys",
     "NetConf",
     "load_conf",
     "peek_cni_version",
 ]
+
+log = logging.getLogger("cni_dra.protocol.config")
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest network configuration accepted on stdin (bytes)."""
@@ -169,13 +174,39 @@ class ShapingConfig(BaseModel):
         return self.egressCapacity, self.ingressCapacity
 
 
+def runtime_bandwidth_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``runtimeConfig.bandwidth`` with its keys matched to :class:`RuntimeBandwidth`'s fields
+    as Go's JSON decoding (and so the reference bandwidth plugin) matches them: the exact
+    name, else the same name in another case (ASCII), a later key winning over an earlier
+    one for the same field. containerd sends Go's field names (``IngressRate``,
+    ``EgressBurst``...), CRI-O the conventions' (``ingressRate``...). Returns (the value
+    by field name, the keys that match no field)."""
+    fields = {name.lower(): name for name in RuntimeBandwidth.model_fields}
+    out: dict[str, Any] = {}
+    unknown: list[str] = []
+    for key, value in raw.items():
+        name = fields.get(key.lower()) if isinstance(key, str) and key.isascii() else None
+        if name is None:
+            unknown.append(str(key))
+        else:
+            out[name] = value
+    return out, unknown
+
+
 class RuntimeBandwidth(BaseModel):
     """``runtimeConfig.bandwidth`` (CNI conventions, capability ``bandwidth``): what the runtime
     asks from a pod's ``kubernetes.io/ingress-bandwidth`` / ``egress-bandwidth`` annotations.
     Rates in bits per second, bursts in bits (the reference bandwidth plugin's units); 0 or
-    absent: not asked. Keys this plugin does not know are ignored, as the conventions say."""
+    absent: not asked. Keys are matched in any case (:func:`runtime_bandwidth_keys`); keys
+    this plugin does not know are ignored, as the conventions say (the config loader logs
+    them)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _any_case(cls, v: Any) -> Any:
+        return runtime_bandwidth_keys(v)[0] if isinstance(v, Mapping) else v
 
     ingressRate: int = Field(default=0, ge=0, le=_MAX_U64, strict=True)
     ingressBurst: int = Field(default=0, ge=0, le=_MAX_U64, strict=True)
@@ -278,10 +309,15 @@ class NetConf(BaseModel):
     @model_validator(mode="after")
     def _runtime_bandwidth(self) -> NetConf:
         if self.capabilities.get("bandwidth") and self.runtimeConfig.get("bandwidth") is not None:
+            raw = self.runtimeConfig["bandwidth"]
             try:
-                RuntimeBandwidth.model_validate(self.runtimeConfig["bandwidth"])
+                RuntimeBandwidth.model_validate(raw)
             except ValidationError as exc:
                 raise ValueError(f"runtimeConfig.bandwidth: {_format_validation_error(exc)[1]}") from exc
+            unknown = runtime_bandwidth_keys(raw)[1]
+            if unknown:
+                log.warning("network %r: runtimeConfig.bandwidth: ignoring unknown key(s) %s (known: %s, in any case)",
+                            self.name, ", ".join(map(repr, unknown)), ", ".join(RuntimeBandwidth.model_fields))
         return self
 
     @field_validator("mac")

@@ -8,11 +8,15 @@ claim's configuration gives the results of cni-dra's driver are validated and ch
 against the node's limits (:func:`cni_dra.protocol.profile.claim_profiles`): a claim that
 fails is refused whole, with the state unchanged, so a bad profile never reaches ADD. The
 state decodes the same profiles from the stored object (:mod:`cni_dra.state.prepared`).
+A pod's claims are refused too, all of them and with nothing stored, when they would give
+one of its interfaces several results to choose from (:func:`check_pod_interfaces`): ADD
+could not attach it, and the pod would hold its capacity while the kubelet retried.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cni_dra.protocol.config import DEFAULT_DRIVER
@@ -20,8 +24,10 @@ from cni_dra.protocol.config import DEFAULT_DRIVER
 if TYPE_CHECKING:
     from cni_dra.dra.models import ResourceSlice
     from cni_dra.protocol.profile import ProfileLimits
+    from cni_dra.state.prepared import PreparedClaim
 
-__all__ = ["prepare_claim", "unprepare_claims", "check_claim_against_inventory", "share_prepared_claim"]
+__all__ = ["validate_claim", "check_pod_interfaces", "prepare_claims", "prepare_claim", "unprepare_claims",
+           "check_claim_against_inventory", "share_prepared_claim"]
 
 
 _SHARE_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -50,26 +56,24 @@ def check_claim_against_inventory(claim_obj: dict[str, Any], slice_: ResourceSli
             raise InvalidConfigError(f"{where}: shareID {share!r} is not a lowercase UUID")
 
 
-def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER,
-                  limits: ProfileLimits | None = None) -> bool:
-    """Store a resource.k8s.io/v1 ResourceClaim (with ``status.allocation``) for ``pod_uid``.
-
-    The device profiles its config gives the results of ``driver`` must validate and keep
-    within ``limits`` (the node's, default :class:`~cni_dra.protocol.profile.ProfileLimits`);
-    checked before the state is touched. Idempotent: a claim with the same ``metadata.uid``
-    is replaced. Returns True when the state changed.
+def validate_claim(claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER,
+                   limits: ProfileLimits | None = None) -> PreparedClaim:
+    """Check a resource.k8s.io/v1 ResourceClaim before it is stored: it validates, it is
+    allocated, and the device profiles its config gives the results of ``driver`` validate
+    and keep within ``limits`` (the node's, default
+    :class:`~cni_dra.protocol.profile.ProfileLimits`). Returns its typed view.
 
     Raises:
         InvalidConfigError: (7) a claim that does not validate, is not allocated, or whose
             profiles do not validate or break a limit (``failed to prepare claim <ns>/<name>
-            request 'net1': <field and limit>``); nothing is written.
+            request 'net1': <field and limit>``).
     """
     from pydantic import ValidationError
 
     from cni_dra.dra.models import ResourceClaim
     from cni_dra.errors import InvalidConfigError
     from cni_dra.protocol.profile import ProfileLimits, claim_profiles
-    from cni_dra.state.store import StateStore
+    from cni_dra.state.prepared import PreparedClaim
 
     try:
         claim = ResourceClaim.model_validate(claim_obj)
@@ -78,19 +82,90 @@ def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any], *, dr
     if claim.status is None or claim.status.allocation is None:
         raise InvalidConfigError(f"failed to prepare claim {claim.metadata.name}: it has no status.allocation")
     claim_profiles(claim_obj, driver, limits if limits is not None else ProfileLimits())
-    uid = claim.metadata.uid or claim.metadata.name
+    try:
+        return PreparedClaim.decode(claim_obj)
+    except (ValidationError, ValueError) as exc:
+        raise InvalidConfigError(f"failed to prepare claim {claim.metadata.name}: {exc}") from exc
+
+
+def check_pod_interfaces(held: Sequence[PreparedClaim], adding: Sequence[PreparedClaim], *, driver: str,
+                         pod: str) -> None:
+    """Refuse to give a pod that holds ``held`` the claims ``adding`` (a held claim of the
+    same identity is replaced) when one of its interfaces would then have several
+    allocation results of ``driver`` to choose from
+    (:func:`~cni_dra.state.prepared.interface_conflicts`): ADD could attach none of them,
+    so the pod would only hold its capacity while the kubelet retries its sandbox. ``pod``
+    names the pod in the message.
+
+    Raises:
+        ClaimError: (101) ``failed to prepare claim(s) <ns>/<name>, ... for pod <pod>:
+            interface 'net1' would have 2 allocation results of <driver> to choose from
+            (claim <ns>/<a> request 'net1', claim <ns>/<b> request 'net1') ...``.
+    """
+    from cni_dra.errors import ClaimError
+    from cni_dra.state.prepared import interface_conflicts
+
+    ids = {c.identity for c in adding}
+    conflicts = interface_conflicts([*(c for c in held if c.identity not in ids), *adding], driver)
+    if not conflicts:
+        return
+    names = ", ".join(f"{c.namespace}/{c.name}" for c in adding)
+    why = "; ".join(
+        f"interface {name!r} would have {len(found)} allocation results of {driver} to choose from ("
+        + ", ".join(f"claim {c.namespace}/{c.name} request {r.request!r}" for c, r in found) + ")"
+        for name, found in sorted(conflicts.items())
+    )
+    raise ClaimError(
+        f"failed to prepare claim{'s' if len(adding) > 1 else ''} {names} for pod {pod}: {why}; an interface takes "
+        "the one result whose request is named after it (or the pod's only result): give the requests of a pod's "
+        "claims distinct names, one per interface"
+    )
+
+
+def prepare_claims(state_dir: str, pod_uid: str, claim_objs: Sequence[dict[str, Any]], *,
+                   driver: str = DEFAULT_DRIVER, limits: ProfileLimits | None = None,
+                   pod: str | None = None) -> list[bool]:
+    """Store resource.k8s.io/v1 ResourceClaims (with ``status.allocation``) for ``pod_uid``,
+    all or none, in one transaction.
+
+    Each is checked first (:func:`validate_claim`); then, under the state lock, the pod's
+    claims with these added must give each interface at most one result
+    (:func:`check_pod_interfaces`; ``pod`` names the pod in that message, default its
+    UID). Idempotent: a claim with the same ``metadata.uid`` is replaced. Returns, per
+    claim, whether it changed the state.
+
+    Raises:
+        InvalidConfigError: (7) as :func:`validate_claim`; nothing is written.
+        ClaimError: (101) as :func:`check_pod_interfaces`; nothing is written.
+    """
+    from cni_dra.state.store import StateStore
+
+    adding = [validate_claim(obj, driver=driver, limits=limits) for obj in claim_objs]
     with StateStore(state_dir).transaction() as state:  # the state keeps a read-only copy
+        held = state.state.prepared(pod_uid)
+        check_pod_interfaces(held, adding, driver=driver, pod=pod or pod_uid)
         existing = list(state.claims.get(pod_uid, ()))
-        for i, c in enumerate(state.state.prepared(pod_uid)):
-            if c.identity == uid:
-                if existing[i] == claim_obj:
-                    return False
-                existing[i] = claim_obj
-                break
-        else:
-            existing.append(claim_obj)
-        state.set_claims(pod_uid, existing)
-        return True
+        identities = [c.identity for c in held]
+        changed = []
+        for claim, obj in zip(adding, claim_objs):
+            if claim.identity in identities:
+                i = identities.index(claim.identity)
+                changed.append(existing[i] != obj)
+                existing[i] = obj
+            else:
+                changed.append(True)
+                existing.append(obj)
+                identities.append(claim.identity)
+        if any(changed):
+            state.set_claims(pod_uid, existing)
+        return changed
+
+
+def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER,
+                  limits: ProfileLimits | None = None) -> bool:
+    """Store one claim for ``pod_uid`` (:func:`prepare_claims`). Returns True when the state
+    changed. Raises as :func:`prepare_claims`."""
+    return prepare_claims(state_dir, pod_uid, [claim_obj], driver=driver, limits=limits)[0]
 
 
 def unprepare_claims(state_dir: str, pod_uid: str, claim_uid: str | None = None) -> int:

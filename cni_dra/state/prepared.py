@@ -23,7 +23,7 @@ from cni_dra.protocol.profile import InterfaceProfile, decode_result_profile
 from cni_dra.quantity import QuantityField
 from cni_dra.state.frozen import FrozenDict
 
-__all__ = ["PreparedClaim", "PreparedResult"]
+__all__ = ["PreparedClaim", "PreparedResult", "interface_conflicts"]
 
 
 class PreparedResult(BaseModel):
@@ -92,3 +92,28 @@ class PreparedClaim(BaseModel):
     def ref(self) -> dict[str, str]:
         """``{"namespace", "name", "uid"}``: how the agent names the claim to the API server."""
         return {"namespace": self.namespace, "name": self.name, "uid": self.uid}
+
+
+def interface_conflicts(
+    claims: Sequence[PreparedClaim], driver: str
+) -> dict[str, list[tuple[PreparedClaim, PreparedResult]]]:
+    """The interfaces a pod holding ``claims`` could not attach: interface name -> the
+    results of ``driver`` that would each serve it, for every name served by more than one.
+
+    ADD picks the result of an interface by one rule
+    (:func:`cni_dra.verbs.common.claim_results_for`): the result whose request is named
+    CNI_IFNAME, else the pod's only result. So a pod with a single result has no conflict
+    (it serves any interface name); with several, each result serves the interface named
+    after its request, and a request name that several results carry (two claims with a
+    request of the same name, or one request allocated several devices: ``count``,
+    ``allocationMode: All``) names an interface ADD must refuse. Several results named
+    apart (one claim with requests ``net1`` and ``net2``, or two claims so named) serve one
+    interface each. Empty: every interface the pod's results can serve is unambiguous.
+    Pure."""
+    results = [(claim, res) for claim in claims for res in claim.results if res.driver == driver]
+    if len(results) <= 1:
+        return {}
+    by_name: dict[str, list[tuple[PreparedClaim, PreparedResult]]] = {}
+    for claim, res in results:
+        by_name.setdefault(res.request, []).append((claim, res))
+    return {name: found for name, found in by_name.items() if len(found) > 1}

@@ -62,7 +62,8 @@ def claim_results_for(
     <cni_dra.state.models.NodeState.prepared>`). Among the results of ``driver``, the one
     whose ``request`` equals CNI_IFNAME, else the only one. Returns (claim, result) or None
     when the pod has no result from this driver. Raises ClaimError (101) when several
-    results match ambiguously.
+    results match ambiguously (prepare refuses claims that would make an interface so:
+    :func:`cni_dra.state.prepared.interface_conflicts` is this rule's counterpart).
     """
     results = [(claim, res) for claim in claims for res in claim.results if res.driver == driver]
     if not results:

@@ -86,17 +86,26 @@ def make_claim(api, name: str, bandwidth: str) -> None:
     resource(api).create_namespaced_resource_claim(NS, body)
 
 
-def make_pod(api, cluster, name: str, *, template: str | None = None, claim: str | None = None) -> dict:
+def make_pod(api, cluster, name: str, *, template: str | None = None, claim: str | None = None,
+             templates: tuple[str, ...] = (), annotations: dict[str, str] | None = None) -> dict:
+    """A pod of the test image; its claim from ``template`` or ``claim`` (named ``nic``), or
+    one claim per entry of ``templates`` (``nic-0``, ``nic-1``...)."""
     spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": 1,
         "containers": [{"name": "app", "image": cluster.TEST_IMAGE, "imagePullPolicy": "Never"}],
     }
+    refs: list[dict[str, str]] = [{"name": f"nic-{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)]
     if template or claim:
         ref = {"name": "nic"}
         ref["resourceClaimTemplateName" if template else "resourceClaimName"] = template or claim
-        spec["resourceClaims"] = [ref]
-        spec["containers"][0]["resources"] = {"claims": [{"name": "nic"}]}
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+        refs.append(ref)
+    if refs:
+        spec["resourceClaims"] = refs
+        spec["containers"][0]["resources"] = {"claims": [{"name": r["name"]} for r in refs]}
+    meta: dict[str, Any] = {"name": name, "namespace": NS}
+    if annotations:
+        meta["annotations"] = annotations
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
     return to_dict(api, core(api).create_namespaced_pod(NS, body))
 
 
@@ -206,6 +215,26 @@ def host_mtu(ifname: str) -> int:
     return int(Path(f"/sys/class/net/{ifname}/mtu").read_text())
 
 
+def tc(uid: str, *args: str) -> list[dict]:
+    """``tc -j <args>`` in pod ``uid``'s netns: the kernel's traffic control, in tc's words."""
+    out = subprocess.run(["nsenter", f"--net={pod_netns(uid)}", "tc", "-j", *args],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout or "[]")
+
+
+def kernel_rates(uid: str, ifname: str = "eth0") -> dict[str, int]:
+    """The rates (bit/s) the kernel shapes pod ``uid``'s ``ifname`` to: egress, the root tbf
+    on it; ingress, the root tbf on the device its ingress filter redirects to (mirred)."""
+    def root_tbf(dev: str) -> dict:
+        (q,) = [q for q in tc(uid, "qdisc", "show", "dev", dev) if q["kind"] == "tbf" and q.get("root")]
+        return q
+
+    (to_dev,) = {a["to_dev"] for f in tc(uid, "filter", "show", "dev", ifname, "ingress")
+                 for a in (f.get("options") or {}).get("actions") or [] if a.get("kind") == "mirred"}
+    # tc -j gives a tbf's rate in bytes per second
+    return {"egress": root_tbf(ifname)["options"]["rate"] * 8, "ingress": root_tbf(to_dev)["options"]["rate"] * 8}
+
+
 def pod_events(api, pod_obj: dict) -> list[tuple[str, str]]:
     """(reason, message) of the events about this pod (by UID: a pod of the same name in an
     earlier scenario has events of its own), as ``kubectl describe pod`` lists them."""
@@ -229,6 +258,17 @@ def wait_event(api, name: str, reason: str, *needles: str, timeout_s: float = 60
         return wait_for(found, f"pod {name}: event {reason} with {needles}", timeout_s)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; events: {pod_events(api, p)}") from None
+
+
+def forbidden(call) -> bool:
+    """Whether ``call()`` is refused with 403 Forbidden (any other error is raised)."""
+    try:
+        call()
+    except ApiException as exc:
+        if exc.status == 403:
+            return True
+        raise
+    return False
 
 
 def delete_cluster_objects(api, *, classes: tuple[str, ...] = (), templates: tuple[str, ...] = ()) -> None:
@@ -638,6 +678,132 @@ def test_profile_the_node_forbids_fails_at_prepare(api, cluster):
         assert not (claim.get("status") or {}).get("devices"), "no networkData for a claim the node refused"
     finally:
         delete_pods(api, "pod-mac")
+
+
+def test_bandwidth_annotations_lower_a_pods_rate_and_never_raise_it(api, cluster):
+    """A pod of a 1G share annotated ``kubernetes.io/egress-bandwidth: 100M`` and
+    ``kubernetes.io/ingress-bandwidth: 5G``: containerd hands both to cni-dra (its conflist
+    declares the ``bandwidth`` capability, as the shipped ones do) under Go's field names
+    (``EgressRate``...). The kernel shapes what the pod sends to 100M and what it receives
+    to the 1G share (the annotation lowers, never raises), and cni-dra's record says the same."""
+    make_template(api, "nic-1g", "1G")
+    make_pod(api, cluster, "pod-bw", template="nic-1g",
+             annotations={"kubernetes.io/egress-bandwidth": "100M", "kubernetes.io/ingress-bandwidth": "5G"})
+    p, _, res = check_attached(api, cluster, "pod-bw", "1G")
+    uid = p["metadata"]["uid"]
+    allocated = int(parse_quantity(res["consumedCapacity"]["bandwidth"]))
+    assert allocated == 10**9
+    egress = int(parse_quantity(p["metadata"]["annotations"]["kubernetes.io/egress-bandwidth"]))
+    assert kernel_rates(uid) == {"egress": egress, "ingress": allocated}
+    (att,) = [a for a in books(cluster)["attachments"] if a["podUID"] == uid]
+    assert {d: att["shaping"][d]["rateBps"] for d in ("egress", "ingress")} == {"egress": egress, "ingress": allocated}
+    delete_pods(api, "pod-bw")
+
+
+def test_a_pod_whose_claims_give_one_interface_two_results_is_refused_at_prepare(api, cluster):
+    """A pod with two claims of one template (each a 1G request named net1): ADD could pick
+    neither for any interface (two results named net1, none eth0), so the agent's
+    NodePrepareResources refuses both and names them; the pod stays Pending with a
+    FailedPrepareDynamicResources event, its sandbox is never made, and cni-dra holds
+    nothing for it (no prepared claim, no attachment, nothing charged), although the
+    scheduler allocated both."""
+    make_template(api, "nic-1g", "1G")
+    p = make_pod(api, cluster, "pod-two", templates=("nic-1g", "nic-1g"))
+    uid = p["metadata"]["uid"]
+    msg = wait_event(api, "pod-two", "FailedPrepareDynamicResources",
+                     "interface 'net1' would have 2 allocation results of net.cni-dra.dev to choose from")
+    print(f"\ne2e: pod-two: FailedPrepareDynamicResources: {msg}")
+    assert "ClaimError (CNI code 101): failed to prepare claims default/pod-two-nic-" in msg, msg
+    names = [st["resourceClaimName"] for st in pod(api, "pod-two")["status"]["resourceClaimStatuses"]]
+    claims = [to_dict(api, resource(api).read_namespaced_resource_claim(n, NS)) for n in names]
+    assert len(claims) == 2
+    for c in claims:  # the scheduler allocated and reserved both
+        assert result_of(c)["request"] == "net1" and result_of(c)["device"] in cluster.NICS
+        assert [r["uid"] for r in c["status"]["reservedFor"]] == [uid]
+        assert f"claim default/{c['metadata']['name']} request 'net1'" in msg, msg
+
+    def refused_and_nothing_held() -> bool:
+        now = pod(api, "pod-two")
+        held = books(cluster)
+        return (now["status"].get("phase") == "Pending" and not now["status"].get("podIP")
+                and not [e for e in pod_events(api, now) if e[0] == "FailedCreatePodSandBox"]
+                and not held["attachments"] and not held["preparedClaims"]
+                and booked(cluster) == {n: Decimal(0) for n in cluster.NICS})
+
+    consistently(refused_and_nothing_held, "pod-two Pending, no sandbox, nothing prepared or charged", 10)
+    delete_pods(api, "pod-two")
+
+
+def test_a_token_bound_to_another_node_cannot_write_this_nodes_slices(api, cluster, tmp_path):
+    """conf/k8s/admission.yaml, applied unchanged: a token of cni-dra's service account
+    bound to another Node (a second Node object, unschedulable, and TokenRequest) gets 403
+    on create, update and delete of this node's slices, and the agent's slice is untouched;
+    the agent's own token still writes this node's slices but no slice for all nodes; the
+    other node's token writes its own node's."""
+    other = "cni-dra-e2e-other"
+    name = f"{cluster.NODE}-{cluster.DRIVER}"
+    node_body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": other},
+                 "spec": {"unschedulable": True,
+                          "taints": [{"key": "cni-dra-e2e/no-kubelet", "effect": "NoSchedule"}]}}
+    other_uid = core(api).create_node(node_body).metadata.uid
+    foreign = cluster.token_client(cluster.agent_token(api, other_uid, node=other), tmp_path / "foreign.kubeconfig")
+    from kubernetes import config
+
+    own = config.new_client_from_config(config_file=str(cluster.agent_kubeconfig()))  # the running agent's
+
+    def scratch(slice_name: str, node: str | None) -> dict:
+        spec: dict[str, Any] = {"driver": "scratch.cni-dra.dev", "devices": [],
+                                "pool": {"name": slice_name, "generation": 1, "resourceSliceCount": 1}}
+        spec.update({"nodeName": node} if node else {"allNodes": True})
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": slice_name},
+                "spec": spec}
+
+    def refused(call, *, why: str) -> None:
+        with pytest.raises(ApiException) as err:
+            call()
+        assert err.value.status == 403, (err.value.status, err.value.body)
+        assert why in json.loads(err.value.body)["message"], err.value.body
+
+    not_this_node = (f"cni-dra's service account on node '{other}' may write only that node's ResourceSlices, "
+                     f"not those of node '{cluster.NODE}'")
+    made = ["cde2e-scratch-own", "cde2e-scratch-other"]
+    try:
+        # the API server's admission sees the policy shortly after it is created
+        wait_for(lambda: forbidden(lambda: resource(foreign).create_resource_slice(
+            scratch("cde2e-scratch-probe", cluster.NODE), dry_run="All")), "the admission policy in force", 30)
+        before = to_dict(api, resource(api).read_resource_slice(name))
+        refused(lambda: resource(foreign).create_resource_slice(scratch("cde2e-scratch-foreign", cluster.NODE)),
+                why=not_this_node)
+        changed = {**before, "metadata": {**before["metadata"], "labels": {"cde2e/taken": "yes"}}}
+        refused(lambda: resource(foreign).replace_resource_slice(name, changed), why=not_this_node)
+        refused(lambda: resource(foreign).delete_resource_slice(name), why=not_this_node)
+        after = to_dict(api, resource(api).read_resource_slice(name))
+        assert (after["metadata"]["uid"], after["metadata"]["resourceVersion"]) == (
+            before["metadata"]["uid"], before["metadata"]["resourceVersion"])
+        assert not [s for s in resource(api).list_resource_slice().items if s.metadata.name == "cde2e-scratch-foreign"]
+        # the agent's own token: this node's slices yes, a slice for no single node no
+        resource(own).create_resource_slice(scratch(made[0], cluster.NODE))
+        mine = to_dict(api, resource(own).read_resource_slice(made[0]))
+        mine["spec"]["pool"]["generation"] = 2
+        assert resource(own).replace_resource_slice(made[0], mine).spec.pool.generation == 2
+        resource(own).delete_resource_slice(made[0])
+        refused(lambda: resource(own).create_resource_slice(scratch("cde2e-scratch-all", None)),
+                why=f"on node '{cluster.NODE}' may write only that node's ResourceSlices, not a slice for no single "
+                    "node (allNodes, nodeSelector or perDeviceNodeSelection)")
+        # the other node's token writes its own node's slices
+        resource(foreign).create_resource_slice(scratch(made[1], other))
+        resource(foreign).delete_resource_slice(made[1])
+    finally:
+        for n in made:
+            try:
+                resource(api).delete_resource_slice(n)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        foreign.close()
+        own.close()
+        core(api).delete_node(other)
+    wait_for(lambda: not [n for n in core(api).list_node().items if n.metadata.name == other], "the other Node gone", 60)
 
 
 def test_a_pods_rate_is_the_share_the_scheduler_gave_it(api, cluster, tmp_path):

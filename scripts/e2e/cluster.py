@@ -7,8 +7,8 @@ usage: cluster.py up | down | status | versions | agent-start | agent-stop
 ``up`` starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd
 and the kubelet under the cluster directory (``CNI_DRA_E2E_DIR``, default
 /run/cni-dra-e2e), creates two veth pairs as the node's 10G NICs (one of MTU 1500, one
-jumbo: ``JUMBO_NIC``, MTU ``JUMBO_MTU``), applies conf/k8s/rbac.yaml and
-conf/k8s/deviceclass.yaml unchanged, starts ``cni-dra agent`` on the host with its own
+jumbo: ``JUMBO_NIC``, MTU ``JUMBO_MTU``), applies conf/k8s/rbac.yaml, admission.yaml and
+deviceclass.yaml unchanged, starts ``cni-dra agent`` on the host with its own
 service account's token (bound to the Node, as a DaemonSet pod's token is bound to its
 node) and the plugin's conflist as its ``--conflist`` (the limits on device profiles, as
 the DaemonSet points the agent at the plugin's conflist), waits until the Node is Ready and prints the admin
@@ -383,6 +383,8 @@ def conflist() -> dict:
             "type": "cni-dra", "driver": DRIVER,
             "stateDir": str(state_dir()), "inventory": str(inventory_path()),
             "linkType": "macvlan", "mode": "bridge",
+            # as the shipped conflists: containerd then passes a pod's bandwidth annotations
+            "capabilities": {"bandwidth": True},
             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
                      "dataDir": str(p("ipam"))},
         }],
@@ -680,13 +682,23 @@ def node_ready(api) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
 
-def agent_token(api, node_uid: str) -> str:
+def agent_token(api, node_uid: str, node: str = NODE) -> str:
+    """A token of cni-dra's service account bound to Node ``node`` (TokenRequest): the API
+    server puts the node's name in the token's user info, as in a DaemonSet pod's."""
     from kubernetes import client
 
     req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
         audiences=["https://kubernetes.default.svc.cluster.local"], expiration_seconds=24 * 3600,
-        bound_object_ref=client.V1BoundObjectReference(kind="Node", api_version="v1", name=NODE, uid=node_uid)))
+        bound_object_ref=client.V1BoundObjectReference(kind="Node", api_version="v1", name=node, uid=node_uid)))
     return client.CoreV1Api(api).create_namespaced_service_account_token("cni-dra", "kube-system", req).status.token
+
+
+def token_client(token: str, path: Path):
+    """An API client authenticating with ``token`` (its kubeconfig written to ``path``)."""
+    from kubernetes import config
+
+    _kubeconfig(path, user="token", token=token)
+    return config.new_client_from_config(config_file=str(path))
 
 
 def agent_start(extra: list[str] | None = None) -> int:
@@ -749,6 +761,7 @@ def up() -> Path:
         start_containerd(bins)
         start_kubelet(bins)
         apply_manifest(api, REPO / "conf/k8s/rbac.yaml")
+        apply_manifest(api, REPO / "conf/k8s/admission.yaml")
         apply_manifest(api, REPO / "conf/k8s/deviceclass.yaml")
         wait(lambda: client.CoreV1Api(api).read_node(NODE) is not None, "Node registered", 90, proc="kubelet")
         node_uid = client.CoreV1Api(api).read_node(NODE).metadata.uid
