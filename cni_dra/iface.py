@@ -6,7 +6,7 @@ Standard library only: imported on every CNI call.
 
 Interface name (:func:`validate_ifname`): what the kernel's ``dev_valid_name()`` accepts
 and keeps as sent, which is also what CNI spec 1.1.0 "Parameters" (``CNI_IFNAME``) and the
-reference skel's ``ValidateInterfaceName`` ask for:
+reference skel's ``ValidateInterfaceName`` ask for, in printable ASCII:
 
 * not empty, valid UTF-8, at most 15 bytes (``IFNAMSIZ`` 16 minus the NUL);
 * not ``.`` or ``..``;
@@ -14,7 +14,12 @@ reference skel's ``ValidateInterfaceName`` ask for:
 * no whitespace: Unicode White_Space (Go's ``unicode.IsSpace``, what the reference skel
   checks; the ASCII separators 0x1c-0x1f are not whitespace there nor in the kernel), and
   no byte the kernel's ``isspace()`` matches (``\\t\\n\\v\\f\\r``, space, 0xa0; so a UTF-8
-  name with a 0xa0 byte, such as ``à`` = c3 a0, is refused too).
+  name with a 0xa0 byte, such as ``à`` = c3 a0, is refused too);
+* nothing but printable ASCII (``!`` to ``~``): the spec and the kernel take other bytes,
+  but cni-dra writes per-interface sysctls (``net/ipv4/conf/<name>/...``) and names ifb
+  devices after the name, where control characters and look-alike letters (a precomposed
+  ``é`` or ``e`` and a combining accent) only cause trouble; it refuses them up front
+  (code 4) rather than fail half way through ADD.
 
 MAC address (:func:`validate_mac`): unicast Ethernet ``xx:xx:xx:xx:xx:xx`` (hex, either
 case), not all zeros, I/G bit clear; returned lower case.
@@ -99,6 +104,8 @@ def _ifname_problem(ifname: object) -> str | None:
         b in _KERNEL_SPACE_BYTES for b in raw
     ):
         return "contains '/', ':' or whitespace"
+    if not all("!" <= c <= "~" for c in ifname):
+        return "contains a character that is not printable ASCII (cni-dra takes '!' to '~' only)"
     return None
 
 

@@ -338,3 +338,29 @@ def test_check_fails_on_mac_mismatch(node, make_netns):
     out["interfaces"][0]["mac"] = "c2:00:00:00:00:99"
     code, cout, _ = run_plugin("CHECK", dict(conf, prevResult=out), container_id=cid, netns=ns, ifname="eth0")
     assert code != 0 and cout["code"] == 105 and "MAC" in cout["msg"]
+
+
+@pytest.mark.parametrize("ifname", ["net+1", "pod@a", "x#1"])
+def test_any_printable_ascii_interface_name_is_added_and_deleted(node, make_netns, ifname):
+    """Names with punctuation the kernel keeps: ADD writes their sysctls (it failed on them
+    with code 7 before) and shapes them; DEL removes all."""
+    from netns_tests.bed import links_named, sysctl_in_netns
+
+    ns = make_netns()
+    cid, code, out, err = _add(node, ns, node.conf("300M"), ifname=ifname)
+    assert code == 0, (out, err)
+    assert sysctl_in_netns(ns, f"net/ipv4/conf/{ifname}/arp_notify") == "1"
+    assert ("ifb-" + ifname, "ifb") in links_named(ns)
+    code, out, err = run_plugin("DEL", node.conf("300M"), container_id=cid, netns=ns, ifname=ifname, cni_args=_args(cid))
+    assert (code, out) == (0, None), err
+    assert [name for name, _ in links_named(ns)] == ["lo"]
+
+
+@pytest.mark.parametrize("ifname", ["eté", "net\x7f", "a\x1fb"])
+def test_an_interface_name_outside_printable_ascii_is_code_4_before_anything(node, make_netns, ifname):
+    ns = make_netns()
+    _, code, out, err = _add(node, ns, node.conf("300M"), ifname=ifname)
+    assert code == 1 and out is not None and out["code"] == 4, (out, err)
+    assert out["msg"] == (f"invalid CNI_IFNAME {ifname!r}: interface name contains a character that is not "
+                          "printable ASCII (cni-dra takes '!' to '~' only)")
+    assert node.status()["attachments"] == [] and node.reported_consumed() == {"nic-a": "0", "nic-b": "0"}

@@ -122,6 +122,71 @@ def test_a_shaping_failure_fails_the_add_with_code_102_and_undoes_it(node, make_
     _add(node, ns, "pod-a", "300M", shaping=False)
 
 
+def _leaves_the_pod_as_it_was(node: NodeBed, ns: str, err: str) -> bool:
+    return ("Traceback" not in err and [name for name, _ in links_named(ns)] == ["lo"]
+            and node.status()["attachments"] == [] and node.reported_consumed() == {"nic-a": "0"})
+
+
+@pytest.mark.parametrize(("conf", "says"), [
+    # what containerd sends for kubernetes.io/ingress-bandwidth: 1k (an ADD that crashed with 999 before)
+    ({"capabilities": {"bandwidth": True}, "runtimeConfig": {"bandwidth": {"ingressRate": 1000, "ingressBurst": MAX_U32}}},
+     "invalid shaping: ingress rate 1kbit/s (runtimeConfig.bandwidth.ingressRate) is below 2824bit/s, the lowest at "
+     "which tbf passes a full frame on an interface of MTU 1500 (1514 bytes in 4.29 s of the rate)"),
+    # a tiny burst (the kernel's 'Invalid argument', code 102, before)
+    ({"capabilities": {"bandwidth": True}, "runtimeConfig": {"bandwidth": {"ingressRate": 100 * M, "ingressBurst": 80}}},
+     "invalid shaping: runtimeConfig.bandwidth.ingressBurst 80 bits (10 bytes) is below 1539 bytes, the smallest "
+     "bucket at 100Mbit/s on an interface of MTU 1500"),
+    # a capacity no device has (silently unshaped before)
+    ({"shaping": {"capacity": "egressBW"}},
+     "invalid shaping: shaping.capacity names capacity 'egressBW', which device nic-a does not have (its "
+     "capacities: bandwidth)"),
+])
+def test_shaping_the_kernel_cannot_hold_fails_the_add_with_code_7(node, make_netns, conf, says) -> None:
+    ns = make_netns()
+    code, out, err = node.add(ns, "pod-a", conf=node.conf("300M", **conf))
+    assert code == 1 and out is not None and out["code"] == 7, (out, err)
+    assert out["msg"].startswith(says), out
+    assert _leaves_the_pod_as_it_was(node, ns, err), err
+
+
+def test_a_burst_at_its_documented_maximum_is_installed(node, make_netns) -> None:
+    """``egressBurstBytes`` 2**32-1 at 300M: tbf holds it (the queue limit stops at 2**32-1
+    bytes), CHECK finds it as added."""
+    ns = make_netns()
+    conf = node.conf("300M", shaping={"egressBurstBytes": MAX_U32})
+    res = _add(node, ns, "pod-a", "300M", shaping={"egressBurstBytes": MAX_U32})
+    info = read_shaping(ns, "eth0")
+    assert info is not None and info.egress is not None
+    assert info.egress.limit_bytes == MAX_U32 and abs(info.egress.burst_bytes - MAX_U32) <= 100
+    code, out, err = run_plugin("CHECK", dict(conf, prevResult=res), container_id="pod-a", netns=ns, ifname="eth0",
+                                cni_args=pod_args("pod-a"))
+    assert (code, out) == (0, None), (out, err)
+
+
+def test_a_foreign_ifb_device_of_the_same_name_is_refused_and_never_deleted(node, make_netns) -> None:
+    """Someone made ``ifb-net1`` in the pod's netns before ADD: ADD does not take it over
+    (code 102 naming it), and neither ADD's undo, nor DEL, nor an ADD that needs no ifb
+    device and its DEL, delete it."""
+    from pyroute2 import IPRoute
+
+    ns = make_netns()
+    with IPRoute(netns=ns) as ipr:
+        ipr.link("add", ifname="ifb-net1", kind="ifb")
+    code, out, err = node.add(ns, "pod-a", conf=node.conf("300M"), ifname="net1")
+    assert code == 1 and out is not None and out["code"] == 102, (out, err)
+    assert out["msg"] == (f"failed to create ifb device ifb-net1 in netns {ns}: ifb-net1 exists and cni-dra did not "
+                          "make it (not in cni-dra's netdev group 0x7cd31fb0); it is left alone: remove it, or use "
+                          "another interface name")
+    assert sorted(links_named(ns)) == [("ifb-net1", "ifb"), ("lo", None)]
+    assert node.delete(ns, "pod-a", ifname="net1")[:2] == (0, None)  # a DEL without a record
+    assert sorted(links_named(ns)) == [("ifb-net1", "ifb"), ("lo", None)]
+    egress_only = node.conf("300M", shaping={"egressCapacity": "bandwidth"})
+    code, out, err = node.add(ns, "pod-a", conf=egress_only, ifname="net1")
+    assert code == 0, (out, err)
+    assert node.delete(ns, "pod-a", conf=egress_only, ifname="net1")[:2] == (0, None)
+    assert sorted(links_named(ns)) == [("ifb-net1", "ifb"), ("lo", None)]
+
+
 # -- DEL, CHECK, GC, repair ------------------------------------------------------------------
 
 def test_del_removes_the_ifb_when_the_netns_outlives_the_pod(node, make_netns) -> None:
@@ -144,6 +209,8 @@ def _tamper(ns: str, how: str) -> None:
             ipr.tc("del", index=eth0, handle=0xFFFF0000, parent=0xFFFFFFF1)
         elif how == "ifb deleted":
             ipr.link("del", index=ipr.link_lookup(ifname="ifb-eth0")[0])
+        elif how == "ifb down":  # mirred to a device that is down drops every packet
+            ipr.link("set", index=ipr.link_lookup(ifname="ifb-eth0")[0], state="down")
         elif how == "egress rate changed":
             ipr.tc("replace", "tbf", eth0, 0x10000, parent=0xFFFFFFFF, rate=100 * M // 8, burst=131072,
                    limit=443572)
@@ -156,6 +223,7 @@ def _tamper(ns: str, how: str) -> None:
     ("ingress qdisc deleted", "ingress is not shaped (the ingress redirect to ifb-eth0 and its tbf is missing)"),
     ("ifb deleted", "ingress is not shaped"),
     ("egress rate changed", "egress rate is 100Mbit/s, expected 300Mbit/s"),
+    ("ifb down", "ingress goes through ifb device ifb-eth0, which is down (it drops every packet the pod receives)"),
 ])
 def test_check_fails_when_the_shaping_is_not_as_added(node, make_netns, how, says) -> None:
     ns = make_netns()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from cni_dra.errors import NetlinkError
+from cni_dra.errors import InvalidConfigError, NetlinkError
 from cni_dra.netlink import shaping
 from cni_dra.netlink.shaping import (
     ShapeInfo,
@@ -114,7 +114,7 @@ def test_apply_installs_tbf_and_ifb_and_reads_back_the_rates(world) -> None:
 def test_on_a_new_link_it_reports_what_it_installed(world) -> None:
     spec = ShapeSpec(egress_rate_bps=300 * M, ingress_rate_bps=100 * M)
     info = apply_shaping(world.pod, IFNAME, spec, new_link=True)
-    assert info == ShapeInfo(IFNAME, spec.egress, spec.ingress, "ifb-eth0")
+    assert info == ShapeInfo(IFNAME, spec.egress, spec.ingress, "ifb-eth0", ifb_up=True)
     got = read_shaping(world.pod, IFNAME)
     assert got is not None and got.ifb == "ifb-eth0"
     assert near(got.egress, spec.egress) and near(got.ingress, spec.ingress)
@@ -211,6 +211,101 @@ def test_failure_after_the_ifb_is_made_removes_it(world, monkeypatch) -> None:
         apply_shaping(world.pod, IFNAME, ShapeSpec.symmetric(100 * M))
     assert err.value.code == 102 and isinstance(err.value.__cause__, PrNetlinkError)
     assert kernel_view(world.pod) == {"links": {"lo": None, "eth0": "macvlan"}, "qdiscs": []}
+
+
+def _set_group(netns: str, name: str, group: int) -> None:
+    from pyroute2 import IPRoute
+
+    with IPRoute(netns=netns) as ipr:
+        ipr.link("set", index=ipr.link_lookup(ifname=name)[0], group=group)
+
+
+def test_the_ifb_device_is_made_with_the_mark(world) -> None:
+    from pyroute2 import IPRoute
+
+    apply_shaping(world.pod, IFNAME, ShapeSpec.symmetric(100 * M), new_link=True)
+    with IPRoute(netns=world.pod) as ipr:
+        (ifb,) = ipr.link("get", ifname="ifb-eth0")
+    assert ifb.get_attr("IFLA_GROUP") == shaping.IFB_GROUP == 0x7CD31FB0
+
+
+def test_an_ifb_device_someone_else_made_is_never_taken_nor_deleted(world) -> None:
+    """An ifb device named ``ifb-eth0`` without cni-dra's mark: applying refuses it (code 102
+    naming it, the interface left unshaped), and removing or deleting leaves it."""
+    from pyroute2 import IPRoute
+
+    with IPRoute(netns=world.pod) as ipr:
+        ipr.link("add", ifname="ifb-eth0", kind="ifb")
+    for new_link in (True, False):
+        with pytest.raises(NetlinkError, match="ifb-eth0 exists and cni-dra did not make it") as err:
+            apply_shaping(world.pod, IFNAME, ShapeSpec.symmetric(100 * M), new_link=new_link)
+        assert err.value.code == 102
+        assert kernel_view(world.pod) == {"links": {"lo": None, "eth0": "macvlan", "ifb-eth0": "ifb"}, "qdiscs": []}
+    apply_shaping(world.pod, IFNAME, ShapeSpec(egress_rate_bps=100 * M))  # needs no ifb device
+    assert remove_shaping(world.pod, IFNAME) is True  # (the egress tbf)
+    assert delete_shaped_link(world.pod, IFNAME) == (True, False)
+    assert dict(links_named(world.pod)) == {"lo": None, "ifb-eth0": "ifb"}
+    assert delete_shaped_link(world.pod, IFNAME) == (False, False)  # nor when the link is gone
+    assert remove_shaping(world.pod, IFNAME) is False
+    assert dict(links_named(world.pod)) == {"lo": None, "ifb-eth0": "ifb"}
+
+
+@pytest.mark.parametrize("how", ["remove", "delete", "reapply"])
+def test_an_ifb_device_made_before_the_mark_is_known_by_the_redirect(world, how) -> None:
+    """An ifb device an older cni-dra made (no mark) that the link's ingress redirects to is
+    cni-dra's: removed, deleted, or taken again (and marked) as before."""
+    from pyroute2 import IPRoute
+
+    apply_shaping(world.pod, IFNAME, ShapeSpec.symmetric(100 * M))
+    _set_group(world.pod, "ifb-eth0", 0)
+    if how == "remove":
+        assert remove_shaping(world.pod, IFNAME) is True
+        assert dict(links_named(world.pod)) == {"lo": None, "eth0": "macvlan"}
+    elif how == "delete":
+        assert delete_shaped_link(world.pod, IFNAME) == (True, True)
+        assert dict(links_named(world.pod)) == {"lo": None}
+    else:
+        info = apply_shaping(world.pod, IFNAME, ShapeSpec.symmetric(300 * M))
+        assert info.ifb == "ifb-eth0" and near(info.ingress, Tbf.for_rate(300 * M))
+        with IPRoute(netns=world.pod) as ipr:
+            assert ipr.link("get", ifname="ifb-eth0")[0].get_attr("IFLA_GROUP") == shaping.IFB_GROUP
+
+
+def test_a_bucket_the_kernel_cannot_hold_is_refused_before_any_change(world) -> None:
+    """The spec is checked against the interface's own MTU (here 1500) before anything is
+    installed: code 7 naming the bound, not the kernel's 'Invalid argument'."""
+    spec = ShapeSpec(egress_rate_bps=300 * M, egress_burst_bytes=1500, mtu=1000)  # fits MTU 1000, not 1500
+    with pytest.raises(InvalidConfigError, match=r"burst 1500 bytes is below 1589 bytes, .* MTU 1500 .* in netns") as err:
+        apply_shaping(world.pod, IFNAME, spec, new_link=True)
+    assert err.value.code == 7
+    assert kernel_view(world.pod) == {"links": {"lo": None, "eth0": "macvlan"}, "qdiscs": []}
+
+
+def test_every_bucket_it_takes_the_kernel_holds_as_asked(world) -> None:
+    """Rates and bursts over their whole range on a real interface: the spec is refused
+    (code 7) or the kernel holds what was asked, and CHECK's comparison finds it so."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from cni_dra.verbs.shaping import mismatch, record
+
+    @settings(max_examples=40, deadline=None)
+    @given(rate=st.integers(min_value=1, max_value=2**36) | st.integers(min_value=2000, max_value=5000),
+           burst=st.none() | st.integers(min_value=1, max_value=2**32 - 1) | st.integers(min_value=1000, max_value=9000))
+    def check(rate: int, burst: int | None) -> None:
+        try:
+            spec = ShapeSpec(egress_rate_bps=rate, egress_burst_bytes=burst, ingress_rate_bps=rate,
+                             ingress_burst_bytes=burst)
+        except InvalidConfigError as exc:
+            assert exc.code == 7
+            return
+        added = apply_shaping(world.pod, IFNAME, spec, new_link=True)
+        try:
+            assert mismatch(record(added), read_shaping(world.pod, IFNAME)) is None
+        finally:
+            remove_shaping(world.pod, IFNAME)
+
+    check()
 
 
 def test_missing_interface_is_a_netlink_error(world) -> None:

@@ -3,7 +3,7 @@
 * ``cni-dra state repair`` deletes an ifb device whose link is gone once no record names
   it (state lost, or a link deleted behind the plugin's back), and nothing else: not the
   ifb device of a live link (tracked, or charged as a repair placeholder), not an ifb
-  device named otherwise (not cni-dra's);
+  device named otherwise or without cni-dra's mark (not cni-dra's, whatever its name);
 * STATUS with shaping on probes this kernel (which has ifb, tbf, ingress, u32 and mirred)
   once and keeps the answer for the boot; with shaping off it probes nothing.
 """
@@ -67,6 +67,7 @@ def test_repair_removes_ifb_devices_whose_link_and_record_are_gone(node, make_ne
     _delete_link(ns_b, "eth0")
     _delete_link(ns_c, LONG_IFNAME)
     _add_ifb(ns_b, "myifb0")  # someone else's
+    _add_ifb(ns_b, "ifb-net1")  # someone else's, named by the rule (no net1 link): not marked as cni-dra's
 
     code, out, err = repair(node, "--json")
     assert code == 0, (out, err)
@@ -76,7 +77,7 @@ def test_repair_removes_ifb_devices_whose_link_and_record_are_gone(node, make_ne
                              f"removed leaked ifb device {hashed} in {ns_c}"]), changes
     assert any(c.startswith(f"untracked link eth0 in {ns_d}") for c in changes), changes
     assert _links(ns_a) == {"lo": None, "eth0": "macvlan", "ifb-eth0": "ifb"}  # tracked: untouched
-    assert _links(ns_b) == {"lo": None, "myifb0": "ifb"}  # not cni-dra's: left alone
+    assert _links(ns_b) == {"lo": None, "myifb0": "ifb", "ifb-net1": "ifb"}  # not cni-dra's: left alone
     assert _links(ns_c) == {"lo": None}
     assert _links(ns_d) == {"lo": None, "eth0": "macvlan", "ifb-eth0": "ifb"}  # charged placeholder: stays
     # a second repair finds nothing more

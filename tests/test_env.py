@@ -144,7 +144,7 @@ def test_invalid_container_ids_are_code_4(cid: str) -> None:
     assert info.value.code == 4
 
 
-@pytest.mark.parametrize("name", ["eth0", "a", "x" * 15, "net1.100", "é" * 7, "a\x1fb", "-", "@"])
+@pytest.mark.parametrize("name", ["eth0", "a", "x" * 15, "net1.100", "-", "@", "net+1", "a~b", "!"])
 def test_valid_ifnames(name: str) -> None:
     assert validate_ifname(name) == name
 
@@ -152,12 +152,22 @@ def test_valid_ifnames(name: str) -> None:
 @pytest.mark.parametrize(
     "name",
     ["", ".", "..", "x" * 16, "é" * 8, "a/b", "a:b", "a b", "a\tb", "a\nb", "a\u00a0b", "a\udc80",
-     "eth%d", "a\x00b", "à", "a\u2003b", "a\x85"],
+     "eth%d", "a\x00b", "à", "a\u2003b", "a\x85", "é" * 7, "eté", "a\x1fb", "eth\x7f", "\uff45th0"],
 )
 def test_invalid_ifnames_are_code_4(name: str) -> None:
     with pytest.raises(InvalidEnvironmentError) as info:
         validate_ifname(name)
     assert info.value.code == 4
+
+
+def test_a_non_ascii_ifname_is_refused_up_front_with_code_4() -> None:
+    """The kernel would take it, but cni-dra names sysctls and ifb devices after it: refused
+    before anything is done, not half way through ADD."""
+    with pytest.raises(InvalidEnvironmentError) as info:
+        parse_env(env("ADD", CNI_IFNAME="eté"))
+    assert info.value.code == 4
+    assert info.value.msg == ("invalid CNI_IFNAME 'eté': interface name contains a character that is not printable "
+                              "ASCII (cni-dra takes '!' to '~' only)")
 
 
 def test_invalid_ifname_through_parse_env_on_del() -> None:
@@ -169,13 +179,15 @@ def test_invalid_ifname_through_parse_env_on_del() -> None:
 def test_ifname_rule_matches_the_spec_definition(name: str) -> None:
     # CNI spec "Parameters" (whitespace as the reference skel's unicode.IsSpace: Unicode
     # White_Space, which leaves out the ASCII separators 0x1c-0x1f that str.isspace counts),
-    # and what the kernel would not keep as sent: NUL, '%', a 0xa0 byte (its isspace()).
+    # what the kernel would not keep as sent: NUL, '%', a 0xa0 byte (its isspace()), and
+    # cni-dra's own limit: printable ASCII only.
     raw = name.encode("utf-8")
     ok = (
         0 < len(raw) <= 15
         and name not in (".", "..")
         and not any(c in "/:\x00%" or (c.isspace() and c not in "\x1c\x1d\x1e\x1f") for c in name)
         and 0xA0 not in raw
+        and all(0x21 <= ord(c) <= 0x7E for c in name)
     )
     if ok:
         assert validate_ifname(name) == name

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cni_dra import ipam
@@ -25,6 +25,7 @@ from cni_dra.protocol.results import IPConfig, Result
 from cni_dra.state import StateStore
 from cni_dra.verbs.shaping import mismatch, record, shape_spec
 from tests.builders import attachment, device, netconf_bytes, write_slice
+from tests.tbf_model import as_the_kernel_holds_it, holds_as_asked
 
 M = 1_000_000
 MAX_U32 = 2**32 - 1
@@ -117,12 +118,42 @@ ON = ShapingConfig()
 def test_the_consumed_amount_is_the_rate_of_both_directions() -> None:
     assert shape_spec(ON, {"bandwidth": "300M"}) == ShapeSpec.symmetric(300 * M)
     assert shape_spec(ON, {"bandwidth": "1.5G", "other": "1"}) == ShapeSpec.symmetric(1500 * M)
-    assert shape_spec(ON, {"bandwidth": "100500m"}) == ShapeSpec.symmetric(100)  # whole bits, rounded down
+    assert shape_spec(ON, {"bandwidth": "100500500m"}) == ShapeSpec.symmetric(100500)  # whole bits, rounded down
 
 
-@pytest.mark.parametrize("consumed", [{}, {"other": "1G"}, {"bandwidth": "0"}])
+@pytest.mark.parametrize("consumed", [{}, {"bandwidth": "0", "other": "1G"}])
 def test_no_amount_no_shaping(consumed: dict) -> None:
+    """No amount recorded (a dedicated device, an old state) or a zero one: not shaped."""
     assert shape_spec(ON, consumed) is None
+
+
+@pytest.mark.parametrize(("conf", "consumed", "says"), [
+    (ShapingConfig(capacity="egressBW"), {"bandwidth": "300M"},
+     "invalid shaping: shaping.capacity names capacity 'egressBW', which device nic-a does not have (its "
+     "capacities: bandwidth); name one of them, or set \"shaping\": false to leave the interface unshaped"),
+    (ON, {"ports": "4", "speed": "1G"},
+     "shaping.capacity (default 'bandwidth') names capacity 'bandwidth', which device nic-a does not have "
+     "(its capacities: ports, speed)"),
+    (ShapingConfig(ingressCapacity="ingressBandwidth", egressCapacity="egressBandwidth"), {"ingressBandwidth": "1G"},
+     "shaping.egressCapacity names capacity 'egressBandwidth', which device nic-a does not have (its capacities: "
+     "ingressBandwidth)"),
+])
+def test_a_capacity_the_device_lacks_is_refused_naming_it(conf: ShapingConfig, consumed: dict, says: str) -> None:
+    """Shaping a direction by a capacity the device does not have would leave it unshaped
+    without a word: refused, naming the key, the name and what the device has."""
+    with pytest.raises(InvalidConfigError) as err:
+        shape_spec(conf, consumed, device="nic-a")
+    assert err.value.code == 7 and says in err.value.msg, err.value.msg
+
+
+def test_a_short_or_qualified_capacity_name_finds_the_device_key() -> None:
+    """As in a claim request: a short name matches ``<driver>/name``, and the reverse."""
+    driver = "net.cni-dra.dev"
+    assert shape_spec(ON, {f"{driver}/bandwidth": "300M"}, driver=driver) == ShapeSpec.symmetric(300 * M)
+    qualified = ShapingConfig(capacity=f"{driver}/bandwidth")
+    assert shape_spec(qualified, {"bandwidth": "300M"}, driver=driver) == ShapeSpec.symmetric(300 * M)
+    with pytest.raises(InvalidConfigError, match="names capacity 'example.com/bandwidth'"):
+        shape_spec(ShapingConfig(capacity="example.com/bandwidth"), {"bandwidth": "300M"}, driver=driver)
 
 
 def test_shaping_off_shapes_nothing_not_even_the_runtime_request() -> None:
@@ -133,7 +164,7 @@ def test_a_pair_of_capacities() -> None:
     conf = ShapingConfig(ingressCapacity="ingressBandwidth", egressCapacity="egressBandwidth")
     spec = shape_spec(conf, {"ingressBandwidth": "2G", "egressBandwidth": "500M", "bandwidth": "9G"})
     assert spec == ShapeSpec(egress_rate_bps=500 * M, ingress_rate_bps=2000 * M)
-    only_in = shape_spec(conf, {"ingressBandwidth": "2G"})
+    only_in = shape_spec(ShapingConfig(ingressCapacity="ingressBandwidth"), {"ingressBandwidth": "2G", "bandwidth": "9G"})
     assert only_in == ShapeSpec(ingress_rate_bps=2000 * M)
 
 
@@ -159,10 +190,10 @@ def test_the_runtime_never_raises_the_rate() -> None:
 
 
 def test_the_runtime_lowers_the_burst_never_raises_it() -> None:
-    spec = shape_spec(ON, {"bandwidth": "300M"}, RuntimeBandwidth(egressBurst=80_000 * 8, ingressBurst=7))
+    spec = shape_spec(ON, {"bandwidth": "300M"}, RuntimeBandwidth(egressBurst=80_000 * 8, ingressBurst=2000 * 8 + 7))
     assert spec is not None and spec.egress is not None and spec.ingress is not None
     assert spec.egress.burst_bytes == 80_000  # bits to bytes, below the 128 KiB default
-    assert spec.ingress.burst_bytes == 1  # 7 bits: below one byte, the smallest bucket
+    assert spec.ingress.burst_bytes == 2000  # rounded down to whole bytes
     conf = ShapingConfig(egressBurstBytes=10_000)
     spec = shape_spec(conf, {"bandwidth": "300M"}, RuntimeBandwidth(egressBurst=80_000 * 8))
     assert spec is not None and spec.egress is not None and spec.egress.burst_bytes == 10_000
@@ -183,18 +214,102 @@ def test_a_rate_tbf_cannot_hold_is_not_shaped() -> None:
     assert shape_spec(ON, {"bandwidth": str(MAX_RATE_BPS)}) == ShapeSpec.symmetric(MAX_RATE_BPS)
 
 
-@given(st.integers(min_value=1, max_value=MAX_RATE_BPS), st.integers(min_value=0, max_value=2**64 - 1),
+@given(st.integers(min_value=2824, max_value=MAX_RATE_BPS), st.integers(min_value=0, max_value=2**64 - 1),
        st.integers(min_value=0, max_value=2**64 - 1))
 def test_the_runtime_never_raises_anything(allocated_bps: int, runtime_rate: int, runtime_burst: int) -> None:
     plain = shape_spec(ON, {"bandwidth": str(allocated_bps)})
-    lowered = shape_spec(ON, {"bandwidth": str(allocated_bps)},
-                         RuntimeBandwidth(egressRate=runtime_rate, egressBurst=runtime_burst))
+    try:
+        lowered = shape_spec(ON, {"bandwidth": str(allocated_bps)},
+                             RuntimeBandwidth(egressRate=runtime_rate, egressBurst=runtime_burst))
+    except InvalidConfigError as exc:  # what it asks is below what tbf holds: refused, never raised to it
+        assert exc.code == 7 and exc.msg.startswith(("invalid shaping: egress rate", "invalid shaping: runtimeConfig"))
+        assert "runtimeConfig.bandwidth.egress" in exc.msg
+        return
     assert plain is not None and lowered is not None and plain.egress is not None and lowered.egress is not None
     assert lowered.egress.rate_bps <= plain.egress.rate_bps
-    assert lowered.egress.rate_bps == (min(allocated_bps, runtime_rate) if runtime_rate else allocated_bps) // 8 * 8 \
-        or lowered.egress.rate_bps == 8
+    assert lowered.egress.rate_bps == (min(allocated_bps, runtime_rate) if runtime_rate else allocated_bps) // 8 * 8
     assert lowered.egress.burst_bytes <= Tbf.for_rate(lowered.egress.rate_bps).burst_bytes
     assert lowered.ingress == plain.ingress  # the other direction is not touched
+
+
+@pytest.mark.parametrize(("conf", "consumed", "runtime", "says"), [
+    # containerd's request for kubernetes.io/ingress-bandwidth: 1k
+    (ON, {"bandwidth": "300M"}, RuntimeBandwidth(ingressRate=1000, ingressBurst=MAX_U32),
+     "invalid shaping: ingress rate 1kbit/s (runtimeConfig.bandwidth.ingressRate) is below 2824bit/s, the lowest at "
+     "which tbf passes a full frame on an interface of MTU 1500 (1514 bytes in 4.29 s of the rate)"),
+    (ON, {"bandwidth": "2k"}, None,
+     "invalid shaping: egress rate 2kbit/s (consumed capacity bandwidth of device nic-a) is below 2824bit/s"),
+    (ON, {"bandwidth": "500m"}, None,  # half a bit per second: no whole bit, still asked
+     "invalid shaping: egress rate 0bit/s (consumed capacity bandwidth of device nic-a) is below 2824bit/s"),
+    (ON, {"bandwidth": "300M"}, RuntimeBandwidth(ingressRate=100 * M, ingressBurst=80),
+     "invalid shaping: runtimeConfig.bandwidth.ingressBurst 80 bits (10 bytes) is below 1539 bytes, the smallest "
+     "bucket at 100Mbit/s on an interface of MTU 1500: a full frame (1514 bytes) and the 2 µs of the rate that "
+     "tbf's rounding may take off"),
+    (ShapingConfig(ingressBurstBytes=1500), {"bandwidth": "300M"}, None,
+     "invalid shaping: shaping.ingressBurstBytes 1500 is below 1589 bytes, the smallest bucket at 300Mbit/s"),
+    (ShapingConfig(egressBurstBytes=MAX_U32), {"bandwidth": "100M"}, None,
+     "invalid shaping: shaping.egressBurstBytes 4294967295 is above 3435973812 bytes, the largest bucket tbf holds "
+     "at 100Mbit/s (274.9 s of the rate, at most 2^32-1 bytes)"),
+])
+def test_what_tbf_cannot_hold_is_code_7_naming_the_key_and_the_bound(
+        conf: ShapingConfig, consumed: dict, runtime: RuntimeBandwidth | None, says: str) -> None:
+    with pytest.raises(InvalidConfigError) as err:
+        shape_spec(conf, consumed, runtime, device="nic-a")
+    assert err.value.code == 7 and err.value.msg.startswith(says), err.value.msg
+
+
+def test_the_bounds_follow_the_interface_mtu() -> None:
+    with pytest.raises(InvalidConfigError, match="below 16816bit/s, .* MTU 9000 \\(9014 bytes"):
+        shape_spec(ON, {"bandwidth": "16k"}, mtu=9000)
+    assert shape_spec(ON, {"bandwidth": "16k"}, mtu=1500) == ShapeSpec.symmetric(16_000)
+    with pytest.raises(InvalidConfigError, match="shaping.egressBurstBytes 9000 is below 9039 bytes"):
+        shape_spec(ShapingConfig(egressBurstBytes=9000), {"bandwidth": "100M"}, mtu=9000)
+
+
+def test_a_burst_at_its_documented_maximum_is_taken_where_tbf_holds_it() -> None:
+    """``egressBurstBytes`` 2**32-1: at 300 Mbit/s tbf holds it (the queue limit stops at
+    2**32-1 bytes); at 100 Mbit/s it is more than 274.9 s of the rate (refused, above)."""
+    spec = shape_spec(ShapingConfig(egressBurstBytes=MAX_U32), {"bandwidth": "300M"})
+    assert spec is not None and spec.egress == Tbf(300 * M, MAX_U32, MAX_U32)
+    assert holds_as_asked(spec.egress, 1500)
+
+
+_ANY_INT = st.integers(min_value=-2, max_value=2**66) | st.integers(min_value=0, max_value=20_000) | st.sampled_from(
+    [2**32 - 1, 2**32, 2**64 - 1, 2**64, 3_435_973_812, 3_435_973_813])
+_KEYS = ("shaping.", "runtimeConfig.bandwidth", "consumed capacity")
+
+
+@settings(max_examples=300, deadline=None)
+@given(conf_bursts=st.fixed_dictionaries({}, optional={"ingressBurstBytes": _ANY_INT, "egressBurstBytes": _ANY_INT}),
+       runtime=st.fixed_dictionaries({}, optional={k: _ANY_INT for k in ("ingressRate", "ingressBurst", "egressRate",
+                                                                       "egressBurst")}),
+       profile_bursts=st.fixed_dictionaries({}, optional={"ingressBurstBytes": _ANY_INT, "egressBurstBytes": _ANY_INT}),
+       allocated=_ANY_INT, mtu=st.sampled_from([1500, 9000, 65535]))
+def test_any_rate_and_burst_is_shaped_as_asked_or_refused_naming_the_key(
+        conf_bursts: dict, runtime: dict, profile_bursts: dict, allocated: int, mtu: int) -> None:
+    """From the conflist, runtimeConfig.bandwidth, a device profile and the consumed capacity,
+    0 to huge: either every bucket is one the kernel holds as asked, passing full frames, or
+    code 7 names the key (and the bound) that asked; never another error."""
+    from pydantic import ValidationError
+
+    from cni_dra.protocol.profile import InterfaceProfile, apply_to_netconf
+
+    netconf = json.loads(netconf_bytes(shaping=conf_bursts, capabilities={"bandwidth": True},
+                                       runtimeConfig={"bandwidth": runtime}))
+    try:
+        profile = InterfaceProfile.model_validate({"shaping": profile_bursts})
+    except ValidationError:  # refused when the claim is prepared, before any ADD
+        profile = None
+    try:
+        conf = load_conf(json.dumps(apply_to_netconf(netconf, profile)).encode())
+        spec = shape_spec(conf.shaping, {"bandwidth": str(allocated)}, conf.runtime_bandwidth, mtu=mtu, device="a")
+    except InvalidConfigError as exc:
+        assert exc.code == 7 and any(key in exc.msg for key in _KEYS), exc.msg
+        return
+    for tbf in (spec.egress, spec.ingress) if spec is not None else ():
+        if tbf is not None:
+            assert holds_as_asked(tbf, mtu)
+            assert allocated <= 0 or tbf.rate_bps <= allocated  # lowered, never raised
 
 
 # -- the record and CHECK's comparison ----------------------------------------------------------
@@ -228,6 +343,19 @@ def test_mismatch_names_what_differs() -> None:
     assert mismatch(rec, _info(tbf, Tbf(tbf.rate_bps, 1000, tbf.limit_bytes))) == (
         f"ingress burst is 1000 bytes, expected {tbf.burst_bytes}")
     assert mismatch(rec, ShapeInfo("eth0", tbf, tbf, "ifb-other")) == "ingress goes through ifb-other, expected ifb-eth0"
+    assert mismatch(rec, ShapeInfo("eth0", tbf, tbf, "ifb-eth0", ifb_up=True)) is None
+    assert mismatch(rec, ShapeInfo("eth0", tbf, tbf, "ifb-eth0", ifb_up=False)) == (
+        "ingress goes through ifb device ifb-eth0, which is down (it drops every packet the pod receives)")
+
+
+def test_a_burst_as_the_kernel_rounds_it_matches_its_record() -> None:
+    """The kernel keeps a bucket as whole microseconds of the rate: a small burst at a high
+    rate comes back up to a microsecond of the rate short, which CHECK accepts."""
+    tbf = Tbf.for_rate(34_000 * M, 100_000)
+    held = as_the_kernel_holds_it(tbf)
+    assert tbf.burst_bytes - held.burst_bytes > 1000  # 2.94 µs of 4.25 GB/s: 2 µs kept
+    got = Tbf(tbf.rate_bps, round(held.burst_bytes), tbf.limit_bytes)
+    assert mismatch(record(_info(got, got)), _info(tbf, tbf)) is None
     # a direction that was not shaped is not checked (a chained plugin may add its own qdisc)
     assert mismatch(record(_info(egress=tbf)), _info(tbf, Tbf.for_rate(M))) is None
 
@@ -240,6 +368,8 @@ class FakeKernel:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.shaped: list[ShapeSpec] = []
         self.removed: list[str] = []
+        self.links: list[str] = []
+        self.ipam_calls = 0
         self.installed: ShapeInfo | None = None
         self.fail_shaping: Exception | None = None
         self.fail_ipam: Exception | None = None
@@ -252,7 +382,7 @@ class FakeKernel:
         monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
         monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
         monkeypatch.setattr(info, "link_in_netns", lambda ns, name: self.link)
-        monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: self.link)
+        monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: self.links.append(kw["ifname"]) or self.link)
         monkeypatch.setattr(sublink, "delete_link", lambda *a: True)
         monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
         monkeypatch.setattr(addr, "configure_interface", lambda *a, **k: None)
@@ -265,6 +395,7 @@ class FakeKernel:
         monkeypatch.setattr(shaping, "read_shaping", lambda ns, name: self.installed)
 
     def _ipam_add(self, *args: object, **kwargs: object) -> Result:
+        self.ipam_calls += 1
         if self.fail_ipam is not None:
             raise self.fail_ipam
         return Result(ips=[IPConfig(address="192.0.2.5/24")])
@@ -274,6 +405,9 @@ class FakeKernel:
         self.shaped.append(spec)
         if self.fail_shaping is not None:
             raise self.fail_shaping
+        for tbf in (spec.egress, spec.ingress):  # encoded as the real one encodes them
+            if tbf is not None:
+                as_the_kernel_holds_it(tbf)
         self.installed = ShapeInfo(ifname, spec.egress, spec.ingress, "ifb-eth0" if spec.ingress else None)
         return self.installed
 
@@ -342,6 +476,55 @@ def test_add_with_containerds_go_spelling_lowers(tmp_path, monkeypatch) -> None:
     assert _run("ADD", env, conf)[0] == 0
     assert kernel.shaped == [ShapeSpec(egress_rate_bps=50 * M, egress_burst_bytes=MIN_BURST_BYTES,
                                        ingress_rate_bps=300 * M, ingress_burst_bytes=MIN_BURST_BYTES)]
+
+
+@pytest.mark.parametrize(("conf", "says"), [
+    ({"capabilities": {"bandwidth": True},
+      "runtimeConfig": {"bandwidth": {"ingressRate": 1000, "ingressBurst": MAX_U32}}},  # ingress-bandwidth: 1k
+     "invalid shaping: ingress rate 1kbit/s (runtimeConfig.bandwidth.ingressRate) is below 2824bit/s, the lowest "
+     "at which tbf passes a full frame on an interface of MTU 1500 (1514 bytes in 4.29 s of the rate)"),
+    ({"capabilities": {"bandwidth": True}, "runtimeConfig": {"bandwidth": {"egressBurst": 800}}},
+     "invalid shaping: runtimeConfig.bandwidth.egressBurst 800 bits (100 bytes) is below 1589 bytes"),
+    ({"shaping": {"capacity": "egressBW"}},
+     "invalid shaping: shaping.capacity names capacity 'egressBW', which device nic-a does not have (its "
+     "capacities: bandwidth)"),
+])
+def test_add_refuses_shaping_it_cannot_install_before_any_effect(tmp_path, monkeypatch, conf, says) -> None:
+    kernel = FakeKernel(monkeypatch)
+    env, c = _node(tmp_path, **conf)
+    code, out = _run("ADD", env, c)
+    assert code == 1 and out["code"] == 7 and out["msg"].startswith(says), out
+    assert kernel.links == [] and kernel.ipam_calls == 0 and kernel.shaped == []
+    assert _attachments(tmp_path) == []
+
+
+def test_the_bounds_are_those_of_the_link_mtu(tmp_path, monkeypatch) -> None:
+    """A 1500-byte bucket cannot hold a full frame of the parent's MTU 1500; on a link made
+    with MTU 1400 it can."""
+    kernel = FakeKernel(monkeypatch)
+    env, c = _node(tmp_path, shaping={"egressBurstBytes": 1500})
+    code, out = _run("ADD", env, c)
+    assert code == 1 and out["code"] == 7 and "shaping.egressBurstBytes 1500 is below 1589 bytes" in out["msg"], out
+    code, out = _run("ADD", env, {**c, "mtu": 1400})
+    assert code == 0, out
+    assert kernel.shaped[0].mtu == 1400 and kernel.shaped[0].egress is not None
+    assert kernel.shaped[0].egress.burst_bytes == 1500
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.fixed_dictionaries({}, optional={k: _ANY_INT for k in ("ingressRate", "ingressBurst", "egressRate",
+                                                                  "egressBurst")}),
+       st.fixed_dictionaries({}, optional={"ingressBurstBytes": _ANY_INT, "egressBurstBytes": _ANY_INT}))
+def test_add_never_crashes_on_a_rate_or_burst(monkeypatch, runtime: dict, bursts: dict) -> None:
+    """Through the entry point, every rate and burst gives a shaped ADD or code 7, never 999."""
+    import tempfile
+
+    FakeKernel(monkeypatch)
+    with tempfile.TemporaryDirectory() as tmp:
+        env, c = _node(Path(tmp), shaping=bursts, capabilities={"bandwidth": True},
+                       runtimeConfig={"bandwidth": runtime})
+        code, out = _run("ADD", env, c)
+    assert code == 0 or out["code"] == 7, out
 
 
 def test_unshaped_add_records_nothing_and_del_leaves_shaping_alone(tmp_path, monkeypatch) -> None:

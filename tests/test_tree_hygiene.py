@@ -90,10 +90,11 @@ MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 500
 # Module (relative to the repository) -> why it may be longer than MAX_MODULE_LINES.
 LARGE_MODULES: dict[str, str] = {
-    "cni_dra/netlink/shaping.py": "one job, traffic control on a pod interface: the spec (tbf defaults), applying "
-    "it (egress tbf; ingress qdisc, u32 redirect, ifb device and its tbf), removing it, reading it back, "
-    "finding ifb devices left without their link and probing the kernel for every piece share the kernel's "
-    "object model; split, each part would import the others' internals",
+    "cni_dra/netlink/shaping.py": "one job, traffic control on a pod interface: applying a spec (egress tbf; "
+    "ingress qdisc, u32 redirect, ifb device and its tbf), removing it, reading it back, telling cni-dra's ifb "
+    "devices from others, finding those left without their link and probing the kernel for every piece share "
+    "the kernel's object model; split, each part would import the others' internals (the pure bucket model is "
+    "cni_dra/netlink/tbf.py)",
 }
 
 

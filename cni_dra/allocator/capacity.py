@@ -30,7 +30,7 @@ consuming every capacity's whole ``value``; the API result for them carries neit
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from cni_dra.dra.models import CapacityRequestPolicy, Device, DeviceCapacity, split_qualified_name
@@ -40,6 +40,7 @@ __all__ = [
     "NoFit",
     "consumed_amount",
     "resolve_capacity_name",
+    "resolve_capacity_key",
     "device_consumption",
     "remaining",
     "check_fits",
@@ -139,14 +140,19 @@ def resolve_capacity_name(device: Device, name: str, driver: str = "") -> str | 
     qualified with ``driver`` also matches the short key (upstream
     ``resolveCapacityName``). A name qualified with another domain matches only itself.
     """
-    caps = device.capacity
-    if name in caps:
+    return resolve_capacity_key(device.capacity, name, driver)
+
+
+def resolve_capacity_key(keys: Collection[str], name: str, driver: str = "") -> str | None:
+    """The one of capacity keys ``keys`` (a device's, or an allocation's consumedCapacity)
+    that name ``name`` refers to, or None; the rule of :func:`resolve_capacity_name`."""
+    if name in keys:
         return name
     domain, ident = split_qualified_name(name)
     if domain is None:
         qualified = f"{driver}/{ident}"
-        return qualified if driver and qualified in caps else None
-    if domain == driver and ident in caps:
+        return qualified if driver and qualified in keys else None
+    if domain == driver and ident in keys:
         return ident
     return None
 

@@ -15,6 +15,8 @@ One module per job:
 * :mod:`cni_dra.netlink.addr`: addresses, routes and IPv6 DAD on a pod link;
 * :mod:`cni_dra.netlink.sysctl`: per-netns sysctls;
 * :mod:`cni_dra.netlink.watch`: link-change notifications (:class:`LinkEvents`);
+* :mod:`cni_dra.netlink.tbf`: the token buckets shaping installs and the bounds within which
+  tbf holds them (pure);
 * :mod:`cni_dra.netlink.shaping`: traffic control on a pod interface (tbf egress, ingress
   through an ifb device), applied, removed and read back.
 

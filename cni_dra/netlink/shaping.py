@@ -7,10 +7,12 @@ the pod's namespace):
 * **ingress** (network -> pod): an ``ingress`` qdisc (``ffff:``) on the pod interface whose
   u32 match-all filter (priority 1, every protocol) redirects each packet with the
   ``mirred`` action (egress redirect) to an ifb device in the pod's namespace
-  (:func:`ifb_name`); the ifb device's root ``tbf`` shapes it, then it is delivered.
+  (:func:`ifb_name`, made in netdev group :data:`IFB_GROUP`); the ifb device's root
+  ``tbf`` shapes it, then it is delivered.
 
 :class:`ShapeSpec` says what to install; :class:`Tbf` is one direction's token bucket (rate,
-burst, queue limit), with the defaults computed by :meth:`Tbf.for_rate`.
+burst, queue limit), with the defaults computed by :meth:`Tbf.for_rate` and the bounds
+within which tbf holds it (:mod:`cni_dra.netlink.tbf`, re-exported here).
 :func:`apply_shaping` installs a spec (replacing whatever shaping was there),
 :func:`remove_shaping` removes it, :func:`delete_shaped_link` deletes the pod interface and
 its ifb device in one go, :func:`read_shaping` reads back what the kernel holds.
@@ -19,24 +21,31 @@ more; :func:`probe_kernel` says which piece of all this the kernel lacks.
 Every call runs inside the pod's namespace on a socket opened there for the call
 (:func:`cni_dra.netlink.sockets.netns_iproute`); nothing runs ``tc`` or ``ip``.
 
+**Whose ifb device.** An ifb device is cni-dra's when it carries the mark
+(:data:`IFB_GROUP`, set in the request that makes it), or when the ingress of the link it
+is named after redirects to it (a device made before the mark). Only those are reused,
+removed or deleted; a device of the same name made by someone else fails
+:func:`apply_shaping` (code 102 naming it) and is left alone by everything else.
+
 Errors (cni-dra codes in :mod:`cni_dra.errors`):
 
 * :class:`~cni_dra.errors.InvalidConfigError` (7): a spec that is not valid (rates, bursts,
-  limits out of range), raised when it is built;
+  limits outside what tbf holds on the interface's MTU), raised when it is built and, for
+  the interface's real MTU, by :func:`apply_shaping` before any change;
 * :class:`~cni_dra.errors.ContainerUnknownError` (3) /
   :class:`~cni_dra.errors.InvalidEnvironmentError` (4): the netns is missing / not a netns
   (:func:`apply_shaping`, :func:`read_shaping`; :func:`remove_shaping` treats a missing
   netns as done), or ``ifname`` is not a valid interface name;
 * :class:`~cni_dra.errors.NetlinkError` (102): the interface does not exist, the kernel
   lacks a piece (``kernel lacks ifb``, ``kernel lacks the tbf qdisc``...), the ifb name is
-  taken by another kind of link, or another request failed.
+  taken by another kind of link or by an ifb device cni-dra did not make, or another
+  request failed.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -47,6 +56,17 @@ from cni_dra.errors import ContainerUnknownError, InvalidConfigError, InvalidEnv
 from cni_dra.iface import validate_ifname
 from cni_dra.netlink import _pyroute2, netns, sockets
 from cni_dra.netlink.netns import netns_exists
+from cni_dra.netlink.tbf import (
+    BURST_WINDOW_S,
+    DEFAULT_LATENCY_S,
+    MAX_RATE_BPS,
+    MIN_BURST_BYTES,
+    ShapeSpec,
+    Tbf,
+    burst_from_buffer,
+    psched_ticks_per_us,
+    tbf_parameters,
+)
 
 __all__ = [
     "DEFAULT_LATENCY_S",
@@ -54,6 +74,7 @@ __all__ = [
     "MIN_BURST_BYTES",
     "MAX_RATE_BPS",
     "IFB_PREFIX",
+    "IFB_GROUP",
     "Tbf",
     "ShapeSpec",
     "ShapeInfo",
@@ -81,15 +102,11 @@ KERNEL_PIECES: dict[str, tuple[str, ...]] = {
 """The pieces of shaping a kernel may lack, as errors name them (``NetlinkError.lacks``),
 and the kernel modules that provide each."""
 
-DEFAULT_LATENCY_S = 0.025
-"""Longest a packet may wait in a tbf queue by default (the reference bandwidth plugin's 25 ms)."""
-BURST_WINDOW_S = 0.002
-"""Default burst: the bytes the rate sends in this long (2 ms), at least :data:`MIN_BURST_BYTES`."""
-MIN_BURST_BYTES = 2 * 65536
-"""Default burst floor: two 64 KiB TSO/GRO packets (one must fit or tbf segments or drops it)."""
-MAX_RATE_BPS = 8 * (2**32 - 1)
-"""tbf's 32-bit rate field holds bytes per second: about 34.36 Gbit/s."""
 IFB_PREFIX = "ifb-"
+IFB_GROUP = 0x7CD31FB0
+"""The netdev group (IFLA_GROUP) cni-dra makes its ifb devices in, in the request that makes
+them: its mark on them. An ifb device named by :func:`ifb_name`'s rule without it is
+someone else's (or older than the mark: then only the redirect of its link tells it is ours)."""
 _HASHED_IFB_PREFIX = "ifb"
 _IFNAMSIZ = 15
 
@@ -100,111 +117,20 @@ _INGRESS_HANDLE = 0xFFFF0000  # ffff:
 _FILTER_PRIO = 1
 _FILTER_CLASSID = 0x10001  # 1:1, as tc and the reference plugin set it; unused by a redirect
 _ETH_P_ALL = 0x0003
-_TIME_UNITS_PER_SEC = 1_000_000
-_MAX_U32 = 2**32 - 1
-
-
-def _positive_int(value: object, what: str, maximum: int = _MAX_U32) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= maximum:
-        raise InvalidConfigError(f"invalid shaping: {what} {value!r} is not an integer in [1, {maximum}]")
-    return value
-
-
-@dataclass(frozen=True)
-class Tbf:
-    """One token bucket: ``rate_bps`` (bits per second), ``burst_bytes`` (bucket size),
-    ``limit_bytes`` (queue length). Built with :meth:`for_rate`; read back as the kernel holds it."""
-
-    rate_bps: int
-    burst_bytes: int
-    limit_bytes: int
-
-    @classmethod
-    def for_rate(cls, rate_bps: int, burst_bytes: int | None = None,
-                 latency_s: float = DEFAULT_LATENCY_S) -> Tbf:
-        """A bucket for ``rate_bps`` with the defaults below. Raises InvalidConfigError (7).
-
-        * ``burst_bytes`` (None: default) = max(⌈rate_bps / 8 × :data:`BURST_WINDOW_S`⌉,
-          :data:`MIN_BURST_BYTES`). The bucket must hold the largest packet the stack
-          hands to the qdisc (a 64 KiB TSO/GRO aggregate, else tbf segments or drops it)
-          and refill for longer than the timer's granularity, so that bulk TCP is not
-          held below the rate; the larger the bucket, the more a sender may exceed the rate
-          for one burst: at most ``burst_bytes`` once per idle period, under 1 % of 3 s at
-          100 Mbit/s.
-        * ``limit_bytes`` = ⌈rate_bps / 8 × ``latency_s``⌉ + ``burst_bytes``: the bytes that
-          wait at most ``latency_s`` (default :data:`DEFAULT_LATENCY_S`, 25 ms) behind a full
-          bucket: the reference bandwidth plugin's choice, enough queue for TCP to keep the
-          link busy without the delay of a deep buffer.
-
-        ``rate_bps`` is rounded down to whole bytes per second (what tbf stores).
-        """
-        rate_bps = _positive_int(rate_bps, "rate", MAX_RATE_BPS)
-        if rate_bps < 8:
-            raise InvalidConfigError(f"invalid shaping: rate {rate_bps} is below 8 bit/s (one byte per second)")
-        rate_Bps = rate_bps // 8  # noqa: N806 - bytes, not bits
-        if burst_bytes is None:
-            burst_bytes = max(math.ceil(rate_Bps * BURST_WINDOW_S), MIN_BURST_BYTES)
-        burst_bytes = _positive_int(burst_bytes, "burst")
-        if isinstance(latency_s, bool) or not isinstance(latency_s, (int, float)) or not 0 < latency_s <= 10:
-            raise InvalidConfigError(f"invalid shaping: latency {latency_s!r} s is not in (0, 10]")
-        limit_bytes = math.ceil(rate_Bps * latency_s) + burst_bytes
-        if limit_bytes > _MAX_U32:
-            raise InvalidConfigError(f"invalid shaping: queue limit {limit_bytes} bytes is above 2**32-1")
-        return cls(rate_bps=rate_Bps * 8, burst_bytes=burst_bytes, limit_bytes=limit_bytes)
-
-
-@dataclass(frozen=True)
-class ShapeSpec:
-    """What to shape: each direction's rate in bits per second (None: that direction unshaped),
-    its burst in bytes (None: :meth:`Tbf.for_rate`'s default), and the queue latency.
-
-    Egress is what the pod sends, ingress what it receives. Building one validates it and
-    raises InvalidConfigError (7); :attr:`egress` / :attr:`ingress` are the resulting buckets.
-    """
-
-    egress_rate_bps: int | None = None
-    egress_burst_bytes: int | None = None
-    ingress_rate_bps: int | None = None
-    ingress_burst_bytes: int | None = None
-    latency_s: float = DEFAULT_LATENCY_S
-
-    def __post_init__(self) -> None:
-        for direction in ("egress", "ingress"):
-            if getattr(self, f"{direction}_rate_bps") is None and getattr(self, f"{direction}_burst_bytes") is not None:
-                raise InvalidConfigError(f"invalid shaping: {direction} burst without an {direction} rate")
-        self.egress  # noqa: B018 - validates
-        self.ingress  # noqa: B018
-
-    @property
-    def egress(self) -> Tbf | None:
-        """The egress bucket, or None."""
-        if self.egress_rate_bps is None:
-            return None
-        return Tbf.for_rate(self.egress_rate_bps, self.egress_burst_bytes, self.latency_s)
-
-    @property
-    def ingress(self) -> Tbf | None:
-        """The ingress bucket, or None."""
-        if self.ingress_rate_bps is None:
-            return None
-        return Tbf.for_rate(self.ingress_rate_bps, self.ingress_burst_bytes, self.latency_s)
-
-    @classmethod
-    def symmetric(cls, rate_bps: int, burst_bytes: int | None = None) -> ShapeSpec:
-        """Both directions at ``rate_bps``."""
-        return cls(egress_rate_bps=rate_bps, egress_burst_bytes=burst_bytes,
-                   ingress_rate_bps=rate_bps, ingress_burst_bytes=burst_bytes)
+_IFF_UP = 0x1
 
 
 @dataclass(frozen=True)
 class ShapeInfo:
     """Shaping installed on ``ifname``: each direction's bucket as the kernel holds it (None:
-    not shaped), and the ifb device ingress goes through (None: none)."""
+    not shaped), the ifb device ingress goes through (None: none) and whether that device
+    is up (None when there is none; a device that is down drops all that is redirected to it)."""
 
     ifname: str
     egress: Tbf | None
     ingress: Tbf | None
     ifb: str | None
+    ifb_up: bool | None = None
 
 
 def ifb_name(ifname: str) -> str:
@@ -236,19 +162,6 @@ def is_ifb_name(name: str) -> bool:
         return ifb_name(name[len(IFB_PREFIX):]) == name
     except InvalidEnvironmentError:
         return False
-
-
-def burst_from_buffer(buffer_ticks: int, rate_bps: int, ticks_per_us: float) -> int:
-    """The burst in bytes that a tbf ``buffer`` (its transmit time at ``rate_bps``, in
-    scheduler ticks of ``ticks_per_us`` per microsecond) stands for, rounded to the nearest byte."""
-    return round(buffer_ticks / ticks_per_us / _TIME_UNITS_PER_SEC * rate_bps / 8)
-
-
-def psched_ticks_per_us() -> float:
-    """Packet scheduler ticks per microsecond (``/proc/net/psched``, as tc computes it)."""
-    with open("/proc/net/psched", encoding="ascii") as f:
-        t2us, us2t, clock_res, _ = (int(x, 16) for x in f.read().split())
-    return t2us / us2t * (clock_res / _TIME_UNITS_PER_SEC)
 
 
 # -- the kernel side ------------------------------------------------------------------------
@@ -323,8 +236,7 @@ def _redirect_target(ipr: Any, index: int) -> int | None:
 
 
 def _replace_tbf(ipr: Any, index: int, tbf: Tbf) -> None:
-    ipr.tc("replace", "tbf", index, _TBF_HANDLE, parent=_TC_H_ROOT, rate=tbf.rate_bps // 8,
-           burst=tbf.burst_bytes, limit=tbf.limit_bytes)
+    ipr.tc("replace", "tbf", index, _TBF_HANDLE, parent=_TC_H_ROOT, **tbf_parameters(tbf))
 
 
 def _delete_qdisc(ipr: Any, index: int, parent: int, kind: str) -> bool:
@@ -358,31 +270,61 @@ def _kernel_lacks(exc: BaseException, piece: str, what: str) -> NetlinkError:
     return _pyroute2.nl_error(what, exc)
 
 
-def _ensure_ifb(ipr: Any, netns: str, ifname: str, mtu: int) -> tuple[int, bool]:
-    """The ifb device of ``ifname``, made if missing and up with ``mtu``; (index, made here).
+def _is_ours(ipr: Any, msg: Any, pod_idx: int | None) -> bool:
+    """Whether link ``msg`` is an ifb device cni-dra made: of kind ifb, with the mark
+    (:data:`IFB_GROUP`) or the target of the ingress redirect of link ``pod_idx`` (the pod
+    interface it is named after; None when there is none)."""
+    if _link_kind(msg) != "ifb":
+        return False
+    if msg.get_attr("IFLA_GROUP") == IFB_GROUP:
+        return True
+    return pod_idx is not None and _redirect_target(ipr, pod_idx) == int(msg["index"])
 
-    Made (up, with its MTU) in one request; only when the name exists already is it checked
-    to be an ifb device and set up."""
+
+def _our_ifb(ipr: Any, ifname: str, pod_idx: int | None) -> int | None:
+    """The index of the ifb device of ``ifname`` when it is cni-dra's (:func:`_is_ours`), else None."""
+    idx = _link_index(ipr, ifb_name(ifname))
+    if idx is None:
+        return None
+    msgs = ipr.get_links(idx)
+    return idx if msgs and _is_ours(ipr, msgs[0], pod_idx) else None
+
+
+def _ensure_ifb(ipr: Any, netns: str, ifname: str, mtu: int, ours: int | None) -> int:
+    """The ifb device of ``ifname``, up with ``mtu``: ``ours`` (the index of cni-dra's device,
+    found before) or else made here, in one request with the mark. A link that holds the
+    name already is refused: of another kind, or an ifb device cni-dra did not make."""
     name = ifb_name(ifname)
     what = f"create ifb device {name} in netns {netns}"
-    try:
-        ipr.link("add", ifname=name, kind="ifb", mtu=mtu, state="up")
-        made = True
-    except _pyroute2.load().NetlinkError as exc:
-        if _code(exc) != errno.EEXIST:
-            raise _kernel_lacks(exc, LACKS_IFB, what) from exc
-        made = False
-    idx = _link_index(ipr, name)
-    if idx is None:  # pragma: no cover - removed under us
-        raise NetlinkError(f"failed to {what}: it vanished after creation")
-    if made:
-        return idx, True
-    msgs = ipr.get_links(idx)
-    if not msgs or _link_kind(msgs[0]) != "ifb":
-        raise NetlinkError(f"failed to {what}: {name} exists and is not an ifb device")
+    if ours is None:
+        try:
+            ipr.link("add", ifname=name, kind="ifb", mtu=mtu, state="up", group=IFB_GROUP)
+        except _pyroute2.load().NetlinkError as exc:
+            if _code(exc) != errno.EEXIST:
+                raise _kernel_lacks(exc, LACKS_IFB, what) from exc
+            ours = _marked_ifb(ipr, name, what)
+        else:
+            made = _link_index(ipr, name)
+            if made is None:  # pragma: no cover - removed under us
+                raise NetlinkError(f"failed to {what}: it vanished after creation")
+            return made
     with _pyroute2.translated(f"bring ifb device {name} up in netns {netns}"):
-        ipr.link("set", index=idx, mtu=mtu, state="up")
-    return idx, False
+        ipr.link("set", index=ours, mtu=mtu, state="up", group=IFB_GROUP)
+    return ours
+
+
+def _marked_ifb(ipr: Any, name: str, what: str) -> int:
+    """The index of link ``name``, which exists, when it is an ifb device with cni-dra's
+    mark; else NetlinkError (102) ``failed to <what>: ...`` saying what holds the name."""
+    idx = _link_index(ipr, name)
+    msgs = ipr.get_links(idx) if idx is not None else []
+    if idx is None or not msgs or _link_kind(msgs[0]) != "ifb":
+        raise NetlinkError(f"failed to {what}: {name} exists and is not an ifb device")
+    if msgs[0].get_attr("IFLA_GROUP") != IFB_GROUP:
+        raise NetlinkError(
+            f"failed to {what}: {name} exists and cni-dra did not make it (not in cni-dra's netdev group "
+            f"{IFB_GROUP:#x}); it is left alone: remove it, or use another interface name")
+    return idx
 
 
 def _add_redirect(ipr: Any, pod_idx: int, ifb_idx: int) -> None:
@@ -397,10 +339,14 @@ def _remove_all(ipr: Any, ifname: str) -> bool:
     True when something was removed."""
     removed = False
     idx = _link_index(ipr, ifname)
+    ifb = _our_ifb(ipr, ifname, idx)  # before the redirect that may tell it goes
     if idx is not None:
         removed = _delete_qdisc(ipr, idx, _TC_H_INGRESS, "ingress")
         removed = _delete_qdisc(ipr, idx, _TC_H_ROOT, "tbf") or removed
-    return _remove_ifb(ipr, ifname) or removed
+    if ifb is not None:
+        _delete_link_index(ipr, ifb)
+        removed = True
+    return removed
 
 
 def apply_shaping(netns: str, ifname: str, spec: ShapeSpec, *, new_link: bool = False) -> ShapeInfo:
@@ -421,14 +367,21 @@ def apply_shaping(netns: str, ifname: str, spec: ShapeSpec, *, new_link: bool = 
     Raises:
         ContainerUnknownError: (3) the netns does not exist.
         InvalidEnvironmentError: (4) ``ifname`` is invalid or the netns is not a network namespace.
+        InvalidConfigError: (7) a bucket of ``spec`` that tbf cannot hold on ``ifname``'s MTU
+            (:mod:`cni_dra.netlink.tbf`), before any change.
         NetlinkError: (102) ``failed to shape <ifname> in netns <netns>: ...``; the interface does
             not exist, the kernel lacks ifb or tbf (``kernel lacks ifb``), a link of another kind
-            holds the ifb name, or the kernel refused a request.
+            or an ifb device cni-dra did not make holds the ifb name (left alone), or the kernel
+            refused a request.
     """
     validate_ifname(ifname)
-    egress, ingress = spec.egress, spec.ingress
     with sockets.netns_iproute(netns) as ipr:
         pod_idx, mtu = _pod_link(ipr, netns, ifname)
+        try:
+            spec = spec.at_mtu(mtu)  # the interface's bounds, before any change
+        except InvalidConfigError as exc:
+            raise InvalidConfigError(f"{exc.msg} (interface {ifname} in netns {netns})") from exc
+        egress, ingress = spec.egress, spec.ingress
         try:
             with _pyroute2.translated(f"shape {ifname} in netns {netns}"):
                 _apply(ipr, netns, ifname, pod_idx, mtu, egress, ingress, new_link)
@@ -440,7 +393,8 @@ def apply_shaping(netns: str, ifname: str, spec: ShapeSpec, *, new_link: bool = 
             raise
         if new_link:
             return ShapeInfo(ifname=ifname, egress=egress, ingress=ingress,
-                             ifb=ifb_name(ifname) if ingress is not None else None)
+                             ifb=ifb_name(ifname) if ingress is not None else None,
+                             ifb_up=True if ingress is not None else None)
         with _pyroute2.translated(f"read shaping of {ifname} in netns {netns}"):
             return _read(ipr, ifname) or ShapeInfo(ifname=ifname, egress=None, ingress=None, ifb=None)
 
@@ -456,15 +410,17 @@ def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, mtu: int, egress: Tb
     elif not new_link:
         with _pyroute2.translated(f"remove egress shaping of {where}"):
             _delete_qdisc(ipr, pod_idx, _TC_H_ROOT, "tbf")
+    ours = None
     if not new_link:
         with _pyroute2.translated(f"remove ingress shaping of {where}"):
+            ours = _our_ifb(ipr, ifname, pod_idx)  # before the redirect that may tell it goes
             _delete_qdisc(ipr, pod_idx, _TC_H_INGRESS, "ingress")  # its filter goes with it
     if ingress is None:
-        if not new_link:
+        if ours is not None:
             with _pyroute2.translated(f"remove ifb device {ifb_name(ifname)} in netns {netns}"):
-                _remove_ifb(ipr, ifname)
+                _delete_link_index(ipr, ours)
         return
-    ifb_idx, _ = _ensure_ifb(ipr, netns, ifname, mtu)
+    ifb_idx = _ensure_ifb(ipr, netns, ifname, mtu, ours)
     try:
         _replace_tbf(ipr, ifb_idx, ingress)
     except (OSError, _pyroute2.load().NetlinkError) as exc:
@@ -474,16 +430,6 @@ def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, mtu: int, egress: Tb
     except (OSError, _pyroute2.load().NetlinkError) as exc:
         raise _kernel_lacks(exc, LACKS_REDIRECT,
                             f"redirect ingress of {where} to {ifb_name(ifname)}") from exc
-
-
-def _remove_ifb(ipr: Any, ifname: str) -> bool:
-    idx = _link_index(ipr, ifb_name(ifname))
-    if idx is not None:
-        msgs = ipr.get_links(idx)
-        if msgs and _link_kind(msgs[0]) == "ifb":
-            _delete_link_index(ipr, idx)
-            return True
-    return False
 
 
 def _in_pod_netns(netns: str, what: str, work: Callable[[Any], _T], gone: _T) -> _T:
@@ -506,7 +452,8 @@ def remove_shaping(netns: str, ifname: str) -> bool:
     """Remove the shaping of ``ifname`` in ``netns``: its ifb device, ingress and root tbf qdiscs.
 
     Idempotent: a missing netns, interface, device or qdisc is success (DEL's rule). A link
-    of another kind that holds the ifb name is left alone. Returns True when something was
+    that holds the ifb name and is not cni-dra's ifb device (module docstring) is left
+    alone. Returns True when something was
     removed (an ifb device left behind by a link deleted before it, for instance).
 
     Raises:
@@ -524,8 +471,8 @@ _BATCH_GROUP_BASE = 0x7CD40000  # netdev groups tried for a batched deletion (an
 def delete_shaped_link(netns: str, ifname: str) -> tuple[bool, bool]:
     """Delete the pod interface ``ifname`` in ``netns`` together with its ifb device; returns
     (interface deleted, ifb device deleted). Idempotent as :func:`remove_shaping` (a missing
-    netns, interface or device is success; a link of another kind that holds the ifb name is
-    left alone).
+    netns, interface or device is success; a link that holds the ifb name and is not
+    cni-dra's ifb device, module docstring, is left alone).
 
     Why together: a link deletion is mostly the kernel's unregistration (RCU grace periods,
     tens of ms on a busy node), and deleting the two one after the other pays it twice.
@@ -545,7 +492,7 @@ def delete_shaped_link(netns: str, ifname: str) -> tuple[bool, bool]:
 def _delete_pair(ipr: Any, ifname: str) -> tuple[bool, bool]:
     links = {msg.get_attr("IFLA_IFNAME"): msg for msg in ipr.link("dump")}
     pod, ifb = links.get(ifname), links.get(ifb_name(ifname))
-    if ifb is not None and _link_kind(ifb) != "ifb":
+    if ifb is not None and not _is_ours(ipr, ifb, int(pod["index"]) if pod is not None else None):
         ifb = None
     if pod is None or ifb is None:
         done = []
@@ -563,8 +510,8 @@ def _delete_pair(ipr: Any, ifname: str) -> tuple[bool, bool]:
     except _pyroute2.load().NetlinkError as exc:
         if _code(exc) not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
-        for msg in (pod, ifb):  # a kernel without group deletion: one after the other
-            _delete_link_index(ipr, msg["index"])
+        for msg in (ifb, pod):  # a kernel without group deletion: one after the other, the
+            _delete_link_index(ipr, msg["index"])  # ifb first (it left the mark's group above)
     return True, True
 
 
@@ -572,7 +519,8 @@ def read_shaping(netns: str, ifname: str) -> ShapeInfo | None:
     """The shaping installed on ``ifname`` in ``netns``, or None when there is none.
 
     Egress: the root tbf of ``ifname``. Ingress: the tbf of the device the ingress filter of
-    ``ifname`` redirects to (reported only when that device exists and has a tbf). Rates
+    ``ifname`` redirects to (reported only when that device exists and has a tbf), and
+    whether that device is up (``ifb_up``). Rates
     and limits are the kernel's; bursts are computed back from tbf's buffer time (so they
     may differ from what was asked by a few bytes of rounding).
 
@@ -593,30 +541,34 @@ def read_shaping(netns: str, ifname: str) -> ShapeInfo | None:
 def _read(ipr: Any, ifname: str) -> ShapeInfo | None:
     """The shaping of ``ifname`` from one dump of the namespace's links, one of its qdiscs
     and (when there is an ingress qdisc) one of its ingress filters; None: no such interface."""
-    names = {int(msg["index"]): msg.get_attr("IFLA_IFNAME") for msg in ipr.link("dump")}
+    dump = list(ipr.link("dump"))
+    names = {int(msg["index"]): msg.get_attr("IFLA_IFNAME") for msg in dump}
+    up = {int(msg["index"]): bool(msg["flags"] & _IFF_UP) for msg in dump}
     idx = next((i for i, name in names.items() if name == ifname), None)
     if idx is None:
         return None
     ticks = psched_ticks_per_us()
     qdiscs = {(int(msg["index"]), int(msg["parent"])): msg for msg in ipr.get_qdiscs()}
     egress = _tbf_of(qdiscs.get((idx, _TC_H_ROOT)), ticks)
-    ingress, ifb = None, None
+    ingress, ifb, ifb_up = None, None, None
     if (idx, _TC_H_INGRESS) in qdiscs:
         target = _redirect_target(ipr, idx)
         if target is not None and target in names:  # (not when the ifb device was deleted under the filter)
-            ifb = names[target]
+            ifb, ifb_up = names[target], up[target]
             ingress = _tbf_of(qdiscs.get((target, _TC_H_ROOT)), ticks)
-    return ShapeInfo(ifname=ifname, egress=egress, ingress=ingress, ifb=ifb)
+    return ShapeInfo(ifname=ifname, egress=egress, ingress=ingress, ifb=ifb, ifb_up=ifb_up)
 
 
 def remove_leaked_ifbs(netns_path: str) -> list[str]:
     """Delete the ifb devices in ``netns_path`` that shape no link any more; their names.
 
-    Leaked: an ifb device whose name follows :func:`ifb_name`'s rule (:func:`is_ifb_name`)
-    while no link X of the namespace has ``ifb_name(X)`` equal to it and no link's ingress
-    redirects to it (its link was deleted without it: a DEL whose record was lost).
-    An ifb device of a live link stays (that link's DEL removes it), and so does one named
-    otherwise (not cni-dra's). A missing netns is nothing to do.
+    Leaked: an ifb device cni-dra made (its mark, :data:`IFB_GROUP`) whose name follows
+    :func:`ifb_name`'s rule (:func:`is_ifb_name`) while no link X of the namespace has
+    ``ifb_name(X)`` equal to it and no link's ingress redirects to it (its link was deleted
+    without it: a DEL whose record was lost). An ifb device of a live link stays (that
+    link's DEL removes it), and so does one named otherwise or without the mark (not
+    cni-dra's, or made before the mark: nothing tells it from someone else's). A missing
+    netns is nothing to do.
 
     Raises:
         InvalidEnvironmentError: (4) ``netns_path`` is not a network namespace.
@@ -628,14 +580,14 @@ def remove_leaked_ifbs(netns_path: str) -> list[str]:
 def _remove_leaked(ipr: Any) -> list[str]:
     dump = list(ipr.link("dump"))
     links = {int(msg["index"]): msg.get_attr("IFLA_IFNAME") for msg in dump}
-    kinds = {int(msg["index"]): _link_kind(msg) for msg in dump}
+    ours = {int(msg["index"]) for msg in dump if _link_kind(msg) == "ifb" and msg.get_attr("IFLA_GROUP") == IFB_GROUP}
     owned = set()
     for name in links.values():
         try:
             owned.add(ifb_name(name))
         except InvalidEnvironmentError:
             continue
-    orphans = {i: n for i, n in links.items() if kinds.get(i) == "ifb" and is_ifb_name(n) and n not in owned}
+    orphans = {i: n for i, n in links.items() if i in ours and is_ifb_name(n) and n not in owned}
     if not orphans:
         return []
     redirected = {_redirect_target(ipr, int(msg["index"])) for msg in ipr.get_qdiscs()

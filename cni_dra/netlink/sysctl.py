@@ -23,7 +23,8 @@ from cni_dra.netlink.netns import in_netns_fd, open_netns
 
 __all__ = ["set_sysctl_in_netns"]
 
-_SYSCTL_KEY_RE = re.compile(r"^net(/[A-Za-z0-9_.\-]+)+$")
+# Printable ASCII but "/" in each part: the keys name interfaces (cni_dra.iface's rule).
+_SYSCTL_KEY_RE = re.compile(r"^net(/[!-.0-~]+)+$")
 
 
 def set_sysctl_in_netns(netns: str, key: str, value: str | int) -> None:
@@ -31,8 +32,9 @@ def set_sysctl_in_netns(netns: str, key: str, value: str | int) -> None:
 
     ``key`` is a slash-separated ``net/...`` path, e.g.
     ``net/ipv4/conf/eth0/arp_notify`` or ``net/ipv6/conf/eth0/ndisc_notify``
-    (interface names may contain dots, so dots are not separators). Raises
-    InvalidConfigError (7) for a key outside ``net/`` or with ``..``; IOFailureError (5)
+    (interface names may contain dots, so dots are not separators; each part is printable
+    ASCII, any an interface name may hold). Raises
+    InvalidConfigError (7) for a key outside ``net/``, with ``..`` or another byte; IOFailureError (5)
     when the file cannot be written (e.g. no such interface); codes 3/4 for the netns.
     """
     parts = key.split("/")

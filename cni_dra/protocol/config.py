@@ -138,7 +138,9 @@ class ShapingConfig(BaseModel):
     * ``ingressCapacity`` / ``egressCapacity``: one capacity per direction (what the pod
       receives / sends), exclusive with ``capacity``; a direction without one is not shaped.
     * ``ingressBurstBytes`` / ``egressBurstBytes``: the token bucket of that direction in
-      bytes (default: 2 ms of the rate, at least 128 KiB);
+      bytes (default: 2 ms of the rate, at least 128 KiB); ADD checks it against the rate
+      and the link's MTU (:mod:`cni_dra.netlink.tbf`), and the names against the device's
+      capacities (:mod:`cni_dra.verbs.shaping`);
     * ``latencySeconds``: the longest a packet waits in the queue behind a full bucket (the
       queue limit; default :data:`DEFAULT_SHAPING_LATENCY_S`).
     """

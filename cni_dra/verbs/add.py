@@ -18,11 +18,12 @@ Steps (each effect registers its undo; a failure undoes them in reverse and re-r
    link, runs after the link instead, in the reference order);
 3. under the lock: the attachment becomes ``ready`` with the CNI result and the shaping record.
 
-Errors: InvalidConfigError (7) for mtu above the parent's (before any IPAM call),
+Errors: InvalidConfigError (7) for mtu above the parent's, and for shaping that tbf cannot
+hold or a shaping capacity the device lacks (:mod:`cni_dra.verbs.shaping`; both before any IPAM call),
 NoCapacityError (100) when nothing fits, ClaimError (101) for an allocation that cannot be
 honoured (also a device profile this network's limits forbid, or whose MTU is above the
 allocated parent's: :mod:`cni_dra.verbs.profile`), NetlinkError (102; also when the kernel lacks a piece of shaping, e.g. ``kernel
-lacks ifb``, unless ``shaping`` is false), IpamError (the IPAM plugin's code; its catch-all 999 becomes
+lacks ifb``, unless ``shaping`` is false, or an ifb device cni-dra did not make holds the ifb name), IpamError (the IPAM plugin's code; its catch-all 999 becomes
 103), TryAgainLaterError (11, also when the dhcp daemon's socket is absent), IncompatibleVersionError
 (1) for an L2-only 0.1.0/0.2.0 config, InvalidConfigError (7) for a MAC already used on the parent,
 StateError (5), IOFailureError (5) / InventoryError (7) for the inventory.
@@ -61,6 +62,7 @@ from cni_dra.state import Attachment, NodeState
 if TYPE_CHECKING:
     from cni_dra.dra.models import ResourceSlice
     from cni_dra.netlink.info import LinkInfo
+    from cni_dra.netlink.tbf import ShapeSpec
     from cni_dra.protocol.config import NetConf
 from cni_dra.state.claim_status import record_add_failure
 from cni_dra.verbs.common import Concurrently, Invocation, ipam_codes
@@ -92,10 +94,11 @@ def cmd_add(inv: Invocation) -> Result:
             inv = intent.inv  # its config is the link's: the device profile applied
             fault_point("add:reserved")
             _undo_with(undo, intent.abandon)
+            spec = _shape_spec(inv, intent.att, host_links[intent.att.parent])  # code 7 before any effect
             # 2. IPAM in a thread (it does not need the link), 3. the link, 4. IPAM's answer
             ipam_job = _start_ipam(inv, undo)
             link = _create_link(inv, intent.att, host_links[intent.att.parent], undo)
-            shaped = _shape(inv, intent.att, undo)
+            shaped = _shape(inv, spec, undo)
             ipam_result = _ipam_result(inv, ipam_job, undo)
             if ipam_result is not None:
                 addr.configure_interface(
@@ -297,16 +300,26 @@ def _create_link(inv: Invocation, att: Attachment, parent: LinkInfo, undo: ExitS
     return link
 
 
-def _shape(inv: Invocation, att: Attachment, undo: ExitStack) -> dict[str, Any] | None:
-    """Traffic control on the new link from ``att``'s consumed capacity, the runtime's
-    bandwidth request and the config (:func:`cni_dra.verbs.shaping.shape_spec`), with its
-    undo (the ifb device would outlive the link); returns the record for the attachment,
-    None when nothing is shaped. Raises NetlinkError (102), having left nothing behind."""
-    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
-    from cni_dra.verbs.shaping import record, shape_spec
+def _shape_spec(inv: Invocation, att: Attachment, parent: LinkInfo) -> ShapeSpec | None:
+    """What the new link is shaped to: from ``att``'s consumed capacity, the runtime's
+    bandwidth request and the config (:func:`cni_dra.verbs.shaping.shape_spec`), on the MTU
+    the link will have (the config's, else its parent's). None: not shaped. Raises
+    InvalidConfigError (7) naming the key of a capacity, rate or burst tbf cannot hold."""
+    from cni_dra.verbs.shaping import shape_spec
 
-    conf, env = inv.conf, inv.env
-    spec = shape_spec(conf.shaping, att.consumedCapacity, conf.runtime_bandwidth)
+    conf = inv.conf
+    return shape_spec(conf.shaping, att.consumedCapacity, conf.runtime_bandwidth, mtu=conf.mtu or parent.mtu,
+                      device=att.device, driver=att.driver)
+
+
+def _shape(inv: Invocation, spec: ShapeSpec | None, undo: ExitStack) -> dict[str, Any] | None:
+    """Traffic control on the new link as ``spec`` says (:func:`_shape_spec`), with its undo
+    (the ifb device would outlive the link); returns the record for the attachment, None
+    when nothing is shaped. Raises NetlinkError (102), having left nothing behind."""
+    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
+    from cni_dra.verbs.shaping import record
+
+    env = inv.env
     if spec is None:
         return None
     _undo_with(undo, lambda: tc.remove_shaping(env.netns, env.ifname))

@@ -301,11 +301,12 @@ def repair(
       DEL (same netns by identity, same ifname) releases.
       ``slice_`` (the inventory ResourceSlice) maps parents to devices; without it they
       are only reported;
-    * ifb devices in ``/var/run/netns/*`` named by the shaping rule whose shaped link is gone
-      (:func:`cni_dra.netlink.shaping.remove_leaked_ifbs`; their records were lost with the
-      state, or the link was deleted without its record) are deleted, also when there is no
-      state file; an ifb device of a live link stays (tracked or charged as a placeholder
-      above: the link's DEL removes both), an ifb device named otherwise is not cni-dra's.
+    * ifb devices in ``/var/run/netns/*`` that carry cni-dra's mark and are named by the
+      shaping rule whose shaped link is gone (:func:`cni_dra.netlink.shaping.remove_leaked_ifbs`;
+      their records were lost with the state, or the link was deleted without its record)
+      are deleted, also when there is no state file; an ifb device of a live link stays
+      (tracked or charged as a placeholder above: the link's DEL removes both), an ifb
+      device named otherwise or without the mark is not cni-dra's.
 
     Returns the report. Raises StateError (5) when the directory cannot be written,
     TryAgainLaterError (11) on lock timeout.

@@ -18,7 +18,9 @@ is a link of its own in the pod netns and would outlive the pod's interface when
 outlives the pod, so an attachment that may be shaped has both deleted together
 (:func:`~cni_dra.netlink.shaping.delete_shaped_link`: one kernel batch, so the deletion
 costs about what the link's alone did), the ifb device also when the link is gone already
-(a DEL retried, a crash, ``state repair`` and GC all find a leaked one this way).
+(a DEL retried, a crash, ``state repair`` and GC all find a leaked one this way). Only an
+ifb device cni-dra made is deleted (its mark, or its link's redirect to it); one of the
+same name that someone else made stays.
 
 Errors: NetlinkError (102), IpamError (the plugin's code; its catch-all 999 becomes 103).
 """
