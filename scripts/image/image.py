@@ -96,6 +96,7 @@ def _system_layer(base: Path, cache: Path, work: Path) -> oci.Layer:
                    *(oci.Entry(f"bin/{applet}", "symlink", target="busybox") for applet in BUSYBOX_APPLETS),
                    oci.Entry("tmp", "dir", 0o1777), *oci.tree_entries(base, f"opt/cni/bin/{tree.TREE_NAME}")]
         layer = oci.write_layer(entries, 0, work)
+        tree.prune(kept.parent, keep=2)
         staged = kept.with_name(key + ".tmp")
         shutil.rmtree(staged, ignore_errors=True)
         staged.mkdir(parents=True)

@@ -41,7 +41,7 @@ from pathlib import Path
 import elf  # noqa: E402
 import pysource  # noqa: E402
 
-__all__ = ["PACKAGES", "TREE_NAME", "LOADER", "PYTHON", "ENTRY", "build", "interpreter"]
+__all__ = ["PACKAGES", "TREE_NAME", "LOADER", "PYTHON", "ENTRY", "build", "interpreter", "fetch_debs", "prune"]
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent
@@ -180,7 +180,7 @@ def _build_base(base: Path, debs: list[Path], site: Path, dists: list[pysource.D
         bring_libraries(tree, [root / "lib/x86_64-linux-gnu", root / "usr/lib/x86_64-linux-gnu"])
         _write_manifest(tree, debs, dists, root)
         compile_pyc(tree, [tree / STDLIB, tree / SITE])
-        _prune_old_bases(base.parent, keep=2)
+        prune(base.parent, keep=2)
         staged = base.with_name(base.name + ".tmp")
         shutil.rmtree(staged, ignore_errors=True)
         shutil.copytree(tree, staged, symlinks=True)
@@ -243,8 +243,11 @@ def _write_manifest(tree: Path, debs: list[Path], dists: list[pysource.Dist], ro
     (tree / "share/cni-dra/packages.txt").write_text("\n".join(lines) + "\n")
 
 
-def _prune_old_bases(bases: Path, keep: int) -> None:
-    old = sorted((p for p in bases.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+def prune(cache_dir: Path, keep: int) -> None:
+    """Remove all but the ``keep - 1`` newest entries of ``cache_dir`` (one is about to be added)."""
+    if not cache_dir.is_dir():
+        return
+    old = sorted((p for p in cache_dir.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
     for path in old[: max(0, len(old) - keep + 1)]:
         shutil.rmtree(path, ignore_errors=True)
 
