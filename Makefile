@@ -14,6 +14,13 @@ PYTEST    := $(PY) -m pytest
 PYTEST_FLAGS ?= $(if $(filter true,$(CI)),-p no:cacheprovider,)
 MYPY_FLAGS   ?= $(if $(filter true,$(CI)),--cache-dir=/dev/null,)
 
+# make image: the name and tag of the image, and its org.opencontainers.image.version label
+# (VERSION=0.1.1 builds a second tag from the same tree, e.g. for an upgrade test).
+VERSION   ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE     ?= ghcr.io/cni-dra/cni-dra
+IMAGE_TAG ?= $(VERSION)
+IMAGE_DIR ?= build/image
+
 export CNI_DRA_VENV := $(VENV)
 export CNI_BIN_DIR  := $(CNI_BIN)
 # The netns tests run the plugin installed by this make (another VENV/CNI_BIN installs,
@@ -21,16 +28,17 @@ export CNI_BIN_DIR  := $(CNI_BIN)
 export CNI_DRA_TEST_EXE      ?= $(CNI_BIN)/cni-dra
 export CNI_DRA_TEST_CNI_PATH ?= $(CNI_BIN)
 
-.PHONY: help deps venv install demo test check unit netns lint bench clean ipvlan-uml e2e cluster-up cluster-down
+.PHONY: help deps venv install image demo test check unit netns lint bench clean ipvlan-uml e2e cluster-up cluster-down
 
 help:
 	@echo "make demo     install everything (idempotent), then run scripts/demo.sh"
 	@echo "make test     install what tests need, run tests/ then netns_tests/ (root)"
 	@echo "make check    make test, then make e2e (what CI runs; README's test command)"
-	@echo "make install  apt deps + venv + $(CNI_BIN)/cni-dra + reference plugins on $(CNI_BIN)"
+	@echo "make install  apt deps + venv + $(CNI_BIN)/cni-dra and its tree $(CNI_BIN)/cni-dra.d + reference plugins on $(CNI_BIN)"
+	@echo "make image    OCI archive of the image in $(IMAGE_DIR)/ (IMAGE, IMAGE_TAG, VERSION); prints path, tag, digest"
 	@echo "make lint     import-linter layer contracts (.importlinter), mypy (strict) over cni_dra/, shellcheck"
 	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
-	@echo "make clean    remove build leftovers from the work tree"
+	@echo "make clean    remove build leftovers from the work tree (images in build/ too)"
 	@echo "make e2e      real one-node Kubernetes (kubelet, containerd, scheduler...) + cni-dra scenarios (root)"
 	@echo "make cluster-up / cluster-down   the same cluster left running to explore (prints KUBECONFIG)"
 
@@ -41,7 +49,13 @@ venv: deps
 	@scripts/install.sh venv
 
 install: venv
-	@scripts/install.sh package plugins
+	@scripts/install.sh package tree plugins
+
+# Built from Debian's packages and the venv's PyPI distributions (scripts/image/image.py);
+# the same commit gives the same digest (SOURCE_DATE_EPOCH: the commit's time).
+image: venv
+	@scripts/install.sh package
+	@$(PY) scripts/image/image.py --venv $(VENV) --out-dir $(IMAGE_DIR) --name $(IMAGE) --tag $(IMAGE_TAG) --version $(VERSION)
 
 demo: install
 	@scripts/demo.sh
@@ -114,6 +128,8 @@ cluster-up: install
 cluster-down:
 	@$(PY) scripts/e2e/cluster.py down
 
+# build/ holds make image's archives and its temporary directories. The .deb files and the
+# cached part of the plugin tree stay in /var/cache/cni-dra-tree (CNI_DRA_TREE_CACHE).
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis .mypy_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,9 +1,9 @@
 """The ``cni-dra`` executable: the CNI plugin when ``CNI_COMMAND`` is set, else the operator CLI.
 
 :func:`main` is the one place that decides between the two, for every way the executable
-is started: the Python executable ``<venv>/libexec/cni-dra`` (``scripts/cni-dra.in``,
-``python -IS``: no ``site`` at start-up) that the compiled client execs or that is itself
-the plugin on a node without a C compiler, and the ``cni-dra`` console script of the venv.
+is started: the plugin tree's Python executable ``<tree>/libexec/cni-dra``
+(``scripts/cni-dra-entry.py``, ``python -IS``: no ``site`` at start-up) that the compiled
+client runs, and the ``cni-dra`` console script of the venv.
 
 A plugin invocation (:func:`plugin`):
 

@@ -17,9 +17,10 @@ does not start).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
-import re
+import shlex
 import signal
 import subprocess
 import uuid
@@ -40,12 +41,15 @@ __all__ = [
     "pod_args",
     "parent_of",
     "recover",
-    "venv_python",
+    "tree_python",
     "start_fastpath_agent",
     "stop_process",
     "addr_flags",
     "links_named",
     "sysctl_in_netns",
+    "HOST_PYTHONS",
+    "masked_paths",
+    "without_host_python",
 ]
 
 DRIVER = "net.cni-dra.dev"
@@ -301,24 +305,25 @@ def parent_of(netns: str, ifname: str = "eth0") -> str | None:
 
 
 # -- the fast-path agent ---------------------------------------------------------------------
-def venv_python() -> str:
-    """The interpreter of the installed Python executable: the shebang of CNI_EXE, or of the
-    script the compiled thin client falls back to (named in the binary after
-    ``cni-dra-python-exe=``, see scripts/cni-dra-client.c)."""
-    data = Path(CNI_EXE).read_bytes()
-    if not data.startswith(b"#!"):
-        match = re.search(rb"cni-dra-python-exe=([^\0]+)\0", data)
-        if not match:
-            raise RuntimeError(f"{CNI_EXE} is neither a script nor the compiled thin client")
-        data = Path(os.fsdecode(match.group(1))).read_bytes()
-    return os.fsdecode(data.splitlines()[0][2:].split()[0])
+def tree_python() -> list[str]:
+    """The command that starts the installed plugin tree's Python (README "Install layout"):
+    its loader with its libraries, then its interpreter; the tree is ``cni-dra.d`` beside the
+    real file of CNI_EXE, where the compiled client finds it."""
+    tree = Path(CNI_EXE).resolve().parent / "cni-dra.d"
+    return [str(tree / "lib" / "ld-linux-x86-64.so.2"), "--library-path", str(tree / "lib"), str(tree / "bin" / "python3")]
 
 
-def start_fastpath_agent(sock: str, *extra: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """``python -I -m cni_dra.fastpath.server --socket SOCK`` from the installed venv, once it
-    printed ``ready``; ``extra`` are more server options, ``env`` more variables."""
+def start_fastpath_agent(sock: str, *extra: str, env: Mapping[str, str] | None = None,
+                         launcher: str | None = None) -> subprocess.Popen[bytes]:
+    """``python -I -m cni_dra.fastpath.server --socket SOCK`` with the installed tree's Python
+    (:func:`tree_python`), once it printed ``ready``; ``extra`` are more server options, ``env``
+    more variables, ``launcher`` runs instead of the tree's loader with the same arguments
+    (e.g. :func:`without_host_python` of it)."""
+    argv = tree_python()
+    if launcher is not None:
+        argv[0] = launcher
     proc = subprocess.Popen(
-        [venv_python(), "-I", "-m", "cni_dra.fastpath.server", "--socket", sock, "--cwd", os.getcwd(), *extra],
+        [*argv, "-I", "-m", "cni_dra.fastpath.server", "--socket", sock, "--cwd", os.getcwd(), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
         env={**os.environ, **env} if env is not None else None,
     )
@@ -384,3 +389,48 @@ def sysctl_in_netns(netns: str, key: str) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"reading {key} in {netns} failed: {proc.stderr}")
     return proc.stdout.strip()
+
+
+# -- a node without Python ----------------------------------------------------------------
+HOST_PYTHONS = ("/usr/bin/python3*", "/usr/lib/python3*", "/usr/local", "/root/.pyenv", "/opt/cni-dra*/venv*")
+"""Every Python of this machine (Debian's, pyenv's, anything under /usr/local, the project's
+venvs), as globs: :func:`without_host_python` masks each."""
+HOST_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+GLIBC = ("ld-linux-x86-64.so.2", "libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+"""glibc's files, which the host's own tools (sh, mount, the IPAM plugins) need: never masked."""
+
+
+def masked_paths() -> list[str]:
+    """What :func:`without_host_python` masks, sorted: the paths of :data:`HOST_PYTHONS` on
+    this machine, and the host's copy of every library the installed tree brings besides
+    glibc (libz, libexpat, libssl, ...: a host without Python need not have them)."""
+    found = {path for pattern in HOST_PYTHONS for path in glob.glob(pattern)}
+    tree_lib = Path(tree_python()[2])
+    for lib in tree_lib.iterdir():
+        if lib.is_file() and lib.name not in GLIBC and os.path.exists(f"{HOST_LIB_DIR}/{lib.name}"):
+            found.add(f"{HOST_LIB_DIR}/{lib.name}")
+    return sorted(found)
+
+
+def without_host_python(tmp_path: Path, exe: str) -> Path:
+    """An executable (``tmp_path/masked-<name>``) that runs ``exe`` with the same argv,
+    environment and stdin in a private mount namespace (``unshare --mount --propagation
+    private``) where every path of :func:`masked_paths` is masked: an empty tmpfs over each
+    directory, an empty file over each file. The mounts die with the process; the host's
+    mount table never sees them."""
+    empty = tmp_path / "masked-empty"
+    empty.write_bytes(b"")
+    steps = []
+    for path in masked_paths():
+        if os.path.isdir(path):
+            steps.append(f"mount -t tmpfs -o size=64k,mode=0755 masked {shlex.quote(path)}")
+        else:
+            steps.append(f"mount --bind {shlex.quote(str(empty))} {shlex.quote(path)}")
+    script = "; ".join([*steps, 'exec "$0" "$@"'])
+    wrapper = tmp_path / f"masked-{os.path.basename(exe)}"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"exec unshare --mount --propagation private /bin/sh -ec {shlex.quote(script)} {shlex.quote(exe)} \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    return wrapper

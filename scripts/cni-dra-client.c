@@ -7,8 +7,9 @@
  * compiles this file and checks each against that module.
  *
  * When the agent answers "ok <code>", it writes the agent's stdout and exits with <code>.
- * In every other case it execs the Python executable CNI_DRA_PYTHON_EXE with the same argv
- * and environment and the same stdin (bytes already read are put back through a memfd):
+ * In every other case it runs the plugin tree's Python executable (below) with the same
+ * arguments and environment and the same stdin (bytes already read are put back through a
+ * memfd):
  * - no CNI_COMMAND (the operator CLI), CNI_DRA_AGENT=off, unreadable stdin or an unusable
  *   CNI_DRA_AGENT_TIMEOUT:
  *   without asking the agent; the Python executable decides (cni_dra.main);
@@ -18,10 +19,16 @@
  *   CNI_DRA_AGENT=require).
  * All CNI logic and error JSON stay in Python; the one reply written here is for when the
  * Python executable cannot be run at all (CNI error JSON, code 999, exit 1).
+ *
+ * The plugin tree (README "Install layout", scripts/image/tree.py) is the directory
+ * TREE_NAME next to this executable's real file (/proc/self/exe, so a link to it finds the
+ * same tree): its Python runs through the tree's own dynamic loader and libraries,
+ *   <tree>/lib/ld-linux-x86-64.so.2 --library-path <tree>/lib <tree>/bin/python3 -IS <tree>/libexec/cni-dra ARGS...
+ * so that nothing of the host's Python or libraries is used, wherever the plugin directory is.
  * Why C: measured here, an agent-served invocation costs ~1.1 ms wall, 0.7 ms CPU, against
  * ~10 ms wall, 9.3 ms CPU with `python -IS` (README "Performance").
- * Built by scripts/install.sh: cc -O2 -Wall -Wextra -Werror -DCNI_DRA_PYTHON_EXE='"PATH"'
- * (libc only); tests/test_client_shim.py also builds it with -fsanitize=address,undefined. */
+ * Built by scripts/install.sh: cc -O2 -static -Wall -Wextra -Werror (static: no library of
+ * the host either); tests/test_client_shim.py also builds it with -fsanitize=address,undefined. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
@@ -39,9 +46,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef CNI_DRA_PYTHON_EXE
-#error "build with -DCNI_DRA_PYTHON_EXE='\"/path/to/python/cni-dra\"'"
-#endif
+/* The plugin tree, beside this executable; paths inside it (scripts/image/tree.py: TREE_NAME,
+ * LOADER, PYTHON, ENTRY; tests/test_client_wire.py checks they agree). */
+#define TREE_NAME "cni-dra.d"
+#define TREE_LOADER "/lib/ld-linux-x86-64.so.2"
+#define TREE_LIBS "/lib"
+#define TREE_PYTHON "/bin/python3"
+#define TREE_ENTRY "/libexec/cni-dra"
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
@@ -66,9 +77,6 @@
 #define ENV_ASKED "CNI_DRA_AGENT_ASKED"
 
 extern char **environ;
-
-/* Where the fallback lives, findable in the binary (tests read it: netns_tests/runner.py). */
-__attribute__((used)) static const char python_exe_tag[] = "cni-dra-python-exe=" CNI_DRA_PYTHON_EXE;
 
 /* Why the agent did not serve, as client.py's last_refusal words it (for CNI_DRA_AGENT=require). */
 static char why[512];
@@ -131,28 +139,64 @@ static int write_all(int fd, const char *p, size_t n) {
 }
 
 /* The Python executable cannot be run at all: the one reply written here (for the CLI, a line on stderr). */
-static _Noreturn void cannot_run(const char *what, int err) {
+static _Noreturn void cannot_run(const char *what, const char *path, int err) {
     const char *cmd = getenv("CNI_COMMAND");
     if (cmd && *cmd)
-        printf("{\"cniVersion\": \"1.1.0\", \"code\": 999, \"msg\": \"failed to %s %s: %s\"}\n", what,
-               CNI_DRA_PYTHON_EXE, strerror(err));
+        printf("{\"cniVersion\": \"1.1.0\", \"code\": 999, \"msg\": \"failed to %s %s: %s\"}\n", what, path,
+               strerror(err));
     else
-        fprintf(stderr, "cni-dra: failed to %s %s: %s\n", what, CNI_DRA_PYTHON_EXE, strerror(err));
+        fprintf(stderr, "cni-dra: failed to %s %s: %s\n", what, path, strerror(err));
     exit(1);
 }
 
-/* Run the Python executable with our argv and environment, stdin as we found it; `asked`:
- * we asked the agent and it did not serve (ENV_ASKED=<why> tells the Python executable). */
-static _Noreturn void fallback(char **argv, const struct buf *in, int consumed, int asked) {
+/* The tree's directory (TREE_NAME beside our real file) into `out`; 0, or -1 with errno. */
+static int tree_dir(char *out, size_t size) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n < 0) return -1;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) {
+        errno = ENOENT;
+        return -1;
+    }
+    *slash = 0;
+    int len = snprintf(out, size, "%s/" TREE_NAME, exe);
+    if (len < 0 || (size_t)len >= size) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return 0;
+}
+
+/* Run the tree's Python executable with our arguments and environment, stdin as we found it;
+ * `asked`: we asked the agent and it did not serve (ENV_ASKED=<why> tells the Python executable). */
+static _Noreturn void fallback(int argc, char **argv, const struct buf *in, int consumed, int asked) {
+    static char tree[PATH_MAX], loader[PATH_MAX], libs[PATH_MAX], python[PATH_MAX], entry[PATH_MAX];
+    if (tree_dir(tree, sizeof tree)) cannot_run("find the plugin tree of", "/proc/self/exe", errno);
+    if (snprintf(loader, sizeof loader, "%s" TREE_LOADER, tree) >= (int)sizeof loader ||
+        snprintf(libs, sizeof libs, "%s" TREE_LIBS, tree) >= (int)sizeof libs ||
+        snprintf(python, sizeof python, "%s" TREE_PYTHON, tree) >= (int)sizeof python ||
+        snprintf(entry, sizeof entry, "%s" TREE_ENTRY, tree) >= (int)sizeof entry)
+        cannot_run("run", tree, ENAMETOOLONG);
     if (consumed) {
         int fd = memfd_create("cni-dra-stdin", 0);
         if (fd < 0 || write_all(fd, in->p, in->len) || lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) < 0)
-            cannot_run("keep stdin for", errno);
+            cannot_run("keep stdin for", tree, errno);
         if (fd != 0) close(fd);
     }
-    if (asked && setenv(ENV_ASKED, *why ? why : "not served", 1)) cannot_run("hand over to", errno);
-    execv(CNI_DRA_PYTHON_EXE, argv);
-    cannot_run("run", errno);
+    if (asked && setenv(ENV_ASKED, *why ? why : "not served", 1)) cannot_run("hand over to", tree, errno);
+    /* loader --library-path LIBS PYTHON -IS ENTRY argv[1..] */
+    char **args = calloc((size_t)argc + 6, sizeof *args);
+    if (!args) cannot_run("run", tree, errno);
+    char **a = args;
+    *a++ = loader, *a++ = "--library-path", *a++ = libs, *a++ = python, *a++ = "-IS", *a++ = entry;
+    for (int i = 1; i < argc; i++) *a++ = argv[i];
+    *a = NULL;
+    execv(loader, args);
+    int err = errno;
+    free(args);
+    cannot_run("run", loader, err);
 }
 
 /* client.py _socket_is_ours: a socket owned by our euid, in a directory only we may write. */
@@ -348,20 +392,19 @@ out:
 }
 
 int main(int argc, char **argv) {
-    (void)argc;
     struct buf in = {0}, resp = {0};
     const char *command = getenv("CNI_COMMAND");
-    if (!command || !*command) fallback(argv, &in, 0, 0); /* not a plugin invocation: the CLI */
+    if (!command || !*command) fallback(argc, argv, &in, 0, 0); /* not a plugin invocation: the CLI */
     const char *mode = getenv(ENV_MODE);
-    if (mode && !strcmp(mode, "off")) fallback(argv, &in, 0, 0);
+    if (mode && !strcmp(mode, "off")) fallback(argc, argv, &in, 0, 0);
     int consumed = 0;
     if (!(strcmp(command, "VERSION") == 0 && isatty(0))) { /* as cni_dra.main.read_stdin */
-        if (!(in.p = malloc(STDIN_LIMIT_BYTES))) fallback(argv, &in, 0, 0);
+        if (!(in.p = malloc(STDIN_LIMIT_BYTES))) fallback(argc, argv, &in, 0, 0);
         in.cap = STDIN_LIMIT_BYTES;
         while (in.len < STDIN_LIMIT_BYTES) {
             ssize_t r = read(0, in.p + in.len, STDIN_LIMIT_BYTES - in.len);
             if (r < 0 && errno == EINTR) continue;
-            if (r < 0) fallback(argv, &in, in.len > 0, 0); /* Python meets the error, or what we got */
+            if (r < 0) fallback(argc, argv, &in, in.len > 0, 0); /* Python meets the error, or what we got */
             if (r == 0) break;
             in.len += (size_t)r;
         }
@@ -377,10 +420,10 @@ int main(int argc, char **argv) {
         while (*end == ' ' || *end == '\t' || *end == '\n') end++;
         if (end != t && !*end && !strpbrk(t, "xX")) timeout_s = v; /* float(): no hex */
     }
-    if (!isfinite(timeout_s) || timeout_s < 0) fallback(argv, &in, consumed, 0); /* Python decides */
+    if (!isfinite(timeout_s) || timeout_s < 0) fallback(argc, argv, &in, consumed, 0); /* Python decides */
     size_t off, len;
     int code;
-    if (ask_agent(path, timeout_s, &in, &resp, &off, &len, &code)) fallback(argv, &in, consumed, 1);
+    if (ask_agent(path, timeout_s, &in, &resp, &off, &len, &code)) fallback(argc, argv, &in, consumed, 1);
     int failed = write_all(1, resp.p + off, len);
     free(in.p), free(resp.p);
     return failed ? 1 : code & 0xff;

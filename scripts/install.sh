@@ -3,9 +3,11 @@
 #
 #   scripts/install.sh deps      apt packages (iproute2, reference CNI plugins, venv, Go, libcni source, C compiler, iperf3)
 #   scripts/install.sh venv      /opt/cni-dra/venv from Debian's /usr/bin/python3 + runtime and test deps
-#   scripts/install.sh package   the project, non-editable, into the venv + /opt/cni/bin/cni-dra
-#                                (the compiled thin client; the Python executable it falls back
-#                                to is $VENV/libexec/cni-dra)
+#                                (the tests' Python, and where the tree takes cni-dra's dependencies from)
+#   scripts/install.sh package   the project, non-editable, into the venv
+#   scripts/install.sh tree      the plugin tree (scripts/image/tree.py: cni-dra with its own
+#                                Python and libraries) as /opt/cni/bin/cni-dra.d, and the
+#                                compiled client that runs it as /opt/cni/bin/cni-dra
 #   scripts/install.sh plugins   reference plugins from /usr/lib/cni reachable on CNI_PATH=/opt/cni/bin
 #   scripts/install.sh all       all of the above, in that order
 #
@@ -44,8 +46,8 @@ hash_files() {
 
 package_sources() {
     (cd "$SRC" && find cni_dra -name __pycache__ -prune -o -type f ! -name '*.pyc' -print
-     echo pyproject.toml; echo setup.py; echo README.md; echo scripts/cni-dra.in; echo scripts/cni-dra-client.c
-     echo scripts/install.sh)
+     echo pyproject.toml; echo setup.py; echo README.md; echo scripts/cni-dra-entry.py; echo scripts/cni-dra-client.c
+     echo scripts/install.sh; echo scripts/image/tree.py; echo scripts/image/pysource.py; echo scripts/image/elf.py)
 }
 
 missing_apt_packages() {
@@ -116,23 +118,36 @@ do_venv() {
     stamp_set venv "$want"
 }
 
-# The plugin executable: scripts/cni-dra-client.c compiled into $2, with the Python
-# executable it execs when the agent does not answer ($1) baked in. Status 2 without a
-# C compiler or when the path cannot be baked in (a C string literal); a failing compile
-# fails the install.
+# The plugin executable: scripts/cni-dra-client.c compiled, statically, into $1. It runs
+# the plugin tree beside it (cni-dra.d) when the agent does not answer.
 build_client() {
-    local py_exe=$1 out=$2
-    command -v cc >/dev/null || return 2
-    [[ $py_exe != *[\\\"]* ]] || return 2
-    cc -O2 -Wall -Wextra -Werror -DCNI_DRA_PYTHON_EXE="\"$py_exe\"" \
-        -o "$out" "$SRC/scripts/cni-dra-client.c" || exit 1
+    local out=$1
+    if ! command -v cc >/dev/null; then
+        say "no C compiler (cc): the plugin is a compiled client; install gcc and libc6-dev (make deps)"
+        exit 1
+    fi
+    cc -O2 -static -Wall -Wextra -Werror -o "$out" "$SRC/scripts/cni-dra-client.c"
+}
+
+# The plugin tree at $CNI_BIN_DIR/cni-dra.d, built beside it then swapped in by two renames;
+# the tree it replaces stays as .cni-dra.d.old until the next install (an invocation that
+# started with it can finish).
+install_tree() {
+    local tree=$CNI_BIN_DIR/cni-dra.d new=$CNI_BIN_DIR/.cni-dra.d.new old=$CNI_BIN_DIR/.cni-dra.d.old
+    rm -rf "$new"
+    "$VENV/bin/python" "$SRC/scripts/image/tree.py" --venv "$VENV" --out "$new"
+    rm -rf "$old"
+    if [[ -d $tree ]]; then
+        mv "$tree" "$old"
+    fi
+    mv "$new" "$tree"
 }
 
 do_package() {
     local want files
     mapfile -t files < <(package_sources)
-    want=$( (echo "$VENV $CNI_BIN_DIR $(command -v cc || true)"; hash_files "${files[@]}") | sha256sum | cut -d' ' -f1)
-    if stamp_ok package "$want" && [[ -x $CNI_BIN_DIR/cni-dra && -x $VENV/libexec/cni-dra ]]; then
+    want=$( (echo "$VENV"; hash_files "${files[@]}") | sha256sum | cut -d' ' -f1)
+    if stamp_ok package "$want"; then
         return 0
     fi
     say "installing cni-dra (non-editable) into $VENV"
@@ -142,25 +157,27 @@ do_package() {
     local tmp=$BUILD_TMP
     (cd "$SRC" && tar -cf - --exclude=__pycache__ --exclude='*.pyc' "${files[@]}") | tar -xf - -C "$tmp"
     "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation --force-reinstall "$tmp"
-    mkdir -p "$CNI_BIN_DIR" "$VENV/libexec"
-    # Write then rename: a runtime may exec the plugin while we replace it. The Python
-    # executable goes first: the compiled client execs it.
-    local purelib py_exe=$VENV/libexec/cni-dra
-    purelib=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-    sed -e "s|@PYTHON@|$VENV/bin/python|" -e "s|@PURELIB@|$purelib|" "$SRC/scripts/cni-dra.in" >"$py_exe.tmp"
-    chmod 0755 "$py_exe.tmp"
-    mv -f "$py_exe.tmp" "$py_exe"
-    if build_client "$py_exe" "$CNI_BIN_DIR/.cni-dra.tmp"; then
-        say "$CNI_BIN_DIR/cni-dra: compiled thin client (falls back to $py_exe)"
-    else
-        say "$CNI_BIN_DIR/cni-dra: no C compiler (cc) usable: installing the Python executable itself" \
-            "(each invocation then pays a Python start-up)"
-        cp "$py_exe" "$CNI_BIN_DIR/.cni-dra.tmp"
-    fi
-    chmod 0755 "$CNI_BIN_DIR/.cni-dra.tmp"
-    mv -f "$CNI_BIN_DIR/.cni-dra.tmp" "$CNI_BIN_DIR/cni-dra"
     rm -rf "$tmp"
     stamp_set package "$want"
+}
+
+do_tree() {
+    local want files
+    mapfile -t files < <(package_sources)
+    want=$( (echo "$VENV $CNI_BIN_DIR"; hash_files "${files[@]}") | sha256sum | cut -d' ' -f1)
+    if stamp_ok tree "$want" && [[ -x $CNI_BIN_DIR/cni-dra && -x $CNI_BIN_DIR/cni-dra.d/bin/python3 ]]; then
+        return 0
+    fi
+    mkdir -p "$CNI_BIN_DIR"
+    say "building the plugin tree $CNI_BIN_DIR/cni-dra.d"
+    install_tree
+    # Write then rename: a runtime may exec the plugin while we replace it.
+    build_client "$CNI_BIN_DIR/.cni-dra.tmp"
+    chmod 0755 "$CNI_BIN_DIR/.cni-dra.tmp"
+    mv -f "$CNI_BIN_DIR/.cni-dra.tmp" "$CNI_BIN_DIR/cni-dra"
+    rm -f "$VENV/libexec/cni-dra"  # the Python executable of the venv-based layout before the tree
+    say "$CNI_BIN_DIR/cni-dra: compiled client; runs $CNI_BIN_DIR/cni-dra.d when the agent does not serve"
+    stamp_set tree "$want"
 }
 
 do_plugins() {
@@ -187,8 +204,9 @@ main() {
         deps) do_deps ;;
         venv) do_venv ;;
         package) do_package ;;
+        tree) do_tree ;;
         plugins) do_plugins ;;
-        all) do_deps; do_venv; do_package; do_plugins ;;
+        all) do_deps; do_venv; do_package; do_tree; do_plugins ;;
         *) say "unknown step: $step"; exit 2 ;;
         esac
     done

@@ -1,14 +1,17 @@
 """The compiled client (scripts/cni-dra-client.c), built into tmp with ``cc``.
 
 It must speak :mod:`cni_dra.fastpath.wire` to the agent, print the agent's answer only when
-it is ``ok <code>``, and in every other case exec the Python executable with the same argv,
-environment and stdin; after asking the agent, with ``CNI_DRA_AGENT_ASKED=<why>`` added, so
-that the Python executable does not ask again. Builds: one whose fallback is the real Python
-executable (scripts/cni-dra.in, running this work tree), one whose fallback is a recorder
-script that saves what it received, and both again with ``-fsanitize=address,undefined``.
-A fake agent (:func:`tests.builders.fake_agent`, a unix-socket server in a thread speaking
-:func:`encode_frames`/:func:`decode_frames`) plays the agent; the real server
-(:func:`cni_dra.fastpath.server.start_fastpath`) too, where it says so.
+it is ``ok <code>``, and in every other case run the plugin tree's Python executable beside
+it (``cni-dra.d``: its loader with ``--library-path <tree>/lib <tree>/bin/python3 -IS
+<tree>/libexec/cni-dra``) with the same arguments, environment and stdin; after asking the
+agent, with ``CNI_DRA_AGENT_ASKED=<why>`` added, so that the Python executable does not ask
+again. Builds, each beside a stand-in tree: one whose "loader" runs the real entry
+(scripts/cni-dra-entry.py, on this work tree) with this interpreter, one whose "loader" is a
+recorder script that saves what it received, and both again with
+``-fsanitize=address,undefined``. A fake agent (:func:`tests.builders.fake_agent`, a
+unix-socket server in a thread speaking :func:`encode_frames`/:func:`decode_frames`) plays
+the agent; the real server (:func:`cni_dra.fastpath.server.start_fastpath`) too, where it
+says so.
 """
 
 from __future__ import annotations
@@ -47,33 +50,51 @@ BASE_ENV = {"PATH": "/usr/bin:/bin"}
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build scripts/cni-dra-client.c")
 
 
-# As scripts/install.sh builds it; warnings are errors.
+# As scripts/install.sh builds it (but dynamic, as the sanitizers need); warnings are errors.
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
 SANITIZE = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
             "-Wall", "-Wextra", "-Werror"]
 # Any report fails the run (exit 86) and says so on stderr; leaks are checked at exit.
 SANITIZER_ENV = {"ASAN_OPTIONS": "detect_leaks=1:exitcode=86:abort_on_error=0",
                  "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=86"}
+ENTRY = ROOT / "scripts" / "cni-dra-entry.py"
 
 
-def _build(out: Path, python_exe: str, flags: list[str] = CFLAGS) -> str:
-    proc = subprocess.run(
-        [CC, *flags, f'-DCNI_DRA_PYTHON_EXE="{python_exe}"', "-o", str(out), str(SOURCE)],
-        check=False, capture_output=True, text=True,
-    )
+def _build(out: Path, flags: list[str] = CFLAGS) -> str:
+    proc = subprocess.run([CC, *flags, "-o", str(out), str(SOURCE)], check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr  # a warning fails the build
     return str(out)
 
 
+def _loader_args(tree: Path) -> list[bytes]:
+    """What the client puts before its own arguments when it runs the tree's loader."""
+    return [b"--library-path", os.fsencode(tree / "lib"), os.fsencode(tree / "bin" / "python3"), b"-IS",
+            os.fsencode(tree / "libexec" / "cni-dra")]
+
+
+def _stand_in_tree(bin_dir: Path, loader: str) -> Path:
+    """``bin_dir/cni-dra.d`` with ``loader`` (a shell script body) as its loader, the entry
+    (scripts/cni-dra-entry.py) and this work tree as its packages; returns the tree."""
+    tree = bin_dir / "cni-dra.d"
+    (tree / "lib" / "python3").mkdir(parents=True)
+    (tree / "libexec").mkdir()
+    (tree / "lib" / "python3" / "dist-packages").symlink_to(ROOT)
+    shutil.copyfile(ENTRY, tree / "libexec" / "cni-dra")
+    (tree / "lib" / "ld-linux-x86-64.so.2").write_text("#!/bin/sh\n" + loader)
+    (tree / "lib" / "ld-linux-x86-64.so.2").chmod(0o755)
+    return tree
+
+
 @dataclass
 class Builds:
-    real: str  # falls back to the Python executable of this work tree
-    python: str  # that Python executable itself
-    recording: str  # falls back to the recorder
+    real: str  # beside a tree that runs the entry with this interpreter
+    python: str  # that entry run directly (what the client must behave as)
+    recording: str  # beside a tree whose loader is the recorder
     record_dir: Path
 
     def recorded(self) -> dict[str, object] | None:
-        """What the recorder received (argv[1:], environment, stdin), None if it did not run."""
+        """What the recorder received (the client's argv[1:] after the loader's arguments,
+        which must be the tree's; environment; stdin), None if it did not run."""
         if not (self.record_dir / "stdin").exists():
             return None
         env = {}
@@ -81,35 +102,33 @@ class Builds:
             if item:
                 k, _, v = item.partition(b"=")
                 env[k.decode()] = v.decode()
-        return {
-            "argv": (self.record_dir / "argv").read_bytes().split(b"\0")[:-1],
-            "env": env,
-            "stdin": (self.record_dir / "stdin").read_bytes(),
-        }
+        argv = (self.record_dir / "argv").read_bytes().split(b"\0")[:-1]
+        prefix = _loader_args(Path(self.recording).parent / "cni-dra.d")
+        assert argv[: len(prefix)] == prefix
+        return {"argv": argv[len(prefix):], "env": env, "stdin": (self.record_dir / "stdin").read_bytes()}
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory) -> Builds:
     d = tmp_path_factory.mktemp("shim")
-    (d / "libexec").mkdir()
-    python = d / "libexec" / "cni-dra"  # the CLI's program name is its file name, as installed
-    template = (ROOT / "scripts" / "cni-dra.in").read_text()
-    python.write_text(template.replace("@PYTHON@", sys.executable).replace("@PURELIB@", str(ROOT)))
+    (d / "real").mkdir()
+    # the loader's arguments are --library-path DIR PYTHON; the rest is the interpreter's
+    tree = _stand_in_tree(d / "real", f'shift 3\nexec {sys.executable} "$@"\n')
+    python = d / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -IS {tree / "libexec" / "cni-dra"} "$@"\n')
     python.chmod(0o755)
     rec_dir = d / "rec"
-    recorder = d / "recorder"
+    (d / "recorder").mkdir()
     # env -0 would add nothing of its own; the unset drops what sh exports by itself.
-    recorder.write_text(
-        "#!/bin/sh\n"
+    _stand_in_tree(d / "recorder", (
         f"cat > '{rec_dir}/stdin'\n"
         f"printf '%s\\0' \"$@\" > '{rec_dir}/argv'\n"
         f"unset PWD OLDPWD SHLVL _; env -0 > '{rec_dir}/env'\n"
         "echo fallback-ran\n"
-    )
-    recorder.chmod(0o755)
+    ))
     return Builds(
-        real=_build(d / "cni-dra", str(python)), python=str(python),
-        recording=_build(d / "cni-dra-rec", str(recorder)), record_dir=rec_dir,
+        real=_build(d / "real" / "cni-dra"), python=str(python),
+        recording=_build(d / "recorder" / "cni-dra"), record_dir=rec_dir,
     )
 
 
@@ -365,11 +384,21 @@ def test_environment_sent_keeps_the_first_of_duplicate_keys(rec, fake_agent):
 
 
 def test_failing_exec_prints_cni_error_json(tmp_path):
-    exe = _build(tmp_path / "cni-dra", str(tmp_path / "missing" / "cni-dra"))
+    exe = _build(tmp_path / "cni-dra")  # no tree beside it
     code, out = _run(exe, {"CNI_COMMAND": "ADD", **ABSENT}, b"{}")
     doc = json.loads(out)
     assert code == 1 and doc["code"] == 999 and doc["cniVersion"] == "1.1.0"
-    assert str(tmp_path / "missing" / "cni-dra") in doc["msg"] and "No such file" in doc["msg"]
+    assert str(tmp_path / "cni-dra.d" / "lib" / "ld-linux-x86-64.so.2") in doc["msg"] and "No such file" in doc["msg"]
+
+
+def test_the_tree_is_found_beside_the_real_file_of_a_link(rec, tmp_path):
+    """A link to the client (e.g. on PATH) runs the tree beside the client's real file."""
+    link = tmp_path / "elsewhere" / "cni-dra"
+    link.parent.mkdir()
+    link.symlink_to(rec.recording)
+    assert _run(str(link), {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT": "off"}, b"{}", args=("a",)) == (0, b"fallback-ran\n")
+    recorded = rec.recorded()  # checks the loader's arguments name the tree beside the real file
+    assert recorded is not None and recorded["argv"] == [b"a"] and recorded["stdin"] == b"{}"
 
 
 def test_require_names_why_the_compiled_client_was_not_served(builds, fake_agent):
@@ -393,11 +422,9 @@ def sanitized(builds, tmp_path_factory) -> Builds:
                            input="int main(void) { return 0; }\n", capture_output=True, text=True, check=False)
     if probe.returncode != 0 or subprocess.run([str(d / "probe")], check=False).returncode != 0:
         pytest.skip(f"{CC} cannot build or run sanitizer programs here: {probe.stderr.strip()}")
-    return Builds(
-        real=_build(d / "cni-dra", builds.python, SANITIZE), python=builds.python,
-        recording=_build(d / "cni-dra-rec", str(builds.record_dir.parent / "recorder"), SANITIZE),
-        record_dir=builds.record_dir,
-    )
+    real, recording = Path(builds.real).parent / "cni-dra-asan", Path(builds.recording).parent / "cni-dra-asan"
+    return Builds(real=_build(real, SANITIZE), python=builds.python, recording=_build(recording, SANITIZE),
+                  record_dir=builds.record_dir)
 
 
 def _run_sanitized(exe: str, env: dict[str, str], stdin: bytes = b"", cwd: str | None = None) -> tuple[int, bytes]:
@@ -452,8 +479,8 @@ def test_sanitized_build_against_the_real_agent_and_without_one(sanitized, build
     assert code == 1 and json.loads(out)["code"] == 11
 
 
-def test_sanitized_build_of_a_missing_python_executable(tmp_path):
-    exe = _build(tmp_path / "cni-dra", str(tmp_path / "missing" / "cni-dra"), SANITIZE)
+def test_sanitized_build_without_a_tree(tmp_path):
+    exe = _build(tmp_path / "cni-dra", SANITIZE)
     code, out = _run_sanitized(exe, {"CNI_COMMAND": "ADD", **ABSENT}, b"{}")
     doc = json.loads(out)
     assert code == 1 and doc["code"] == 999 and "No such file" in doc["msg"]

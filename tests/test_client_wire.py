@@ -1,16 +1,19 @@
-"""The compiled client's wire constants are those of :mod:`cni_dra.fastpath.wire`.
+"""The compiled client's wire constants are those of :mod:`cni_dra.fastpath.wire`, and its
+plugin tree paths those of the tree's builder (scripts/image/tree.py).
 
-scripts/cni-dra-client.c repeats the wire format's constants as ``#define`` s. This test
-compiles a small program that includes that file (its ``main`` renamed) and prints every
-one of them as the compiler sees it, then compares each with the module: a change on one
-side only fails here, not on a node.
+scripts/cni-dra-client.c repeats the wire format's constants and the tree's layout as
+``#define`` s. This test compiles a small program that includes that file (its ``main``
+renamed) and prints every one of them as the compiler sees it, then compares each with the
+module: a change on one side only fails here, not on a node.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,30 @@ STRINGS = {
     "ENV_TIMEOUT": wire.ENV_TIMEOUT.encode(),
     "ENV_ASKED": wire.ENV_ASKED.encode(),
 }
+
+def _tree_module():  # type: ignore[no-untyped-def]
+    """scripts/image/tree.py (not a package: loaded from its file)."""
+    path = ROOT / "scripts" / "image" / "tree.py"
+    spec = importlib.util.spec_from_file_location("cni_dra_image_tree", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+_TREE = _tree_module()
+# name in the C file -> the path in the tree the builder writes
+TREE = {
+    "TREE_NAME": _TREE.TREE_NAME.encode(),
+    "TREE_LOADER": b"/" + _TREE.LOADER.encode(),
+    "TREE_LIBS": b"/" + _TREE.LOADER.rsplit("/", 1)[0].encode(),
+    "TREE_PYTHON": b"/" + _TREE.PYTHON.encode(),
+    "TREE_ENTRY": b"/" + _TREE.ENTRY.encode(),
+}
 NUMBERS = {
     "WIRE_VERSION": wire.VERSION,
     "MAGIC_LEN": len(wire.MAGIC),
@@ -50,7 +77,7 @@ NUMBERS = {
 
 @pytest.fixture(scope="module")
 def c_constants(tmp_path_factory) -> dict[str, object]:
-    """Every constant of :data:`STRINGS` and :data:`NUMBERS` as the C compiler evaluates it."""
+    """Every constant of :data:`STRINGS`, :data:`TREE` and :data:`NUMBERS` as the C compiler evaluates it."""
     d = tmp_path_factory.mktemp("wire")
     lines = [
         "#define main cni_dra_client_main",
@@ -64,12 +91,12 @@ def c_constants(tmp_path_factory) -> dict[str, object]:
         "int main(void) {",
         '    printf("{\\n");',
     ]
-    lines += [f'    hex("{name}", {name}, sizeof {name} - 1);' for name in STRINGS]
+    lines += [f'    hex("{name}", {name}, sizeof {name} - 1);' for name in [*STRINGS, *TREE]]
     lines += [f'    printf("\\"{name}\\": %.17g,\\n", (double)({name}));' for name in NUMBERS]
     lines += ['    printf("\\"end\\": 0}\\n");', "    return 0;", "}"]
     (d / "print.c").write_text("\n".join(lines) + "\n")
     subprocess.run([CC, "-O0", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function",
-                    '-DCNI_DRA_PYTHON_EXE="/nonexistent"', "-o", str(d / "print"), str(d / "print.c")],
+                    "-o", str(d / "print"), str(d / "print.c")],
                    check=True, capture_output=True)
     out = subprocess.run([str(d / "print")], check=True, capture_output=True, text=True).stdout
     return json.loads(out)
@@ -78,6 +105,11 @@ def c_constants(tmp_path_factory) -> dict[str, object]:
 @pytest.mark.parametrize("name", STRINGS)
 def test_string_constants_match_the_wire_module(c_constants, name):
     assert bytes.fromhex(str(c_constants[name])) == STRINGS[name]
+
+
+@pytest.mark.parametrize("name", TREE)
+def test_tree_paths_match_the_tree_builder(c_constants, name):
+    assert bytes.fromhex(str(c_constants[name])) == TREE[name]
 
 
 @pytest.mark.parametrize("name", NUMBERS)
@@ -94,7 +126,7 @@ def test_the_magic_carries_the_version():
 
 
 def test_every_wire_name_the_c_file_uses_is_checked():
-    """Each ``#define`` the C file marks as wire.py's is in the tables above."""
+    """Each ``#define`` of the C file (wire.py's, the tree's) is in the tables above."""
     defined = {line.split()[1].split("(")[0] for line in SOURCE.read_text().splitlines() if line.startswith("#define ")}
     helpers = {"_GNU_SOURCE", "STR_", "STR"}  # feature macro; stringification
-    assert defined - helpers == set(STRINGS) | set(NUMBERS)
+    assert defined - helpers == set(STRINGS) | set(NUMBERS) | set(TREE)

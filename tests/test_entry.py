@@ -1,5 +1,6 @@
-"""The Python executable's entry (scripts/cni-dra.in and :func:`cni_dra.main.main`): one
-dispatch on ``CNI_COMMAND``, at most one question to the agent, and one "cannot load" reply.
+"""The Python executable's entry (scripts/cni-dra-entry.py and :func:`cni_dra.main.main`):
+one dispatch on ``CNI_COMMAND``, at most one question to the agent, and one "cannot load"
+reply.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ ROOT = Path(__file__).resolve().parent.parent
 BASE_ENV = {"PATH": "/usr/bin:/bin"}
 
 
-def _executable(tmp: Path, purelib: Path) -> Path:
-    """scripts/cni-dra.in as install.sh writes it, with ``purelib`` as the package's home."""
+def _executable(tmp: Path, home: Path) -> Path:
+    """scripts/cni-dra-entry.py placed as in the plugin tree (``tmp/libexec/cni-dra``, its
+    packages in ``tmp/lib/python3/dist-packages``, here a link to ``home``), run by this
+    interpreter with ``-IS`` as the tree's loader runs it."""
     exe = tmp / "libexec" / "cni-dra"
     exe.parent.mkdir(parents=True, exist_ok=True)
-    text = (ROOT / "scripts" / "cni-dra.in").read_text()
-    exe.write_text(text.replace("@PYTHON@", sys.executable).replace("@PURELIB@", str(purelib)))
+    (tmp / "lib" / "python3").mkdir(parents=True, exist_ok=True)
+    (tmp / "lib" / "python3" / "dist-packages").symlink_to(home)
+    exe.write_text(f"#!{sys.executable} -IS\n" + (ROOT / "scripts" / "cni-dra-entry.py").read_text())
     exe.chmod(0o755)
     return exe
 
@@ -112,7 +116,7 @@ def test_a_broken_install_answers_cni_error_999(tmp_path, missing):
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1
     assert doc["code"] == 999 and doc["cniVersion"] == "1.0.0"
-    assert doc["msg"] == f"failed to load cni-dra from {sys.executable}: ModuleNotFoundError"
+    assert doc["msg"] == f"failed to load cni-dra from {tmp_path / 'lib/python3/dist-packages'}: ModuleNotFoundError"
     assert "cni_dra." + missing.removesuffix(".py") in doc["details"]
 
 

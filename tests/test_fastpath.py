@@ -225,12 +225,6 @@ def test_require_without_agent_fails_with_code_11(tmp_path):
     assert rc == 1 and doc["code"] == 11 and doc["cniVersion"] == "1.0.0"
 
 
-def test_executable_template_runs_without_site():
-    text = (ROOT / "scripts" / "cni-dra.in").read_text()
-    assert text.splitlines()[0] == "#!@PYTHON@ -IS"
-    assert "@PURELIB@" in text
-
-
 def test_a_failing_request_does_not_cost_a_worker(tmp_path, monkeypatch):
     """An unexpected error in one request closes that connection (the client falls back)
     and leaves the worker serving the next ones."""

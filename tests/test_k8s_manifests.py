@@ -143,6 +143,7 @@ def test_daemonset_installs_the_plugin_and_runs_the_agent():
     (init,) = pod["initContainers"]
     script = init["args"][0]
     assert "/host/opt/cni/bin/cni-dra" in script and "/host/etc/cni/net.d/10-cni-dra.conflist" in script
+    assert "cp -a /opt/cni/bin/cni-dra.d " in script  # the plugin tree the client runs (README "Install layout")
     host_paths = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
     mounts = {m["mountPath"]: host_paths[m["name"]] for m in init["volumeMounts"] if host_paths[m["name"]]}
     assert mounts["/host/opt/cni/bin"] == "/opt/cni/bin" and mounts["/host/etc/cni/net.d"] == "/etc/cni/net.d"

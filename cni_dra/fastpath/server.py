@@ -305,13 +305,27 @@ def _spawn_worker_processes(server: FastpathServer, count: int, workers: int) ->
     try:
         for _ in range(count):
             server._children.append(subprocess.Popen(
-                [sys.executable, "-c", code, str(listen_fd), str(rfd), str(workers), server.socket_path],
+                [*interpreter_command(), "-c", code, str(listen_fd), str(rfd), str(workers), server.socket_path],
                 pass_fds=(listen_fd, rfd), stdin=subprocess.DEVNULL, cwd=os.getcwd(),
             ))
     finally:
         os.close(rfd)
     server._lifeline = wfd
     os.set_inheritable(wfd, False)
+
+
+def interpreter_command() -> list[str]:
+    """The command that starts this Python again. The plugin tree's interpreter runs through
+    the tree's own dynamic loader and libraries (README "Install layout"): when this process
+    was started that way (``/proc/self/exe`` is a loader, not ``sys.executable``), the same
+    loader with the libraries beside it; else ``sys.executable``."""
+    try:
+        exe = os.readlink("/proc/self/exe")
+    except OSError:
+        return [sys.executable]
+    if os.path.basename(exe).startswith("ld-linux") and os.path.realpath(sys.executable) != exe:
+        return [exe, "--library-path", os.path.dirname(exe), sys.executable]
+    return [sys.executable]
 
 
 def _worker_process_main(argv: list[str]) -> int:
