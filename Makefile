@@ -28,7 +28,7 @@ export CNI_BIN_DIR  := $(CNI_BIN)
 export CNI_DRA_TEST_EXE      ?= $(CNI_BIN)/cni-dra
 export CNI_DRA_TEST_CNI_PATH ?= $(CNI_BIN)
 
-.PHONY: help deps venv install image demo test check unit netns lint bench clean ipvlan-uml e2e cluster-up cluster-down
+.PHONY: help deps venv install image demo test check unit netns lint bench clean ipvlan-uml e2e cluster-up cluster-down smoke-runtimes
 
 help:
 	@echo "make demo     install everything (idempotent), then run scripts/demo.sh"
@@ -41,6 +41,7 @@ help:
 	@echo "make clean    remove build leftovers from the work tree (images in build/ too)"
 	@echo "make e2e      real one-node Kubernetes (kubelet, containerd, scheduler...) + cni-dra scenarios (root)"
 	@echo "make cluster-up / cluster-down   the same cluster left running to explore (prints KUBECONFIG)"
+	@echo "make smoke-runtimes   build (cached) and smoke-check CRI-O, Multus and Helm on this host (root; not in check)"
 
 deps:
 	@scripts/install.sh deps
@@ -99,7 +100,7 @@ netns: install
 lint: venv
 	@$(VENV)/bin/lint-imports .importlinter
 	@$(PY) -m mypy $(MYPY_FLAGS)
-	@if command -v shellcheck >/dev/null; then shellcheck scripts/demo.sh scripts/install.sh scripts/pytest-run scripts/uml-run scripts/e2e/build-kube scripts/e2e/fetch-runtime .ci/run; \
+	@if command -v shellcheck >/dev/null; then shellcheck scripts/demo.sh scripts/install.sh scripts/pytest-run scripts/uml-run scripts/e2e/build-kube scripts/e2e/fetch-runtime scripts/e2e/build-lib.sh scripts/e2e/build-helm scripts/e2e/build-crio scripts/e2e/build-multus .ci/run; \
 	 else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 # Side by side with the reference macvlan + host-local (installed by `install`);
@@ -127,6 +128,13 @@ cluster-up: install
 
 cluster-down:
 	@$(PY) scripts/e2e/cluster.py down
+
+# CRI-O (with conmon, crictl, runc), Multus and Helm built or fetched into
+# CNI_DRA_E2E_CACHE (scripts/e2e/build-crio, build-multus, build-helm), then each run on
+# this host and everything it started removed: see README "More components". Not part
+# of `make check`: a cold build takes about half an hour of the 2 cores.
+smoke-runtimes:
+	@scripts/e2e/smoke-runtimes
 
 # build/ holds make image's archives and its temporary directories. The .deb files and the
 # cached part of the plugin tree stay in /var/cache/cni-dra-tree (CNI_DRA_TREE_CACHE).
