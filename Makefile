@@ -27,8 +27,12 @@ export CNI_BIN_DIR  := $(CNI_BIN)
 # and tests, a second copy beside the first).
 export CNI_DRA_TEST_EXE      ?= $(CNI_BIN)/cni-dra
 export CNI_DRA_TEST_CNI_PATH ?= $(CNI_BIN)
+# tests/test_helm_chart.py renders the chart with this helm: scripts/e2e/build-helm builds it
+# from the Go module proxy on first use (about 6 minutes) and answers from its cache after.
+# Without it those tests skip, or fail when CI=true.
+WITH_HELM = helm=$$(scripts/e2e/build-helm | tail -n 1) || { helm=; echo "scripts/e2e/build-helm failed: tests/test_helm_chart.py $(if $(filter true,$(CI)),fails,skips)"; }; export CNI_DRA_HELM=$$helm;
 
-.PHONY: help deps venv install image demo test check unit netns lint bench clean ipvlan-uml e2e cluster-up cluster-down smoke-runtimes
+.PHONY: help deps venv install image demo test check unit netns lint bench clean ipvlan-uml e2e cluster-up cluster-down smoke-runtimes render-manifests
 
 help:
 	@echo "make demo     install everything (idempotent), then run scripts/demo.sh"
@@ -36,6 +40,7 @@ help:
 	@echo "make check    make test, then make e2e (what CI runs; README's test command)"
 	@echo "make install  apt deps + venv + $(CNI_BIN)/cni-dra and its tree $(CNI_BIN)/cni-dra.d + reference plugins on $(CNI_BIN)"
 	@echo "make image    OCI archive of the image in $(IMAGE_DIR)/ (IMAGE, IMAGE_TAG, VERSION); prints path, tag, digest"
+	@echo "make render-manifests   conf/k8s/{rbac,admission,daemonset,deviceclass}.yaml from the Helm chart deploy/helm/cni-dra"
 	@echo "make lint     import-linter layer contracts (.importlinter), mypy (strict) over cni_dra/, shellcheck"
 	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
 	@echo "make clean    remove build leftovers from the work tree (images in build/ too)"
@@ -66,7 +71,7 @@ demo: install
 # test; scripts/pytest-run maps it to 0 and prints pytest's summary last.
 test: install
 	@$(VENV)/bin/lint-imports --config .importlinter --no-cache >/dev/null || $(VENV)/bin/lint-imports --config .importlinter --no-cache
-	@scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) tests/ $(if $(filter 0,$(shell id -u)),netns_tests/,)
+	@$(WITH_HELM) scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) tests/ $(if $(filter 0,$(shell id -u)),netns_tests/,)
 	@$(if $(filter 0,$(shell id -u)),$(MAKE) --no-print-directory ipvlan-uml,true)
 
 # The ipvlan netns tests ran above when this kernel has ipvlan; otherwise run them once
@@ -92,7 +97,7 @@ check:
 	 echo "check: make e2e took $$(( $$(date +%s) - mid )) s; $$(( $$(date +%s) - start )) s in all"
 
 unit: venv
-	@scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) tests/
+	@$(WITH_HELM) scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) tests/
 
 netns: install
 	@scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) netns_tests/
@@ -135,6 +140,10 @@ cluster-down:
 # of `make check`: a cold build takes about half an hour of the 2 cores.
 smoke-runtimes:
 	@scripts/e2e/smoke-runtimes
+
+# The chart is the one source of the plain manifests in conf/k8s (a unit test compares them).
+render-manifests:
+	@scripts/render-manifests
 
 # build/ holds make image's archives and its temporary directories. The .deb files and the
 # cached part of the plugin tree stay in /var/cache/cni-dra-tree (CNI_DRA_TREE_CACHE).

@@ -26,3 +26,28 @@ def test_discover_writes_a_valid_slice_for_the_named_nic(make_parent_nic, tmp_pa
     want = Quantity.parse(speed) if speed else Quantity.parse("25G")
     assert dev.capacity["bandwidth"].value == want
     assert dev.allow_multiple_allocations is True
+
+
+def test_discover_with_a_devices_list_keeps_each_nics_settings(make_parent_nic, tmp_path):
+    """What the Helm chart's init container runs: ``--devices`` (each NIC's bandwidth and
+    requestPolicy) and ``--request-policy`` (the others'), on the host's real links."""
+    import yaml
+
+    fast, plain = make_parent_nic(), make_parent_nic(mtu=9000)
+    devices = tmp_path / "devices.yaml"
+    devices.write_text(yaml.safe_dump([{"ifName": fast, "bandwidth": "40G", "requestPolicy": {"default": "4G"}},
+                                       {"ifName": plain, "name": "jumbo"}]))
+    out = tmp_path / "slice.yaml"
+    r = subprocess.run([CNI_EXE, "inventory", "discover", "--devices", str(devices), "--node-name", "node-x",
+                        "--default-bandwidth", "25G", "--request-policy", '{"default": "1G", "validRange": {"min": "100M"}}',
+                        "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    slice_ = load_inventory(str(out))
+    first, second = slice_.spec.devices
+    assert (first.name, device_attribute(first, "ifName", slice_.spec.driver)) == (fast.lower(), fast)
+    assert first.capacity["bandwidth"].value == Quantity.parse("40G")
+    assert str(first.capacity["bandwidth"].request_policy.default) == "4G"
+    assert (second.name, device_attribute(second, "mtu", slice_.spec.driver)) == ("jumbo", 9000)
+    speed = link_speed_bps(plain)
+    assert second.capacity["bandwidth"].value == (Quantity.parse(speed) if speed else Quantity.parse("25G"))
+    assert str(second.capacity["bandwidth"].request_policy.valid_range.min) == "100M"

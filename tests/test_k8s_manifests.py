@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -138,21 +139,25 @@ def test_daemonset_installs_the_plugin_and_runs_the_agent():
     (ds,) = by_kind("DaemonSet")
     (cm,) = by_kind("ConfigMap")
     pod = ds["spec"]["template"]["spec"]
-    assert pod["hostNetwork"] is True
+    assert pod["hostNetwork"] is True and pod["hostPID"] is True
     assert pod["serviceAccountName"] == by_kind("ServiceAccount")[0]["metadata"]["name"]
     (init,) = pod["initContainers"]
     script = init["args"][0]
-    assert "/host/opt/cni/bin/cni-dra" in script and "/host/etc/cni/net.d/10-cni-dra.conflist" in script
+    ienv = {e["name"]: e.get("value") for e in init["env"]}
+    assert 'bin=/host/cni/bin' in script and 'mv -f "$bin/.cni-dra.tmp" "$bin/cni-dra"' in script
+    assert 'mv -f "/host/cni/net.d/.$CONFLIST.tmp" "/host/cni/net.d/$CONFLIST"' in script
+    assert ienv["CONFLIST"] == "10-cni-dra.conflist"
     assert "cp -a /opt/cni/bin/cni-dra.d " in script  # the plugin tree the client runs (README "Install layout")
     host_paths = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
     mounts = {m["mountPath"]: host_paths[m["name"]] for m in init["volumeMounts"] if host_paths[m["name"]]}
-    assert mounts["/host/opt/cni/bin"] == "/opt/cni/bin" and mounts["/host/etc/cni/net.d"] == "/etc/cni/net.d"
+    assert mounts["/host/cni/bin"] == "/opt/cni/bin" and mounts["/host/cni/net.d"] == "/etc/cni/net.d"
     (agent,) = pod["containers"]
     assert agent["command"] == ["cni-dra", "agent"]
     amounts = {m["mountPath"]: host_paths[m["name"]] for m in agent["volumeMounts"]}
-    assert amounts["/var/lib/kubelet/plugins"] == "/var/lib/kubelet/plugins"
+    # every host directory at its own path: the agent and the plugin name the same files
+    assert amounts["/var/lib/kubelet/plugins/net.cni-dra.dev"] == "/var/lib/kubelet/plugins/net.cni-dra.dev"
     assert amounts["/var/lib/kubelet/plugins_registry"] == "/var/lib/kubelet/plugins_registry"
-    assert amounts["/var/lib/cni-dra"] == "/var/lib/cni-dra"
+    assert amounts["/var/lib/cni-dra"] == "/var/lib/cni-dra" and amounts["/run/cni-dra"] == "/run/cni-dra"
     conflist = json.loads(cm["data"]["10-cni-dra.conflist"])
     (plugin,) = conflist["plugins"]
     assert plugin["type"] == "cni-dra" and plugin["driver"] == "net.cni-dra.dev"
@@ -160,16 +165,27 @@ def test_daemonset_installs_the_plugin_and_runs_the_agent():
     assert plugin["driver"] in dc["spec"]["selectors"][0]["cel"]["expression"]
 
 
-def test_agent_cli_accepts_the_daemonset_arguments():
-    from click.testing import CliRunner
-
-    from cni_dra.cli import cli
+def test_agent_cli_takes_every_variable_the_daemonset_sets(monkeypatch):
+    """Each CNI_DRA_* variable of the agent's container is an option's environment twin of
+    ``cni-dra agent`` (a misspelt one would be ignored silently), and its value parses."""
+    from cni_dra.cli.agent import agent as command
 
     (ds,) = by_kind("DaemonSet")
     (agent,) = ds["spec"]["template"]["spec"]["containers"]
-    res = CliRunner().invoke(cli, agent["command"][1:] + agent["args"] + ["--help"])
-    assert res.exit_code == 0, res.output
-    assert "--cleanup" in res.output
+    assert agent["command"] == ["cni-dra", "agent"] and "args" not in agent
+    env = {e["name"]: e["value"] for e in agent["env"] if "value" in e}
+    twins = {p.envvar: p.name for p in command.params if getattr(p, "envvar", None)}
+    assert {k for k in env if k.startswith("CNI_DRA_")} <= set(twins)
+    for key in list(os.environ):
+        if key.startswith("CNI_DRA_") or key in ("NODE_NAME", "KUBECONFIG"):
+            monkeypatch.delenv(key)
+    for key, value in {**env, "NODE_NAME": "node-a"}.items():
+        monkeypatch.setenv(key, value)
+    params = command.make_context("agent", []).params
+    assert params["cleanup"] is True and params["fastpath_mount_ns"] == "/proc/1/ns/mnt"
+    assert params["fastpath_socket"] == "/run/cni-dra/agent.sock" and params["fastpath_processes"] == 0
+    assert params["plugin_dir"] == "/var/lib/kubelet/plugins/net.cni-dra.dev"
+    assert params["conflists"] == ("/config/10-cni-dra.conflist",) and params["node_name"] == "node-a"
 
 
 def test_the_shipped_conflists_let_pod_bandwidth_annotations_reach_the_plugin() -> None:

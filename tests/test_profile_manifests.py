@@ -105,5 +105,5 @@ def test_the_agent_reads_the_limits_from_the_plugins_conflist():
     key = env["CNI_DRA_CONFLIST"].removeprefix(mount + "/")
     # the plugin's conflist, as the init container installs it
     (init,) = pod["initContainers"]
-    assert f"/config/{key}" in init["args"][0]
+    assert {"name": "CONFLIST", "value": key} in init["env"] and '"/config/$CONFLIST"' in init["args"][0]
     assert limits_from_conflist(json.loads(cm["data"][key])) == ProfileLimits()

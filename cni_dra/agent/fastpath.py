@@ -4,9 +4,13 @@
 socket the plugin's clients look for (``--fastpath-socket``, ``CNI_DRA_AGENT_SOCKET``,
 default ``/run/cni-dra/agent.sock``) with one accepting process per CPU
 (:data:`cni_dra.fastpath.server.DEFAULT_PROCESSES`). The server itself, and the wire format
-it speaks, are :mod:`cni_dra.fastpath`. The agent must run in the node's mount and network
-namespaces with working directory ``/``, else requests are declined and the plugin works
-in-process (correct, slower).
+it speaks, are :mod:`cni_dra.fastpath`. The processes that serve must be in the node's mount
+and network namespaces with working directory ``/``, else requests are declined and the
+plugin works in-process (correct, slower). An agent in a container (the DaemonSet: the
+node's network and PID namespaces, a mount namespace of its own) names the node's mount
+namespace in ``--fastpath-mount-ns`` (``/proc/1/ns/mnt``); its worker processes join it
+and serve, and the agent process itself serves nothing
+(:mod:`cni_dra.fastpath.join`).
 """
 
 from __future__ import annotations
@@ -20,17 +24,18 @@ class FastpathService:
     """The fast-path listener as a service of the agent (``start()``/``stop()``).
 
     ``socket_path``: where it listens; ``processes``: processes accepting on it (None: one
-    per CPU, at most 4).
+    per CPU, at most 4); ``mount_ns``: the mount namespace they join first (module docstring).
     """
 
-    def __init__(self, socket_path: str, *, processes: int | None = None) -> None:
+    def __init__(self, socket_path: str, *, processes: int | None = None, mount_ns: str | None = None) -> None:
         self.socket_path = socket_path
         self.processes = DEFAULT_PROCESSES if processes is None else processes
+        self.mount_ns = mount_ns or None
         self._server: FastpathServer | None = None
 
     def start(self) -> None:
         """Listen and serve. Raises OSError (or PermissionError for an unsafe directory)."""
-        self._server = start_fastpath(self.socket_path, processes=self.processes)
+        self._server = start_fastpath(self.socket_path, processes=self.processes, join_mount_ns=self.mount_ns)
 
     def stop(self) -> None:
         """Stop serving and remove the socket file (in-flight requests finish)."""

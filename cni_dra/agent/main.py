@@ -66,6 +66,7 @@ class AgentConfig:
     cleanup: bool = False
     fastpath_socket: str = DEFAULT_SOCKET  # where plugin invocations are served
     fastpath_processes: int | None = None  # accepting processes; None: one per CPU, at most 4
+    fastpath_mount_ns: str | None = None  # in a container: the node's mount namespace, which they join
     extra: list[Service] = field(default_factory=list)  # more services to run
 
 
@@ -116,7 +117,8 @@ class Agent:
         )
         self.links_changed = threading.Event()
         self.linkwatch = LinkWatch(self.links_changed.set)
-        self.fastpath = FastpathService(cfg.fastpath_socket, processes=cfg.fastpath_processes)
+        self.fastpath = FastpathService(cfg.fastpath_socket, processes=cfg.fastpath_processes,
+                                        mount_ns=cfg.fastpath_mount_ns)
         self.claimwatch = ClaimWatch(self.api, lambda uid, pods: share_prepared_claim(cfg.state_dir, uid, pods))
         self.services: list[Service] = [self.plugin, self.linkwatch, self.claimwatch, self.fastpath, *cfg.extra]
         self.metrics_port: int | None = None

@@ -179,34 +179,83 @@ def inventory() -> None:
 
 
 @inventory.command("discover")
-@click.option("--interface", "-i", "interfaces", multiple=True, help="Only these host interfaces (repeatable).")
+@click.option("--interface", "-i", "interfaces", multiple=True, envvar="CNI_DRA_INTERFACES",
+              help="Only these host interfaces (repeatable; the variable: separated by spaces).")
 @click.option("--default-bandwidth", default="10G", show_default=True, envvar="CNI_DRA_DEFAULT_BANDWIDTH",
               help="Bandwidth (bits/s quantity) when the driver reports no speed.")
+@click.option("--request-policy", default=None, envvar="CNI_DRA_REQUEST_POLICY",
+              help="requestPolicy (YAML or JSON, as in a ResourceSlice) of every device that names none "
+                   "[default: default 1G or the whole NIC, validRange min 1M].")
+@click.option("--devices", "devices_file", default=None, envvar="CNI_DRA_DEVICES", type=click.Path(dir_okay=False),
+              help="YAML or JSON list of NICs to publish, each {ifName, name, bandwidth, requestPolicy} (all but "
+                   "ifName optional): exactly these, instead of -i or every eligible NIC.")
 @click.option("--driver", default=DEFAULT_DRIVER, show_default=True, envvar="CNI_DRA_DRIVER")
 @click.option("--node-name", default=None, envvar="NODE_NAME", help="spec.nodeName (default: hostname).")
 @click.option("--output", "-o", default="-", help="File to write (default stdout).")
-def inventory_discover(interfaces: tuple[str, ...], default_bandwidth: str, driver: str,
-                       node_name: str | None, output: str) -> None:
-    """Write a ResourceSlice for the host's NICs (speed from sysfs, else --default-bandwidth)."""
+def inventory_discover(interfaces: tuple[str, ...], default_bandwidth: str, request_policy: str | None,
+                       devices_file: str | None, driver: str, node_name: str | None, output: str) -> None:
+    """Write a ResourceSlice for the host's NICs (speed from sysfs, else --default-bandwidth).
+
+    The slice is checked as the plugin and the agent will read it before it is written
+    (temporary file, then rename)."""
+    import os
+
+    import yaml
+
     from cni_dra.discover import discover_slice
+    from cni_dra.dra.inventory import parse_inventory
     from cni_dra.quantity import Quantity
 
     try:
         Quantity.parse(default_bandwidth)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--default-bandwidth") from exc
-
-    doc = discover_slice(interfaces=list(interfaces), default_bandwidth=default_bandwidth, driver=driver,
-                         node_name=node_name)
-    import yaml
-
+    policy = _yaml_option(request_policy, "--request-policy", dict) if request_policy else None
+    devices = _nic_specs(devices_file) if devices_file else None
+    try:
+        doc = discover_slice(interfaces=list(interfaces), default_bandwidth=default_bandwidth, driver=driver,
+                             node_name=node_name, request_policy=policy, devices=devices)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--devices") from exc
     text = yaml.safe_dump(doc, sort_keys=False)
+    parse_inventory(text, output if output != "-" else "<discovered>")  # raises InvalidConfigError naming the field
     if output == "-":
         click.echo(text, nl=False)
-    else:
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(text)
-        click.echo(f"wrote {output} ({len(doc['spec']['devices'])} devices)", err=True)
+        return
+    tmp = f"{output}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, output)
+    click.echo(f"wrote {output} ({len(doc['spec']['devices'])} devices)", err=True)
+
+
+def _yaml_option(text: str, hint: str, kind: type) -> Any:
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise click.BadParameter(f"not YAML or JSON: {exc}", param_hint=hint) from exc
+    if not isinstance(value, kind):
+        raise click.BadParameter(f"must be a {'mapping' if kind is dict else 'list'}", param_hint=hint)
+    return value
+
+
+def _nic_specs(path: str) -> list[Any]:
+    from pydantic import ValidationError
+
+    from cni_dra.discover import NicSpec
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            entries = _yaml_option(f.read(), "--devices", list)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="--devices") from exc
+    try:
+        return [NicSpec.model_validate(entry) for entry in entries]
+    except ValidationError as exc:
+        raise click.BadParameter(f"{path}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}",
+                                 param_hint="--devices") from exc
 
 
 # -- the commands of the other modules -----------------------------------------------------

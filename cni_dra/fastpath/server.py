@@ -11,8 +11,16 @@ A request is *declined* (the client then runs it in-process) when:
 
 * the peer's uid (``SO_PEERCRED``) is not the agent's euid (the connection is just closed);
 * the caller's mount namespace, network namespace or root directory differ from the
-  agent's, or its working directory does: paths in the input could then name other objects;
+  serving process's, or its working directory does: paths in the input could then name
+  other objects;
 * the request is malformed or larger than :data:`~cni_dra.fastpath.wire.MAX_MESSAGE_BYTES`.
+
+An agent in a container (its own mount namespace and root; the node's network and PID
+namespaces) passes ``join_mount_ns`` (``/proc/1/ns/mnt``): it then serves only from worker
+processes that joined that mount namespace before their first thread started
+(:mod:`cni_dra.fastpath.join`), and its own process, which cannot (it runs threads),
+serves nothing. A worker that cannot join logs why and declines every caller by the rule
+above.
 
 Wire format: :mod:`cni_dra.fastpath.wire`. ``cni-dra agent`` runs it as one of its services
 (:class:`cni_dra.agent.fastpath.FastpathService`). Logging goes through the ``cni_dra`` logger of
@@ -35,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -86,6 +95,9 @@ class FastpathServer:
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _children: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _lifeline: int | None = None  # write end of the pipe worker processes watch
+    _lifeline_r: int | None = None  # its read end, for the worker processes started later
+    _spawn: Callable[[], subprocess.Popen[bytes]] | None = None  # starts one worker process
+    _monitor: threading.Thread | None = None
     _owns_path: bool = True
     served: int = 0
     declined: int = 0
@@ -102,9 +114,12 @@ class FastpathServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        if self._lifeline is not None:
-            os.close(self._lifeline)  # EOF: the worker processes stop accepting and exit
-            self._lifeline = None
+        if self._monitor is not None:
+            self._monitor.join()  # starts no worker process after this
+        for fd in (self._lifeline, self._lifeline_r):
+            if fd is not None:
+                os.close(fd)  # the write end: EOF, the worker processes stop accepting and exit
+        self._lifeline = self._lifeline_r = None
         for child in self._children:
             try:
                 child.wait(timeout=30)
@@ -127,6 +142,17 @@ class FastpathServer:
                 os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
+
+    def _watch_children(self) -> None:
+        """Start another worker process for each that exits while the server runs (a fault,
+        the OOM killer): with ``join_mount_ns`` they are the only ones serving, and a socket
+        nobody accepts on would hold every caller until its timeout."""
+        while not self._stopped.wait(1.0):
+            for i, child in enumerate(self._children):
+                if child.poll() is not None and self._spawn is not None and not self._stopped.is_set():
+                    log.error("fastpath: worker process %d exited (status %s); starting another",
+                              child.pid, child.returncode)
+                    self._children[i] = self._spawn()
 
     def _serve(self) -> None:
         while not self._stopped.is_set():
@@ -234,14 +260,19 @@ def _prepare_dir(directory: str) -> None:
 
 
 def start_fastpath(
-    socket_path: str, *, warm: bool = True, workers: int = DEFAULT_WORKERS, processes: int = 1
+    socket_path: str, *, warm: bool = True, workers: int = DEFAULT_WORKERS, processes: int = 1,
+    join_mount_ns: str | None = None,
 ) -> FastpathServer:
     """Listen on ``socket_path`` and serve plugin invocations in ``workers`` threads; returns the handle.
 
     ``processes`` > 1: that many processes accept on the socket, this one and
     ``processes - 1`` worker processes (the same interpreter and package, started now,
     each with ``workers`` threads), so a burst uses more than one CPU. They exit when
-    this process stops the server or dies (a pipe they watch closes).
+    this process stops the server or dies (a pipe they watch closes); one that exits
+    before is replaced.
+
+    ``join_mount_ns`` (an agent in a container, module docstring): ``processes`` worker
+    processes (at least one) join that mount namespace, then serve; this process does not.
 
     Connections beyond ``workers`` wait in a queue (the kernel backlog, then in-process):
     a few threads finish a burst of 200 ADDs sooner than 200 threads contending for the
@@ -252,7 +283,7 @@ def start_fastpath(
     the socket is 0600. ``warm``: import the ADD/DEL path (pydantic, pyroute2) now
     rather than on the first request. Call ``.stop()`` on the handle to close it.
 
-    The hosting process must share the node's mount and network namespaces and root, and
+    The serving processes must share the node's mount and network namespaces and root, and
     run with working directory ``/`` (where runtimes run plugins): requests from callers
     that differ in any of these are declined (they then run in-process).
     Raises ``OSError`` when the socket cannot be bound.
@@ -264,7 +295,7 @@ def start_fastpath(
             os.unlink(socket_path)
     except FileNotFoundError:
         pass
-    if warm:
+    if warm and not join_mount_ns:
         _warm_imports()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
@@ -278,8 +309,11 @@ def start_fastpath(
     os.chmod(socket_path, 0o600)
     sock.listen(1024)
     server = FastpathServer(socket_path=socket_path, _sock=sock)
+    if join_mount_ns:
+        _spawn_worker_processes(server, max(1, processes), workers, join_mount_ns)
+        return server
     if processes > 1:
-        _spawn_worker_processes(server, processes - 1, workers)
+        _spawn_worker_processes(server, processes - 1, workers, "")
     _run_threads(server, workers)
     return server
 
@@ -293,25 +327,30 @@ def _run_threads(server: FastpathServer, workers: int) -> None:
     server._thread.start()
 
 
-def _spawn_worker_processes(server: FastpathServer, count: int, workers: int) -> None:
-    """Start ``count`` processes accepting on ``server``'s socket (:func:`_worker_process_main`)."""
+def _spawn_worker_processes(server: FastpathServer, count: int, workers: int, join_mount_ns: str) -> None:
+    """Start ``count`` processes accepting on ``server``'s socket (:func:`_worker_process_main`),
+    each joining ``join_mount_ns`` first when it is not empty, and the thread that replaces
+    one that exits."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = (
         f"import sys; sys.path.insert(0, {package_root!r}); "
         "from cni_dra.fastpath.server import _worker_process_main as m; raise SystemExit(m(sys.argv[1:]))"
     )
-    rfd, wfd = os.pipe()
+    rfd, wfd = os.pipe()  # neither inheritable (PEP 446); rfd is passed to each worker process
     listen_fd = server._sock.fileno()
-    try:
-        for _ in range(count):
-            server._children.append(subprocess.Popen(
-                [*interpreter_command(), "-c", code, str(listen_fd), str(rfd), str(workers), server.socket_path],
-                pass_fds=(listen_fd, rfd), stdin=subprocess.DEVNULL, cwd=os.getcwd(),
-            ))
-    finally:
-        os.close(rfd)
-    server._lifeline = wfd
-    os.set_inheritable(wfd, False)
+    argv = [*interpreter_command(), "-c", code, str(listen_fd), str(rfd), str(workers), server.socket_path,
+            join_mount_ns]
+    cwd = os.getcwd()
+    level = logging.getLevelName(logging.getLogger("cni_dra").getEffectiveLevel())
+    env = {**os.environ, "CNI_DRA_LOG_LEVEL": level}  # they log what this process logs
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, pass_fds=(listen_fd, rfd), stdin=subprocess.DEVNULL, cwd=cwd, env=env)
+
+    server._lifeline, server._lifeline_r, server._spawn = wfd, rfd, spawn
+    server._children.extend(spawn() for _ in range(count))
+    server._monitor = threading.Thread(target=server._watch_children, name="cni-dra-fastpath-monitor", daemon=True)
+    server._monitor.start()
 
 
 def interpreter_command() -> list[str]:
@@ -329,14 +368,17 @@ def interpreter_command() -> list[str]:
 
 
 def _worker_process_main(argv: list[str]) -> int:
-    """A worker process: accept on the inherited listening socket until the agent's pipe
-    closes (it stopped or died) or SIGTERM; in-flight requests finish first."""
+    """A worker process: join the mount namespace ``argv[4]`` names, if any (before any
+    thread starts); accept on the inherited listening socket until the agent's pipe closes
+    (it stopped or died) or SIGTERM; in-flight requests finish first."""
     import signal
 
     listen_fd, lifeline, workers, path = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("cni_dra").setLevel(os.environ.get("CNI_DRA_LOG_LEVEL", "WARNING").upper())
     _warm_imports()
+    if len(argv) > 4 and argv[4]:
+        _join(argv[4])
     server = FastpathServer(socket_path=path, _sock=socket.socket(fileno=listen_fd), _owns_path=False)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -358,6 +400,23 @@ def _worker_process_main(argv: list[str]) -> int:
     return 0
 
 
+def _join(target: str) -> None:
+    """Join the mount namespace ``target`` (:func:`cni_dra.fastpath.join.join_mount_namespace`),
+    or log why not: this process then declines every caller of the node (another mount
+    namespace and root than theirs)."""
+    from cni_dra.fastpath.join import join_mount_namespace
+
+    try:
+        joined = join_mount_namespace(target)
+    except OSError as exc:
+        log.error("fastpath: worker process %d cannot join the mount namespace %s, so it declines every "
+                  "caller: %s", os.getpid(), target, exc)
+        return
+    log.info("fastpath: worker process %d %s the mount namespace %s (%d libraries loaded first); serving as %s "
+             "in %s", os.getpid(), "joined" if joined.moved else "is already in", target, joined.libraries,
+             caller_identity().decode(), joined.cwd)
+
+
 def _warm_imports() -> None:
     """Import everything an ADD/DEL touches, so the first request does not pay for it."""
     import cni_dra.cni  # noqa: F401
@@ -375,11 +434,12 @@ def _warm_imports() -> None:
     info.host_link("lo")  # loads pyroute2 and opens the main thread's kept socket
 
 
-def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, log_level: str) -> int:
+def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, log_level: str,
+          join_mount_ns: str | None = None) -> int:
     """Serve on ``socket_path`` (default: the client's) until SIGTERM/SIGINT; returns 0.
 
     Changes to ``cwd`` first (``/`` is where a runtime usually runs plugins; requests from
-    another working directory are declined). Prints ``ready <socket> pids=<pid>,...``
+    another working directory are declined). ``join_mount_ns``: see :func:`start_fastpath`. Prints ``ready <socket> pids=<pid>,...``
     (this process, then its worker processes) on stdout once listening.
     """
     import signal
@@ -389,7 +449,7 @@ def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, lo
     logging.getLogger("cni_dra").setLevel(log_level.upper())  # not pyroute2's debug chatter
     os.chdir(cwd)
     done = threading.Event()
-    server = start_fastpath(path, workers=workers, processes=processes)
+    server = start_fastpath(path, workers=workers, processes=processes, join_mount_ns=join_mount_ns)
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     print(f"ready {path} pids={','.join(map(str, server.pids))}", flush=True)
@@ -400,7 +460,7 @@ def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, lo
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """``python -m cni_dra.fastpath.server [--socket PATH] [--workers N] [--processes N]
-    [--cwd DIR] [--log-level L]``: :func:`serve` as a standalone process (tests, ``make bench``).
+    [--cwd DIR] [--log-level L] [--join-mount-ns PATH]``: :func:`serve` as a standalone process (tests, ``make bench``).
 
     Exits: 0 after SIGTERM/SIGINT, 2 on a usage error.
 
@@ -418,9 +478,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
     @click.option("--cwd", default="/", show_default=True, help="working directory of the agent")
     @click.option("--log-level", envvar="CNI_DRA_LOG_LEVEL", default="WARNING", show_default=True,
                   help="level of the cni_dra loggers")
-    def command(socket_path: str | None, workers: int, processes: int, cwd: str, log_level: str) -> None:
+    @click.option("--join-mount-ns", default=None,
+                  help="serve only from worker processes that joined this mount namespace (e.g. /proc/1/ns/mnt)")
+    def command(socket_path: str | None, workers: int, processes: int, cwd: str, log_level: str,
+                join_mount_ns: str | None) -> None:
         """Serve plugin invocations on a unix socket until SIGTERM/SIGINT."""
-        serve(socket_path, workers=workers, processes=processes, cwd=cwd, log_level=log_level)
+        serve(socket_path, workers=workers, processes=processes, cwd=cwd, log_level=log_level,
+              join_mount_ns=join_mount_ns)
 
     command.main(args=argv, prog_name="python -m cni_dra.fastpath.server")
     raise SystemExit(0)  # not reached: click's standalone mode exits

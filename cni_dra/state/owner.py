@@ -58,8 +58,16 @@ def _going(stat: tuple[str, int, int]) -> bool:
 
 
 def current_owner() -> Owner:
-    """An :class:`Owner` naming this process (for intent records)."""
-    pid = os.getpid()
+    """An :class:`Owner` naming this process (for intent records) by the pid ``/proc`` gives
+    it (``/proc/self``), which is what :func:`owner_alive` reads back through ``/proc``. That
+    is :func:`os.getpid` unless ``/proc`` belongs to another PID namespace: a fast-path
+    process that started in a container's and joined the node's mount namespace
+    (:mod:`cni_dra.fastpath.join`) sees the node's ``/proc``, the one every other reader of
+    the node's state uses, where its container pid names another process or none."""
+    try:
+        pid = int(os.readlink("/proc/self"))
+    except (OSError, ValueError):  # pragma: no cover - /proc is always mounted on a node
+        pid = os.getpid()
     stat = _stat(f"/proc/{pid}/stat")
     return Owner(pid=pid, start=stat[2] if stat else 0, boot=boot_id())
 

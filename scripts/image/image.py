@@ -35,7 +35,7 @@ import tree  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent
-BUSYBOX_APPLETS = ("sh", "cat", "cp", "ln", "ls", "mkdir", "mv", "rm", "test", "[")
+BUSYBOX_APPLETS = ("sh", "cat", "chmod", "cp", "ln", "ls", "mkdir", "mv", "rm", "test", "[")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
