@@ -176,6 +176,18 @@ def test_a_restarted_agent_keeps_a_missing_nic_with_the_attributes_it_published(
     assert fresh.published()["eth-b"]["taints"][0]["value"] == "missing"
 
 
+def test_a_restarted_agent_keeps_the_time_a_published_taint_was_added(world):
+    world.at(0.0)
+    world.at(10.0, ens2=link("ens2", operstate="DOWN"))
+    world.at(12.0)
+    generation = world.generation()
+    fresh = World(world.server, world.pub.api)  # restarted at t=500: its first reading is "down"
+    fresh.host["ens2"] = link("ens2", operstate="DOWN")
+    assert fresh.at(500.0) == "unchanged"  # no new timeAdded, no new generation
+    assert taints(fresh.published()["eth-b"])[0]["timeAdded"] == utc("2027-01-15T08:00:10Z")
+    assert fresh.generation() == generation
+
+
 def test_no_execute_when_asked():
     with FakeApiServer() as server:
         server.add_node("node-1")

@@ -10,8 +10,8 @@ unchanged.
 NIC health (:mod:`cni_dra.agent.nichealth`, debounced): a device whose NIC is unhealthy
 carries one device taint (KEP-5055), key ``<driver>/unhealthy``, value the reason
 (``carrier-lost``, ``admin-down``, ``missing``), the configured effect (``NoSchedule`` by
-default) and ``timeAdded`` the time it turned unhealthy; the taint goes when the NIC is
-healthy again. A NIC that vanished keeps its last published attributes and stays in the
+default) and ``timeAdded`` the time it turned unhealthy (an earlier one already published
+for it stays); the taint goes when the NIC is healthy again. A NIC that vanished keeps its last published attributes and stays in the
 slice, tainted ``missing``, until the tracker drops it (``keep_missing_s``); then it is
 left out, so the scheduler never allocates it. Without health (``health`` None) a device
 whose interface does not exist is left out at once.
@@ -161,6 +161,26 @@ def _content(obj: dict[str, Any]) -> tuple[Any, Any]:
     return spec, (obj.get("metadata") or {}).get("ownerReferences")
 
 
+def _keep_taint_times(want: dict[str, Any], cur: dict[str, Any] | None) -> None:
+    """A taint the published slice already has (same device and key) keeps its earlier
+    ``timeAdded``: the slice has said "unhealthy since then" all along (an agent restarted
+    under a NIC that is down only knows when it first read it)."""
+    published = {d["name"]: d.get("taints") or [] for d in (cur or {}).get("spec", {}).get("devices") or []}
+    for dev in want["spec"]["devices"]:
+        for taint in dev.get("taints") or []:
+            for old in published.get(dev["name"], []):
+                was, now = _when(old.get("timeAdded")), _when(taint.get("timeAdded"))
+                if old.get("key") == taint["key"] and was is not None and now is not None and was < now:
+                    taint["timeAdded"] = old["timeAdded"]
+
+
+def _when(text: Any) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
 def _taints_note(obj: dict[str, Any]) -> str:
     """``; tainted: eth-b=carrier-lost`` for the log, or ``""``."""
     tainted = [f"{d['name']}={t.get('value', '')}" for d in obj["spec"]["devices"] for t in d.get("taints") or []]
@@ -168,10 +188,8 @@ def _taints_note(obj: dict[str, Any]) -> str:
 
 
 def _instant(text: str) -> str:
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).isoformat()
-    except ValueError:
-        return text
+    when = _when(text)
+    return text if when is None else when.isoformat()
 
 
 class Publisher:
@@ -240,6 +258,7 @@ class Publisher:
                              health=None if self.health is None else self.health(),
                              taint_effect=self.taint_effect, known=self._known)
         self._known.update({dev["name"]: dev["attributes"] for dev in want["spec"]["devices"]})
+        _keep_taint_times(want, cur)
         if cur is None:
             self.api.create_resource_slice(want)
             log.info("published slice %s (generation %d%s)", name, want["spec"]["pool"]["generation"], _taints_note(want))
