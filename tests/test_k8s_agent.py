@@ -173,3 +173,38 @@ def test_agent_runs_the_fast_path_service(env):
                            timeout_s=30)
         assert answer is not None and answer[0] == 0 and b"supportedVersions" in answer[1]
     assert not os.path.exists(cfg.fastpath_socket)
+
+
+def test_agent_taints_a_missing_nic_reports_it_to_the_kubelet_then_drops_it(env):
+    """Unprivileged: the inventory names an interface the host lacks. The agent publishes
+    that device tainted ``missing`` (and the loopback NIC untainted), its health stream
+    says UNHEALTHY for it and HEALTHY for the other, the registration advertises the
+    stream, and after ``keep_missing_s`` the device leaves the slice."""
+    server, short, inv = env
+    with open(inv, "w") as fh:
+        yaml.safe_dump(inventory_doc("node-1", {"lo-nic": "lo", "gone-nic": "cdnoexist0"}), fh)
+    cfg = config(short, inv, server, keep_missing_s=2.0, resync_s=3600, taint_effect="NoExecute")
+    with Running(cfg) as agent:
+        slice_ = wait_for(lambda: server.slices.get(SLICE))
+        devs = {d["name"]: d for d in slice_["spec"]["devices"]}
+        assert "taints" not in devs["lo-nic"]
+        (taint,) = devs["gone-nic"]["taints"]
+        assert (taint["key"], taint["value"], taint["effect"]) == (f"{DRIVER}/unhealthy", "missing", "NoExecute")
+        pb2, services = load("dra_health_v1")
+        wait_for(lambda: agent.plugin.dra_socket.is_socket())
+        with grpc.insecure_channel(f"unix://{agent.plugin.dra_socket}") as ch:
+            stream = services.DRAResourceHealthStub(ch).NodeWatchResources(pb2.NodeWatchResourcesRequest(),
+                                                                           timeout=10)
+            report = {d.device.device_name: (pb2.HealthStatus.Name(d.health), d.message, d.health_check_timeout_seconds)
+                      for d in next(stream).devices}
+            stream.cancel()
+        assert report["lo-nic"] == ("HEALTHY", "host NIC lo is up", 60)
+        assert report["gone-nic"][0] == "UNHEALTHY"
+        assert report["gone-nic"][1].startswith("host NIC cdnoexist0 does not exist (since ")
+        assert "v1.DRAResourceHealth" in agent.plugin.supported_versions()
+        # kept 2 s after it was first seen missing, then left out (no resync due: the agent wakes for it)
+        wait_for(lambda: [d["name"] for d in server.slices[SLICE]["spec"]["devices"]] == ["lo-nic"])
+        with urllib_open(f"http://127.0.0.1:{agent.metrics_port}/metrics") as text:
+            assert 'cni_dra_device_link_up{device="gone-nic",ifname="cdnoexist0"} 0.0' in text
+            assert 'cni_dra_device_link_up{device="lo-nic",ifname="lo"} 1.0' in text
+    assert server.invalid == []

@@ -100,6 +100,28 @@ def test_agent_endpoint_serves_gauges_and_counters(tmp_path):
     assert s[("cni_dra_status_updates_total", (("outcome", "applied"),))] == 1
 
 
+def test_link_gauge_and_transition_counter(tmp_path):
+    """Per device: 1/0 while its NIC is healthy or not; transitions counted by the state
+    entered (a first reading sets the gauge, it is no transition)."""
+    from prometheus_client import generate_latest
+
+    inv, state = node(tmp_path)
+    m = AgentMetrics(state, inv)
+    m.link_state("eth-a", "ens1", None, transition=False)
+    m.link_state("eth-b", "ens2", "carrier-lost", transition=False)
+    s = samples(generate_latest(m.registry).decode())
+    assert s[("cni_dra_device_link_up", (("device", "eth-a"), ("ifname", "ens1")))] == 1
+    assert s[("cni_dra_device_link_up", (("device", "eth-b"), ("ifname", "ens2")))] == 0
+    assert not [k for k in s if k[0] == "cni_dra_device_link_transitions_total"]
+    m.link_state("eth-b", "ens2", None, transition=True)
+    m.link_state("eth-b", "ens2", "missing", transition=True)
+    m.link_state("eth-b", "ens2", None, transition=True)
+    s = samples(generate_latest(m.registry).decode())
+    assert s[("cni_dra_device_link_up", (("device", "eth-b"), ("ifname", "ens2")))] == 1
+    tr = {dict(k[1])["state"]: v for k, v in s.items() if k[0] == "cni_dra_device_link_transitions_total"}
+    assert tr == {"up": 2, "missing": 1}
+
+
 def test_parse_address():
     import pytest
 

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 
+from cni_dra.agent.nichealth import NicStatus
 from cni_dra.agent.status import StatusWriter, claim_status_body
 from cni_dra.errors import NetlinkError
 from cni_dra.k8s.api import KubeApi
@@ -244,3 +245,108 @@ def test_claim_shared_by_two_pods_reports_one_entry_that_follows_the_live_interf
     assert entry["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.8/24"],
                                     "hardwareAddress": "02:11:22:33:44:66"}
     assert "pod-b" in entry["conditions"][0]["message"]
+
+
+# -- NIC health: Ready conditions follow the host NIC ------------------------------------------
+
+T0_WALL = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+READY_AT = "2027-01-15T07:59:00.000Z"  # the attachment became ready a minute before T0
+
+
+def nic(problem, **kw) -> NicStatus:
+    return NicStatus(device="eth-b", ifname="ens2", problem=problem, since_s=0.0, since_wall_s=T0_WALL, **kw)
+
+
+def ready_condition(server) -> dict:
+    (entry,) = server.claims[("default", "c1")]["status"]["devices"]
+    assert entry["networkData"]["interfaceName"] == "net1"  # networkData stays whatever the NIC does
+    (cond,) = entry["conditions"]
+    return cond
+
+
+def test_ready_false_while_the_nic_is_down_or_missing_and_true_again_when_back(world):
+    server, claim, store, _, clock, _ = world
+    health = {}
+    writer = StatusWriter(world[3].api, store, field_manager=DRIVER, clock=clock,
+                          health=lambda: {(DRIVER, "node-1", d): st for d, st in health.items()})
+    add_ready(store, claim["metadata"]["uid"], readyAt=READY_AT)
+    writer.sync()
+    assert ready_condition(server)["status"] == "True"
+    n = len(server.requests_for("PATCH", r".*/status"))
+    # the NIC loses carrier: the claim is applied again without a new record
+    health["eth-b"] = nic("carrier-lost", unhealthy_since_wall_s=T0_WALL)
+    writer.sync()
+    cond = ready_condition(server)
+    assert {k: cond[k] for k in ("type", "status", "reason", "message")} == {
+        "type": "Ready", "status": "False", "reason": "LinkDown",
+        "message": "interface net1 of pod pod-a: host NIC ens2 has no carrier (since 2027-01-15T08:00:00Z)"}
+    assert cond["lastTransitionTime"].startswith("2027-01-15T08:00:00")
+    assert writer.sync() is None and len(server.requests_for("PATCH", r".*/status")) == n + 1  # once
+    # set down by an admin while without carrier: still LinkDown, same time
+    health["eth-b"] = nic("admin-down", unhealthy_since_wall_s=T0_WALL)
+    writer.sync()
+    assert ready_condition(server)["reason"] == "LinkDown"
+    assert "administratively down" in ready_condition(server)["message"]
+    health["eth-b"] = nic("missing", unhealthy_since_wall_s=T0_WALL, missing_since_wall_s=T0_WALL + 30)
+    writer.sync()
+    assert (ready_condition(server)["status"], ready_condition(server)["reason"]) == ("False", "LinkMissing")
+    assert server.invalid == []
+
+
+def test_back_up_is_ready_again_dated_when_it_recovered(world):
+    server, claim, store, _, clock, _ = world
+    health = {"eth-b": nic("admin-down", unhealthy_since_wall_s=T0_WALL)}
+    writer = StatusWriter(world[3].api, store, field_manager=DRIVER, clock=clock,
+                          health=lambda: {(DRIVER, "node-1", d): st for d, st in health.items()})
+    add_ready(store, claim["metadata"]["uid"], readyAt=READY_AT)
+    writer.sync()
+    assert ready_condition(server)["status"] == "False"
+    health["eth-b"] = nic(None, recovered_wall_s=T0_WALL + 120)
+    writer.sync()
+    cond = ready_condition(server)
+    assert (cond["status"], cond["reason"]) == ("True", "InterfaceReady")
+    assert cond["lastTransitionTime"].startswith("2027-01-15T08:02:00")
+
+
+def test_an_interface_made_before_its_nic_vanished_stays_link_missing_after_the_nic_returns(world):
+    """A NIC deleted and re-created took the pods' links with it: their entries stay
+    LinkMissing; an interface ADDed after the NIC returned is Ready."""
+    server, claim, store, _, clock, _ = world
+    back = nic(None, missing_since_wall_s=T0_WALL, recovered_wall_s=T0_WALL + 60)
+    health = {"eth-b": back}
+    body = claim_status_body({"namespace": "default", "name": "c1", "uid": "u"},
+                             _state_with(store, "u", readyAt=READY_AT), [],
+                             {(DRIVER, "node-1", "eth-b"): back})
+    (cond,) = body["status"]["devices"][0]["conditions"]
+    assert (cond["status"], cond["reason"]) == ("False", "LinkMissing")
+    assert cond["message"] == ("interface net1 of pod pod-a went with host NIC ens2, which vanished at "
+                               "2027-01-15T08:00:00Z")
+    later = claim_status_body({"namespace": "default", "name": "c1", "uid": "u"},
+                              _state_with(store, "u", readyAt="2027-01-15T08:05:00.000Z", containerID="c9"), [],
+                              {(DRIVER, "node-1", "eth-b"): back})
+    (cond,) = [e for e in later["status"]["devices"]][0]["conditions"]
+    assert cond["status"] == "True"
+    # through the writer and the API stand-in: the claim is applied with LinkMissing
+    writer = StatusWriter(world[3].api, store, field_manager=DRIVER, clock=clock,
+                          health=lambda: {(DRIVER, "node-1", d): st for d, st in health.items()})
+    add_ready(store, claim["metadata"]["uid"], readyAt=READY_AT, containerID="c5")
+    writer.sync()
+    assert ready_condition(server)["reason"] == "LinkMissing"
+    assert server.invalid == []
+
+
+def _state_with(store, uid, **kw):
+    with store.transaction() as st:
+        for a in list(st.attachments):
+            st.remove(*a.key)
+        st.put(attachment(uid, **kw))
+    return store.read()
+
+
+def test_health_of_other_devices_or_drivers_leaves_the_condition_alone(world):
+    _, _, store, _, _, _ = world
+    down = nic("carrier-lost", unhealthy_since_wall_s=T0_WALL)
+    for key in [("other.example.com", "node-1", "eth-b"), (DRIVER, "node-2", "eth-b"), (DRIVER, "node-1", "eth-a")]:
+        body = claim_status_body({"namespace": "default", "name": "c1", "uid": "u"}, _state_with(store, "u"), [],
+                                 {key: down})
+        assert body["status"]["devices"][0]["conditions"][0]["status"] == "True", key

@@ -5,7 +5,8 @@ Parts (each a service with ``start()``/``stop()``):
 * the metrics HTTP server (:class:`cni_dra.agent.metrics.AgentMetrics`), when an address is set;
 * the DRA kubelet plugin (:class:`cni_dra.k8s.kubelet_plugin.KubeletPlugin`) with
   :class:`cni_dra.agent.driver.ClaimDriver` behind it;
-* the link watch (:class:`cni_dra.agent.linkwatch.LinkWatch`), which asks for a publish;
+* the link watch (:class:`cni_dra.agent.linkwatch.LinkWatch`), which asks for a publish
+  and a new reading of the NICs' health (:class:`cni_dra.agent.nichealth.NicHealth`);
 * the claim watch (:class:`cni_dra.agent.claimwatch.ClaimWatch`), which gives the pods
   that share a prepared claim (``status.reservedFor``) their copy in the node state;
 * the fast path (:class:`cni_dra.agent.fastpath.FastpathService`): plugin invocations served
@@ -15,7 +16,10 @@ Parts (each a service with ``start()``/``stop()``):
 The loop publishes the ResourceSlice at start, after link events (debounced) and every
 ``resync_s`` (drift: someone else changed or deleted the slice), retrying failures with
 backoff; and runs the claim status writer whenever the state file changes or a retry is
-due. Everything the agent must not forget is in the node state file, so a restart (or a
+due. It reads the NICs' health after every link event, when a pending change's
+``nic_debounce_s`` ends or a missing NIC's ``keep_missing_s`` runs out, and at every
+publish; a health transition publishes at once (taints), hands the kubelet's health
+stream a new report and re-runs the status writer (``Ready`` conditions). Everything the agent must not forget is in the node state file, so a restart (or a
 crash) loses nothing: prepared claims stay prepared and pending status records are
 written by the next agent. On exit it stops the services and, with ``cleanup``, deletes
 the node's slice.
@@ -33,6 +37,7 @@ from cni_dra.errors import CniError
 from cni_dra.fastpath.wire import DEFAULT_SOCKET
 
 if TYPE_CHECKING:
+    from cni_dra.agent.nichealth import NicStatus
     from cni_dra.k8s.api import KubeApi
 
 __all__ = ["AgentConfig", "Agent", "Service"]
@@ -61,7 +66,11 @@ class AgentConfig:
     registry_dir: str = "/var/lib/kubelet/plugins_registry"
     metrics_address: str = ""  # HOST:PORT; empty: no metrics server
     resync_s: float = 60.0
-    link_debounce_s: float = 0.5
+    link_debounce_s: float = 0.5  # link events are coalesced for this long before a publish
+    nic_debounce_s: float = 5.0  # a NIC health change must last this long to count
+    keep_missing_s: float = 300.0  # a vanished NIC stays in the slice, tainted, this long
+    taint_effect: str = "NoSchedule"  # of the health taint: NoSchedule, NoExecute or None
+    health_timeout_s: int = 60  # health_check_timeout_seconds told the kubelet
     poll_s: float = 0.2
     cleanup: bool = False
     fastpath_socket: str = DEFAULT_SOCKET  # where plugin invocations are served
@@ -79,10 +88,12 @@ class Agent:
         from cni_dra.agent.fastpath import FastpathService
         from cni_dra.agent.linkwatch import LinkWatch
         from cni_dra.agent.metrics import AgentMetrics
+        from cni_dra.agent.nichealth import NicHealth
         from cni_dra.agent.publisher import Publisher
         from cni_dra.agent.status import StatusWriter
         from cni_dra.dra.inventory import load_inventory, slice_to_dict
         from cni_dra.k8s.api import KubeApi
+        from cni_dra.k8s.dra_health import HealthFeed
         from cni_dra.k8s.kubelet_plugin import KubeletPlugin
         from cni_dra.netlink.info import host_link
         from cni_dra.protocol.profile import load_limits
@@ -93,11 +104,17 @@ class Agent:
         self.driver_name = load_inventory(cfg.inventory).spec.driver  # a bad inventory fails first
         self.api = api if api is not None else KubeApi.from_config(cfg.kubeconfig)
         self.metrics = AgentMetrics(cfg.state_dir, cfg.inventory)
+        self.pool = ""
+        self.nics = NicHealth(self._inventory_nics, host_link, debounce_s=cfg.nic_debounce_s,
+                              keep_missing_s=cfg.keep_missing_s, on_transition=self._nic_transition)
+        self.health_feed = HealthFeed(timeout_s=cfg.health_timeout_s)
         self.publisher = Publisher(
             self.api,
             node_name=cfg.node_name,
             inventory=lambda: slice_to_dict(load_inventory(cfg.inventory)),
             link=host_link,
+            health=self.nics.statuses,
+            taint_effect=cfg.taint_effect,
             on_result=self.metrics.published,
         )
         self.driver = ClaimDriver(
@@ -109,11 +126,13 @@ class Agent:
             observe=self.metrics.observe,
         )
         self.plugin = KubeletPlugin(
-            self.driver_name, self.driver, plugin_dir=cfg.plugin_dir, registry_dir=cfg.registry_dir
+            self.driver_name, self.driver, plugin_dir=cfg.plugin_dir, registry_dir=cfg.registry_dir,
+            health=self.health_feed,
         )
         self.store = StateStore(cfg.state_dir)
         self.status = StatusWriter(
-            self.api, self.store, field_manager=self.driver_name, count=self.metrics.status_update
+            self.api, self.store, field_manager=self.driver_name, count=self.metrics.status_update,
+            health=lambda: {(self.driver_name, self.pool, d): st for d, st in self.nics.statuses().items()},
         )
         self.links_changed = threading.Event()
         self.linkwatch = LinkWatch(self.links_changed.set)
@@ -124,11 +143,37 @@ class Agent:
         self.metrics_port: int | None = None
         self._started: list[Service] = []
 
+    def _inventory_nics(self) -> list[tuple[str, str]]:
+        """(device, ifName) of every inventory device; remembers the pool name."""
+        from cni_dra.dra.inventory import load_inventory
+        from cni_dra.dra.models import device_attribute
+
+        inv = load_inventory(self.cfg.inventory)
+        self.pool = inv.spec.pool.name
+        return [(d.name, str(device_attribute(d, "ifName", inv.spec.driver) or d.name)) for d in inv.spec.devices]
+
+    def _nic_transition(self, status: NicStatus, first: bool) -> None:
+        self.metrics.link_state(status.device, status.ifname, status.problem, transition=not first)
+
+    def observe_nics(self) -> bool:
+        """Read the NICs' health; hand the kubelet the report. True when a state took
+        effect (then the slice and the claim statuses are due). A failure is logged."""
+        from cni_dra.agent.nichealth import health_reports
+
+        try:
+            changed = self.nics.observe()
+        except CniError as exc:
+            log.warning("failed to read NIC health: %s %s", exc.msg, exc.details)
+            return False
+        self.health_feed.publish(health_reports(self.pool, self.nics.statuses()))
+        return bool(changed)
+
     def start(self) -> None:
         """Start the metrics server and every service. Raises CniError subclasses."""
         if self.cfg.metrics_address:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_address)
             log.info("metrics on %s (port %d)", self.cfg.metrics_address, self.metrics_port)
+        self.observe_nics()  # the kubelet's first health report is ready when it connects
         for svc in self.services:
             svc.start()
             self._started.append(svc)
@@ -170,9 +215,18 @@ class Agent:
         status_due: float | None = None
         while not stop.is_set():
             now = time.monotonic()
-            if self.links_changed.is_set():
+            nic_due = self.nics.next_due()
+            links_changed = self.links_changed.is_set()
+            if links_changed:
                 self.links_changed.clear()
                 next_publish = min(next_publish, now + self.cfg.link_debounce_s)
+            nic_due_now = nic_due is not None and now >= nic_due  # a debounce ends, a missing NIC goes
+            if links_changed or nic_due_now or now >= next_publish:
+                changed = self.observe_nics()
+                if changed:
+                    stamp = object()  # claim conditions: the status pass below
+                if changed or nic_due_now:
+                    next_publish = now  # taints (or a dropped NIC) now
             if now >= next_publish:
                 try:
                     self.publisher.sync()

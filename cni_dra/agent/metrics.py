@@ -22,6 +22,12 @@ Agent counters: ``cni_dra_prepare_total{result}``, ``cni_dra_unprepare_total{res
 ``cni_dra_publish_errors_total``, ``cni_dra_status_updates_total{outcome}`` (applied,
 gone, error).
 
+Agent NIC health (debounced, :mod:`cni_dra.agent.nichealth`):
+``cni_dra_device_link_up{device,ifname}`` 1 while the NIC is healthy, 0 while it is down or
+missing; ``cni_dra_device_link_transitions_total{device,ifname,state}``: transitions that
+took effect, by the state entered (``up``, ``carrier-lost``, ``admin-down``, ``missing``;
+a device's first reading is not one).
+
 ``cni-dra status --prometheus FILE`` writes the node gauges in the node_exporter textfile
 collector format (:func:`write_textfile`: temp file then rename).
 """
@@ -32,7 +38,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -129,6 +135,11 @@ class AgentMetrics:
         self.publish = Counter("cni_dra_publish", "ResourceSlice publish attempts by outcome", ["outcome"], registry=r)
         self.publish_errors = Counter("cni_dra_publish_errors", "failed ResourceSlice publish attempts", registry=r)
         self.status = Counter("cni_dra_status_updates", "claim status writes by outcome", ["outcome"], registry=r)
+        self.link_up = Gauge("cni_dra_device_link_up", "1 while the device's host NIC is healthy (debounced)",
+                             ["device", "ifname"], registry=r)
+        self.link_transitions = Counter("cni_dra_device_link_transitions",
+                                        "NIC health transitions by the state entered (debounced)",
+                                        ["device", "ifname", "state"], registry=r)
         self._server: Any = None
 
     def observe(self, verb: str, ok: bool, seconds: float) -> None:
@@ -145,6 +156,13 @@ class AgentMetrics:
     def status_update(self, outcome: str) -> None:
         """One claim status write ended with ``outcome``."""
         self.status.labels(outcome=outcome).inc()
+
+    def link_state(self, device: str, ifname: str, problem: str | None, *, transition: bool) -> None:
+        """A device's NIC health took effect: ``problem`` None (up) or its reason;
+        ``transition`` False for the device's first reading (not counted)."""
+        self.link_up.labels(device=device, ifname=ifname).set(0 if problem else 1)
+        if transition:
+            self.link_transitions.labels(device=device, ifname=ifname, state=problem or "up").inc()
 
     def serve(self, address: str) -> int:
         """Serve ``/metrics`` on ``HOST:PORT`` (port 0: any); returns the bound port."""

@@ -15,6 +15,15 @@ share this node holds for it, keyed by (driver, pool, device, shareID) (KEP-4817
 * every failed ADD recorded for a share with no ready attachment: ``Ready=False`` with
   the error class as reason and the CNI code and message.
 
+NIC health (:mod:`cni_dra.agent.nichealth`, debounced): while the host NIC of a ready
+share is down (``admin-down``, ``carrier-lost``) its entry says ``Ready=False`` with reason
+``LinkDown``, while it is missing ``LinkMissing``, dated when the NIC turned unhealthy;
+``networkData`` stays. When the NIC is healthy again the entry is ``Ready=True``
+(``InterfaceReady``) again, dated then, except for an interface made before the NIC last
+vanished: it went with the NIC, so it stays ``LinkMissing`` (as long as this agent runs:
+a restarted agent no longer knows the NIC vanished). A health change re-applies every
+claim with a ready share on that NIC.
+
 When a share this writer applied goes away (DEL), the claim is applied again without it,
 so its entry is removed (server-side apply drops fields its manager no longer sets).
 The apply body names ``metadata.uid``, so a claim deleted and re-created under the same
@@ -29,9 +38,10 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from cni_dra.agent.nichealth import NicStatus, describe, rfc3339
 from cni_dra.errors import CniError, TryAgainLaterError
 from cni_dra.state.claim_status import interface_data, network_data
 
@@ -47,13 +57,20 @@ def _entry_key(e: dict[str, Any]) -> tuple[Any, ...]:
     return (e.get("driver"), e.get("pool"), e.get("device"), e.get("shareID") or None)
 
 
-def _ready_keys(state: Any, uid: str) -> frozenset[tuple[Any, ...]]:
+Health = Mapping[tuple[str, str, str], NicStatus]
+"""NIC health by (driver, pool, device)."""
+
+
+def _ready_keys(state: Any, uid: str, health: Health | None = None) -> frozenset[tuple[Any, ...]]:
     """The ready shares of claim ``uid`` with the interface each entry reports (a claim
-    shared by pods: the first ready attachment's), so that a change of either is applied."""
+    shared by pods: the first ready attachment's) and its NIC's health, so that a change
+    of any is applied."""
     seen: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     for a in state.attachments:
         if a.claim is not None and a.claim.uid == uid and a.phase == "ready" and a.result:
-            seen.setdefault((a.driver, a.pool, a.device, a.shareID or None), a.key)
+            st = (health or {}).get((a.driver, a.pool, a.device))
+            seen.setdefault((a.driver, a.pool, a.device, a.shareID or None),
+                            a.key + (_link_reason(a, st), st and st.problem))
     return frozenset(k + v for k, v in seen.items())
 
 
@@ -61,9 +78,53 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def claim_status_body(claim: dict[str, str], state: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The apply body for ``claim`` ({namespace, name, uid}) from the node ``state`` and its
-    pending ``records`` (see module docstring). Entries are sorted by key."""
+def _wall(text: str | None) -> float | None:
+    """RFC 3339 (``Z``, optional fraction) as Unix seconds, None if absent or unreadable."""
+    try:
+        return datetime.datetime.fromisoformat((text or "").replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _link_reason(att: Any, st: NicStatus | None) -> str | None:
+    """``LinkDown`` / ``LinkMissing`` when the attachment's NIC keeps it from being ready."""
+    if st is None:
+        return None
+    if st.problem == "missing":
+        return "LinkMissing"
+    if st.problem is not None:
+        return "LinkDown"
+    ready = _wall(att.readyAt)
+    if st.missing_since_wall_s is not None and (ready is None or ready < st.missing_since_wall_s):
+        return "LinkMissing"  # made before the NIC vanished: the link went with it
+    return None
+
+
+def _ready_condition(att: Any, st: NicStatus | None, recorded: str | None) -> dict[str, Any]:
+    """The ``Ready`` condition of a ready attachment's entry, with its NIC's health ``st``."""
+    where = f"interface {att.ifname} of pod {att.podUID or '?'}"
+    reason = _link_reason(att, st)
+    if st is not None and reason is not None:
+        if st.problem is None:  # back, but this interface went with the vanished NIC
+            assert st.missing_since_wall_s is not None
+            return {"type": "Ready", "status": "False", "reason": reason, "lastTransitionTime":
+                    rfc3339(st.missing_since_wall_s), "message":
+                    f"{where} went with host NIC {att.parent}, which vanished at {rfc3339(st.missing_since_wall_s)}"}
+        return {"type": "Ready", "status": "False", "reason": reason, "message": f"{where}: {describe(st)}",
+                "lastTransitionTime": rfc3339(st.unhealthy_since_wall_s or st.since_wall_s)}
+    when = recorded or _now()
+    if st is not None and st.recovered_wall_s is not None and (_wall(att.readyAt) or 0) < st.recovered_wall_s:
+        when = rfc3339(st.recovered_wall_s)  # ready again since its NIC recovered
+    return {"type": "Ready", "status": "True", "reason": "InterfaceReady",
+            "message": f"{where} on host NIC {att.parent}", "lastTransitionTime": when}
+
+
+def claim_status_body(
+    claim: dict[str, str], state: Any, records: list[dict[str, Any]], health: Health | None = None
+) -> dict[str, Any]:
+    """The apply body for ``claim`` ({namespace, name, uid}) from the node ``state``, its
+    pending ``records`` and the NICs' ``health`` (see module docstring). Entries are sorted
+    by key."""
     entries: dict[tuple[Any, ...], dict[str, Any]] = {}
     times = {_entry_key(r): r.get("time") for r in records}
     for att in state.attachments:
@@ -75,11 +136,8 @@ def claim_status_body(claim: dict[str, str], state: Any, records: list[dict[str,
         key = _entry_key(entry)
         if key in entries:  # a claim shared by pods: the first ready interface reports the share
             continue
-        entry["conditions"] = [{
-            "type": "Ready", "status": "True", "reason": "InterfaceReady",
-            "message": f"interface {att.ifname} of pod {att.podUID or '?'} on host NIC {att.parent}",
-            "lastTransitionTime": times.get(key) or _now(),
-        }]
+        st = (health or {}).get((att.driver, att.pool, att.device))
+        entry["conditions"] = [_ready_condition(att, st, times.get(key))]
         entry["networkData"] = network_data(att.result, att.ifname)
         entry["data"] = interface_data(att)
         entries[key] = entry
@@ -90,7 +148,7 @@ def claim_status_body(claim: dict[str, str], state: Any, records: list[dict[str,
         if rec.get("shareID"):
             entry["shareID"] = rec["shareID"]
         key = _entry_key(entry)
-        if key in entries and entries[key]["conditions"][0]["status"] == "True":
+        if key in entries and "networkData" in entries[key]:  # a ready share: its ADD failed before
             continue
         entry["conditions"] = [{
             "type": "Ready", "status": "False", "reason": rec.get("reason") or "AddFailed",
@@ -108,7 +166,8 @@ def claim_status_body(claim: dict[str, str], state: Any, records: list[dict[str,
 class StatusWriter:
     """Apply pending records. ``api``: :class:`cni_dra.k8s.api.KubeApi`; ``store``:
     :class:`cni_dra.state.StateStore`; ``count(outcome)``: metrics (applied, gone, error);
-    ``clock``: monotonic seconds (tests)."""
+    ``health()``: the NICs' health by (driver, pool, device); ``clock``: monotonic seconds
+    (tests)."""
 
     def __init__(
         self,
@@ -117,12 +176,14 @@ class StatusWriter:
         *,
         field_manager: str,
         count: Callable[[str], None] = lambda outcome: None,
+        health: Callable[[], Health] = dict,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.store = store
         self.field_manager = field_manager
         self.count = count
+        self.health = health
         self.clock = clock
         self._attempts: dict[str, int] = {}
         self._due: dict[str, float] = {}
@@ -141,6 +202,7 @@ class StatusWriter:
         entry must go). Returns the seconds until the next retry is due, or None when
         nothing waits. Raises StateError (5) / TryAgainLaterError (11) only for the state."""
         state = self.store.read()
+        health = self.health()
         if not self._seeded:
             self._seed(state)
         claims: dict[str, dict[str, str]] = {}
@@ -150,7 +212,7 @@ class StatusWriter:
             groups.setdefault(uid, []).append(rec)
             claims.setdefault(uid, rec.get("claim") or {})
         for uid, (claim, keys) in list(self._applied.items()):
-            if uid not in groups and _ready_keys(state, uid) != keys:
+            if uid not in groups and _ready_keys(state, uid, health) != keys:
                 groups[uid] = []
                 claims[uid] = claim
         if not groups:
@@ -169,7 +231,7 @@ class StatusWriter:
             if not (uid and claim.get("name") and claim.get("namespace")):
                 done.update(r["id"] for r in records)  # malformed: nothing to write to
                 continue
-            outcome = self._apply(claim, state, records)
+            outcome = self._apply(claim, state, records, health)
             self.count(outcome)
             if outcome == "error":
                 n = self._attempts[uid] = self._attempts.get(uid, 0) + 1
@@ -180,7 +242,7 @@ class StatusWriter:
             self._attempts.pop(uid, None)
             self._due.pop(uid, None)
             done.update(r["id"] for r in records)
-            keys = _ready_keys(state, uid)
+            keys = _ready_keys(state, uid, health)
             if outcome == "applied" and keys:
                 self._applied[uid] = (claim, keys)
             else:
@@ -204,8 +266,8 @@ class StatusWriter:
                 self._applied.setdefault(claim.uid, (claim.ref(), None))
         self._seeded = True
 
-    def _apply(self, claim: dict[str, str], state: Any, records: list[dict[str, Any]]) -> str:
-        body = claim_status_body(claim, state, records)
+    def _apply(self, claim: dict[str, str], state: Any, records: list[dict[str, Any]], health: Health) -> str:
+        body = claim_status_body(claim, state, records, health)
         where = f"{claim['namespace']}/{claim['name']}"
         try:
             out = self.api.apply_resource_claim_status(

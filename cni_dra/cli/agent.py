@@ -33,6 +33,18 @@ __all__ = ["agent"]
               help="Seconds between drift checks of the published slice.")
 @click.option("--cleanup/--no-cleanup", envvar="CNI_DRA_CLEANUP", default=False, show_default=True,
               help="Delete the node's ResourceSlice on exit.")
+@click.option("--nic-debounce", envvar="CNI_DRA_NIC_DEBOUNCE", default=5.0, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Seconds a NIC's link change (down, up, gone) must last before it counts.")
+@click.option("--taint-effect", envvar="CNI_DRA_TAINT_EFFECT", default="NoSchedule", show_default=True,
+              type=click.Choice(["NoSchedule", "NoExecute", "None"]),
+              help="Effect of the device taint on an unhealthy NIC (NoExecute also evicts its pods).")
+@click.option("--keep-missing", envvar="CNI_DRA_KEEP_MISSING", default=300.0, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Seconds a vanished NIC stays in the slice, tainted, before it is left out.")
+@click.option("--health-timeout", envvar="CNI_DRA_HEALTH_TIMEOUT", default=60, show_default=True,
+              type=click.IntRange(min=1),
+              help="health_check_timeout_seconds told the kubelet (reports are repeated thrice as often).")
 @click.option("--fastpath-socket", envvar="CNI_DRA_AGENT_SOCKET", default=DEFAULT_SOCKET, show_default=True,
               help="Unix socket on which plugin invocations are served (where the plugin looks).")
 @click.option("--fastpath-processes", envvar="CNI_DRA_FASTPATH_PROCESSES", default=0, show_default=True,
@@ -43,7 +55,8 @@ __all__ = ["agent"]
 @click.option("--log-level", envvar="CNI_DRA_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str, conflists: tuple[str, ...],
-          plugin_dir: str | None, registry_dir: str, metrics_address: str, resync_interval: float, cleanup: bool, fastpath_socket: str,
+          plugin_dir: str | None, registry_dir: str, metrics_address: str, resync_interval: float, cleanup: bool,
+          nic_debounce: float, taint_effect: str, keep_missing: float, health_timeout: int, fastpath_socket: str,
           fastpath_processes: int, fastpath_mount_ns: str | None, log_level: str) -> None:
     """Run the node agent until SIGTERM/SIGINT."""
     from cni_dra.agent.main import Agent, AgentConfig
@@ -55,7 +68,9 @@ def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str
                       kubeconfig=kubeconfig,
                       plugin_dir=plugin_dir, registry_dir=registry_dir, metrics_address=metrics_address,
                       resync_s=resync_interval, cleanup=cleanup, fastpath_socket=fastpath_socket,
-                      fastpath_processes=fastpath_processes or None, fastpath_mount_ns=fastpath_mount_ns)
+                      fastpath_processes=fastpath_processes or None, fastpath_mount_ns=fastpath_mount_ns,
+                      nic_debounce_s=nic_debounce, taint_effect=taint_effect, keep_missing_s=keep_missing,
+                      health_timeout_s=health_timeout)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

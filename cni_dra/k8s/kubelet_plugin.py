@@ -1,12 +1,16 @@
 """The DRA kubelet plugin's gRPC side: two unix sockets, as the kubelet expects them.
 
 * ``<plugin_dir>/dra.sock`` (default plugin_dir ``/var/lib/kubelet/plugins/<driver>``):
-  the DRA plugin service ``DRAPlugin`` of API ``v1`` and ``v1beta1`` (same handlers) and
-  the gRPC health service ``grpc.health.v1.Health``;
+  the DRA plugin service ``DRAPlugin`` of API ``v1`` and ``v1beta1`` (same handlers), with
+  a ``health`` feed the resource health service ``DRAResourceHealth`` of API ``v1`` and
+  ``v1alpha1`` (:mod:`cni_dra.k8s.dra_health`), and the gRPC health service
+  ``grpc.health.v1.Health``;
 * ``<registry_dir>/<driver>-reg.sock`` (default ``/var/lib/kubelet/plugins_registry``):
   plugin registration API v1. ``GetInfo`` answers type ``DRAPlugin``, the driver name, the
-  DRA socket path and ``supported_versions`` ``["v1.DRAPlugin", "v1beta1.DRAPlugin"]``;
-  ``NotifyRegistrationStatus`` records the kubelet's verdict.
+  DRA socket path and ``supported_versions`` ``["v1.DRAPlugin", "v1beta1.DRAPlugin"]``, and
+  with a health feed also ``"v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"``: the
+  list is how a 1.37 kubelet learns which services the plugin offers (it watches resource
+  health only when one is listed); ``NotifyRegistrationStatus`` records the kubelet's verdict.
 
 This module is a thin adapter: it decodes requests and encodes responses; the work is a
 ``driver`` object with ``prepare_claims([(namespace, uid, name), ...]) -> [[device] |
@@ -25,9 +29,12 @@ import threading
 import time
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cni_dra.k8s.protos import DRA_SERVICES, load
+from cni_dra.k8s.protos import DRA_SERVICES, RESOURCE_HEALTH_SERVICES, load
+
+if TYPE_CHECKING:
+    from cni_dra.k8s.dra_health import HealthFeed
 
 __all__ = ["KubeletPlugin", "DEFAULT_PLUGINS_DIR", "DEFAULT_REGISTRY_DIR", "HEALTH_SERVICES"]
 
@@ -35,7 +42,8 @@ log = logging.getLogger("cni_dra.k8s.kubelet")
 
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-# Full gRPC service names served on the DRA socket (health answers SERVING for these and "").
+# Full gRPC service names served on the DRA socket (health answers SERVING for these and "";
+# with a health feed also for RESOURCE_HEALTH_SERVICES, whose proto packages are v1 and v1alpha1).
 HEALTH_SERVICES = (
     "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
     "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
@@ -91,13 +99,13 @@ def _dra_servicer(proto: str, driver: Any) -> Any:
     return DRAPlugin(), services.add_DRAPluginServicer_to_server
 
 
-def _health_servicer(serving: threading.Event) -> Any:
+def _health_servicer(serving: threading.Event, names: tuple[str, ...]) -> Any:
     pb2, services = load("health_v1")
     status_cls = pb2.HealthCheckResponse
 
     class Health(services.HealthServicer):  # type: ignore[misc, name-defined]  # generated at build time or in memory: no types
         def _status(self, service: str) -> int | None:
-            if service not in ("",) + HEALTH_SERVICES:
+            if service not in ("",) + names:
                 return None
             status: int = status_cls.SERVING if serving.is_set() else status_cls.NOT_SERVING
             return status
@@ -132,7 +140,7 @@ def _registration_servicer(plugin: KubeletPlugin) -> Any:
                 type="DRAPlugin",
                 name=plugin.driver_name,
                 endpoint=str(plugin.dra_socket),
-                supported_versions=[DRA_SERVICES[p] for p in plugin.versions],
+                supported_versions=plugin.supported_versions(),
             )
 
         def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -161,7 +169,8 @@ class KubeletPlugin:
         plugin_dir: str | None = None,
         registry_dir: str = DEFAULT_REGISTRY_DIR,
         versions: tuple[str, ...] = ("dra_v1", "dra_v1beta1"),
-        max_workers: int = 4,
+        health: HealthFeed | None = None,
+        max_workers: int = 8,
     ) -> None:
         self.driver_name = driver_name
         self.driver = driver
@@ -170,7 +179,8 @@ class KubeletPlugin:
         self.dra_socket = self.plugin_dir / "dra.sock"
         self.registration_socket = self.registry_dir / f"{driver_name}-reg.sock"
         self.versions = versions
-        self.max_workers = max_workers
+        self.health = health
+        self.max_workers = max_workers  # each open health stream holds one
         self.registered: bool | None = None
         self.registration_error = ""
         self.serving = threading.Event()
@@ -198,12 +208,24 @@ class KubeletPlugin:
         self._servers.append((server, path))
         return server
 
+    def supported_versions(self) -> list[str]:
+        """What ``GetInfo`` announces: the DRA services, then the resource health ones."""
+        out = [DRA_SERVICES[p] for p in self.versions]
+        if self.health is not None:
+            out += list(RESOURCE_HEALTH_SERVICES.values())
+        return out
+
     def start(self) -> None:
         """Serve the DRA and health services, then the registration socket."""
-        self._serve(
-            self.dra_socket,
-            [_dra_servicer(v, self.driver) for v in self.versions] + [_health_servicer(self.serving)],
-        )
+        servicers = [_dra_servicer(v, self.driver) for v in self.versions]
+        names: tuple[str, ...] = HEALTH_SERVICES
+        if self.health is not None:
+            from cni_dra.k8s.dra_health import resource_health_servicer
+
+            self.health.reopen()
+            servicers += [resource_health_servicer(p, self.health) for p in RESOURCE_HEALTH_SERVICES]
+            names += tuple(RESOURCE_HEALTH_SERVICES.values())
+        self._serve(self.dra_socket, servicers + [_health_servicer(self.serving, names)])
         self.serving.set()
         self._serve(self.registration_socket, [_registration_servicer(self)])
         log.info("kubelet plugin %s on %s, registration on %s", self.driver_name, self.dra_socket,
@@ -212,6 +234,8 @@ class KubeletPlugin:
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving (registration first) and remove the socket files."""
         self.serving.clear()
+        if self.health is not None:
+            self.health.close()  # open resource health streams end
         for server, path in reversed(self._servers):
             server.stop(grace_s).wait(grace_s + 1)
             try:
