@@ -470,13 +470,14 @@ def test_both_nodes_are_ready_and_each_agent_publishes_its_own_nics(api, cluster
         # the API server reaches this node's kubelet at the node's address (its serving
         # certificate checked against the CA), and the kubelet runs with this node's cgroup root
         assert core(api).connect_get_node_proxy_with_path(n.name, "healthz") == "ok"
-        configz = json.loads(core(api).connect_get_node_proxy_with_path(n.name, "configz"))["kubeletconfig"]
+        raw = core(api).connect_get_node_proxy_with_path(n.name, "configz", _preload_content=False).data
+        configz = json.loads(raw)["kubeletconfig"]
         assert configz["cgroupRoot"] == f"/{n.cgroup}", configz["cgroupRoot"]
         # default ports, each node's own: the kubelet's healthz and the agent's metrics
         assert node_http(cluster, n.name, "http://127.0.0.1:10248/healthz").strip() == "ok"
         metrics = node_http(cluster, n.name, "http://127.0.0.1:9412/metrics")
-        assert {f'cni_dra_device_capacity{{device="{nic}"}} 1e+10' for nic in cluster.NICS} <= set(
-            metrics.splitlines()), [ln for ln in metrics.splitlines() if ln.startswith("cni_dra_device_capacity")]
+        assert {f'cni_dra_device_capacity{{device="{nic}",ifname="{nic}",resource="bandwidth"}} 1e+10'
+                for nic in cluster.NICS} <= set(metrics.splitlines()), metrics
         agent_log = n.logfile("agent").read_text()
         assert f"published slice {name} " in agent_log
         others = [m.name for m in cluster.NODES if m.name != n.name]

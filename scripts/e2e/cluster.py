@@ -4,6 +4,7 @@ pod network and DRA driver.
 
 usage: cluster.py up | down | status | versions
        cluster.py exec NODE [--] CMD...          run CMD inside NODE's namespaces
+       cluster.py load-image ARCHIVE             an OCI archive into every node's runtime
        cluster.py agent-start [NODE] | agent-stop [NODE]
 
 ``up`` starts etcd, kube-apiserver (on the host's bridge address, 10.250.0.1),
@@ -40,7 +41,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the modules beside this script
 from cluster_node import (APISERVER_PORT, BRIDGE, CNI_BIN, DRIVER, HOST_IP,  # noqa: E402,F401
-                          JUMBO_MTU, JUMBO_NIC, NETWORK, NICS, NODE_CNI_EXE, Node, delete_bridge, make_bridge)
+                          JUMBO_MTU, JUMBO_NIC, NETWORK, NICS, NODE_CNI_EXE, SERVICE_RANGE, Node,
+                          delete_bridge, make_bridge)
 from cluster_pki import cert, kubeconfig, pki  # noqa: E402
 from cluster_procs import (CGROUP_ROOT, DIR, ClusterError, cgroup_hierarchies, kill_in_namespaces,  # noqa: E402,F401
                            log, logfile, make_cgroup, p, remove_cgroups, run, running, start, stop, stop_all,
@@ -52,7 +54,6 @@ KUBE_VERSION = os.environ.get("CNI_DRA_E2E_KUBE_VERSION", "v1.37.2")
 NODES = (Node("cni-dra-e2e", 1, "10.244.77.0/24"), Node("cni-dra-e2e-2", 2, "10.244.78.0/24"))
 NODE = NODES[0].name
 """The node most scenarios use (kept as the one-node bed named it)."""
-SERVICE_RANGE = "10.96.0.0/24"
 FEATURE_GATES = "--feature-gates=DRAConsumableCapacity=true"
 """The same gates for every control-plane component (on by default in 1.37; said anyway)."""
 ETCD_PORT = 23790
@@ -184,6 +185,8 @@ def start_apiserver(bins: dict[str, str]) -> None:
         f"--kubelet-client-certificate={d}/apiserver-kubelet-client.crt",
         f"--kubelet-client-key={d}/apiserver-kubelet-client.key",
         f"--kubelet-certificate-authority={d}/ca.crt",
+        # the node names resolve nowhere (as kubeadm sets it: the address first)
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={d}/sa.pub", f"--service-account-signing-key-file={d}/sa.key",
         f"--service-cluster-ip-range={SERVICE_RANGE}",
@@ -437,12 +440,17 @@ def main(argv: list[str]) -> int:
         elif cmd == "exec" and len(argv) > 3:
             args = argv[4:] if argv[3] == "--" else argv[3:]
             os.execvp("nsenter", [*node(argv[2]).nsenter(), *args])
+        elif cmd == "load-image" and len(argv) == 3:
+            bins = binaries()
+            for n in NODES:
+                n.runtime.import_image(n, bins, str(Path(argv[2]).resolve()))
+                log(f"{n.name}: {' '.join(n.runtime.images(n, bins))}")
         elif cmd == "agent-start":
             print(agent_start(*argv[2:3]))
         elif cmd == "agent-stop":
             agent_stop(*argv[2:3])
         else:
-            print("\n".join(__doc__.strip().splitlines()[2:5]), file=sys.stderr)
+            print("\n".join(__doc__.strip().splitlines()[2:7]), file=sys.stderr)
             return 2
     except ClusterError as exc:
         log(f"error: {exc}")

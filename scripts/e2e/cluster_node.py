@@ -4,7 +4,8 @@ the kubelet, cni-dra's agent).
 
 Network: a namespace named after the node (``/run/netns/<node>``) with ``eth0``, a veth
 to the host's bridge ``cde2e-br0`` (host 10.250.0.1/24, the node .10+i, default route via
-the host), and the node's two stand-in NICs, veth pairs inside it.
+the host), the node's two stand-in NICs (veth pairs inside it), and a DNAT rule from the
+``kubernetes`` Service's ClusterIP to the API server (kube-proxy's, for that one Service).
 
 Mount: a persistent namespace (``<dir>/ns/<node>.mnt``, made by ``unshare --mount``,
 ``--propagation private``) set up by :func:`init_inside`: the copies of other namespaces'
@@ -39,6 +40,11 @@ BRIDGE = "cde2e-br0"
 HOST_IP = "10.250.0.1"
 """The host's address on the bridge: the API server binds and advertises it."""
 APISERVER_PORT = 16443
+SERVICE_RANGE = "10.96.0.0/24"
+KUBERNETES_SERVICE = ("10.96.0.1", 443)
+"""The ``kubernetes`` Service (the first address of SERVICE_RANGE): what the kubelet tells a
+pod in KUBERNETES_SERVICE_HOST and _PORT. No kube-proxy runs here; each node's netns has
+the one rule kube-proxy would make for it (DNAT to the API server)."""
 NETWORK = "cni-dra-e2e"  # the conflist's name (libcni's cache files are named after it)
 DRIVER = "net.cni-dra.dev"
 NICS = {"cde2e-nic0": "cde2e-nic0p", "cde2e-nic1": "cde2e-nic1p"}  # NIC -> its veth peer; the same on every node
@@ -150,6 +156,14 @@ class Node:
         run(*ipn, "addr", "replace", f"{self.ip}/24", "dev", "eth0")
         run(*ipn, "link", "set", "eth0", "up")
         run(*ipn, "route", "replace", "default", "via", HOST_IP)
+        # a stand-in for kube-proxy, for the one Service the node's host-network processes
+        # use: in-cluster config (KUBERNETES_SERVICE_HOST) then works as in a pod
+        ip, port = KUBERNETES_SERVICE
+        rule = ["-t", "nat", "OUTPUT", "-d", f"{ip}/32", "-p", "tcp", "--dport", str(port),
+                "-j", "DNAT", "--to-destination", f"{HOST_IP}:{APISERVER_PORT}"]
+        iptables = ["nsenter", f"--net={self.netns}", "iptables"]
+        if run(*iptables, *rule[:2], "-C", *rule[2:], check=False).returncode != 0:
+            run(*iptables, *rule[:2], "-A", *rule[2:])
         self.make_nics()
 
     def make_nics(self) -> None:
@@ -320,8 +334,9 @@ class Node:
         """``cni-dra agent`` as the DaemonSet's container runs it: the node's copy, every
         path its default (the kubelet's plugin dirs, /var/lib/cni-dra, the inventory, the
         fast-path socket /run/cni-dra/agent.sock, metrics on :9412 of the node's netns),
-        the in-cluster config (the token in SA_DIR) and the node's conflist."""
-        env = {"KUBERNETES_SERVICE_HOST": HOST_IP, "KUBERNETES_SERVICE_PORT": str(APISERVER_PORT)}
+        the in-cluster config (the token in SA_DIR, the ``kubernetes`` Service's address
+        in the environment, as the kubelet gives a pod) and the node's conflist."""
+        env = {"KUBERNETES_SERVICE_HOST": KUBERNETES_SERVICE[0], "KUBERNETES_SERVICE_PORT": str(KUBERNETES_SERVICE[1])}
         return self.start("agent", [NODE_CNI_EXE, "agent", "--node-name", self.name, "--conflist", CONFLIST,
                                     *(extra or [])], env)
 

@@ -35,6 +35,10 @@ class Runtime(Protocol):
 
     def ready(self, node: Node) -> bool: ...
 
+    def import_image(self, node: Node, bins: dict[str, str], archive: str) -> None: ...
+
+    def images(self, node: Node, bins: dict[str, str]) -> list[str]: ...
+
     def load_images(self, node: Node, bins: dict[str, str]) -> None: ...
 
 
@@ -83,11 +87,20 @@ class Containerd:
     def ready(self, node: Node) -> bool:
         return node.host_path(self.socket).is_socket()
 
+    def _ctr(self, bins: dict[str, str]) -> list[str]:
+        return [f"{bins['containerd_bin']}/ctr", "-n", "k8s.io"]  # the CRI plugin's namespace
+
+    def import_image(self, node: Node, bins: dict[str, str], archive: str) -> None:
+        """An OCI (or docker) archive into the node's containerd, as ``kind load`` does."""
+        node.run(*self._ctr(bins), "images", "import", archive)
+
+    def images(self, node: Node, bins: dict[str, str]) -> list[str]:
+        return node.run(*self._ctr(bins), "images", "ls", "-q").stdout.split()
+
     def load_images(self, node: Node, bins: dict[str, str]) -> None:
-        ctr = [f"{bins['containerd_bin']}/ctr", "-n", "k8s.io"]
         for tar in ("pause.tar", "sleeper.tar"):
-            node.run(*ctr, "images", "import", f"{bins['images']}/{tar}", check=False)
-        listed = node.run(*ctr, "images", "ls", "-q").stdout.split()
+            self.import_image(node, bins, f"{bins['images']}/{tar}")
+        listed = self.images(node, bins)
         for image in (SANDBOX_IMAGE, TEST_IMAGE):
             if image not in listed:
                 raise ClusterError(f"{node.name}: image {image} not imported into containerd (have: {listed})")
