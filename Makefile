@@ -44,7 +44,7 @@ help:
 	@echo "make lint     import-linter layer contracts (.importlinter), mypy (strict) over cni_dra/, shellcheck"
 	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
 	@echo "make clean    remove build leftovers from the work tree (images in build/ too)"
-	@echo "make e2e      real one-node Kubernetes (kubelet, containerd, scheduler...) + cni-dra scenarios (root)"
+	@echo "make e2e      real two-node Kubernetes on this machine (each node its own namespaces, kubelet, containerd) + cni-dra scenarios (root)"
 	@echo "make cluster-up / cluster-down   the same cluster left running to explore (prints KUBECONFIG)"
 	@echo "make smoke-runtimes   build (cached) and smoke-check CRI-O, Multus and Helm on this host (root; not in check)"
 

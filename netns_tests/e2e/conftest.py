@@ -1,5 +1,6 @@
-"""The real-cluster scenarios (``make e2e``): a one-node cluster of real Kubernetes
-components (scripts/e2e/cluster.py) with cni-dra as its pod network and DRA driver.
+"""The real-cluster scenarios (``make e2e``): a two-node cluster of real Kubernetes
+components on this machine (scripts/e2e/cluster.py), each node in namespaces of its own,
+with cni-dra as its pod network and DRA driver.
 
 Collected only when ``CNI_DRA_E2E=1`` (set by ``make e2e``), so ``make test`` and
 ``make netns`` leave them out. The cluster is session-scoped: brought up once (or reused
@@ -37,7 +38,7 @@ def load_cluster_module() -> ModuleType:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ModuleType]:
     if os.geteuid() != 0:
-        pytest.fail("the real-cluster tests need root (kubelet, containerd, veth NICs)")
+        pytest.fail("the real-cluster tests need root (namespaces, kubelet, containerd, veth NICs)")
     mod = load_cluster_module()
     reuse = os.environ.get("CNI_DRA_E2E_REUSE") == "1" and mod.status_line().startswith("up")
     if not reuse:

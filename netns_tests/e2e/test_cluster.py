@@ -1,13 +1,18 @@
-"""cni-dra on a real one-node cluster: kube-apiserver, kube-scheduler,
-kube-controller-manager, kubelet and containerd of the versions scripts/e2e/cluster.py
-runs, two veth pairs as the node's 10G NICs (requestPolicy default 1G, validRange min
-100M step 100M; one of MTU 1500, one jumbo of MTU 9216), cni-dra's agent on the host under
-its own service account, limited by the plugin's conflist.
+"""cni-dra on a real two-node cluster: kube-apiserver, kube-scheduler and
+kube-controller-manager on the host, and two nodes, each in its own network, mount and UTS
+namespaces with its own containerd, kubelet and cni-dra agent (scripts/e2e/cluster.py)
+and its own two veth pairs as 10G NICs (requestPolicy default 1G, validRange min 100M step
+100M; one of MTU 1500, one jumbo of MTU 9216; the same names on both nodes, as on real
+nodes). Each agent runs under cni-dra's service account with a token bound to its Node,
+limited by the node's conflist.
 
-The scenarios run in file order and share the cluster; each one removes its pods before
-it ends. Expected values come from the API server's objects (official Python client),
-the kernel (pyroute2, cgroups) and the components' own logs, and are compared with
-cni-dra's books (``cni-dra status --json``), never taken from them.
+Most scenarios pin their pods to the first node (``cluster.NODE``, a nodeSelector on
+``kubernetes.io/hostname``); the two-node scenarios spread them. The scenarios run in
+file order and share the cluster; each one removes its pods before it ends. Expected
+values come from the API server's objects (official Python client), the kernel (pyroute2,
+``ip``/``tc``, cgroups; a node's links are looked up in that node's netns) and the
+components' own logs, and are compared with each node's books (``cni-dra status --json``
+run inside that node's mount namespace), never taken from them.
 """
 
 from __future__ import annotations
@@ -87,13 +92,18 @@ def make_claim(api, name: str, bandwidth: str) -> None:
 
 
 def make_pod(api, cluster, name: str, *, template: str | None = None, claim: str | None = None,
-             templates: tuple[str, ...] = (), annotations: dict[str, str] | None = None) -> dict:
+             templates: tuple[str, ...] = (), annotations: dict[str, str] | None = None,
+             node: str | None = None, anywhere: bool = False) -> dict:
     """A pod of the test image; its claim from ``template`` or ``claim`` (named ``nic``), or
-    one claim per entry of ``templates`` (``nic-0``, ``nic-1``...)."""
+    one claim per entry of ``templates`` (``nic-0``, ``nic-1``...). Pinned to ``node``
+    (default: the first node) by a nodeSelector, so the scheduler still allocates its
+    claims; ``anywhere``: no selector, the scheduler picks the node."""
     spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": 1,
         "containers": [{"name": "app", "image": cluster.TEST_IMAGE, "imagePullPolicy": "Never"}],
     }
+    if not anywhere:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node or cluster.NODE}
     refs: list[dict[str, str]] = [{"name": f"nic-{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)]
     if template or claim:
         ref = {"name": "nic"}
@@ -149,30 +159,34 @@ def result_of(claim: dict) -> dict:
     return res
 
 
-def books(cluster) -> dict:
-    out = subprocess.run([cluster.CNI_EXE, "status", "--state-dir", str(cluster.state_dir()),
-                          "--inventory", str(cluster.inventory_path()), "--json"],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+def books(cluster, node: str | None = None) -> dict:
+    """``cni-dra status --json`` inside ``node`` (default: the first node): its state dir
+    and inventory, as the node sees them."""
+    return cluster.node(node or cluster.NODE).books()
 
 
-def booked(cluster) -> dict[str, Decimal]:
-    return {d["name"]: parse_quantity(d["consumed"]["bandwidth"]) for d in books(cluster)["devices"]}
+def booked(cluster, node: str | None = None) -> dict[str, Decimal]:
+    return {d["name"]: parse_quantity(d["consumed"]["bandwidth"]) for d in books(cluster, node)["devices"]}
 
 
-def scheduled(api, cluster) -> dict[str, Decimal]:
-    """Sum of consumedCapacity.bandwidth of every allocation result on this node's pool."""
+def scheduled(api, cluster, node: str | None = None) -> dict[str, Decimal]:
+    """Sum of consumedCapacity.bandwidth of every allocation result on ``node``'s pool."""
     out = {nic: Decimal(0) for nic in cluster.NICS}
     for c in resource(api).list_resource_claim_for_all_namespaces().items:
         c = to_dict(api, c)
         for res in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
-            if res["driver"] == cluster.DRIVER and res["pool"] == cluster.NODE:
+            if res["driver"] == cluster.DRIVER and res["pool"] == (node or cluster.NODE):
                 out[res["device"]] += parse_quantity(res["consumedCapacity"]["bandwidth"])
     return out
 
 
-def books_match(api, cluster) -> bool:
-    return booked(cluster) == scheduled(api, cluster)
+def books_match(api, cluster, node: str | None = None) -> bool:
+    return booked(cluster, node) == scheduled(api, cluster, node)
+
+
+def nothing_held(cluster, node: str | None = None) -> bool:
+    held = books(cluster, node)
+    return not held["attachments"] and not held["preparedClaims"]
 
 
 def pod_netns(uid: str) -> str:
@@ -194,25 +208,58 @@ def kernel_eth0(uid: str) -> dict:
     return link
 
 
-def host_ifindex(ifname: str) -> int:
-    from netns_tests.runner import host_ifindex as lookup
+def node_link(cluster, node: str, ifname: str) -> dict[str, Any]:
+    """The kernel's ``ifname`` in ``node``'s netns: {"index", "mtu", "mac"}."""
+    from pyroute2 import IPRoute
 
-    idx = lookup(ifname)
-    assert idx is not None, ifname
-    return idx
+    with IPRoute(netns=cluster.node(node).netns) as ipr:
+        found = ipr.link_lookup(ifname=ifname)
+        assert found, f"{ifname} is not in node {node}'s netns"
+        link = ipr.link("get", index=found[0])[0]
+    return {"index": link["index"], "mtu": link.get_attr("IFLA_MTU"), "mac": link.get_attr("IFLA_ADDRESS")}
+
+
+def node_ifindex(cluster, node: str, ifname: str) -> int:
+    return node_link(cluster, node, ifname)["index"]
+
+
+def node_mtu(cluster, node: str, ifname: str) -> int:
+    return node_link(cluster, node, ifname)["mtu"]
+
+
+def ip_json(uid: str, *args: str) -> Any:
+    """``ip -j <args>`` in pod ``uid``'s netns."""
+    out = subprocess.run(["nsenter", f"--net={pod_netns(uid)}", "ip", "-j", *args],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout or "[]")
+
+
+def eth0_parent(uid: str) -> tuple[str, int]:
+    """(the named netns, ifindex there) of the parent of pod ``uid``'s eth0, in the kernel's
+    words: the link's ``link_netnsid`` and the netns the pod's netns gives that id."""
+    (link,) = ip_json(uid, "-d", "link", "show", "eth0")
+    names = {e["nsid"]: e.get("name") for e in ip_json(uid, "netns", "list-id")}
+    return names.get(link.get("link_netnsid")), link["link_index"]
+
+
+def on_nic(cluster, uid: str, node: str, nic: str) -> bool:
+    """Pod ``uid``'s eth0 is a link on NIC ``nic`` of ``node`` (not a same-named NIC of another node)."""
+    return eth0_parent(uid) == (node, node_ifindex(cluster, node, nic))
+
+
+def node_http(cluster, node: str, url: str) -> str:
+    """GET ``url`` from inside ``node``'s netns (its 127.0.0.1 is the node's own)."""
+    code = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+    out = subprocess.run(["nsenter", f"--net={cluster.node(node).netns}", "python3", "-c", code, url],
+                         capture_output=True, text=True, check=True)
+    return out.stdout
 
 
 def ip_link(uid: str, ifname: str = "eth0") -> dict:
     """``ip -d -j link show`` of ``ifname`` in pod ``uid``'s netns: the kernel's own words
     on the link's kind (``linkinfo.info_kind``), mode (``linkinfo.info_data.mode``) and MTU."""
-    out = subprocess.run(["nsenter", f"--net={pod_netns(uid)}", "ip", "-d", "-j", "link", "show", ifname],
-                         capture_output=True, text=True, check=True)
-    (link,) = json.loads(out.stdout)
+    (link,) = ip_json(uid, "-d", "link", "show", ifname)
     return link
-
-
-def host_mtu(ifname: str) -> int:
-    return int(Path(f"/sys/class/net/{ifname}/mtu").read_text())
 
 
 def tc(uid: str, *args: str) -> list[dict]:
@@ -271,6 +318,14 @@ def forbidden(call) -> bool:
     return False
 
 
+def refused(call, *, why: str) -> None:
+    """``call()`` is refused with 403 Forbidden and a message containing ``why``."""
+    with pytest.raises(ApiException) as err:
+        call()
+    assert err.value.status == 403, (err.value.status, err.value.body)
+    assert why in json.loads(err.value.body)["message"], err.value.body
+
+
 def delete_cluster_objects(api, *, classes: tuple[str, ...] = (), templates: tuple[str, ...] = ()) -> None:
     for name in templates:
         try:
@@ -294,31 +349,34 @@ def status_entry(claim: dict, share_id: str) -> dict | None:
 
 
 def check_attached(api, cluster, name: str, bandwidth: str) -> tuple[dict, dict, dict]:
-    """Pod ``name`` runs with eth0 on the NIC the scheduler allocated, as the kubelet
-    prepared it, and the claim's status carries its interface. Returns (pod, claim, result)."""
+    """Pod ``name`` runs with eth0 on the NIC the scheduler allocated on the pod's node, as
+    that node's kubelet prepared it, and the claim's status carries its interface.
+    Returns (pod, claim, result)."""
     p = wait_running(api, name)
+    node = p["spec"]["nodeName"]
     claim = claim_of(api, p)
     res = result_of(claim)
-    assert res["driver"] == cluster.DRIVER and res["pool"] == cluster.NODE
+    assert res["driver"] == cluster.DRIVER and res["pool"] == node
     assert res["device"] in cluster.NICS
     assert parse_quantity(res["consumedCapacity"]["bandwidth"]) == parse_quantity(bandwidth)
     assert res.get("shareID"), "a share of a multi-allocatable device has a shareID"
-    # what the kubelet prepared (NodePrepareResources) and containerd's ADD attached
+    # what the node's kubelet prepared (NodePrepareResources) and containerd's ADD attached
     uid = p["metadata"]["uid"]
-    atts = [a for a in books(cluster)["attachments"] if a["podUID"] == uid]
+    held = books(cluster, node)
+    atts = [a for a in held["attachments"] if a["podUID"] == uid]
     assert [(a["device"], a["shareID"], a["ifname"]) for a in atts] == [(res["device"], res["shareID"], "eth0")]
     assert parse_quantity(atts[0]["consumedCapacity"]["bandwidth"]) == parse_quantity(bandwidth)
-    prepared = [c for c in books(cluster)["preparedClaims"] if c["podUID"] == uid]
+    prepared = [c for c in held["preparedClaims"] if c["podUID"] == uid]
     assert [c["uid"] for c in prepared] == [claim["metadata"]["uid"]]
-    # the kernel: eth0 in the pod is a macvlan on the allocated NIC
+    # the kernel: eth0 in the pod is a macvlan on the allocated NIC of the pod's node
     eth0 = kernel_eth0(uid)
-    assert eth0["parent_ifindex"] == host_ifindex(res["device"])
+    assert eth0_parent(uid) == (node, node_ifindex(cluster, node, res["device"]))
     assert [c.split("/")[0] for c in eth0["ipv4"]] == [p["status"]["podIP"]]
     # the claim's status: networkData by server-side apply under the driver's field manager
     claim = wait_for(lambda: (c := to_dict(api, resource(api).read_namespaced_resource_claim(
         claim["metadata"]["name"], NS))) and status_entry(c, res["shareID"]) and c, "networkData written", 60)
     entry = status_entry(claim, res["shareID"])
-    assert (entry["driver"], entry["pool"], entry["device"]) == (cluster.DRIVER, cluster.NODE, res["device"])
+    assert (entry["driver"], entry["pool"], entry["device"]) == (cluster.DRIVER, node, res["device"])
     nd = entry["networkData"]
     assert nd["interfaceName"] == "eth0"
     assert nd["ips"] == eth0["ipv4"] and nd["ips"][0].split("/")[0] == p["status"]["podIP"]
@@ -345,14 +403,15 @@ def _clean_namespace(api, cluster):
             if exc.status != 404:
                 raise
     wait_for(lambda: not resource(api).list_namespaced_resource_claim(NS).items, "claims gone", 60)
-    wait_for(lambda: not books(cluster)["attachments"], "no attachment left", 30)
+    for n in cluster.NODES:
+        wait_for(lambda n=n: not books(cluster, n.name)["attachments"], f"no attachment left on {n.name}", 30)
 
 
 def test_agent_registers_and_its_slice_is_accepted_and_kept(api, cluster):
     """The kubelet registers the agent's DRA plugin; the API server accepts its
     ResourceSlice, which outlives the kubelet's start-up wipe; conf/k8s's DeviceClass is
     stored unchanged."""
-    assert cluster.agent_registered(), "the kubelet's log shows no connection to the plugin"
+    assert cluster.node().agent_registered(), "the kubelet's log shows no connection to the plugin"
     name = f"{cluster.NODE}-{cluster.DRIVER}"
     slc = wait_for(lambda: to_dict(api, resource(api).read_resource_slice(name)), "slice published")
     devices = {d["name"]: d for d in slc["spec"]["devices"]}
@@ -378,6 +437,56 @@ def test_agent_registers_and_its_slice_is_accepted_and_kept(api, cluster):
     want = yaml.safe_load((cluster.REPO / "conf/k8s/deviceclass.yaml").read_text())
     got = to_dict(api, resource(api).read_device_class(want["metadata"]["name"]))
     assert got["spec"]["selectors"] == want["spec"]["selectors"]
+
+
+def test_both_nodes_are_ready_and_each_agent_publishes_its_own_nics(api, cluster):
+    """Two honest nodes: each kubelet registered its Node (Ready, its own InternalIP on the
+    bridge, hostname and machine ID) and cni-dra's plugin; each node's ResourceSlice names
+    that node (nodeName, pool, owner reference) and lists exactly that node's NICs, with
+    the MACs the kernel shows in that node's netns. Both nodes' NICs have the same names,
+    so only the MACs tell them apart: a slice made from the other node's netns would show.
+    The API server reaches each kubelet at its node's address; each kubelet and agent
+    serves its default ports in its node's netns; each agent's log says it published its
+    own node's slice and never names the other's."""
+    seen: dict[str, dict[str, str]] = {}
+    machine_ids = set()
+    for n in cluster.NODES:
+        assert cluster.node_ready(api, n.name), f"{n.name} not Ready"
+        node_obj = to_dict(api, core(api).read_node(n.name))
+        addrs = {(a["type"], a["address"]) for a in node_obj["status"]["addresses"]}
+        assert {("InternalIP", n.ip), ("Hostname", n.name)} <= addrs, addrs
+        assert node_obj["metadata"]["labels"]["kubernetes.io/hostname"] == n.name
+        machine_ids.add(node_obj["status"]["nodeInfo"]["machineID"])
+        assert n.agent_registered(), f"{n.name}: the kubelet's log shows no connection to the plugin"
+        name = f"{n.name}-{cluster.DRIVER}"
+        slc = wait_for(lambda name=name: to_dict(api, resource(api).read_resource_slice(name)), f"slice {name}")
+        assert (slc["spec"]["nodeName"], slc["spec"]["pool"]["name"]) == (n.name, n.name)
+        assert [(o["kind"], o["uid"]) for o in slc["metadata"]["ownerReferences"]] == [
+            ("Node", node_obj["metadata"]["uid"])]
+        kernel = {nic: node_link(cluster, n.name, nic)["mac"] for nic in cluster.NICS}
+        published = {d["name"]: d["attributes"]["mac"]["string"] for d in slc["spec"]["devices"]}
+        assert published == kernel, (n.name, published, kernel)
+        seen[n.name] = kernel
+        # the API server reaches this node's kubelet at the node's address (its serving
+        # certificate checked against the CA), and the kubelet runs with this node's cgroup root
+        assert core(api).connect_get_node_proxy_with_path(n.name, "healthz") == "ok"
+        raw = core(api).connect_get_node_proxy_with_path(n.name, "configz", _preload_content=False).data
+        configz = json.loads(raw)["kubeletconfig"]
+        assert configz["cgroupRoot"] == f"/{n.cgroup}", configz["cgroupRoot"]
+        # default ports, each node's own: the kubelet's healthz and the agent's metrics
+        assert node_http(cluster, n.name, "http://127.0.0.1:10248/healthz").strip() == "ok"
+        metrics = node_http(cluster, n.name, "http://127.0.0.1:9412/metrics")
+        assert {f'cni_dra_device_capacity{{device="{nic}",ifname="{nic}",resource="bandwidth"}} 1e+10'
+                for nic in cluster.NICS} <= set(metrics.splitlines()), metrics
+        agent_log = n.logfile("agent").read_text()
+        assert f"published slice {name} " in agent_log
+        others = [m.name for m in cluster.NODES if m.name != n.name]
+        assert not [o for o in others if f"slice {o}-{cluster.DRIVER}" in agent_log]
+    (a, b) = seen.values()
+    assert set(a.values()).isdisjoint(b.values()), seen
+    assert len(machine_ids) == len(cluster.NODES)
+    slices = [s for s in resource(api).list_resource_slice().items if s.spec.driver == cluster.DRIVER]
+    assert sorted(s.spec.node_name for s in slices) == sorted(n.name for n in cluster.NODES)
 
 
 def test_pod_runs_on_the_share_the_scheduler_allocated(api, cluster):
@@ -447,11 +556,13 @@ def test_pod_deletion_runs_del_and_releases_the_share(api, cluster):
     make_pod(api, cluster, "pod-e", template="nic-8g")
     claims = {n: check_attached(api, cluster, n, bw)[1] for n, bw in (("pod-d", "4G"), ("pod-e", "8G"))}
     ips = {n: pod(api, n)["status"]["podIP"] for n in ("pod-d", "pod-e")}
-    ipam = cluster.p("ipam", cluster.NETWORK)
+    node = cluster.node()
+    ipam = node.host_path(f"/var/lib/cni/networks/{cluster.NETWORK}")  # host-local's default dataDir, in the node
     for ip in ips.values():
         assert (ipam / ip).exists(), f"host-local does not hold {ip}"
     wait_for(lambda: books_match(api, cluster), "books", 30)
-    torn_down = cluster.logfile("containerd").read_text().count("TearDown network for sandbox")
+    runtime_log = node.logfile(node.runtime.name)
+    torn_down = runtime_log.read_text().count(node.runtime.teardown_phrase)
     delete_pods(api, "pod-d", "pod-e")
     wait_for(lambda: not books(cluster)["attachments"], "no attachments left", 30)
     assert not books(cluster)["preparedClaims"]
@@ -462,7 +573,45 @@ def test_pod_deletion_runs_del_and_releases_the_share(api, cluster):
         wait_for(lambda: not [x for x in resource(api).list_namespaced_resource_claim(NS).items
                               if x.metadata.uid == c["metadata"]["uid"]], f"claim {c['metadata']['name']} deleted", 60)
     assert books_match(api, cluster)
-    assert cluster.logfile("containerd").read_text().count("TearDown network for sandbox") >= torn_down + 2
+    assert runtime_log.read_text().count(node.runtime.teardown_phrase) >= torn_down + 2
+
+
+def test_pods_spread_over_both_nodes_and_each_nodes_books_match_its_allocations(api, cluster):
+    """A 1G pod pinned to each node, then three 8G pods the scheduler places: a node holds
+    at most two 8G shares (one per 10G NIC), so it must use both nodes. Every pod runs on
+    an allocation of its node's pool, with eth0 on that NIC of that node's netns and an
+    address of that node's pod subnet; each node's books (``cni-dra status`` inside the
+    node) equal the scheduler's allocations on that node's pool and hold only that node's
+    pods. Deleting the pods releases everything on both nodes."""
+    import ipaddress
+
+    make_template(api, "nic-1g", "1G")
+    make_template(api, "nic-8g", "8G")
+    pinned = {f"pod-pin-{n.index}": n.name for n in cluster.NODES}
+    for name, node in pinned.items():
+        make_pod(api, cluster, name, template="nic-1g", node=node)
+    free = [f"pod-any-{i}" for i in range(3)]
+    for name in free:
+        make_pod(api, cluster, name, template="nic-8g", anywhere=True)
+    placed: dict[str, str] = {}
+    for name in [*pinned, *free]:
+        p, _, res = check_attached(api, cluster, name, "8G" if name in free else "1G")
+        placed[name] = p["spec"]["nodeName"]
+        subnet = ipaddress.ip_network(cluster.node(placed[name]).pod_subnet)
+        assert ipaddress.ip_address(p["status"]["podIP"]) in subnet, (name, p["status"]["podIP"], subnet)
+    assert {n: placed[n] for n in pinned} == pinned
+    print(f"\ne2e: placed {placed}")
+    assert {placed[n] for n in free} == {n.name for n in cluster.NODES}, placed
+    for n in cluster.NODES:
+        wait_for(lambda n=n: books_match(api, cluster, n.name), f"{n.name}: books == the scheduler's allocations", 30)
+        held = books(cluster, n.name)
+        assert sorted(a["podName"] for a in held["attachments"]) == sorted(k for k, v in placed.items() if v == n.name)
+        assert sum(booked(cluster, n.name).values()) == sum(
+            (8 if placed[k] == n.name else 0) * GIB for k in free) + GIB
+    delete_pods(api, *placed)
+    for n in cluster.NODES:
+        wait_for(lambda n=n: nothing_held(cluster, n.name), f"{n.name}: everything released", 60)
+        assert booked(cluster, n.name) == {nic: Decimal(0) for nic in cluster.NICS}
 
 
 def test_claim_is_deallocated_and_its_status_entry_removed_after_its_pod(api, cluster):
@@ -500,7 +649,7 @@ def test_one_claim_shared_by_two_pods_is_charged_once(api, cluster):
     assert booked(cluster) == scheduled(api, cluster)
     uids = {pod(api, n)["metadata"]["uid"] for n in ("pod-s1", "pod-s2")}
     assert {a["podUID"] for a in atts} == uids
-    assert {kernel_eth0(u)["parent_ifindex"] for u in uids} == {host_ifindex(res["device"])}
+    assert all(on_nic(cluster, u, cluster.NODE, res["device"]) for u in uids)
     # the first pod goes: the second keeps its interface and the share; then the second goes
     delete_pods(api, "pod-s1")
     (left,) = books(cluster)["attachments"]
@@ -520,7 +669,7 @@ def test_standalone_pod_is_charged_but_invisible_to_the_scheduler(api, cluster):
     (att,) = [a for a in books(cluster)["attachments"] if a["podUID"] == uid]
     assert att.get("claim") is None and att["ifname"] == "eth0"
     assert parse_quantity(att["consumedCapacity"]["bandwidth"]) == GIB
-    assert kernel_eth0(uid)["parent_ifindex"] == host_ifindex(att["device"])
+    assert on_nic(cluster, uid, cluster.NODE, att["device"])
     assert booked(cluster)[att["device"]] == GIB
     assert scheduled(api, cluster) == {n: Decimal(0) for n in cluster.NICS}
     delete_pods(api, "pod-plain")
@@ -529,17 +678,18 @@ def test_standalone_pod_is_charged_but_invisible_to_the_scheduler(api, cluster):
 
 def test_conf_k8s_example_pod_gets_its_2g_share(api, cluster):
     """conf/k8s/resourceclaimtemplate.yaml and pod.yaml, applied unchanged (the pod's image
-    is the locally built registry.k8s.io/pause:3.10)."""
+    is the locally built registry.k8s.io/pause:3.10; it names no node, so it runs on either)."""
     cluster.apply_manifest(api, cluster.REPO / "conf/k8s/resourceclaimtemplate.yaml")
     (obj,) = cluster.apply_manifest(api, cluster.REPO / "conf/k8s/pod.yaml")
     name = obj["metadata"]["name"]
     try:
-        _, claim, res = check_attached(api, cluster, name, "2G")
+        p, claim, res = check_attached(api, cluster, name, "2G")  # on whichever node the scheduler chose
+        node = p["spec"]["nodeName"]
         assert res["request"] == "net1"
-        wait_for(lambda: books_match(api, cluster), "books", 30)
+        wait_for(lambda: books_match(api, cluster, node), "books", 30)
     finally:
         delete_pods(api, name)
-    wait_for(lambda: not books(cluster)["attachments"], "example share released", 30)
+    wait_for(lambda: not books(cluster, node)["attachments"], "example share released", 30)
 
 
 PROFILES = Path("conf/k8s/profiles")
@@ -557,7 +707,7 @@ def test_profile_jumbo_claim_gets_mtu_9000_on_a_jumbo_nic(api, cluster):
     claim_name = claim_obj["metadata"]["name"]
     slc = to_dict(api, resource(api).read_resource_slice(f"{cluster.NODE}-{cluster.DRIVER}"))
     published = {d["name"]: d["attributes"]["mtu"]["int"] for d in slc["spec"]["devices"]}
-    assert published == {n: host_mtu(n) for n in cluster.NICS}
+    assert published == {n: node_mtu(cluster, cluster.NODE, n) for n in cluster.NICS}
     assert published[cluster.JUMBO_NIC] == cluster.JUMBO_MTU and sorted(published.values())[0] == 1500
     make_pod(api, cluster, "pod-jumbo", claim=claim_name)
     try:
@@ -571,7 +721,7 @@ def test_profile_jumbo_claim_gets_mtu_9000_on_a_jumbo_nic(api, cluster):
         link = ip_link(p["metadata"]["uid"])
         assert (link["linkinfo"]["info_kind"], link["linkinfo"]["info_data"]["mode"], link["mtu"]) == (
             "macvlan", "bridge", 9000), link
-        assert host_mtu(cluster.JUMBO_NIC) == cluster.JUMBO_MTU
+        assert node_mtu(cluster, cluster.NODE, cluster.JUMBO_NIC) == cluster.JUMBO_MTU
         # what cni-dra recorded (status --json) and wrote in the claim's status agrees
         (att,) = [a for a in books(cluster)["attachments"] if a["podUID"] == p["metadata"]["uid"]]
         prof = att["profile"]
@@ -734,22 +884,24 @@ def test_a_pod_whose_claims_give_one_interface_two_results_is_refused_at_prepare
     delete_pods(api, "pod-two")
 
 
-def test_a_token_bound_to_another_node_cannot_write_this_nodes_slices(api, cluster, tmp_path):
-    """conf/k8s/admission.yaml, applied unchanged: a token of cni-dra's service account
-    bound to another Node (a second Node object, unschedulable, and TokenRequest) gets 403
-    on create, update and delete of this node's slices, and the agent's slice is untouched;
-    the agent's own token still writes this node's slices but no slice for all nodes; the
-    other node's token writes its own node's."""
-    other = "cni-dra-e2e-other"
-    name = f"{cluster.NODE}-{cluster.DRIVER}"
-    node_body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": other},
-                 "spec": {"unschedulable": True,
-                          "taints": [{"key": "cni-dra-e2e/no-kubelet", "effect": "NoSchedule"}]}}
-    other_uid = core(api).create_node(node_body).metadata.uid
-    foreign = cluster.token_client(cluster.agent_token(api, other_uid, node=other), tmp_path / "foreign.kubeconfig")
-    from kubernetes import config
-
-    own = config.new_client_from_config(config_file=str(cluster.agent_kubeconfig()))  # the running agent's
+def test_each_agents_token_writes_only_its_own_nodes_slices_and_claim_status(api, cluster, tmp_path):
+    """conf/k8s/rbac.yaml and admission.yaml, applied unchanged, and the tokens the two
+    agents run with (cni-dra's service account, each bound to its Node by TokenRequest;
+    the API server's SelfSubjectReview names that node). In both directions, node A's
+    token gets 403 on creating a slice of node B and on updating or deleting B's agent's
+    slice, which stays as it was; it creates, updates and deletes a slice of its own node,
+    may update and delete its agent's slice (dry run: the slice stays), and gets 403 for a
+    slice for no single node. And for a claim allocated on node B (a pod pinned there), A's
+    token is refused a change of ``status.devices`` (the API server answers 422 Invalid:
+    its validation asks the authorizer for ``arbitrary-node:patch`` of
+    ``resourceclaims/driver``, which the role does not grant, since the claim is not on
+    A's node) while B's may (dry run: the agent's entry stays as it wrote it)."""
+    tokens = {n.name: cluster.agent_client(n, tmp_path / f"{n.name}.kubeconfig") for n in cluster.NODES}
+    for n in cluster.NODES:
+        review = client.AuthenticationV1Api(tokens[n.name]).create_self_subject_review({})
+        user = review.status.user_info
+        assert user.username == "system:serviceaccount:kube-system:cni-dra"
+        assert user.extra["authentication.kubernetes.io/node-name"] == [n.name]
 
     def scratch(slice_name: str, node: str | None) -> dict:
         spec: dict[str, Any] = {"driver": "scratch.cni-dra.dev", "devices": [],
@@ -758,52 +910,93 @@ def test_a_token_bound_to_another_node_cannot_write_this_nodes_slices(api, clust
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": slice_name},
                 "spec": spec}
 
-    def refused(call, *, why: str) -> None:
-        with pytest.raises(ApiException) as err:
-            call()
-        assert err.value.status == 403, (err.value.status, err.value.body)
-        assert why in json.loads(err.value.body)["message"], err.value.body
-
-    not_this_node = (f"cni-dra's service account on node '{other}' may write only that node's ResourceSlices, "
-                     f"not those of node '{cluster.NODE}'")
-    made = ["cde2e-scratch-own", "cde2e-scratch-other"]
+    pairs = [(a, b) for a in cluster.NODES for b in cluster.NODES if a is not b]
+    made = [f"cde2e-scratch-{a.index}" for a in cluster.NODES]
     try:
         # the API server's admission sees the policy shortly after it is created
-        wait_for(lambda: forbidden(lambda: resource(foreign).create_resource_slice(
-            scratch("cde2e-scratch-probe", cluster.NODE), dry_run="All")), "the admission policy in force", 30)
-        before = to_dict(api, resource(api).read_resource_slice(name))
-        refused(lambda: resource(foreign).create_resource_slice(scratch("cde2e-scratch-foreign", cluster.NODE)),
-                why=not_this_node)
-        changed = {**before, "metadata": {**before["metadata"], "labels": {"cde2e/taken": "yes"}}}
-        refused(lambda: resource(foreign).replace_resource_slice(name, changed), why=not_this_node)
-        refused(lambda: resource(foreign).delete_resource_slice(name), why=not_this_node)
-        after = to_dict(api, resource(api).read_resource_slice(name))
-        assert (after["metadata"]["uid"], after["metadata"]["resourceVersion"]) == (
-            before["metadata"]["uid"], before["metadata"]["resourceVersion"])
-        assert not [s for s in resource(api).list_resource_slice().items if s.metadata.name == "cde2e-scratch-foreign"]
-        # the agent's own token: this node's slices yes, a slice for no single node no
-        resource(own).create_resource_slice(scratch(made[0], cluster.NODE))
-        mine = to_dict(api, resource(own).read_resource_slice(made[0]))
-        mine["spec"]["pool"]["generation"] = 2
-        assert resource(own).replace_resource_slice(made[0], mine).spec.pool.generation == 2
-        resource(own).delete_resource_slice(made[0])
-        refused(lambda: resource(own).create_resource_slice(scratch("cde2e-scratch-all", None)),
-                why=f"on node '{cluster.NODE}' may write only that node's ResourceSlices, not a slice for no single "
-                    "node (allNodes, nodeSelector or perDeviceNodeSelection)")
-        # the other node's token writes its own node's slices
-        resource(foreign).create_resource_slice(scratch(made[1], other))
-        resource(foreign).delete_resource_slice(made[1])
+        first, second = pairs[0]
+        wait_for(lambda: forbidden(lambda: resource(tokens[first.name]).create_resource_slice(
+            scratch("cde2e-scratch-probe", second.name), dry_run="All")), "the admission policy in force", 30)
+        for a, b in pairs:
+            mine = resource(tokens[a.name])
+            theirs = f"{b.name}-{cluster.DRIVER}"
+            not_that_node = (f"cni-dra's service account on node '{a.name}' may write only that node's "
+                             f"ResourceSlices, not those of node '{b.name}'")
+            before = to_dict(api, resource(api).read_resource_slice(theirs))
+            refused(lambda: mine.create_resource_slice(scratch(f"cde2e-scratch-{a.index}-foreign", b.name)),
+                    why=not_that_node)
+            changed = {**before, "metadata": {**before["metadata"], "labels": {"cde2e/taken": "yes"}}}
+            refused(lambda: mine.replace_resource_slice(theirs, changed), why=not_that_node)
+            refused(lambda: mine.delete_resource_slice(theirs), why=not_that_node)
+            after = to_dict(api, resource(api).read_resource_slice(theirs))
+            assert (after["metadata"]["uid"], after["metadata"]["resourceVersion"]) == (
+                before["metadata"]["uid"], before["metadata"]["resourceVersion"])
+            # its own node's: a scratch slice for real, the agent's own slice in a dry run
+            own = f"cde2e-scratch-{a.index}"
+            mine.create_resource_slice(scratch(own, a.name))
+            obj = to_dict(api, resource(api).read_resource_slice(own))
+            obj["spec"]["pool"]["generation"] = 2
+            assert mine.replace_resource_slice(own, obj).spec.pool.generation == 2
+            mine.delete_resource_slice(own)
+            agents = to_dict(api, resource(api).read_resource_slice(f"{a.name}-{cluster.DRIVER}"))
+            relabelled = {**agents, "metadata": {**agents["metadata"], "labels": {"cde2e/probe": "yes"}}}
+            mine.replace_resource_slice(agents["metadata"]["name"], relabelled, dry_run="All")
+            mine.delete_resource_slice(agents["metadata"]["name"], dry_run="All")
+            refused(lambda: mine.create_resource_slice(scratch(f"cde2e-scratch-{a.index}-all", None)),
+                    why=f"on node '{a.name}' may write only that node's ResourceSlices, not a slice for no "
+                        "single node (allNodes, nodeSelector or perDeviceNodeSelection)")
+        assert not [s for s in resource(api).list_resource_slice().items
+                    if s.metadata.name.startswith("cde2e-scratch-")]
     finally:
-        for n in made:
+        for name in made:
             try:
-                resource(api).delete_resource_slice(n)
+                resource(api).delete_resource_slice(name)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-        foreign.close()
-        own.close()
-        core(api).delete_node(other)
-    wait_for(lambda: not [n for n in core(api).list_node().items if n.metadata.name == other], "the other Node gone", 60)
+    # claim status: a claim allocated on each node
+    make_template(api, "nic-1g", "1G")
+    for n in cluster.NODES:
+        make_pod(api, cluster, f"pod-tok-{n.index}", template="nic-1g", node=n.name)
+    on = {n.name: check_attached(api, cluster, f"pod-tok-{n.index}", "1G")[1:] for n in cluster.NODES}
+    for a in cluster.NODES:
+        for b in cluster.NODES:
+            claim, res = on[b.name]
+            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": claim["metadata"]["name"], "namespace": NS, "uid": claim["metadata"]["uid"]},
+                    "status": {"devices": [{
+                        "driver": res["driver"], "pool": res["pool"], "device": res["device"],
+                        "shareID": res["shareID"],
+                        "conditions": [{"type": "cde2e-probe", "status": "True", "reason": "Probe", "message": "probe",
+                                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]}}
+
+            def write(a=a, body=body) -> None:
+                resource(tokens[a.name]).patch_namespaced_resource_claim_status(
+                    body["metadata"]["name"], NS, body, field_manager="cde2e-probe", force=True, dry_run="All",
+                    _content_type="application/apply-patch+yaml")
+
+            if a is b:
+                write()
+                continue
+            # the API server judges it in the claim's validation: 422 Invalid, with the
+            # authorizer's 403 as a FieldValueForbidden cause on status.devices
+            with pytest.raises(ApiException) as err:
+                write()
+            assert err.value.status == 422, (err.value.status, err.value.body)
+            (cause,) = json.loads(err.value.body)["details"]["causes"]
+            assert (cause["reason"], cause["field"]) == ("FieldValueForbidden", "status.devices"), cause
+            assert ('changing status.devices requires resource="resourceclaims/driver", '
+                    'verb="[arbitrary-node:patch]" permission') in cause["message"], cause
+            assert ('User "system:serviceaccount:kube-system:cni-dra" cannot arbitrary-node:patch resource '
+                    '"resourceclaims/driver"') in cause["message"], cause
+    for claim, res in on.values():
+        now = to_dict(api, resource(api).read_namespaced_resource_claim(claim["metadata"]["name"], NS))
+        entry = status_entry(now, res["shareID"])
+        assert [c["type"] for c in entry["conditions"]] == [c["type"] for c in status_entry(claim, res["shareID"])[
+            "conditions"]] and "cde2e-probe" not in [c["type"] for c in entry["conditions"]]
+    delete_pods(api, *(f"pod-tok-{n.index}" for n in cluster.NODES))
+    for c in tokens.values():
+        c.close()
 
 
 def test_a_pods_rate_is_the_share_the_scheduler_gave_it(api, cluster, tmp_path):
@@ -846,7 +1039,8 @@ def test_agent_restart_keeps_pods_and_republishes(api, cluster):
     p, _, res = check_attached(api, cluster, "pod-r", "4G")
     uid = p["metadata"]["uid"]
     name = f"{cluster.NODE}-{cluster.DRIVER}"
-    cluster.agent_stop(sig=9)
+    node = cluster.node()
+    node.agent_stop(sig=9)
     t0 = time.monotonic()
 
     def slice_gone() -> bool:
@@ -858,10 +1052,10 @@ def test_agent_restart_keeps_pods_and_republishes(api, cluster):
 
     wait_for(slice_gone, "the kubelet wipes the slice of the gone driver", 90)
     assert time.monotonic() - t0 >= 20, "the slice went before the kubelet's grace period"
-    assert kernel_eth0(uid)["parent_ifindex"] == host_ifindex(res["device"])
-    cluster.agent_start()
+    assert on_nic(cluster, uid, node.name, res["device"])
+    node.agent_start()
     wait_for(lambda: to_dict(api, resource(api).read_resource_slice(name)), "slice re-published", 60)
-    assert kernel_eth0(uid)["parent_ifindex"] == host_ifindex(res["device"])
+    assert on_nic(cluster, uid, node.name, res["device"])
     wait_for(lambda: books_match(api, cluster), "books after restart", 30)
     delete_pods(api, "pod-r")
     wait_for(lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
@@ -879,11 +1073,12 @@ def test_kubelet_restart_keeps_pods_and_the_slice_comes_back(api, cluster):
     uid = p["metadata"]["uid"]
     name = f"{cluster.NODE}-{cluster.DRIVER}"
     before = to_dict(api, resource(api).read_resource_slice(name))["metadata"]["uid"]
-    agent_log = cluster.logfile("agent")
+    node = cluster.node()
+    agent_log = node.logfile("agent")
     prepared_before = agent_log.read_text().count(f"prepared claim default/{claim['metadata']['name']}")
-    kubelet_log = cluster.logfile("kubelet")
+    kubelet_log = node.logfile("kubelet")
     offset = len(kubelet_log.read_bytes())
-    cluster.restart("kubelet")
+    node.restart("kubelet")  # in the node's namespaces, as it was started
 
     def registered_again() -> bool:
         tail = kubelet_log.read_bytes()[offset:].decode(errors="replace")
@@ -896,7 +1091,7 @@ def test_kubelet_restart_keeps_pods_and_the_slice_comes_back(api, cluster):
                    and s["metadata"]["uid"] != before and s, "slice wiped and published again", 120)
     assert slc["spec"]["nodeName"] == cluster.NODE and len(slc["spec"]["devices"]) == len(cluster.NICS)
     assert pod(api, "pod-k")["status"]["phase"] == "Running"
-    assert kernel_eth0(uid)["parent_ifindex"] == host_ifindex(res["device"])
+    assert on_nic(cluster, uid, node.name, res["device"])
     wait_for(lambda: books_match(api, cluster), "books after the kubelet restart", 30)
     prepared_after = agent_log.read_text().count(f"prepared claim default/{claim['metadata']['name']}")
     # the kubelet keeps prepared claims in its checkpoint: a running pod's claim is not
@@ -920,7 +1115,7 @@ def test_nic_that_disappears(api, cluster):
     uid = p["metadata"]["uid"]
     name = f"{cluster.NODE}-{cluster.DRIVER}"
     try:
-        subprocess.run(["ip", "link", "del", gone], check=True)
+        subprocess.run(["ip", "-n", cluster.node().name, "link", "del", gone], check=True)
         wait_for(lambda: [d["name"] for d in to_dict(api, resource(api).read_resource_slice(name))["spec"]["devices"]]
                  == [n for n in sorted(cluster.NICS) if n != gone], "slice published without the NIC", 30)
         consistently(lambda: cluster.node_ready(api), "node Ready", 5)
@@ -937,6 +1132,6 @@ def test_nic_that_disappears(api, cluster):
                  "the share on the gone NIC released", 60)
         assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
     finally:
-        cluster.make_nics()
+        cluster.node().make_nics()
     wait_for(lambda: len(to_dict(api, resource(api).read_resource_slice(name))["spec"]["devices"]) == len(cluster.NICS),
              "the NIC published again", 60)
