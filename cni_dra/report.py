@@ -14,7 +14,7 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
 
     Shape: ``{"devices": [{"name", "ifName", "capacity": {name: q}, "consumed": {...},
     "remaining": {...}}], "attachments": [{"podUID", "containerID", "ifname", "netns",
-    "device", "consumedCapacity": {...}, "consumedRecorded", "shareID", "shaping", ...}]}``; quantities
+    "device", "consumedCapacity": {...}, "consumedRecorded", "shareID", "phase", "readyAt", "shaping", ...}]}``; quantities
     are canonical Kubernetes quantity strings (bandwidth in bits per second). ``consumed``
     counts attachments and prepared claim results not attached yet. An attachment's
     ``consumedCapacity`` is what it is charged: its record, or, when the record names no
@@ -22,7 +22,9 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
     ``shaping`` is the traffic control ADD installed on the pod interface, None when it is not
     shaped: ``{"egress": {"rate", "rateBps", "burstBytes", "limitBytes"}, "ingress": {...},
     "ifb"}`` (``rate`` a quantity in bits per second), a direction that is not shaped left out.
-    ``linkType`` is the kind of the pod link; ``profile`` what the allocation result's device
+    ``readyAt`` is when its ADD made it ready (RFC 3339 UTC; None while adding, and for
+    attachments recorded before the field existed): GC spares it for
+    :data:`cni_dra.verbs.gc.GRACE_S` after that. ``linkType`` is the kind of the pod link; ``profile`` what the allocation result's device
     profile made of it (``{"linkType", "mode", "ipvlanFlag", "mtu", "mac", "shaping",
     "fromConfig"}``, :func:`cni_dra.verbs.profile.describe`), None when the conflist alone
     made it.
@@ -67,6 +69,7 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
                 "consumedRecorded": bool(a.consumedCapacity),
                 "shareID": a.shareID,
                 "phase": a.phase,
+                "readyAt": a.readyAt,
                 "claim": a.claim.model_dump() if a.claim else None,
                 "shaping": _shaping(a.shaping),
                 "linkType": a.linkType,

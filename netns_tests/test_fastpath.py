@@ -296,6 +296,34 @@ def test_agent_killed_mid_add_records_the_temporary_link_and_recovery_removes_it
         stop_process(agent)
 
 
+def test_a_burst_of_adds_falls_back_without_code_11_when_the_agent_dies(make_node, make_netns, faults_on, tmp_path):
+    """The agent dies with several ADDs in flight (the first to reach the fault point kills
+    it); every client falls back to in-process work at once. Each fallback recovers the dead
+    intents it finds, so one pod's interrupted ADD may be under another pod's recovery when its
+    own fallback asks: it waits for that recovery instead of answering "an ADD of the same
+    attachment is still in progress" (code 11). All ten pods come up on the first try."""
+    sock = str(tmp_path / "dying" / "agent.sock")
+    node = make_node(network="fpnet", agent_socket=sock)
+    agent = start_fastpath_agent(sock, "--processes", "1", env={"CNI_DRA_FAULT": "add:link-temp"})
+    pods = [(make_netns(), f"burst-{i}-{uuid.uuid4().hex[:8]}") for i in range(10)]
+    env = {"CNI_DRA_AGENT_SOCKET": sock}
+    try:
+        with ThreadPoolExecutor(len(pods)) as pool:
+            results = list(pool.map(lambda p: run_plugin("ADD", node.conf("100M"), container_id=p[1], netns=p[0],
+                                                         ifname="eth0", extra_env=env, timeout_s=180), pods))
+        assert [(code, (out or {}).get("code")) for code, out, _ in results] == [(0, None)] * len(pods), results
+        assert sorted(a["phase"] for a in node.state_doc()["attachments"]) == ["ready"] * len(pods)
+        assert all(_temp_links(ns) == [] for ns, _ in pods)
+    finally:
+        agent.kill()
+        stop_process(agent)
+    for ns, cid in pods:
+        code, _, err = run_plugin("DEL", node.conf("100M"), container_id=cid, netns=ns, ifname="eth0",
+                                  extra_env={"CNI_DRA_AGENT": "off"})
+        assert code == 0, err
+    assert node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 def test_add_falls_back_when_the_agent_dies_mid_add(make_node, make_netns, faults_on, tmp_path, processes):
     """The process serving an ADD dies halfway; the client at once runs the ADD in-process,

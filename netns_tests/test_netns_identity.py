@@ -115,3 +115,124 @@ def test_del_with_empty_netns_removes_the_link_in_the_recorded_namespace(node, m
     assert node.phases() == {} and node.consumed() == {} and node.ip_holders() == {}
     code, out, err = node.delete("", "pod-a")  # repeated: nothing left to do
     assert code == 0, (out, err)
+
+
+# -- the namespace's identity, recorded at ADD -------------------------------------------------------
+def _macvlan_in(netns: str, parent: str, name: str = "eth0") -> None:
+    """A hand-made macvlan on host NIC ``parent``, moved into ``netns`` as ``name`` (not cni-dra's)."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        (index,) = ipr.link_lookup(ifname=parent)
+        fd = os.open(netns, os.O_RDONLY)
+        try:
+            ipr.link("add", ifname=name, kind="macvlan", link=index, macvlan_mode="bridge", net_ns_fd=fd)
+        finally:
+            os.close(fd)
+
+
+def _name_again(path: str, other: str) -> None:
+    """``ip netns del`` of the namespace at ``path``, then ``path`` made to name the live
+    namespace ``other`` (a bind mount, as ``ip netns add`` makes): "the namespace was deleted
+    and one made again under its name", with an identity that surely differs (the kernel may
+    give a new namespace a dead one's inode)."""
+    import subprocess
+
+    from netns_tests.conftest import remove_netns
+
+    remove_netns(path)
+    with open(path, "x"):
+        pass
+    subprocess.run(["mount", "--bind", other, path], check=True)
+
+
+def test_add_records_the_identity_of_its_namespace(node, make_netns):
+    ns = make_netns()
+    assert node.add(_run_path(ns), "pod-a")[0] == 0
+    st = os.stat(ns)
+    (att,) = node.state_doc()["attachments"]
+    assert att["netnsIdentity"] == [st.st_dev, st.st_ino]
+    assert node.delete(ns, "pod-a")[0] == 0
+
+
+def test_del_with_empty_netns_leaves_the_link_of_a_namespace_made_again_under_the_name(node, make_netns):
+    """The pod's namespace was deleted (its link went with it) and another made under its
+    name, holding a hand-made macvlan ``eth0`` on the same NIC: a DEL with an empty CNI_NETNS
+    releases the pod's IP and capacity and leaves that link alone."""
+    ns, other = make_netns(), make_netns()
+    code, out, err = node.add(ns, "pod-z")
+    assert code == 0, (out, err)
+    _name_again(ns, other)
+    _macvlan_in(ns, node.parents["nic-a"])
+    code, out, err = node.delete("", "pod-z")
+    assert code == 0, (out, err)
+    assert _links(ns) == {"lo": None, "eth0": "macvlan"}
+    assert node.phases() == {} and node.consumed() == {} and node.ip_holders() == {}
+
+
+def test_repeated_add_into_a_namespace_made_again_under_the_name_is_refused(node, make_netns):
+    """The recorded result names a link that is not in the namespace now under that path."""
+    ns, other = make_netns(), make_netns()
+    assert node.add(ns, "pod-z")[0] == 0
+    _name_again(ns, other)
+    code, out, err = node.add(ns, "pod-z")
+    assert code == 1 and out["code"] == 104, (out, err)
+    assert _links(ns) == {"lo": None}
+    assert node.delete(ns, "pod-z")[0] == 0
+    assert node.phases() == {} and node.ip_holders() == {}
+
+
+def test_del_naming_another_namespace_removes_the_link_where_it_is(node, make_netns):
+    """The right container ID with another live CNI_NETNS: the pod's link (holding the IP being
+    released) and its ifb device go from the namespace recorded at ADD; the other namespace's
+    link of that name stays. Nothing is left charged, nothing left up."""
+    ns, other = make_netns(), make_netns()
+    code, out, err = node.add(ns, "pod-f")
+    assert code == 0, (out, err)
+    _macvlan_in(other, node.parents["nic-a"])
+    code, out, err = node.delete(other, "pod-f")
+    assert code == 0, (out, err)
+    assert _links(ns) == {"lo": None}
+    assert _links(other) == {"lo": None, "eth0": "macvlan"}
+    assert node.phases() == {} and node.consumed() == {} and node.ip_holders() == {}
+
+
+def test_del_finds_the_recorded_namespace_when_its_symlink_was_pointed_elsewhere(node, make_netns, tmp_path):
+    """ADD through a symlink; the symlink then names another namespace. A DEL with an empty
+    CNI_NETNS removes the pod's link from the namespace it was added in (found under
+    /var/run/netns by its identity), not the other's."""
+    ns, other = make_netns(), make_netns()
+    link = tmp_path / "pod-netns"
+    link.symlink_to(ns)
+    assert node.add(str(link), "pod-s")[0] == 0
+    _macvlan_in(other, node.parents["nic-a"])
+    link.unlink()
+    link.symlink_to(other)
+    code, out, err = node.delete("", "pod-s")
+    assert code == 0, (out, err)
+    assert _links(ns) == {"lo": None}
+    assert _links(other) == {"lo": None, "eth0": "macvlan"}
+    assert node.phases() == {} and node.consumed() == {} and node.ip_holders() == {}
+
+
+# -- a CNI_NETNS that is no usable namespace path ---------------------------------------------------
+@pytest.mark.parametrize("kind", ["not-a-directory", "loop", "too-long", "pid1"])
+def test_del_with_an_unusable_netns_path_never_answers_an_internal_error(node, make_netns, tmp_path, kind):
+    """Code 0 (a path that names nothing: the namespace is gone) or 4 (it cannot be looked at,
+    answered before anything is done), never 999 and never a traceback; the pod's own DEL
+    then removes its link and frees everything."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    path = {"not-a-directory": "/etc/passwd/x", "loop": str(loop), "too-long": "/" + "x" * 300,
+            "pid1": "/proc/1/ns/net"}[kind]
+    ns = make_netns()
+    assert node.add(ns, "pod-b")[0] == 0
+    code, out, err = node.delete(path, "pod-b")
+    assert "Traceback" not in err
+    if code:
+        assert out["code"] == 4, out
+        assert node.phases() == {"pod-b": "ready"}  # nothing was done
+        code, out, err = node.delete(ns, "pod-b")
+        assert code == 0, (out, err)
+    assert _links(ns) == {"lo": None}
+    assert node.phases() == {} and node.consumed() == {} and node.ip_holders() == {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -24,12 +25,13 @@ from cni_dra.netlink.info import host_link, link_in_netns
 from cni_dra.quantity import Quantity
 from cni_dra.state import Txn
 from cni_dra.state.models import SCHEMA_VERSION
-from netns_tests.bed import DRIVER, NodeBed, links_named, parent_of, recover, repair
+from netns_tests.bed import DRIVER, NodeBed, links_named, parent_of, pod_args, recover, repair
 from netns_tests.conftest import remove_netns
-from netns_tests.runner import run_plugin
+from netns_tests.runner import CNI_EXE, CNI_PATH, run_plugin
 
 NET = "relnet"
 KILLED = -signal.SIGKILL
+_PLUGIN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "CNI_DRA_STATE_VERIFY": "1"}
 
 
 @pytest.fixture
@@ -559,3 +561,93 @@ def test_repair_charges_links_no_attachment_names(node, make_netns):
     assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("2G")}}
     assert node.delete(ns_a, "pod-a")[0] == 0
     assert node.delete(ns_c, "pod-c")[0] == 0
+
+
+# -- 7. repair and DEL beside an ADD or a DEL still running ------------------------------------
+def _stopped_add(node: NodeBed, ns: str, cid: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """An in-process ADD stopped (SIGSTOP) once its link and ifb device exist, while it waits
+    for IPAM (host-local behind a wrapper that sleeps 2 s first): (the plugin process, the
+    pid its intent names, stopped)."""
+    import time
+
+    slow = tmp_path / "slow-ipam"
+    slow.mkdir(exist_ok=True)
+    (slow / "host-local").write_text(
+        f'#!/bin/sh\n[ "$CNI_COMMAND" = ADD ] && sleep 2\nexec {CNI_PATH}/host-local "$@"\n')
+    (slow / "host-local").chmod(0o755)
+    env = {**_PLUGIN_ENV, "CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": ns, "CNI_IFNAME": "eth0",
+           "CNI_PATH": f"{slow}:{CNI_PATH}", "CNI_ARGS": pod_args(cid), "CNI_DRA_AGENT": "off"}
+    conf = tmp_path / f"{cid}.json"
+    conf.write_text(json.dumps(node.conf()))
+    with conf.open("rb") as stdin:
+        proc = subprocess.Popen([CNI_EXE], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if "ifb-eth0" in dict(links_named(ns)):
+            att = node.state().find(NET, cid, "eth0")
+            assert att is not None and att.phase == "adding" and att.owner is not None
+            os.kill(att.owner.pid, signal.SIGSTOP)
+            return proc, att.owner.pid
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError("the ADD never made its ifb device")
+
+
+def test_repair_leaves_an_add_in_flight_alone_and_its_del_waits_for_it(node, make_netns, tmp_path):
+    """``state repair`` while an ADD is stopped halfway (its link and ifb device made): on a
+    healthy state nothing was lost, so the ADD keeps its intent; a DEL meanwhile answers code
+    11 and removes nothing; the ADD, resumed, completes; then the DEL removes everything."""
+    ns = make_netns()
+    proc, pid = _stopped_add(node, ns, "pod-s", tmp_path)
+    try:
+        code, out, err = repair(node, "--json")
+        assert code == 0, err
+        assert not any("pod-s" in line for line in json.loads(out)["changes"]), out
+        assert node.phases() == {"pod-s": "adding"}
+        code, out, err = node.delete(ns, "pod-s")
+        assert code == 1 and out["code"] == 11, (out, err)
+        assert dict(links_named(ns)).get("eth0") == "macvlan"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (stdout, stderr)
+    assert node.phases() == {"pod-s": "ready"}
+    code, out, err = node.delete(ns, "pod-s")
+    assert code == 0, (out, err)
+    assert [name for name, _ in links_named(ns)] == ["lo"]
+    assert node.phases() == {} and node.consumed() == {} and node.ip_holders() == {}
+
+
+def test_repair_undoes_an_add_killed_halfway_with_its_ifb_device(node, make_netns, tmp_path):
+    """The stopped ADD is killed instead: repair undoes it (link, ifb device, IP, capacity),
+    as recovery would; nothing of it is left in the pod."""
+    ns = make_netns()
+    proc, pid = _stopped_add(node, ns, "pod-k", tmp_path)
+    os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    code, out, err = repair(node, "--json")
+    assert code == 0, err
+    assert any(line.startswith("dropped attachment relnet/pod-k/eth0") for line in json.loads(out)["changes"]), out
+    assert [name for name, _ in links_named(ns)] == ["lo"]
+    assert node.phases() == {} and node.consumed() == {} and node.ip_holders() == {}
+
+
+def test_two_dels_of_one_attachment_at_once_both_succeed(node, make_netns):
+    """The runtime's DEL and a retry of it (one through /run/netns, one through /var/run/netns)
+    race to delete the link and its ifb device: what the other one deleted is done."""
+    for round_ in range(6):
+        ns = make_netns()
+        cid = f"pod-r{round_}"
+        assert node.add(ns, cid)[0] == 0
+        procs = []
+        for path in (ns, "/run/netns/" + os.path.basename(ns)):
+            env = {**_PLUGIN_ENV, "CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": path,
+                   "CNI_IFNAME": "eth0", "CNI_PATH": CNI_PATH, "CNI_ARGS": pod_args(cid)}
+            proc = subprocess.Popen([CNI_EXE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=env)
+            procs.append(proc)
+        for proc in procs:
+            stdout, stderr = proc.communicate(json.dumps(node.conf()).encode(), timeout=60)
+            assert proc.returncode == 0, (stdout, stderr)
+        assert [name for name, _ in links_named(ns)] == ["lo"]
+        assert node.phases() == {} and node.ip_holders() == {}

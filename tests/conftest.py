@@ -15,6 +15,6 @@ os.environ["CNI_DRA_STATE_VERIFY"] = "1"
 def _no_pod_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
     """``state repair`` scans ``/var/run/netns`` (untracked links, leaked ifb devices): unit
     tests see none, whatever namespaces the machine has (netns_tests/ run the real scan)."""
-    from cni_dra.verbs import recover
+    from cni_dra.verbs import repair
 
-    monkeypatch.setattr(recover, "_pod_netns_paths", lambda: [])
+    monkeypatch.setattr(repair, "_pod_netns_paths", lambda: [])

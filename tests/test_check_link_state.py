@@ -28,6 +28,7 @@ def _inv() -> Any:
         "ips": [{"address": "10.0.0.7/24", "interface": 0}],
     }
     att = SimpleNamespace(phase="ready", linkType="macvlan", parent="nic0", device="nic-a", netns=NETNS, shaping=None,
+                          netnsIdentity=None,
                           profile=None)
     store = SimpleNamespace(read=lambda: SimpleNamespace(find=lambda *key: att))
     return SimpleNamespace(

@@ -103,6 +103,39 @@ def test_gc_list_absent_is_none_not_empty():
     assert load_conf(_raw(**{"cni.dev/attachments": []})).valid_attachments == []
 
 
+def test_gc_list_keys_match_in_any_case_as_libcnis_go_decoding_does():
+    """libcni decodes an entry into Go's ``GCAttachment``: a key matches its field exactly or
+    in another case, a later key wins, a null is no value and other keys are ignored."""
+    spelled = [{"ContainerId": "a", "IfName": "eth0"}, {"CONTAINERID": "b", "ifName": "net1", "extra": 7},
+               {"containerID": "x", "containerid": "c", "ifname": "eth0", "IFNAME": None}]
+    conf = load_conf(_raw(**{"cni.dev/valid-attachments": spelled}))
+    assert conf.valid_attachments == [{"containerID": "a", "ifname": "eth0"}, {"containerID": "b", "ifname": "net1"},
+                                      {"containerID": "c", "ifname": "eth0"}]
+
+
+def test_valid_attachments_wins_over_the_older_list_even_when_empty():
+    conf = load_conf(_raw(**{"cni.dev/valid-attachments": [], "cni.dev/attachments": [{"containerID": "a",
+                                                                                         "ifname": "eth0"}]}))
+    assert conf.valid_attachments == []
+
+
+@pytest.mark.parametrize(("entries", "says"), [
+    ([{"containerID": "g1"}], "entry 0 {\"containerID\": \"g1\"} has no 'ifname'"),
+    ([{"containerID": "a", "ifname": "eth0"}, {"ifname": "eth0"}], "entry 1 {\"ifname\": \"eth0\"} has no 'containerID'"),
+    ([{"containerID": "a", "ifname": ""}], "has no 'ifname'"),
+    ([{"containerID": "a", "ifname": None}], "has no 'ifname'"),
+    ([{"containerID": 7, "ifname": "eth0"}], "entry 0 {\"containerID\": 7, \"ifname\": \"eth0\"}: 'containerID' must be a string"),
+    (["a/eth0"], "entry 0 \"a/eth0\" is not an object"),
+    ({"containerID": "a", "ifname": "eth0"}, "must be a list"),
+])
+@pytest.mark.parametrize("key", ["cni.dev/valid-attachments", "cni.dev/attachments"])
+def test_a_gc_list_entry_that_does_not_name_an_attachment_is_code_7(key, entries, says):
+    """GC collects what its list fails to name: an entry it cannot read whole is refused."""
+    with pytest.raises(InvalidConfigError) as ei:
+        load_conf(_raw(**{key: entries}))
+    assert ei.value.code == 7 and key in ei.value.msg and says in ei.value.msg, ei.value.msg
+
+
 @pytest.mark.parametrize("value", [True, False])
 def test_disable_gc_is_accepted(value):
     """libcni keeps ``disableGC`` at the conflist level, but a plugin config carrying it is valid."""

@@ -188,3 +188,39 @@ def test_ready_at_round_trips_through_the_journal(node: Node) -> None:
     assert b'"readyAt"' in (node.state_dir / "state.journal").read_bytes()
     (a,) = StateStore(node.state_dir).read_files().attachments
     assert 9.9 < a.ready_age_s(now) < 10.1
+
+
+@pytest.mark.parametrize("entries", [
+    [{"containerID": "kept"}, {"containerID": "old"}],
+    [{"containerID": "kept", "ifname": "eth0"}, {"ifname": "eth0"}],
+    [{"containerID": "kept", "ifname": "eth0"}, {"containerID": "old", "ifname": ""}],
+])
+def test_gc_refuses_a_list_with_an_entry_that_names_no_attachment(node: Node, entries) -> None:
+    """An entry without its containerID or ifname would name nothing, and GC collects what its
+    list does not name: the whole GC is refused (code 7, naming the entry), nothing collected."""
+    node.put(att("old"), att("kept"))
+    code, out = node.gc(**{"cni.dev/valid-attachments": entries})
+    assert code == 1 and json.loads(out)["code"] == 7
+    assert "cni.dev/valid-attachments: entry " in json.loads(out)["msg"]
+    assert node.left() == ["gcnet/kept", "gcnet/old"]
+    assert node.ipam_calls() == []
+
+
+def test_gc_matches_the_list_keys_in_any_case(node: Node) -> None:
+    """containerd and CRI-O write the list through libcni (Go), which reads ``IfName`` or
+    ``CONTAINERID`` as the fields they name: so does GC."""
+    node.put(att("old"), att("kept"))
+    code, out = node.gc(**{"cni.dev/valid-attachments": [{"ContainerID": "kept", "IfName": "eth0"}]})
+    assert (code, out) == (0, "")
+    assert node.left() == ["gcnet/kept"]
+
+
+@pytest.mark.parametrize("name", [NET, "cni-dra-repair"])
+def test_gc_never_collects_repair_placeholders(node: Node, name: str) -> None:
+    """``state repair``'s placeholders (network ``cni-dra-repair``) charge a live link no
+    record tracks: only the DEL of that link's pod releases them, whatever network a GC names."""
+    from cni_dra.verbs.repair import REPAIR_NETWORK
+
+    node.put(att("repair-pod", network=REPAIR_NETWORK))
+    assert node.gc(name=name, **{"cni.dev/valid-attachments": []}) == (0, "")
+    assert node.left() == ["cni-dra-repair/repair-pod"]

@@ -8,9 +8,9 @@ import threading
 
 from cni_dra import ipam
 from cni_dra.cni import run
-from cni_dra.netlink import addr, info, netns, shaping, sublink, sysctl
+from cni_dra.netlink import addr, info, shaping, sublink, sysctl
 from cni_dra.state import Attachment, StateStore
-from tests.builders import device, write_slice
+from tests.builders import device, every_path_a_netns, write_slice
 
 
 def _setup(tmp_path, monkeypatch, delete_link, ipam_del):
@@ -23,8 +23,7 @@ def _setup(tmp_path, monkeypatch, delete_link, ipam_del):
             ipamType="host-local", ipamConf=json.dumps(conf)))
     with StateStore(tmp_path / "state").transaction() as s:  # a second commit: the journal exists
         s.add_status_update({"claim": {"uid": "other"}})
-    monkeypatch.setattr(netns, "netns_exists", lambda path: True)
-    monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
+    every_path_a_netns(monkeypatch)
     monkeypatch.setattr(sublink, "delete_link", delete_link)
     monkeypatch.setattr(ipam, "ipam_del", ipam_del)
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0",
@@ -103,6 +102,7 @@ def _add_setup(tmp_path, monkeypatch, ipam_type, create, ipam_add):
     parent = info.LinkInfo(name="eth9", index=7, kind=None, mac="02:00:00:00:00:09", mtu=1500,
                             operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
     monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
+    every_path_a_netns(monkeypatch)
     monkeypatch.setattr(sublink, "create_macvlan", create)
     monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec, **kw: shaping.ShapeInfo(
         ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None))

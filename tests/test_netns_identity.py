@@ -22,7 +22,7 @@ from cni_dra.errors import ContainerUnknownError
 from cni_dra.netlink import info, netns, shaping, sublink
 from cni_dra.netlink.shaping import ShapeInfo, Tbf
 from cni_dra.state import StateStore
-from cni_dra.verbs.recover import REPAIR_NETWORK
+from cni_dra.verbs.repair import REPAIR_NETWORK
 from cni_dra.verbs.shaping import record
 from tests.builders import attachment, cni_env, device, netconf, write_slice
 
@@ -201,3 +201,115 @@ def test_same_netns_compares_identities_not_paths(tmp_path):
     assert not netns.same_netns("", here)
     assert netns.netns_identity_or_none(str(plain)) is None
     assert netns.same_netns(str(tmp_path / "missing"), str(tmp_path / "missing"))  # one path is itself
+
+
+# -- the namespace recorded at ADD, by identity ------------------------------------------------------
+GONE = (0x20, 4026532999)
+"""The identity of a namespace that no longer exists (no path in :data:`IDENTITIES` names it)."""
+
+
+def test_del_with_empty_netns_leaves_a_link_in_a_namespace_made_again_under_the_recorded_path(tmp_path, monkeypatch):
+    """The pod's namespace was deleted and another made under its name, holding a link of the
+    same name on the same NIC: it is not the namespace the attachment recorded (its identity
+    differs), so that link stays; the record, its IPAM and its capacity go (the recorded
+    namespace took its link with it)."""
+    kernel = Kernel(monkeypatch)
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=GONE,
+                                      parent="eth9", shaping=SHAPED))
+    assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert kernel.deleted == []
+    assert _keys(tmp_path) == []
+
+
+def test_del_naming_another_live_namespace_deletes_the_link_where_the_record_says(tmp_path, monkeypatch):
+    """CNI_NETNS names a live namespace other than the one recorded at ADD: the pod's link is
+    deleted where it is (the recorded namespace), never the link of that name in CNI_NETNS."""
+    kernel = Kernel(monkeypatch)
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=POD,
+                                      parent="eth9", shaping=SHAPED))
+    assert _run("DEL", conf, container_id="c1", netns="/run/netns/other", ifname="net1") == (0, None)
+    assert kernel.deleted == [("/run/netns/pod", "net1")]
+    assert _keys(tmp_path) == []
+
+
+def test_del_finds_the_recorded_namespace_under_another_path(tmp_path, monkeypatch):
+    """The recorded path (a symlink, say) names another namespace now; the recorded one is
+    still named under /var/run/netns: its link goes from there, not from what the recorded
+    path names now."""
+    kernel = Kernel(monkeypatch)
+    kernel.ids["/tmp/pod-link"] = OTHER  # pointed elsewhere after the ADD
+    monkeypatch.setattr(netns, "find_netns", lambda ident, directory="/var/run/netns": (
+        "/var/run/netns/pod" if ident == POD else None))
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/tmp/pod-link", netnsIdentity=POD,
+                                      parent="eth9", shaping=SHAPED))
+    assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert kernel.deleted == [("/var/run/netns/pod", "net1")]
+    assert _keys(tmp_path) == []
+
+
+def test_del_naming_the_recorded_namespace_deletes_there_without_a_netlink_look(tmp_path, monkeypatch):
+    """The normal DEL: CNI_NETNS is the recorded namespace (another path of it does too); the
+    link goes by name, with no netlink request to judge it first."""
+    kernel = Kernel(monkeypatch)
+    monkeypatch.setattr(info, "link_in_netns", lambda ns, name: pytest.fail("a netlink look on the normal DEL"))
+    monkeypatch.setattr(info, "host_parent_of", lambda ns, name: pytest.fail("a netlink look on the normal DEL"))
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=POD,
+                                      parent="eth9", shaping=SHAPED))
+    assert _run("DEL", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1") == (0, None)
+    assert kernel.deleted == [("/var/run/netns/pod", "net1")]
+
+
+def test_repeated_add_into_a_namespace_made_again_is_not_answered_from_the_record(tmp_path, monkeypatch):
+    """A repeated ADD returns the recorded result only for the namespace it recorded, with
+    its link there: a namespace made again under the same path (another identity), or the
+    same one without the link, is refused (code 104: DEL it first)."""
+    kernel = Kernel(monkeypatch)
+    result = {"cniVersion": "1.1.0", "interfaces": [{"name": "net1", "sandbox": "/run/netns/pod"}],
+              "ips": [{"address": "192.0.2.5/24", "interface": 0}]}
+    monkeypatch.setattr(info, "host_link", lambda name: _nic("eth9", 7) if name == "eth9" else None)
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=GONE,
+                                      parent="eth9", result=result))
+    code, out = _run("ADD", conf, container_id="c1", netns="/run/netns/pod", ifname="net1")
+    assert code == 1 and out["code"] == 104, out
+    kernel.ids["/run/netns/pod"] = GONE  # the recorded namespace, but its link is gone
+    monkeypatch.setattr(info, "host_parent_of", lambda ns, name: None)
+    code, out = _run("ADD", conf, container_id="c1", netns="/run/netns/pod", ifname="net1")
+    assert code == 1 and out["code"] == 104 and "its link is no longer there" in out["msg"], out
+    monkeypatch.setattr(info, "host_parent_of", lambda ns, name: _nic("eth9", 7))
+    code, out = _run("ADD", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1")
+    assert code == 1 and out["code"] == 104  # /var/run/netns/pod is POD, not the recorded namespace
+    code, out = _run("ADD", conf, container_id="c1", netns="/run/netns/pod", ifname="net1")
+    assert code == 0 and out["ips"] == [{"address": "192.0.2.5/24", "interface": 0}], out
+
+
+def test_check_fails_in_a_namespace_made_again_under_the_recorded_path(tmp_path, monkeypatch):
+    Kernel(monkeypatch)
+    monkeypatch.setattr(info, "host_link", lambda name: _nic("eth9", 7) if name == "eth9" else None)
+    result = {"cniVersion": "1.1.0", "interfaces": [{"name": "net1", "sandbox": "/run/netns/pod"}], "ips": []}
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=GONE,
+                                      parent="eth9", result=result))
+    code, out = _run("CHECK", {**conf, "prevResult": result}, container_id="c1", netns="/run/netns/pod", ifname="net1")
+    assert code == 1 and out["code"] == 105
+    assert "CNI_NETNS /run/netns/pod is not the namespace it was added in" in out["msg"]
+
+
+def test_gc_releases_without_touching_a_namespace_made_again_under_the_recorded_path(tmp_path, monkeypatch):
+    kernel = Kernel(monkeypatch)
+    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=GONE,
+                                      parent="eth9", shaping=SHAPED))
+    code, out = _run("GC", {**conf, "cni.dev/valid-attachments": []})
+    assert (code, out) == (0, None)
+    assert kernel.deleted == [] and _keys(tmp_path) == []
+
+
+def test_recovery_finishes_a_del_without_touching_a_namespace_made_again(tmp_path, monkeypatch):
+    from cni_dra.state.models import Owner
+    from cni_dra.state.owner import boot_id
+    from cni_dra.verbs.recover import recover
+
+    kernel = Kernel(monkeypatch)
+    dead = Owner(pid=2**22 + 7, start=1, boot=boot_id())
+    _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=GONE,
+                               parent="eth9", shaping=SHAPED, phase="deleting", owner=dead))
+    report = recover(StateStore(tmp_path / "state"), environ={})
+    assert report.errors == [] and kernel.deleted == [] and _keys(tmp_path) == []

@@ -146,7 +146,7 @@ def test_the_profiles_mtu_is_checked_against_the_parent(tmp_path: Path) -> None:
     _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
     inv = _inv(tmp_path)
     with pytest.raises(ClaimError) as info:  # the claim asked it, not the conflist: the message says so
-        _reserve(inv, {"if-a": _Parent(mtu=1500), "if-b": _Parent(mtu=1500)})
+        _reserve(inv, {"if-a": _Parent(mtu=1500), "if-b": _Parent(mtu=1500)}, (1, 2))
     assert info.value.code == 101 and info.value.msg == (
         "failed to honour claim prod/web request 'eth0': its device profile asks mtu 9000, above the MTU 1500 "
         "of the allocated parent if-a (device a)")
@@ -158,7 +158,7 @@ def test_the_reserved_intent_carries_the_profiles_config(tmp_path: Path) -> None
 
     _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
     inv = _inv(tmp_path)
-    intent = _reserve(inv, {"if-a": _Parent(), "if-b": _Parent()})
+    intent = _reserve(inv, {"if-a": _Parent(), "if-b": _Parent()}, (1, 2))
     assert intent.inv.conf.mtu == 9000 and inv.conf.mtu is None
     assert intent.inv.raw == inv.raw  # IPAM keeps the runtime's config
     assert intent.inv.store is inv.store

@@ -24,7 +24,7 @@ from cni_dra.protocol.config import DEFAULT_SHAPING_LATENCY_S, RuntimeBandwidth,
 from cni_dra.protocol.results import IPConfig, Result
 from cni_dra.state import StateStore
 from cni_dra.verbs.shaping import mismatch, record, shape_spec
-from tests.builders import attachment, device, netconf_bytes, write_slice
+from tests.builders import attachment, device, every_path_a_netns, netconf_bytes, write_slice
 from tests.tbf_model import as_the_kernel_holds_it, holds_as_asked
 
 M = 1_000_000
@@ -378,8 +378,7 @@ class FakeKernel:
         self.link = info.LinkInfo(name="eth0", index=2, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500,
                                   operstate="UP", admin_up=True, parent_index=7, parent_netnsid=None, mode="bridge",
                                   addresses=["192.0.2.5/24"])
-        monkeypatch.setattr(netns, "netns_exists", lambda path: True)
-        monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
+        every_path_a_netns(monkeypatch)
         monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
         monkeypatch.setattr(info, "link_in_netns", lambda ns, name: self.link)
         monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: self.links.append(kw["ifname"]) or self.link)

@@ -17,10 +17,10 @@ import pytest
 
 from cni_dra import ipam
 from cni_dra.cni import run
-from cni_dra.netlink import addr, info, netns, shaping, sublink, sysctl
+from cni_dra.netlink import addr, info, shaping, sublink, sysctl
 from cni_dra.protocol.results import IPConfig, Result
 from cni_dra.state import StateStore, fsio
-from tests.builders import device, write_slice
+from tests.builders import device, every_path_a_netns, write_slice
 
 ADD_COSTS = {"lock": 2, "fdatasync": 2}
 """Reserve (synced; the intent with its IPAM step) and ready (synced)."""
@@ -37,8 +37,7 @@ def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, st
                             operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
     link = info.LinkInfo(name="eth0", index=2, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500,
                           operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
-    monkeypatch.setattr(netns, "netns_exists", lambda path: True)
-    monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
+    every_path_a_netns(monkeypatch)
     monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
     monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: link)
     monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec, **kw: shaping.ShapeInfo(

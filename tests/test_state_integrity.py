@@ -23,7 +23,8 @@ from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore
 from cni_dra.state.models import SCHEMA_VERSION, Owner, migrate
 from cni_dra.state.store import boot_id, current_owner, decode_state, encode_state, owner_alive
-from cni_dra.verbs.recover import recover, repair
+from cni_dra.verbs.recover import recover
+from cni_dra.verbs.repair import repair
 
 
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
@@ -354,7 +355,8 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
     the agent (the intent's owner) lives on: with its link live it is kept as ready, so its
     DEL is not refused as "ADD in progress" for as long as the agent runs. An intent of a
     live owner without a live link stays in flight."""
-    from cni_dra.verbs import recover as recover_mod
+    from cni_dra.netlink import shaping
+    from cni_dra.verbs import repair as repair_mod
 
     me = current_owner()
     store = StateStore(tmp_path)
@@ -364,8 +366,9 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
             _att("in-flight", phase="adding", owner=me, netns="/var/run/netns/b"),
         ])
     (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damaged: repair takes the backup copy
-    monkeypatch.setattr(recover_mod, "_live_links", lambda base: {("/var/run/netns/a", "eth0"): "eth9"})
-    monkeypatch.setattr(recover_mod, "_untracked_links", lambda paths, known, parents: [])
+    monkeypatch.setattr(repair_mod, "_live_links", lambda base: {("net", "served", "eth0"): "eth9"})
+    monkeypatch.setattr(repair_mod, "_untracked_links", lambda paths, known, parents: [])
+    monkeypatch.setattr(shaping, "read_shaping", lambda netns, ifname: None)
     report = repair(store, environ={})
     got = {a.containerID: a for a in store.read().attachments}
     assert got["served"].phase == "ready" and got["served"].owner is None

@@ -2,7 +2,8 @@
 
 * ``recover``: finish or undo the intents of crashed ADD/DEL runs and release attachments
   lost in a reboot (what every ADD, DEL and GC also does first);
-* ``repair``: rebuild an unreadable ``state.json`` from its backup plus the live links.
+* ``repair``: reconcile the state with the live links (a healthy one too), rebuilding an
+  unreadable ``state.json`` from its backup first.
 
 Both print one line per change and exit 0, or 1 when something could not be done (listed).
 See README "Failure modes".
@@ -75,15 +76,18 @@ def recover_cmd(state_dir: str, cni_path: str, as_json: bool) -> None:
               help="The node's ResourceSlice (its NICs are searched for untracked links).")
 @_JSON
 def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> None:
-    """Rebuild an unreadable state file from its backup plus the live links, reporting each change.
+    """Reconcile the state with the live links, reporting each change; an unreadable state
+    file is first rebuilt from its backup.
 
-    Attachments whose link is gone are dropped (their IPAM released with the recorded
-    config, found under --cni-path); macvlan/ipvlan links in /var/run/netns/* on an
-    inventory NIC that no attachment names are charged their device's whole capacity until
-    their pod's DEL; ifb devices there that shape no link any more are deleted."""
+    Also on a healthy state: attachments whose link is gone are dropped (their IPAM released
+    with the recorded config, found under --cni-path), intents of dead processes undone or
+    finished (those of live ones kept); every namespace in /var/run/netns is scanned:
+    macvlan/ipvlan links there on an inventory NIC that no attachment names are charged
+    their device's whole capacity until their pod's DEL, links left under a temporary name
+    and ifb devices that shape no link any more are deleted."""
     from cni_dra.errors import CniError
     from cni_dra.state import StateStore
-    from cni_dra.verbs.recover import repair
+    from cni_dra.verbs.repair import repair
 
     parents: list[str] = []
     slice_ = None

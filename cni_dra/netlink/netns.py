@@ -19,8 +19,9 @@ This module uses only the standard library (``ctypes`` for ``setns`` on Python
 
 Errors (CNI spec 1.1.0 "Error", well-known codes):
 
-* a path that does not exist: :class:`~cni_dra.errors.ContainerUnknownError`
-  (code 3, "container unknown or does not exist");
+* a path that does not exist (missing, or a component of it is not a directory):
+  :class:`~cni_dra.errors.ContainerUnknownError` (code 3, "container unknown or does
+  not exist");
 * a path that exists but is not a network namespace (a plain file left after
   the namespace was unmounted, a directory, a mount namespace...):
   :class:`~cni_dra.errors.InvalidEnvironmentError` (code 4, CNI_NETNS invalid);
@@ -48,6 +49,9 @@ __all__ = [
     "NetnsIdentity",
     "netns_identity",
     "netns_identity_or_none",
+    "netns_lookup",
+    "find_netns",
+    "NETNS_DIR",
     "same_netns",
     "host_netns_identity",
     "current_netns_identity",
@@ -166,15 +170,21 @@ def open_netns(path: str) -> int:
     Returns an ``O_CLOEXEC`` file descriptor the caller must ``os.close``; it keeps
     the namespace alive while open and can be passed as ``IFLA_NET_NS_FD``.
 
-    Raises :class:`ContainerUnknownError` (code 3) if ``path`` does not exist,
+    Raises :class:`ContainerUnknownError` (code 3) if ``path`` does not exist (also when
+    a component of it is not a directory: ``/etc/passwd/x`` names nothing),
     :class:`InvalidEnvironmentError` (code 4) if it is not a network namespace or
-    cannot be opened.
+    cannot be opened (permission, a symlink loop, a name too long...).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError as exc:
         raise ContainerUnknownError(
             f"failed to open netns {path}: no such file", details=str(exc)
+        ) from exc
+    except NotADirectoryError as exc:
+        raise ContainerUnknownError(
+            f"failed to open netns {path}: no such file (a component of the path is not a directory)",
+            details=str(exc),
         ) from exc
     except OSError as exc:
         raise InvalidEnvironmentError(f"failed to open netns {path}: {exc.strerror}", details=str(exc)) from exc
@@ -226,28 +236,83 @@ def same_netns(a: str, b: str) -> bool:
     return ident is not None and ident == netns_identity_or_none(b)
 
 
-def netns_exists(path: str) -> bool:
-    """True if ``path`` is a network namespace, False if it does not exist.
+def netns_lookup(path: str) -> NetnsIdentity | None:
+    """Identity of the network namespace at ``path``, or None when the path names nothing
+    now: it does not exist (a component of it is not a directory included), or it is the
+    plain empty file left once the namespace was unmounted from ``/var/run/netns/NAME``
+    (DEL must succeed then, CNI spec 1.1.0 "DEL"). Costs an open, an ioctl and an ``fstat``.
 
-    A plain empty file (what remains of ``/var/run/netns/NAME`` once the
-    namespace was unmounted) also counts as gone (False): DEL must succeed then
-    (CNI spec 1.1.0 "DEL"). Anything else that is not a network namespace raises
-    :class:`InvalidEnvironmentError` (code 4).
+    Raises :class:`InvalidEnvironmentError` (code 4) when ``path`` names something that is
+    not a network namespace (a directory, a file with content, another kind of namespace)
+    or cannot be looked at (permission denied, a symlink loop, a name too long): no
+    verb can tell whether a namespace lives there, so none acts on it. Never raises
+    another exception for any path.
     """
     try:
-        fd = open_netns(path)
+        return netns_identity(path)
     except ContainerUnknownError:
+        return None
+    except InvalidEnvironmentError as invalid:
+        if _unmounted(path):
+            return None
+        raise invalid
+
+
+def _unmounted(path: str) -> bool:
+    """Whether ``path``, which is no network namespace, is what an unmounted one leaves: a
+    plain empty file, not an nsfs inode (those look alike to ``stat``: a namespace of another
+    kind is not "gone"), or nothing any more."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
         return False
-    except InvalidEnvironmentError:
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != 0:
+            return False
+        try:
+            fcntl.ioctl(fd, _NS_GET_NSTYPE)
+        except OSError:
+            return True  # not nsfs: the file the namespace was mounted on
+        return False
+    finally:
+        os.close(fd)
+
+
+NETNS_DIR = "/var/run/netns"
+"""Where ``ip netns`` and the container runtimes (containerd, CRI-O) name pod namespaces."""
+
+
+def find_netns(ident: NetnsIdentity, directory: str = NETNS_DIR) -> str | None:
+    """A path under ``directory`` that names the network namespace ``ident`` now, or None.
+
+    For a namespace whose recorded path names another one now (the runtime moved its bind
+    mount, a symlink was pointed elsewhere): one ``stat(2)`` per entry, and the match checked
+    as a namespace (:func:`netns_identity`). Never raises."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return None
+    for name in names:
+        path = os.path.join(directory, name)
         try:
             st = os.stat(path)
-        except FileNotFoundError:
-            return False
-        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
-            return False
-        raise
-    os.close(fd)
-    return True
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == ident and netns_identity_or_none(path) == ident:
+            return path
+    return None
+
+
+def netns_exists(path: str) -> bool:
+    """True if ``path`` is a network namespace, False if it names nothing now
+    (:func:`netns_lookup`: missing, or the empty file left once the namespace was
+    unmounted). Raises :class:`InvalidEnvironmentError` (code 4) as :func:`netns_lookup`."""
+    return netns_lookup(path) is not None
 
 
 def current_netns_identity() -> NetnsIdentity:

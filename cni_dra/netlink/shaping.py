@@ -486,7 +486,19 @@ def delete_shaped_link(netns: str, ifname: str) -> tuple[bool, bool]:
     """
     validate_ifname(ifname)
     return _in_pod_netns(netns, f"delete link {ifname} and its ifb device in netns {netns}",
-                         lambda ipr: _delete_pair(ipr, ifname), (False, False))
+                         lambda ipr: _delete_pair_racing(ipr, ifname), (False, False))
+
+
+def _delete_pair_racing(ipr: Any, ifname: str) -> tuple[bool, bool]:
+    """:func:`_delete_pair`, again from a fresh dump when a link it dumped vanished under it
+    (ENODEV: another DEL of the same attachment deleted it first; what is gone is done)."""
+    for _ in range(3):
+        try:
+            return _delete_pair(ipr, ifname)
+        except _pyroute2.load().NetlinkError as exc:
+            if _code(exc) != errno.ENODEV:
+                raise
+    return _delete_pair(ipr, ifname)
 
 
 def _delete_pair(ipr: Any, ifname: str) -> tuple[bool, bool]:

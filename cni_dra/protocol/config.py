@@ -43,6 +43,8 @@ __all__ = [
     "ShapingConfig",
     "RuntimeBandwidth",
     "runtime_bandwidth_keys",
+    "GC_ATTACHMENT_KEYS",
+    "gc_attachments",
     "NetConf",
     "load_conf",
     "peek_cni_version",
@@ -195,6 +197,46 @@ def runtime_bandwidth_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list
     return out, unknown
 
 
+GC_ATTACHMENT_KEYS = ("containerID", "ifname")
+"""The keys of an entry of GC's ``cni.dev/valid-attachments`` (CNI spec 1.1.0 "GC"; libcni's
+``GCAttachment``)."""
+
+
+def gc_attachments(raw: Any) -> list[dict[str, str]]:
+    """GC's list of valid attachments (``cni.dev/valid-attachments`` or ``cni.dev/attachments``)
+    as ``[{"containerID", "ifname"}]``, its keys matched as libcni's Go decoding matches
+    them: the exact name, else the same name in another (ASCII) case (``ContainerId``,
+    ``IfName``...), a later key winning over an earlier one, a ``null`` value left unset,
+    other keys ignored whatever their value. An entry that is not an object, or whose
+    ``containerID`` or ``ifname`` is missing, empty or not a string, is refused, naming
+    the entry: GC collects everything its list fails to name, so a list it cannot read
+    whole is no list (the spec: each entry holds both, the values of CNI_CONTAINERID and
+    CNI_IFNAME at ADD). Raises ``ValueError``."""
+    if not isinstance(raw, list):
+        raise ValueError(f"must be a list of {{{', '.join(map(repr, GC_ATTACHMENT_KEYS))}}} objects, "
+                         f"not {json.dumps(raw)[:80]}")
+    fields = {name.lower(): name for name in GC_ATTACHMENT_KEYS}
+    out: list[dict[str, str]] = []
+    for i, entry in enumerate(raw):
+        shown = json.dumps(entry)[:120]
+        if not isinstance(entry, dict):
+            raise ValueError(f"entry {i} {shown} is not an object")
+        got: dict[str, str] = {}
+        for key, value in entry.items():
+            name = fields.get(key.lower()) if key.isascii() else None
+            if name is None or value is None:
+                continue
+            if not isinstance(value, str):
+                raise ValueError(f"entry {i} {shown}: {key!r} must be a string")
+            got[name] = value
+        missing = [name for name in GC_ATTACHMENT_KEYS if not got.get(name)]
+        if missing:
+            raise ValueError(f"entry {i} {shown} has no {' and no '.join(map(repr, missing))} (an entry names an "
+                             f"attachment by both {' and '.join(map(repr, GC_ATTACHMENT_KEYS))})")
+        out.append(got)
+    return out
+
+
 class RuntimeBandwidth(BaseModel):
     """``runtimeConfig.bandwidth`` (CNI conventions, capability ``bandwidth``): what the runtime
     asks from a pod's ``kubernetes.io/ingress-bandwidth`` / ``egress-bandwidth`` annotations.
@@ -263,6 +305,11 @@ class NetConf(BaseModel):
     profiles: ProfileLimits = Field(default_factory=ProfileLimits)
     validAttachments: list[dict[str, str]] | None = Field(default=None, alias="cni.dev/valid-attachments")
     legacyAttachments: list[dict[str, str]] | None = Field(default=None, alias="cni.dev/attachments")
+
+    @field_validator("validAttachments", "legacyAttachments", mode="before")
+    @classmethod
+    def _gc_attachments(cls, v: Any) -> Any:
+        return None if v is None else gc_attachments(v)
 
     @field_validator("linkType")
     @classmethod
@@ -339,9 +386,8 @@ class NetConf(BaseModel):
         """GC's list of ``{"containerID", "ifname"}`` still in use (CNI 1.1.0 "GC"), from
         ``cni.dev/valid-attachments`` or else the older ``cni.dev/attachments``; None when
         the config carries neither (then nothing is known to be stale, unlike ``[]``)."""
-        if self.validAttachments is None and self.legacyAttachments is None:
-            return None
-        return list(self.validAttachments or self.legacyAttachments or [])
+        chosen = self.validAttachments if self.validAttachments is not None else self.legacyAttachments
+        return None if chosen is None else list(chosen)
 
     @property
     def runtime_bandwidth(self) -> RuntimeBandwidth | None:

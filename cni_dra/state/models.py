@@ -30,6 +30,21 @@ under before the rename to ``ifname`` (:func:`cni_dra.netlink.sublink.temp_names
 and recorded before the link exists, so that a link left under it is found and deleted;
 ``ready`` drops it (absent in records written before it existed).
 
+``netnsIdentity`` (optional; absent in attachments written before it existed, and in the
+placeholders of a repair that could not read it) is ``[st_dev, st_ino]`` of the network
+namespace at ``netns`` when ADD reserved the attachment (:mod:`cni_dra.netlink.netns`): the
+namespace the link was made in. A path that names another namespace now (the namespace was
+deleted and one made again under its name, a symlink pointed elsewhere) is not it: DEL, GC,
+recovery, repair, CHECK and a repeated ADD compare identities
+(:func:`cni_dra.verbs.release.recorded_netns_path`). Records without it are judged by their
+path, as before it existed. The kernel may give a later namespace the inode of a dead one,
+so an equal identity is backed by the link check on the recorded parent wherever a link is
+deleted without the runtime naming the namespace.
+
+``recovering`` (optional; absent unless true) marks an intent recovery took over from a
+dead process (``owner`` is the recovering one): the attachment's own ADD or DEL waits for
+it rather than answer "still in progress" (:mod:`cni_dra.verbs.intent`).
+
 ``readyAt`` (optional; absent in attachments written before it existed) is when ADD made
 the attachment ``ready``: GC leaves an attachment alone for a grace period after that
 (:mod:`cni_dra.verbs.gc`), since a runtime's list of valid attachments may predate it.
@@ -138,6 +153,7 @@ class Attachment(BaseModel):
     containerID: str
     ifname: str
     netns: str = ""
+    netnsIdentity: tuple[int, int] | None = None  # (st_dev, st_ino) of the netns at ADD (see above)
     podUID: str | None = None
     podNamespace: str | None = None
     podName: str | None = None
@@ -155,6 +171,7 @@ class Attachment(BaseModel):
     phase: Literal["adding", "ready", "deleting"] = "adding"
     owner: Owner | None = None  # set while phase is adding/deleting (intent record)
     steps: tuple[str, ...] = ()  # side effects done so far (STEP_*)
+    recovering: bool | None = None  # the intent was taken over by recovery (see above); None: no
     tempName: str | None = None  # while adding: the link's first temporary name (see above)
     ipamType: str | None = None
     ipamConf: str | None = None  # the network config given to IPAM ADD, for release without the runtime

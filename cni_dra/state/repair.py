@@ -3,7 +3,7 @@
 :func:`replace` holds the lock, moves an unreadable snapshot and its journal aside (as
 ``state.json.corrupt-<unix s>`` and ``state.journal.corrupt-<unix s>``) and yields a
 :class:`RepairView` of what it found; :func:`read_backup` reads the second copy of the
-snapshot. ``cni-dra state repair`` (:mod:`cni_dra.verbs.recover`) decides what to write.
+snapshot. ``cni-dra state repair`` (:mod:`cni_dra.verbs.repair`) decides what to write.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ at once. A wait longer than the timeout raises :class:`~cni_dra.errors.TryAgainL
 
 A snapshot or journal that cannot be decoded or fails its checksum, or a snapshot missing
 while a backup or journal records exist, raises :class:`~cni_dra.errors.StateError` (code
-5): it is never read as empty. ``cni-dra state repair`` (:mod:`cni_dra.verbs.recover`)
+5): it is never read as empty. ``cni-dra state repair`` (:mod:`cni_dra.verbs.repair`)
 rebuilds it.
 """
 

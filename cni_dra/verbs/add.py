@@ -62,6 +62,7 @@ from cni_dra.state import Attachment, NodeState
 if TYPE_CHECKING:
     from cni_dra.dra.models import ResourceSlice
     from cni_dra.netlink.info import LinkInfo
+    from cni_dra.netlink.netns import NetnsIdentity
     from cni_dra.netlink.tbf import ShapeSpec
     from cni_dra.protocol.config import NetConf
 from cni_dra.state.claim_status import record_add_failure
@@ -77,17 +78,18 @@ log = logging.getLogger("cni_dra.add")
 
 def cmd_add(inv: Invocation) -> Result:
     """Run ADD for ``inv``; returns the CNI result (newest schema). See module docstring."""
-    from cni_dra.netlink import addr  # called through the module: the seam tests patch
+    from cni_dra.netlink import addr, netns  # called through the module: the seam tests patch
     from cni_dra.verbs.recover import recover_pending
 
     _refuse_early(inv)
     recover_pending(inv)  # stale intents of crashed ADD/DEL, attachments lost in a reboot
     host_links = _host_links(inv.inventory)
+    ident = netns.netns_identity(inv.env.netns)  # code 3 / 4 before any effect; recorded with the intent
     intent: AddIntent | None = None
     try:
         with ExitStack() as undo:
             # 1. reserve capacity (under the lock): the intent
-            reserved = _reserve(inv, host_links)
+            reserved = _reserve_after_recovery(inv, host_links, ident)
             if isinstance(reserved, Result):  # a repeated ADD: its recorded result
                 return reserved
             intent = reserved
@@ -204,11 +206,32 @@ def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> 
     return att, conf
 
 
-def _reserve(inv: Invocation, host_links: dict[str, LinkInfo]) -> AddIntent | Result:
+def _reserve_after_recovery(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdentity) -> AddIntent | Result:
+    """:func:`_reserve`; while a live recovery holds this attachment's interrupted intent,
+    wait for it (at most ``lockTimeoutSeconds``, :func:`cni_dra.verbs.intent.wait_for_recovery`)
+    and try again, after recovering whatever its process may have left if it died."""
+    import time
+
+    from cni_dra.verbs.intent import RecoveryInProgressError, wait_for_recovery
+    from cni_dra.verbs.recover import recover_pending
+
+    deadline: float | None = None
+    while True:
+        try:
+            return _reserve(inv, host_links, ident)
+        except RecoveryInProgressError as busy:
+            if deadline is None:
+                deadline = time.monotonic() + inv.conf.lockTimeoutSeconds
+            wait_for_recovery(inv, busy, deadline)
+            recover_pending(inv)
+
+
+def _reserve(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdentity) -> AddIntent | Result:
     """The reserving transaction: a repeated ADD's recorded result, or the planned
-    attachment recorded as ``adding`` with this process as owner and the link's temporary
-    name (recovery undoes it if the process dies), its capacity charged. The intent's
-    invocation carries the config the link is made from (the device profile applied)."""
+    attachment recorded as ``adding`` with this process as owner, the link's temporary
+    name and the identity ``ident`` of its namespace (recovery undoes it if the process
+    dies), its capacity charged. The intent's invocation carries the config the link is
+    made from (the device profile applied)."""
     from cni_dra.netlink.sublink import temp_name
     from cni_dra.state.owner import current_owner
 
@@ -216,7 +239,7 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo]) -> AddIntent | Re
     with inv.store.transaction() as txn:
         existing = txn.find(inv.conf.name, env.container_id, env.ifname)
         if existing is not None:
-            return _repeated(inv, existing)
+            return _repeated(inv, existing, ident)
         att, conf = plan(inv, txn.state, host_links)
         parent = host_links[att.parent]
         if conf.mtu is not None and conf.mtu > parent.mtu and att.profile and "mtu" in att.profile["fromConfig"]:
@@ -235,29 +258,55 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo]) -> AddIntent | Re
             _refuse_duplicate_mac(conf.mac, att, parent, txn.state)
         # The link's temporary name, recorded before the link exists: recovery finds a link
         # left under it by a kill before the rename.
-        intent = att.model_copy(update={"owner": current_owner(), "tempName": temp_name()})
+        intent = att.model_copy(update={"owner": current_owner(), "tempName": temp_name(), "netnsIdentity": ident})
         return AddIntent(inv.with_conf(conf), txn.put(intent))
 
 
-def _repeated(inv: Invocation, existing: Attachment) -> Result:
-    """An ADD of an attachment already recorded: its result when it is ready in the same
-    netns (by identity: another path of it is the same); TryAgainLaterError (11) while
-    another ADD of it runs; AttachmentExistsError."""
-    from cni_dra.netlink.netns import same_netns
+def _repeated(inv: Invocation, existing: Attachment, ident: NetnsIdentity) -> Result:
+    """An ADD of an attachment already recorded (the runtime must not send one, CNI spec
+    "ADD"): its recorded result when it is ready in the same namespace (by identity, another
+    path of it is the same; a namespace made again under the recorded path is not) and its
+    link is still there on the recorded parent; :class:`~cni_dra.verbs.intent.RecoveryInProgressError`
+    while a recovery undoes its interrupted ADD; TryAgainLaterError (11) while another ADD
+    or a DEL of it runs; else AttachmentExistsError (104): the runtime DELs it first."""
+    from cni_dra.verbs.intent import recovery_holds, recovery_in_progress
+    from cni_dra.verbs.release import names_recorded_netns
 
     env, conf = inv.env, inv.conf
-    if existing.phase == "ready" and existing.result and same_netns(existing.netns, env.netns or ""):
-        log.info("ADD repeated for %s: returning the recorded result", existing.key)
-        return parse_result(existing.result, "1.1.0")
+    where = names_recorded_netns(existing, env.netns, ident)
+    if existing.phase == "ready" and existing.result and where:
+        if existing.netnsIdentity is None or _link_there(existing, env.netns):
+            log.info("ADD repeated for %s: returning the recorded result", existing.key)
+            return parse_result(existing.result, "1.1.0")
+        raise AttachmentExistsError(
+            f"failed to add {env.ifname} for container {env.container_id}: already attached on network "
+            f"{conf.name!r} in netns {existing.netns} (device {existing.device}), but its link is no longer there; "
+            "DEL it first"
+        )
+    if existing.phase != "ready" and recovery_holds(existing):
+        raise recovery_in_progress(inv, existing, "add")
     if existing.phase != "ready":
         raise TryAgainLaterError(
             f"failed to add {env.ifname} for container {env.container_id}: an ADD of the same "
             "attachment is still in progress"
         )
+    gone = "" if where else " (CNI_NETNS names another namespace)"
     raise AttachmentExistsError(
         f"failed to add {env.ifname} for container {env.container_id}: already attached on "
-        f"network {conf.name!r} in netns {existing.netns} (device {existing.device})"
+        f"network {conf.name!r} in netns {existing.netns} (device {existing.device}){gone}"
     )
+
+
+def _link_there(att: Attachment, netns: str) -> bool:
+    """Whether ``att``'s link is in ``netns`` on its recorded parent NIC (one netlink look)."""
+    from cni_dra.errors import CniError
+    from cni_dra.netlink import info  # called through the module: the seam tests patch
+
+    try:
+        parent = info.host_parent_of(netns, att.ifname)
+    except CniError:
+        return False
+    return parent is not None and parent.name == att.parent
 
 
 def _start_ipam(inv: Invocation, undo: ExitStack) -> Concurrently | None:

@@ -12,7 +12,8 @@ ifb device and its tbf, with the recorded rates, queue limits and bursts; none i
 for an attachment that was not shaped); then delegates CHECK to the IPAM plugin. The netns recorded for the interface
 (prevResult ``sandbox``, else the state) must be CNI_NETNS by identity (device and inode
 of the namespace), not by path string: ``/run/netns/x`` and ``/var/run/netns/x`` are the
-same namespace.
+same namespace; and CNI_NETNS must be the namespace the attachment was added in (the
+identity it recorded): a namespace made again under the same path is not.
 
 The IPAM plugin's CHECK (read-only, CNI spec) runs in a helper thread while the link is
 verified, so its exec overlaps the netlink work; a mismatch found here is still the error
@@ -66,9 +67,13 @@ def cmd_check(inv: Invocation) -> None:
 def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
     """The link checks of :func:`cmd_check`; raises CheckFailedError (105)."""
     from cni_dra.netlink import info  # called through the module: the seam tests patch
-    from cni_dra.netlink.netns import same_netns
+    from cni_dra.netlink.netns import netns_identity_or_none, same_netns
 
     env, conf = inv.env, inv.conf
+    ident = netns_identity_or_none(env.netns) if att.netnsIdentity is not None else None
+    if ident is not None and ident != att.netnsIdentity:  # a path that names nothing: code 3/4 below
+        raise CheckFailedError(f"failed to check {what}: CNI_NETNS {env.netns} is not the namespace it was added in "
+                               "(that one is gone, or the path names another now)")
     link = info.link_in_netns(env.netns, env.ifname)
     if link is None:
         raise CheckFailedError(f"failed to check {what}: the link is not in netns {env.netns}")

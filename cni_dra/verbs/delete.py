@@ -11,13 +11,29 @@ included); the link, its ifb device and IPAM released (:func:`cni_dra.verbs.rele
 IPAM DEL beside the link deletion, ``dhcp`` first; a temporary link the record still
 names, :func:`cni_dra.verbs.release.release_temp_link`); the record dropped.
 
-Which link: CNI_IFNAME in CNI_NETNS, or, when CNI_NETNS is empty (the spec allows it for
-DEL), in the namespace the attachment recorded at ADD, if it still exists and the link there
-sits on the recorded parent NIC. Namespaces are compared by identity (device and inode,
-:func:`cni_dra.netlink.netns.same_netns`), never by path: ``/run/netns/x`` and
-``/var/run/netns/x`` are one. A link that another attachment's record names (the same
-namespace, the same ifname) is never deleted by a DEL that has no record of its own in that
-namespace: it belongs to that attachment, whose own DEL removes it.
+Which link, in which namespace (compared by identity, device and inode, never by path:
+``/run/netns/x`` and ``/var/run/netns/x`` are one, :mod:`cni_dra.netlink.netns`):
+
+* with a record, when CNI_NETNS names the namespace the attachment recorded at ADD (its
+  ``netnsIdentity``; a record without one: its path): CNI_IFNAME there (the normal DEL: one
+  look at CNI_NETNS, no netlink request before the deletion);
+* with a record, otherwise (CNI_NETNS empty, gone, or naming another namespace, the host's
+  included): the link is where the record says, so the recorded path is looked at: when it
+  still names the recorded namespace and the link there is absent or sits on the recorded
+  parent NIC (:func:`cni_dra.verbs.release.recorded_link_place`), and no other
+  attachment's record names it, it is deleted there (with its ifb device). A recorded path
+  that names another namespace now (or nothing) is not it: the namespace with the recorded
+  identity is looked for under ``/var/run/netns`` (one ``stat`` per entry). A link in another
+  CNI_NETNS is never touched. When the recorded namespace is found nowhere, it is taken as
+  gone, with its links;
+* without a record: CNI_IFNAME in CNI_NETNS, unless that is gone or the host's, or another
+  attachment's record names it (the same namespace, the same ifname: it belongs to that
+  attachment, whose own DEL removes it), or it is not a link cni-dra would have made there.
+
+IPAM is released and the record dropped in every case. A CNI_NETNS that is set but names
+something other than a namespace, or cannot be looked at (a directory, permission denied,
+a symlink loop), is refused with code 4 before anything is done; one that names nothing
+(missing, ``/etc/passwd/x``, the empty file of an unmounted namespace) is a gone namespace.
 
 Errors: IpamError (the IPAM plugin's code), NetlinkError (102), TryAgainLaterError (11),
 StateError (5).
@@ -32,6 +48,7 @@ from cni_dra.faults import fault_point
 from cni_dra.verbs.common import Invocation
 
 if TYPE_CHECKING:
+    from cni_dra.netlink.netns import NetnsIdentity
     from cni_dra.state import Attachment
 
 __all__ = ["cmd_del"]
@@ -41,10 +58,12 @@ log = logging.getLogger("cni_dra.del")
 
 def cmd_del(inv: Invocation) -> None:
     """Run DEL for ``inv`` (idempotent). See module docstring."""
+    from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
     from cni_dra.verbs.intent import begin_delete, finish_delete
     from cni_dra.verbs.release import IpamRelease, release, release_temp_link
 
     env, conf = inv.env, inv.conf
+    given = netns_ops.netns_lookup(env.netns) if env.netns else None  # code 4 here, before any effect
     att = begin_delete(inv)  # recovery, then the "deleting" intent; None if absent or state unreadable
     fault_point("del:intent")
     ipam_type = conf.ipam_type or (att.ipamType if att else None)
@@ -52,9 +71,7 @@ def cmd_del(inv: Invocation) -> None:
     if ipam_type:
         raw = inv.raw if conf.ipam_type else (att.ipamConf or "").encode() if att else b""
         ipam = IpamRelease(ipam_type, raw, inv.environ)
-    # An empty CNI_NETNS (allowed for DEL): the namespace the attachment recorded.
-    netns = env.netns or (att.netns if att is not None else "")
-    delete_link = _may_delete_link(inv, att, netns)
+    netns, delete_link = _link_to_delete(inv, att, given)
     # Shaping: the recorded one, or any when there is no record (state lost, an ADD's crash).
     shaped = att is None or att.shaping is not None
     release(netns, env.ifname, delete_link=delete_link, ipam=ipam, cni_path=env.path, faults="del",
@@ -64,47 +81,55 @@ def cmd_del(inv: Invocation) -> None:
         finish_delete(inv)
 
 
-def _may_delete_link(inv: Invocation, att: Attachment | None, netns: str) -> bool:
-    """Whether DEL deletes CNI_IFNAME in ``netns`` (CNI_NETNS, or the recorded namespace when
-    it is empty): see the module docstring. Raises as :func:`~cni_dra.netlink.netns.netns_exists`
-    for a CNI_NETNS that exists but is no namespace; a recorded one is only judged gone then."""
-    from cni_dra.errors import CniError
+def _link_to_delete(inv: Invocation, att: Attachment | None, given: NetnsIdentity | None) -> tuple[str, bool]:
+    """(the namespace path, whether CNI_IFNAME is deleted there): see the module docstring.
+    ``given``: CNI_NETNS's namespace identity, None when it is empty or names nothing."""
     from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
+    from cni_dra.verbs.release import names_recorded_netns, recorded_link_place
 
     env = inv.env
     key = (inv.conf.name, env.container_id, env.ifname)
-    recorded = not env.netns  # the namespace is the record's, not the runtime's
-    try:
-        if not netns or not netns_ops.netns_exists(netns):
-            return False
-        if netns_ops.is_host_netns(netns):
-            log.warning("DEL %s: netns %s is the host namespace; no link is touched", key, netns)
-            return False
-    except CniError:
-        if recorded:
-            return False
-        raise
-    if att is not None and not recorded and netns_ops.same_netns(att.netns, netns):
-        return True  # its own record names this link (equal paths cost no look)
+    host = given is not None and given == netns_ops.host_netns_identity()
+    if host:
+        log.warning("DEL %s: netns %s is the host namespace; no link is touched there", key, env.netns)
+    if att is not None:
+        if given is not None and not host and names_recorded_netns(att, env.netns, given):
+            return env.netns, True  # its own record names this link
+        if given is not None:
+            log.warning("DEL %s: CNI_NETNS %s is not the namespace recorded at ADD; the link is looked for in "
+                        "the recorded one, %s", key, env.netns, att.netns or "(none)")
+        where = recorded_link_place(att)
+        if where is None:
+            return att.netns or env.netns, False  # gone with its namespace, or not ours
+        return where, _unowned(inv, where)
+    if given is None or host:
+        return env.netns, False
+    if not _unowned(inv, env.netns):
+        return env.netns, False
+    if _ours_without_record(inv, env.netns):
+        return env.netns, True
+    log.warning("DEL %s: no attachment recorded and %s is not a cni-dra link; left alone", key, env.ifname)
+    return env.netns, False
+
+
+def _unowned(inv: Invocation, netns: str) -> bool:
+    """False (logged) when another attachment's record names CNI_IFNAME in ``netns``."""
+    env = inv.env
     owner = _recorded_elsewhere(inv, netns)
     if owner is not None:
-        log.warning("DEL %s: %s in %s belongs to attachment %s/%s/%s; left alone", key, env.ifname, netns,
-                    *owner.key)
-        return False
-    if att is not None:
-        return not recorded or _on_recorded_parent(att, netns)
-    if _ours_without_record(inv, netns):
-        return True
-    log.warning("DEL %s: no attachment recorded and %s is not a cni-dra link; left alone", key, env.ifname)
-    return False
+        log.warning("DEL %s: %s in %s belongs to attachment %s/%s/%s; left alone",
+                    (inv.conf.name, env.container_id, env.ifname), env.ifname, netns, *owner.key)
+    return owner is None
 
 
 def _recorded_elsewhere(inv: Invocation, netns: str) -> Attachment | None:
-    """Another attachment whose record names CNI_IFNAME in ``netns`` (compared by namespace
-    identity), or None. An unreadable state answers None (DEL then judges the link alone, as
-    it did before there were records). Raises TryAgainLaterError (11) on lock timeout."""
+    """Another attachment whose record names CNI_IFNAME in ``netns`` (the same namespace by
+    identity, :func:`cni_dra.verbs.release.names_recorded_netns`), or None. An unreadable
+    state answers None (DEL then judges the link alone, as it did before there were
+    records). Raises TryAgainLaterError (11) on lock timeout."""
     from cni_dra.errors import StateError
     from cni_dra.netlink.netns import netns_identity_or_none
+    from cni_dra.verbs.release import names_recorded_netns
 
     env = inv.env
     key = (inv.conf.name, env.container_id, env.ifname)
@@ -115,22 +140,9 @@ def _recorded_elsewhere(inv: Invocation, netns: str) -> Attachment | None:
     others = [a for a in state.attachments if a.ifname == env.ifname and a.key != key and a.netns]
     ident = netns_identity_or_none(netns) if others else None
     for other in others:
-        if other.netns == netns or (ident is not None and netns_identity_or_none(other.netns) == ident):
+        if names_recorded_netns(other, netns, ident):
             return other
     return None
-
-
-def _on_recorded_parent(att: Attachment, netns: str) -> bool:
-    """Whether the attachment's link in ``netns`` sits on its recorded parent NIC (a recorded
-    path that names another namespace now, a ``/proc/PID`` one reused, holds someone else's)."""
-    from cni_dra.errors import CniError
-    from cni_dra.netlink import info
-
-    try:
-        parent = info.host_parent_of(netns, att.ifname)
-    except CniError:
-        return False
-    return parent is not None and parent.name == att.parent
 
 
 def _ours_without_record(inv: Invocation, netns: str) -> bool:

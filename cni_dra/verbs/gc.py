@@ -2,10 +2,13 @@
 
 Source: CNI spec 1.1.0 "GC: Clean up any stale resources" (config version >= 1.1.0,
 gated by the entry point with code 1) — the config carries ``cni.dev/valid-attachments``
-(older runtimes: ``cni.dev/attachments``), a list of ``{"containerID", "ifname"}``. For each
-attachment of this network (``name``) in state that is not listed: delete its link (unless
-its netns is gone or is the host's), release its IPAM with the config recorded at ADD,
-release its capacity. Then GC is forwarded to the IPAM plugin (skipped for plugins older
+(older runtimes: ``cni.dev/attachments``), a list of ``{"containerID", "ifname"}`` (keys
+matched as libcni's Go decoding does, in any case; an entry without both is refused with
+code 7 before anything is collected: :func:`cni_dra.protocol.config.gc_attachments`). For
+each attachment of this network (``name``) in state that is not listed: delete its link
+(only in the namespace it was added in, by identity, and only when a link of its name there
+sits on its recorded NIC: :func:`cni_dra.verbs.release.recorded_link_place`), release
+its IPAM with the config recorded at ADD, release its capacity. Then GC is forwarded to the IPAM plugin (skipped for plugins older
 than spec 1.1.0, which have no GC). Errors are collected and GC continues past them; the
 first is raised at the end (its own CNI code), its ``details`` listing every failure.
 
@@ -18,7 +21,10 @@ What GC leaves alone, whatever the list says (README "Failure modes"):
 * an attachment still being added or deleted (an ADD or DEL whose process is alive;
   stale ones were recovered first);
 * an attachment that became ready less than :data:`GRACE_S` ago: the runtime may have
-  built its list before that ADD finished.
+  built its list before that ADD finished;
+* ``state repair``'s placeholders (network :data:`cni_dra.verbs.repair.REPAIR_NETWORK`, also
+  when the GC names that network): they charge a live link no record tracks, and only the
+  DEL of that link's pod releases them.
 
 The IPAM plugin's GC gets the runtime's list plus the attachments spared here, so it does
 not release their addresses either.
@@ -68,16 +74,16 @@ def cmd_gc(inv: Invocation) -> None:
         return
 
     from cni_dra import ipam
-    from cni_dra.netlink.netns import is_host_netns, netns_exists
     from cni_dra.verbs.recover import recover_pending
-    from cni_dra.verbs.release import release_attachment
+    from cni_dra.verbs.release import recorded_link_place, release_attachment
+    from cni_dra.verbs.repair import REPAIR_NETWORK
 
     recover_pending(inv)  # stale intents and attachments lost in a reboot, before judging the rest
-    keep = {(a.get("containerID"), a.get("ifname")) for a in valid}
+    keep = {(a["containerID"], a["ifname"]) for a in valid}
     now_s = time.time()
     stale, spared = [], []
     for att in inv.store.read().attachments:
-        if att.network != conf.name or (att.containerID, att.ifname) in keep:
+        if att.network != conf.name or att.network == REPAIR_NETWORK or (att.containerID, att.ifname) in keep:
             continue
         age_s = att.ready_age_s(now_s)
         if att.phase != "ready":
@@ -93,8 +99,8 @@ def cmd_gc(inv: Invocation) -> None:
     errors: list[CniError] = []
     for att in stale:
         try:
-            usable = bool(att.netns) and netns_exists(att.netns) and not is_host_netns(att.netns)
-            release_attachment(att, inv.environ, inv.env.path, delete_link=usable)
+            where = recorded_link_place(att)
+            release_attachment(att, inv.environ, inv.env.path, delete_link=where is not None, netns=where)
             with inv.store.transaction() as state:
                 state.remove(*att.key)
         except CniError as exc:

@@ -12,6 +12,13 @@ between creating the link and renaming it). The intent
 ends with :meth:`AddIntent.complete` or :meth:`AddIntent.abandon`. DEL marks it
 ``deleting`` before its first effect (:func:`begin_delete`) and drops it after the last
 (:func:`finish_delete`).
+
+An intent of a live process stops another ADD or DEL of the same attachment with code 11
+("still in progress"), except one that recovery took over from a dead process
+(``recovering``, :mod:`cni_dra.verbs.recover`): the attachment's own ADD or DEL (the retry
+of the interrupted invocation, typically) waits for that recovery to finish, at most
+``lockTimeoutSeconds`` (:func:`wait_for_recovery`), then goes on; only past that bound does
+it answer code 11 (:class:`RecoveryInProgressError`).
 """
 
 from __future__ import annotations
@@ -24,14 +31,70 @@ from cni_dra.errors import StateError, StateWriteError, TryAgainLaterError
 from cni_dra.state import Attachment
 from cni_dra.state.owner import current_owner, owner_alive
 from cni_dra.verbs.common import Invocation
-from cni_dra.verbs.recover import REPAIR_NETWORK, recover_pending
+from cni_dra.verbs.recover import recover_pending
+from cni_dra.verbs.repair import REPAIR_NETWORK
 
-__all__ = ["AddIntent", "begin_delete", "finish_delete"]
+__all__ = ["AddIntent", "RecoveryInProgressError", "begin_delete", "finish_delete", "recovery_holds",
+           "wait_for_recovery"]
 
 log = logging.getLogger("cni_dra.intent")
 
+_RECOVERY_POLL_S = 0.02
+
+
+class RecoveryInProgressError(TryAgainLaterError):
+    """The attachment ``key``'s intent is held by a live process that is recovering it (code
+    11 when it is still held after the wait, :func:`wait_for_recovery`)."""
+
+    def __init__(self, msg: str, key: tuple[str, str, str]) -> None:
+        super().__init__(msg)
+        self.key = key
+
+
+def recovery_holds(att: Attachment) -> bool:
+    """Whether ``att`` is an intent that a live process took over to recover it."""
+    return bool(att.recovering) and att.phase != "ready" and owner_alive(att.owner)
+
+
+def recovery_in_progress(inv: Invocation, att: Attachment, verb: str) -> RecoveryInProgressError:
+    """The error for ``verb`` (``add``, ``delete``) of ``inv``'s attachment ``att``, held by a recovery."""
+    pid = att.owner.pid if att.owner else "?"
+    return RecoveryInProgressError(
+        f"failed to {verb} {inv.env.ifname} for container {inv.env.container_id}: its interrupted "
+        f"{'ADD' if att.phase == 'adding' else 'DEL'} is still being recovered by process {pid}", att.key)
+
+
+def wait_for_recovery(inv: Invocation, busy: RecoveryInProgressError, deadline: float) -> None:
+    """Wait until no live recovery holds the attachment ``busy.key`` (it finished, failed and
+    gave the intent back, or its process died), polling the state without the lock; raise
+    ``busy`` (code 11) at ``deadline`` (``time.monotonic()``). An unreadable state ends the
+    wait (the caller's next step reports it)."""
+    while True:
+        if time.monotonic() >= deadline:
+            raise busy
+        time.sleep(_RECOVERY_POLL_S)
+        try:
+            att = inv.store.peek().find(*busy.key)
+        except StateError:
+            return
+        if att is None or not recovery_holds(att):
+            return
+
 
 def begin_delete(inv: Invocation) -> Attachment | None:
+    """Start of DEL: :func:`_begin_delete`, waiting for a recovery of the same attachment
+    (module docstring). Raises as it does."""
+    deadline: float | None = None
+    while True:
+        try:
+            return _begin_delete(inv)
+        except RecoveryInProgressError as busy:
+            if deadline is None:
+                deadline = time.monotonic() + inv.conf.lockTimeoutSeconds
+            wait_for_recovery(inv, busy, deadline)
+
+
+def _begin_delete(inv: Invocation) -> Attachment | None:
     """Start of DEL: recovery, then mark the attachment ``deleting`` (the intent) and return it.
 
     Returns None when the attachment is not in state, or when the state file is unreadable:
@@ -48,24 +111,31 @@ def begin_delete(inv: Invocation) -> Attachment | None:
         with inv.store.transaction(durable=False) as st:
             att = st.find(*key)
             if att is None:
-                from cni_dra.netlink.netns import same_netns
+                from cni_dra.netlink.netns import netns_identity_or_none
+                from cni_dra.verbs.release import names_recorded_netns
 
                 # A placeholder that ``state repair`` made for this pod's untracked link (the
                 # same namespace by identity: repair names it /var/run/netns/..., the runtime
                 # may say /run/netns/...).
+                ident = None
                 for placeholder in st.attachments:
-                    if (placeholder.network == REPAIR_NETWORK and placeholder.ifname == inv.env.ifname
-                            and inv.env.netns and same_netns(placeholder.netns, inv.env.netns)):
+                    if placeholder.network != REPAIR_NETWORK or placeholder.ifname != inv.env.ifname \
+                            or not inv.env.netns:
+                        continue
+                    ident = ident or netns_identity_or_none(inv.env.netns)
+                    if names_recorded_netns(placeholder, inv.env.netns, ident):
                         st.remove(*placeholder.key)
                         log.info("DEL %s: released the repair placeholder of %s", key, placeholder.ifname)
                         break
                 return None
+            if att.phase == "adding" and recovery_holds(att):
+                raise recovery_in_progress(inv, att, "delete")
             if att.phase == "adding" and owner_alive(att.owner):
                 raise TryAgainLaterError(
                     f"failed to delete {inv.env.ifname} for container {inv.env.container_id}: an ADD of "
                     "the same attachment is still in progress"
                 )
-            return st.update(att, phase="deleting", owner=current_owner())
+            return st.update(att, phase="deleting", owner=current_owner(), recovering=None)
     except StateWriteError:
         raise  # nothing written, nothing removed: the runtime retries the DEL
     except StateError as exc:
@@ -111,7 +181,7 @@ class AddIntent:
                 raise ClaimError(f"failed to complete ADD of {self.key}: the attachment vanished from state")
             extra = {"shaping": shaping} if shaping is not None else {}
             ready = state.update(recorded, phase="ready", result=result, owner=None, steps=(), tempName=None,
-                                 readyAt=ready_at(time.time()), **extra)  # GC spares it for a grace period
+                                 recovering=None, readyAt=ready_at(time.time()), **extra)  # GC spares it for a grace period
             if ready.claim is not None:  # claim mode: the agent writes it into the claim's status
                 state.add_status_update(claim_status_record(ready))
 

@@ -30,11 +30,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cni_dra.errors import CniError
 from cni_dra.faults import fault_point
 from cni_dra.state import Attachment
 from cni_dra.verbs.common import Concurrently, ipam_codes
 
-__all__ = ["IpamRelease", "release", "release_attachment", "release_temp_link"]
+__all__ = [
+    "IpamRelease",
+    "names_recorded_netns",
+    "recorded_link_place",
+    "recorded_netns_path",
+    "release",
+    "release_attachment",
+    "release_temp_link",
+]
 
 
 @dataclass(frozen=True)
@@ -111,9 +120,11 @@ def release_attachment(
     *,
     delete_link: bool = True,
     release_ipam: bool = True,
+    netns: str | None = None,
 ) -> list[str]:
     """:func:`release` of a recorded attachment: its link (``delete_link``; the caller has
-    checked that its netns is usable and not the host's) and, with ``release_ipam``, the
+    checked that its netns is usable and not the host's: :func:`recorded_link_place`, whose
+    answer is ``netns``, default the recorded path) and, with ``release_ipam``, the
     IPAM DEL with the config recorded at ADD, in ``environ`` plus the attachment's
     CNI_CONTAINERID, CNI_IFNAME and CNI_NETNS (and CNI_PATH from ``cni_path``). Its shaping
     goes with the link when it recorded one, or when it is an ADD that never completed (the
@@ -125,7 +136,8 @@ def release_attachment(
             env["CNI_PATH"] = ":".join(cni_path)
         ipam = IpamRelease(att.ipamType, att.ipamConf.encode(), env)
     shaped = att.shaping is not None or att.phase == "adding"
-    return release(att.netns, att.ifname, delete_link=delete_link, ipam=ipam, cni_path=cni_path, shaped=shaped)
+    return release(netns or att.netns, att.ifname, delete_link=delete_link, ipam=ipam, cni_path=cni_path,
+                   shaped=shaped)
 
 
 def release_temp_link(att: Attachment) -> list[str]:
@@ -133,11 +145,74 @@ def release_temp_link(att: Attachment) -> list[str]:
     (``tempName``: killed between creating the link and renaming it), when it is still in
     the attachment's netns on the recorded parent
     (:func:`cni_dra.netlink.sublink.delete_temp_links`); returns what was done, in words.
-    Nothing when no name is recorded, the netns is gone or is the host's. Raises
-    InvalidEnvironmentError (4) for a netns path that is something else, NetlinkError (102)."""
-    from cni_dra.netlink import netns, sublink  # called through the module: the seam tests patch
+    Nothing when no name is recorded, or the recorded namespace is gone (its path names
+    no namespace and it is found nowhere else: :func:`recorded_netns_path`) or is the host's. Raises
+    NetlinkError (102)."""
+    from cni_dra.netlink import sublink  # called through the module: the seam tests patch
 
-    if not att.tempName or not att.netns or not netns.netns_exists(att.netns) or netns.is_host_netns(att.netns):
+    where = recorded_netns_path(att) if att.tempName else None
+    if where is None:
         return []
-    gone = sublink.delete_temp_links(att.netns, att.tempName, att.parent)
-    return [f"temporary link {name} deleted in {att.netns}" for name in gone]
+    gone = sublink.delete_temp_links(where, att.tempName or "", att.parent)
+    return [f"temporary link {name} deleted in {where}" for name in gone]
+
+
+def names_recorded_netns(att: Attachment, path: str, ident: tuple[int, int] | None) -> bool:
+    """Whether ``path``, whose namespace identity is ``ident`` (None: it names none), is the
+    namespace ``att`` was added in: by the recorded identity; for a record written before
+    identities were recorded, by :func:`~cni_dra.netlink.netns.same_netns` of the paths
+    (equal strings match without a look)."""
+    from cni_dra.netlink import netns  # called through the module: the seam tests patch
+
+    if att.netnsIdentity is not None:
+        return ident is not None and att.netnsIdentity == ident
+    if path == att.netns:
+        return True
+    return ident is not None and bool(att.netns) and netns.netns_identity_or_none(att.netns) == ident
+
+
+def recorded_netns_path(att: Attachment) -> str | None:
+    """A path that names the namespace ``att`` was added in now, other than the host's, or
+    None. Its recorded path when that still names it: the same identity (``netnsIdentity``),
+    or, for a record without one, any live network namespace there. Else, for a record with
+    an identity, the entry of ``/var/run/netns`` that names it
+    (:func:`~cni_dra.netlink.netns.find_netns`: the runtime moved its path, or the recorded
+    path was a symlink pointed elsewhere since). None: gone (its links went with it), or
+    named by no path cni-dra knows. A path that names nothing now, or something that is not
+    a namespace, or cannot be looked at, is not it. Never raises."""
+    from cni_dra.netlink import netns  # called through the module: the seam tests patch
+
+    if not att.netns:
+        return None
+    try:
+        ident = netns.netns_lookup(att.netns)
+    except CniError:
+        ident = None
+    if ident is not None and (att.netnsIdentity is None or att.netnsIdentity == ident):
+        return None if ident == netns.host_netns_identity() else att.netns
+    if att.netnsIdentity is None:
+        return None
+    found = netns.find_netns(att.netnsIdentity)
+    return None if found is None or att.netnsIdentity == netns.host_netns_identity() else found
+
+
+def recorded_link_place(att: Attachment) -> str | None:
+    """Where DEL (when the runtime does not name the recorded namespace), GC and recovery may
+    delete ``att``'s link by name, or None: the namespace it was added in
+    (:func:`recorded_netns_path`), when the link of its ifname there is absent (then only an
+    ifb device it left goes) or sits on the recorded parent NIC. A namespace made later may
+    have the dead one's inode (the kernel reuses them): a link of that name on another NIC,
+    or on none, is someone else's. Costs up to two netlink requests. Never raises (a
+    failed look: None)."""
+    from cni_dra.netlink import info  # called through the module: the seam tests patch
+
+    path = recorded_netns_path(att)
+    if path is None:
+        return None
+    try:
+        if info.link_in_netns(path, att.ifname) is None:
+            return path
+        parent = info.host_parent_of(path, att.ifname)
+    except CniError:
+        return None
+    return path if parent is not None and parent.name == att.parent else None
