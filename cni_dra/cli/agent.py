@@ -35,11 +35,16 @@ __all__ = ["agent"]
               help="Delete the node's ResourceSlice on exit.")
 @click.option("--fastpath-socket", envvar="CNI_DRA_AGENT_SOCKET", default=DEFAULT_SOCKET, show_default=True,
               help="Unix socket on which plugin invocations are served (where the plugin looks).")
+@click.option("--fractional-capacity-range", "fractional", envvar="CNI_DRA_FRACTIONAL_CAPACITY_RANGE",
+              default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+              help="The cluster's DRAFractionalCapacityRange feature gate, recorded for the plugin's standalone "
+                   "allocation: auto (the API server's kubernetes_feature_enabled metric; off when it is not "
+                   "readable), or on/off as given.")
 @click.option("--log-level", envvar="CNI_DRA_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str, conflists: tuple[str, ...],
           plugin_dir: str | None, registry_dir: str, metrics_address: str, resync_interval: float, cleanup: bool, fastpath_socket: str,
-          log_level: str) -> None:
+          fractional: str, log_level: str) -> None:
     """Run the node agent until SIGTERM/SIGINT."""
     from cni_dra.agent.main import Agent, AgentConfig
 
@@ -49,7 +54,8 @@ def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str
     cfg = AgentConfig(node_name=node_name, inventory=inventory, state_dir=state_dir, conflists=conflists,
                       kubeconfig=kubeconfig,
                       plugin_dir=plugin_dir, registry_dir=registry_dir, metrics_address=metrics_address,
-                      resync_s=resync_interval, cleanup=cleanup, fastpath_socket=fastpath_socket)
+                      resync_s=resync_interval, cleanup=cleanup, fastpath_socket=fastpath_socket,
+                      fractional_capacity_range=fractional)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
