@@ -11,6 +11,9 @@ Serves over HTTP on 127.0.0.1 (random port):
   ``resourceVersion``: one JSON event per line, ADDED/MODIFIED of every claim change
   after it, until ``timeoutSeconds``; an injected ``fail("WATCH", ...)`` status is sent as
   the watch's ERROR event, as the API server reports an expired resourceVersion (410))
+* ``GET /metrics`` (text): :attr:`FakeApiServer.metrics` when set (only the families named
+  by ``name[]`` query parameters, when there are any), else 403 as for a role without
+  ``nonResourceURLs /metrics``
 * ``PATCH .../resourceclaims/NAME/status`` with ``application/apply-patch+yaml``
   (server-side apply: ``status.devices[]`` merged by (driver, pool, device, shareID), a
   manager's entries missing from its next apply removed;
@@ -61,6 +64,7 @@ class FakeApiServer:
     owned: dict[tuple[str, str, str], set[tuple[Any, ...]]] = field(default_factory=dict)  # SSA ownership
     lock: threading.RLock = field(default_factory=threading.RLock)
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # claim changes (rv, type, obj)
+    metrics: str | None = None  # the /metrics text; None: 403
     closing: threading.Event = field(default_factory=threading.Event)
     _rv: itertools.count = field(default_factory=lambda: itertools.count(1))
 
@@ -77,6 +81,9 @@ class FakeApiServer:
                 if self.command == "GET" and parts.path == f"{_V1}/resourceclaims" and \
                         parse_qs(parts.query).get("watch") == ["true"]:
                     server.watch(self, parse_qs(parts.query))
+                    return
+                if self.command == "GET" and parts.path == "/metrics":
+                    server.serve_metrics(self, parse_qs(parts.query))
                     return
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
@@ -180,6 +187,25 @@ class FakeApiServer:
             send(b"")
         except OSError:  # the client went away
             pass
+
+    def serve_metrics(self, handler: BaseHTTPRequestHandler, query: dict[str, list[str]]) -> None:
+        with self.lock:
+            self.requests.append(Recorded("GET", "/metrics", query, "", None))
+            text = self.metrics
+        status, ctype = (200, "text/plain; version=0.0.4") if text is not None else (403, "application/json")
+        if text is None:
+            data = json.dumps(_status(403, 'forbidden: User cannot get path "/metrics"')).encode()
+        else:
+            names = set(query.get("name[]") or [])
+            lines = [ln for ln in text.splitlines(keepends=True)
+                     if not names or (ln.split()[2] if ln.startswith("#") and len(ln.split()) > 2
+                                      else ln.split("{")[0].split()[0]) in names]
+            data = "".join(lines).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", ctype)
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
 
     def fail(self, method: str, path_regex: str, status: int, count: int = 1) -> None:
         """Answer the next ``count`` requests matching (method, path regex) with ``status``."""

@@ -154,10 +154,13 @@ CASES: list[Case] = [
          [[("r", "d", {"c": "1G"})], NoFitExpect("remaining c 73741824 < 100M")]),
     Case("every-capacity-in-consumed", [D("d", caps={"bw": {"value": "10G"}, "queues": {"value": 8, "requestPolicy": RANGE_MIN1}})],
          [C(R("r", {"bw": "1G"}))], [[("r", "d", {"bw": "1G", "queues": "1"})]]),
-    Case("qualified-device-key-kept", [D("d", caps={"drv/bandwidth": {"value": "10G"}})], [C(R("r", {"bandwidth": "2G"}))],
-         [[("r", "d", {"drv/bandwidth": "2G"})]]),
-    Case("qualified-request-matches-short-key", [D("d", "10G", cap_name="bandwidth")],
-         [C(R("r", {"drv/bandwidth": "2G"}))], [[("r", "d", {"bandwidth": "2G"})]]),
+    # a claim's capacity names are looked up as they are (upstream requestsContainNonExistCapacity)
+    Case("qualified-key-by-its-qualified-name", [D("d", caps={"drv/bandwidth": {"value": "10G"}})],
+         [C(R("r", {"drv/bandwidth": "2G"}))], [[("r", "d", {"drv/bandwidth": "2G"})]]),
+    Case("short-request-misses-a-qualified-key", [D("d", caps={"drv/bandwidth": {"value": "10G"}})],
+         [C(R("r", {"bandwidth": "2G"}))], [NoFitExpect("d: no capacity bandwidth")]),
+    Case("qualified-request-misses-a-short-key", [D("d", "10G", cap_name="bandwidth")],
+         [C(R("r", {"drv/bandwidth": "2G"}))], [NoFitExpect("d: no capacity drv/bandwidth")]),
     Case("other-domain-request-no-fit", [D("d", "10G", cap_name="bandwidth")], [C(R("r", {"other.io/bandwidth": "2G"}))],
          [NoFitExpect("no capacity other.io/bandwidth")]),
     # --- dedicated vs shared devices -------------------------------------------------------
@@ -181,8 +184,14 @@ CASES: list[Case] = [
     Case("same-claim-requests-accumulate", [D("d", 4)], [C(R("a", {"c": 2}), R("b", {"c": 3}))],
          [NoFitExpect("requests a and b fit alone but not together: combined c 5 > 4 on d (a 2 + b 3)")]),
     # --- count and All ---------------------------------------------------------------------
+    # one request never takes a device twice, shared or not (upstream's next device of a
+    # request starts at deviceIndex + 1, allocator_incubating.go); other requests may
     Case("count-3-on-one-shared-device", [D("d", 3)], [C(R("r", {"c": 1}, count=3))],
-         [[("r", "d", {"c": "1"})] * 3]),
+         [NoFitExpect("needs 3 devices, 1 available")]),
+    Case("count-2-takes-two-shared-devices", [D("a", 3), D("b", 3)], [C(R("r", {"c": 1}, count=2))],
+         [[("r", "a", {"c": "1"}), ("r", "b", {"c": "1"})]]),
+    Case("count-2-skips-the-device-it-took", [D("a", 3), D("b", 1), D("c", 3)], [C(R("r", {"c": 2}, count=2))],
+         [[("r", "a", {"c": "2"}), ("r", "c", {"c": "2"})]]),
     Case("count-2-dedicated-distinct", [D("d1", 1, shared=False), D("d2", 1, shared=False)], [C(R("r", count=2))],
          [[("r", "d1", None), ("r", "d2", None)]]),
     Case("count-3-of-2-dedicated-no-fit", [D("d1", 1, shared=False), D("d2", 1, shared=False)], [C(R("r", count=3))],
@@ -213,6 +222,12 @@ CASES: list[Case] = [
          [D("d1", 10), D("d2", 2)],
          [C(R("a", {"c": 1}), R("b", {"c": 8}), constraints=[{"distinctAttribute": "drv/ifName"}])],
          [[("a", "d2", {"c": "1"}), ("b", "d1", {"c": "8"})]]),
+    # a device allocationMode All needs breaking a constraint fails the allocation with an
+    # error (upstream allocateDevice(must=true)), it does not backtrack or fall back
+    Case("all-mode-device-breaking-a-constraint-aborts",
+         [D("d1", 10, attrs={"grp": "g1"}), D("d2", 10, attrs={"grp": "g2"})],
+         [C(R("a", {"c": 1}), R("every", {"c": 1}, mode="All"), constraints=[{"matchAttribute": "drv/grp"}])],
+         [NoFitExpect("request every: cannot add device d2 because a claim constraint would not be satisfied")]),
     Case("match-attribute-missing-excludes-device",
          [D("d1", 10), D("d2", 10, attrs={"numa": 1})],
          [C(R("a", {"c": 1}), R("b", {"c": 1}), constraints=[{"matchAttribute": "drv/numa"}])],
@@ -321,10 +336,25 @@ ALL_CAPACITY_CASES: list[Case] = [
     Case("all-then-count-of-a-capacity-all-lacks", [D("a", 10), D("s", 10, cap_name="other")],
          [C(R("every", {"c": 4}, mode="All"), R("one", {"other": 4}))],
          [[("every", "a", {"c": "4"}), ("one", "s", {"other": "4"})]]),
-    Case("all-then-count-needs-a-full-device", [D("a", 10), D("b", 3)],
+    Case("all-then-count-on-the-same-devices", [D("a", 10), D("b", 10)],
          [C(R("every", {"c": 8}, mode="All"), R("one", {"c": 4}, count=2))],
          [NoFitExpect("requests every and one fit alone but not together")]),
+    Case("count-2-needs-two-devices-next-to-all", [D("a", 10), D("b", 3)],
+         [C(R("every", {"c": 8}, mode="All"), R("one", {"c": 4}, count=2))],
+         [NoFitExpect("request one: b: remaining c 3 < 4; needs 2 devices, 1 available")]),
 ]
+
+
+def test_an_all_mode_constraint_break_is_an_abort_not_a_misfit() -> None:
+    sl = slice_of([D("d1", 10, attrs={"grp": "g1"}), D("d2", 10, attrs={"grp": "g2"})])
+    claim = ResourceClaim.model_validate(
+        C(R("a", {"c": 1}), R("every", {"c": 1}, mode="All"), constraints=[{"matchAttribute": "drv/grp"}]))
+    got = allocate_claim(claim, sl, NodeUsage(), share_ids())
+    assert isinstance(got, ClaimNoFit) and got.aborted
+    # a device that is merely full fails the request without an error
+    full = NodeUsage.from_consumed({"d2": {"c": Quantity.parse("10")}}, sl.spec.devices)
+    got = allocate_claim(ResourceClaim.model_validate(C(R("every", {"c": 1}, mode="All"))), sl, full, share_ids())
+    assert isinstance(got, ClaimNoFit) and not got.aborted
 
 
 def _usage(case: Case, sl: ResourceSlice) -> NodeUsage:

@@ -98,9 +98,11 @@ def test_pod_uses_the_template():
 
 def test_rbac_allows_every_agent_call():
     (role,) = by_kind("ClusterRole")
-    allowed = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+    allowed = {(g, r, v) for rule in role["rules"] for g in rule.get("apiGroups", []) for r in rule.get("resources", [])
                for v in rule["verbs"]}
+    allowed |= {("", url, v) for rule in role["rules"] for url in rule.get("nonResourceURLs", []) for v in rule["verbs"]}
     needed = {  # cni_dra.k8s.api.KubeApi
+        ("", "/metrics", "get"),  # get_metrics_text: the DRAFractionalCapacityRange gate
         ("", "nodes", "get"),
         ("resource.k8s.io", "resourceslices", "get"), ("resource.k8s.io", "resourceslices", "list"),
         ("resource.k8s.io", "resourceslices", "create"), ("resource.k8s.io", "resourceslices", "update"),
@@ -125,7 +127,7 @@ def test_rbac_allows_status_devices_writes_for_this_driver_on_its_node():
     (role,) = by_kind("ClusterRole")
     (ds,) = by_kind("DaemonSet")
     driver = json.loads(by_kind("ConfigMap")[0]["data"]["10-cni-dra.conflist"])["plugins"][0]["driver"]
-    rules = [r for r in role["rules"] if "resourceclaims/driver" in r["resources"]]
+    rules = [r for r in role["rules"] if "resourceclaims/driver" in r.get("resources", [])]
     assert rules, "no rule for resourceclaims/driver"
     (rule,) = rules
     assert rule["apiGroups"] == ["resource.k8s.io"]

@@ -11,6 +11,9 @@ Parts (each a service with ``start()``/``stop()``):
   that share a prepared claim (``status.reservedFor``) their copy in the node state;
 * the fast path (:class:`cni_dra.agent.fastpath.FastpathService`): plugin invocations served
   on ``fastpath_socket`` from the agent's warm imports;
+* the cluster's allocation semantics (:class:`cni_dra.agent.features.FeatureSync`): the
+  ``DRAFractionalCapacityRange`` gate, recorded for the plugin at start and every
+  ``features_interval_s`` (failures retried after 30 s);
 * any extra services the caller passes.
 
 The loop publishes the ResourceSlice at start, after link events (debounced) and every
@@ -76,6 +79,8 @@ class AgentConfig:
     fastpath_socket: str = DEFAULT_SOCKET  # where plugin invocations are served
     fastpath_processes: int | None = None  # accepting processes; None: one per CPU, at most 4
     fastpath_mount_ns: str | None = None  # in a container: the node's mount namespace, which they join
+    fractional_capacity_range: str = "auto"  # auto | on | off (cni_dra.agent.features)
+    features_interval_s: float = 600.0  # how often the API server is asked (auto)
     extra: list[Service] = field(default_factory=list)  # more services to run
 
 
@@ -86,6 +91,7 @@ class Agent:
         from cni_dra.agent.claimwatch import ClaimWatch
         from cni_dra.agent.driver import ClaimDriver
         from cni_dra.agent.fastpath import FastpathService
+        from cni_dra.agent.features import FeatureSync
         from cni_dra.agent.linkwatch import LinkWatch
         from cni_dra.agent.metrics import AgentMetrics
         from cni_dra.agent.nichealth import NicHealth
@@ -130,6 +136,7 @@ class Agent:
             health=self.health_feed,
         )
         self.store = StateStore(cfg.state_dir)
+        self.features = FeatureSync(self.api, cfg.state_dir, cfg.fractional_capacity_range)
         self.status = StatusWriter(
             self.api, self.store, field_manager=self.driver_name, count=self.metrics.status_update,
             health=lambda: {(self.driver_name, self.pool, d): st for d, st in self.nics.statuses().items()},
@@ -210,6 +217,7 @@ class Agent:
 
     def _loop(self, stop: threading.Event) -> None:
         next_publish = 0.0
+        next_features = 0.0
         publish_failures = 0
         stamp: object = object()  # forces a first status pass (records left while we were down)
         status_due: float | None = None
@@ -237,6 +245,13 @@ class Agent:
                     delay = min(0.5 * 2 ** (publish_failures - 1), 30.0)
                     log.warning("publish failed (retry in %.1fs): %s %s", delay, exc.msg, exc.details)
                     next_publish = now + delay
+            if now >= next_features:
+                try:
+                    self.features.sync()
+                    next_features = now + self.cfg.features_interval_s
+                except CniError as exc:
+                    log.warning("cluster features (retry in 30s): %s %s", exc.msg, exc.details)
+                    next_features = now + 30.0
             new_stamp = self._state_stamp()
             if new_stamp != stamp or (status_due is not None and now >= status_due):
                 stamp = new_stamp

@@ -44,10 +44,27 @@ from prometheus_client.registry import Collector
 
 from cni_dra.quantity import Quantity
 
-__all__ = ["NodeCollector", "AgentMetrics", "write_textfile", "parse_address"]
+__all__ = ["NodeCollector", "AgentMetrics", "feature_enabled", "write_textfile", "parse_address"]
 
 log = logging.getLogger("cni_dra.agent.metrics")
 _PHASES = ("adding", "ready")
+
+
+def feature_enabled(text: str, gate: str) -> bool | None:
+    """Whether a Kubernetes component's ``/metrics`` text says feature gate ``gate`` is
+    on: its ``kubernetes_feature_enabled{name="<gate>",stage="..."}`` sample (a BETA
+    metric of k8s.io/component-base ``metrics/prometheus/feature``) is 1 (on) or 0 (off).
+    None when there is no sample for ``gate`` (a version without that gate). Raises
+    ValueError when the text is not the Prometheus text format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        if family.name != "kubernetes_feature_enabled":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("name") == gate:
+                return bool(sample.value == 1)
+    return None
 
 
 def _num(q: str) -> float:

@@ -12,6 +12,7 @@ keeps the modules in that order.
 
 from cni_dra.allocator.capacity import (
     NoFit,
+    RequestNotRepresentable,
     check_fits,
     consumed_amount,
     dedicated_in_use,
@@ -31,6 +32,7 @@ __all__ = [
     "policy_sort_key",
     "NoFit",
     "Policy",
+    "RequestNotRepresentable",
     "Selection",
     "check_fits",
     "consumed_amount",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cni_dra.allocator.capacity import NoFit, device_consumption
 from cni_dra.allocator.claim_requests import MAX_RESULTS, ClaimRequest, SearchAbort
 from cni_dra.allocator.claim_search import ClaimProblem, ClaimSearch
 from cni_dra.dra.models import Device, DeviceAttribute, lookup_device_attribute
@@ -109,24 +108,6 @@ class _Explain:
     def _results_needed(self, req: ClaimRequest) -> int:
         return len(self.probe.all_devices(req)) if req.all_mode else req.count
 
-    def _room(self, req: ClaimRequest, device: Device) -> int | None:
-        """How many allocations of ``req`` ``device`` still takes (None: unbounded)."""
-        if req.admin_access:
-            return None
-        if not device.shared:
-            return 1
-        cons = device_consumption(device, req.capacity, self.driver)
-        if isinstance(cons, NoFit):
-            return 0
-        node = self.usage.consumed_on(device.name)
-        room: int | None = None
-        for key, amount in cons.items():
-            if amount.sign() <= 0:
-                continue
-            left = (device.capacity[key].value - node.get(key, _ZERO)).nanos // amount.nanos
-            room = left if room is None else min(room, left)
-        return room
-
     def sharing_conflicts(self, reqs: Sequence[ClaimRequest]) -> list[str]:
         """Results limit, dedicated devices and shared capacities ``reqs`` compete for."""
         msgs = []
@@ -148,7 +129,7 @@ class _Explain:
         """The capacities of shared device ``d`` that ``users`` together overrun."""
         msgs = []
         node = self.usage.consumed_on(d.name)
-        cons = [(u, device_consumption(d, u.capacity, self.driver)) for u in users]
+        cons = [(u, self.probe.device_consumption(u, d)) for u in users]
         for key in sorted(d.capacity):
             amounts = [(u, c.get(key, _ZERO)) for u, c in cons if isinstance(c, dict)]
             total = node.get(key, _ZERO)
@@ -195,11 +176,8 @@ class _Explain:
         if self.fits([[req]], []):
             idx = self.minimal_constraints([[req]])
             return "constraint " + self.describe_constraints(idx, [req])
-        if not req.all_mode and not any(d.shared for d in fitting):
-            return f"needs {req.count} devices, {len(fitting)} available"
-        rooms = [(d.name, self._room(req, d)) for d in fitting]
-        text = ", ".join(f"{n} {'unbounded' if k is None else k}" for n, k in rooms)
-        return f"needs {needed} allocations, room for: {text}"
+        # One request takes a device once, shared or not: it needs as many devices as results.
+        return f"needs {needed} devices, {len(fitting)} available"
 
     def solo_reasons(self, out: dict[str, str]) -> list[ClaimRequest | None]:
         """Try each request alone (alternatives in order) and write why into ``out``;

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cni_dra.allocator.capacity import NoFit, device_consumption
+from cni_dra.allocator.capacity import NoFit, RequestNotRepresentable, device_consumption
 from cni_dra.allocator.claim_requests import MAX_RESULTS, ClaimRequest, SearchAbort
 from cni_dra.allocator.select import Policy, policy_sort_key, rank_key
 from cni_dra.allocator.usage import NodeUsage
@@ -29,13 +29,15 @@ _ZERO = Quantity.ZERO
 @dataclass(frozen=True)
 class ClaimProblem:
     """What a search (and each probe of a diagnosis) runs against: the claim, the node's
-    inventory and usage, the selection policy and the step bound."""
+    inventory and usage, the selection policy, the step bound and the cluster's
+    ``DRAFractionalCapacityRange`` gate (:mod:`cni_dra.allocator.capacity`)."""
 
     claim: ResourceClaim
     slice_: ResourceSlice
     usage: NodeUsage
     policy: Policy
     max_steps: int
+    fractional_capacity_range: bool = False
 
 
 @dataclass
@@ -67,6 +69,7 @@ class ClaimSearch:
         self.usage = problem.usage
         self.policy = problem.policy
         self.max_steps = problem.max_steps
+        self.fractional = problem.fractional_capacity_range
         self.steps = 0
         self.constraints = list(problem.claim.spec.devices.constraints if constraints is None else constraints)
         self.constraint_values: list[list[DeviceAttribute]] = [[] for _ in self.constraints]
@@ -77,6 +80,16 @@ class ClaimSearch:
         self._all_devices: dict[str, list[Device]] = {}
 
     # -- per-device checks ------------------------------------------------------------
+
+    def device_consumption(self, req: ClaimRequest, device: Device) -> dict[str, Quantity] | NoFit:
+        """What one allocation of ``req`` consumes on ``device`` (or why it cannot);
+        a request the device's range cannot compute stops the search (:class:`SearchAbort`),
+        as it aborts the scheduler's allocation."""
+        try:
+            return device_consumption(device, req.capacity, self.driver, fractional_capacity_range=self.fractional,
+                                      exact_names=True)
+        except RequestNotRepresentable as exc:
+            raise SearchAbort(f"request {req.name}: device {device.name}: {exc.msg}") from exc
 
     def selectable(self, req: ClaimRequest, device: Device) -> bool:
         key = (req.name, device.name)
@@ -99,7 +112,7 @@ class ClaimSearch:
         capacity it lacks, an amount its requestPolicy refuses, or an amount (after
         the policy's rounding) above the capacity's whole value.
         """
-        cons = device_consumption(device, req.capacity, self.driver)
+        cons = self.device_consumption(req, device)
         if isinstance(cons, NoFit):
             return cons.reasons[device.name]
         for key, amount in sorted(cons.items()):
@@ -131,7 +144,7 @@ class ClaimSearch:
 
     def consumption(self, req: ClaimRequest, device: Device) -> tuple[dict[str, Quantity] | None, str | None]:
         """(consumption or None for dedicated, reason when it does not fit)."""
-        cons = device_consumption(device, req.capacity, self.driver)
+        cons = self.device_consumption(req, device)
         if isinstance(cons, NoFit):
             return None, cons.reasons[device.name]
         if not device.shared or req.admin_access:
@@ -166,7 +179,11 @@ class ClaimSearch:
 
     # -- place / undo -----------------------------------------------------------------
 
-    def try_place(self, req: ClaimRequest, device: Device) -> bool:
+    def try_place(self, req: ClaimRequest, device: Device, *, must: bool = False) -> bool:
+        """Place one allocation of ``req`` on ``device`` if it may go there. ``must`` (a
+        device an ``allocationMode: All`` request needs): a constraint it breaks stops the
+        search (:class:`SearchAbort`), as upstream's ``allocateDevice(must=true)`` fails the
+        allocation with an error; being in use or full only fails the request."""
         self.steps += 1
         if self.steps > self.max_steps:
             raise SearchAbort(f"search limit of {self.max_steps} steps exceeded")
@@ -179,6 +196,9 @@ class ClaimSearch:
             return False
         ok, added = self.constraint_ok(req, device)
         if not ok:
+            if must:
+                raise SearchAbort(f"request {req.name}: cannot add device {device.name} because a claim "
+                                  "constraint would not be satisfied")
             return False
         self.picks.append(Pick(req, device, cons, added))
         if req.admin_access:
@@ -216,7 +236,11 @@ class ClaimSearch:
                 on_node[k] = on_node.get(k, _ZERO) + v
             key: tuple[int, ...] = ()
             if self.policy != "first-fit":
-                cons = device_consumption(d, req.capacity, self.driver)
+                try:
+                    cons = device_consumption(d, req.capacity, self.driver, fractional_capacity_range=self.fractional,
+                                              exact_names=True)
+                except RequestNotRepresentable:  # ranking only: placing it will stop the search
+                    cons = NoFit()
                 key = rank_key(d, on_node, {} if isinstance(cons, NoFit) else cons, req.capacity, self.driver)
             keyed.append((policy_sort_key(self.policy, key, d.name), d))
         keyed.sort(key=lambda kd: kd[0])
@@ -232,7 +256,7 @@ class ClaimSearch:
                     continue
                 placed = 0
                 for d in matching:
-                    if not self.try_place(req, d):
+                    if not self.try_place(req, d, must=True):
                         break
                     placed += 1
                 if placed == len(matching) and self.solve(requests, ri + 1):
@@ -251,8 +275,10 @@ class ClaimSearch:
             return self.solve(requests, ri + 1)
         for idx in range(start, len(order)):
             if self.try_place(req, order[idx]):
-                # Shared devices may serve the same request again; dedicated ones cannot.
-                if self.place_n(requests, ri, req, n - 1, order, idx):
+                # The request's next device comes after this one: one request never takes a
+                # device twice, shared or not (upstream goes on from deviceIndex + 1); other
+                # requests may take it again.
+                if self.place_n(requests, ri, req, n - 1, order, idx + 1):
                     return True
                 self.undo()
         return False

@@ -7,19 +7,25 @@ Semantics (k8s.io/dynamic-resource-allocation ``structured`` allocator; KEP-4381
 structured parameters, KEP-4816 prioritized list, KEP-5075 consumable capacity):
 
 * Requests are allocated in claim order. ``exactly`` with ``allocationMode:
-  ExactCount`` (the default) takes ``count`` devices (default 1); ``allocationMode:
+  ExactCount`` (the default) takes ``count`` distinct devices (default 1: one request
+  never takes a device twice, shared or not; upstream goes on from the next device,
+  k8s.io/dynamic-resource-allocation ``structured/internal/incubating/allocator_incubating.go``
+  ``allocateOne``); ``allocationMode:
   All`` takes every device that matches the request's selectors and whose capacity
   could serve the request on an idle device (each requested capacity exists, its
   requestPolicy admits the amount, the amount is within the capacity's value: the
   capacity request filters like a selector on the totals), needs at least one such
   device, and fails when any of them cannot be allocated now (held by a dedicated
   allocation, not enough left after the node's usage and earlier requests, a
-  constraint). A device that is merely full is not left out: it fails the request.
+  constraint). A device that is merely full is not left out: it fails the request; one
+  that breaks a constraint stops the search with an error, as upstream's
+  ``allocateDevice(must=true)`` does.
   ``firstAvailable`` tries its subrequests in order; the result names
   ``<request>/<subrequest>``.
 * Shared devices (``allowMultipleAllocations: true``) can serve several requests and
   claims while their capacity lasts; each allocation consumes per KEP-5075 (see
-  :mod:`cni_dra.allocator.capacity`), counting what the node has consumed and what
+  :mod:`cni_dra.allocator.capacity`, in the arithmetic of the cluster's
+  ``DRAFractionalCapacityRange`` gate), counting what the node has consumed and what
   earlier requests of the same claim took, and gets a ``shareID`` and a
   ``consumedCapacity`` holding every capacity of the device. Dedicated devices serve
   one allocation at a time, without shareID or consumedCapacity; a capacity request
@@ -78,10 +84,17 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ClaimNoFit:
-    """The claim cannot be allocated. ``reasons``: request name (or ``claim``) → why."""
+    """The claim cannot be allocated. ``reasons``: request name (or ``claim``) → why.
+
+    ``aborted``: the search stopped (a claim the API server would refuse, a request a
+    device's range cannot compute, a CEL selector failing at run time, the step limit)
+    instead of finding that nothing fits; the scheduler reports such a claim as an
+    error (condition reason ``SchedulerError``), not as ``Unschedulable``.
+    """
 
     claim: str
     reasons: dict[str, str]
+    aborted: bool = False
 
     def __str__(self) -> str:
         body = "; ".join(f"request {r}: {why}" if r != "claim" else why for r, why in self.reasons.items())
@@ -103,6 +116,8 @@ def allocate_claim(
     policy: Policy = "first-fit",
     classes: Mapping[str, Sequence[str]] | None = None,
     max_steps: int = 100_000,
+    *,
+    fractional_capacity_range: bool = False,
 ) -> AllocationResult | ClaimNoFit:
     """The ``status.allocation`` ``claim`` gets on this node, or why it cannot.
 
@@ -110,7 +125,9 @@ def allocate_claim(
     ``share_id`` returns a fresh lowercase UUID string per shared allocation,
     ``policy`` orders candidates (``first-fit``, ``best-fit``, ``least-allocated``),
     ``classes`` optionally maps DeviceClass names to their CEL selectors (None:
-    ``deviceClassName`` is not checked). Raises nothing for unsatisfiable or invalid
+    ``deviceClassName`` is not checked), ``fractional_capacity_range`` the cluster's
+    ``DRAFractionalCapacityRange`` gate (:mod:`cni_dra.allocator.capacity`; off unless
+    said, the Kubernetes 1.37 default). Raises nothing for unsatisfiable or invalid
     claims: those return :class:`ClaimNoFit` with a reason per request (each device's
     rejection when the request is tried alone on the node, or ``fits alone on ...``)
     and, when every request fits alone, a ``claim`` entry naming a minimal set of
@@ -123,12 +140,12 @@ def allocate_claim(
     cid = claim_id(claim)
     try:
         requests = expand_requests(claim, classes)
-        problem = ClaimProblem(claim, slice_, usage, policy, max_steps)
+        problem = ClaimProblem(claim, slice_, usage, policy, max_steps, fractional_capacity_range)
         search = ClaimSearch(problem)
         if not search.solve(requests, 0):
             return ClaimNoFit(cid, explain_no_fit(problem, requests, search.selectable_cache))
     except SearchAbort as exc:
-        return ClaimNoFit(cid, {"claim": exc.reason})
+        return ClaimNoFit(cid, {"claim": exc.reason}, aborted=True)
     results = []
     for pick in search.picks:
         shared = pick.consumption is not None
@@ -160,11 +177,16 @@ def allocate_claims(
     share_id: Callable[[], str],
     policy: Policy = "first-fit",
     classes: Mapping[str, Sequence[str]] | None = None,
+    *,
+    fractional_capacity_range: bool = False,
 ) -> list[AllocationResult | ClaimNoFit]:
-    """Allocate ``claims`` in order, each seeing what the earlier ones consumed."""
+    """Allocate ``claims`` in order, each seeing what the earlier ones consumed
+    (``fractional_capacity_range``: as for :func:`allocate_claim`)."""
     out: list[AllocationResult | ClaimNoFit] = []
     for claim in claims:
-        res = allocate_claim(claim, slice_, usage, share_id, policy, classes)
+        res = allocate_claim(
+            claim, slice_, usage, share_id, policy, classes, fractional_capacity_range=fractional_capacity_range
+        )
         if isinstance(res, AllocationResult):
             usage = usage.with_results(res.devices.results)
         out.append(res)

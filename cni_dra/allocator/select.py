@@ -104,6 +104,8 @@ def select_device(
     exclude: Collection[str] = (),
     driver: str = "",
     selectors: Sequence[str] = (),
+    *,
+    fractional_capacity_range: bool = False,
 ) -> Selection | NoFit:
     """Choose the device for one request of ``requests`` (capacity name → quantity).
 
@@ -113,7 +115,13 @@ def select_device(
     ``driver`` resolves ``<driver>/name`` capacity names and is ``device.driver`` for
     the CEL ``selectors`` (all must hold; see :mod:`cni_dra.allocator.cel`, which is
     imported only when selectors are given; a selector that fails to compile or
-    evaluate raises InvalidConfigError, code 7).
+    evaluate raises InvalidConfigError, code 7). ``fractional_capacity_range`` is the
+    cluster's ``DRAFractionalCapacityRange`` gate (see :mod:`cni_dra.allocator.capacity`;
+    off unless said, the Kubernetes 1.37 default).
+
+    Devices are examined in name order; a request the first device it reaches cannot
+    compute (:class:`~cni_dra.allocator.capacity.RequestNotRepresentable`, code 7) stops
+    the selection, as upstream aborts the allocation there.
 
     Returns :class:`Selection` or :class:`NoFit` whose ``reasons`` give, per device,
     why it does not fit, e.g. ``remaining bandwidth 3G < 8G``. Source: KEP-5075
@@ -123,7 +131,7 @@ def select_device(
         raise ValueError(f"unknown selection policy {policy!r}")
     reasons: dict[str, str] = {}
     candidates: list[tuple[tuple[tuple[int, ...], str], Selection]] = []
-    for device in devices:
+    for device in sorted(devices, key=lambda d: d.name):
         if device.name in exclude:
             reasons[device.name] = "excluded"
             continue
@@ -137,7 +145,7 @@ def select_device(
         if dedicated_in_use(device, on_node):
             reasons[device.name] = "dedicated device already allocated"
             continue
-        consumption = device_consumption(device, requests, driver)
+        consumption = device_consumption(device, requests, driver, fractional_capacity_range=fractional_capacity_range)
         if isinstance(consumption, NoFit):
             reasons.update(consumption.reasons)
             continue

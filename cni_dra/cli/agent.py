@@ -52,12 +52,17 @@ __all__ = ["agent"]
 @click.option("--fastpath-mount-ns", envvar="CNI_DRA_FASTPATH_MOUNT_NS", default=None,
               help="In a container: the node's mount namespace (e.g. /proc/1/ns/mnt with hostPID), which the "
                    "processes serving the fast path join; the agent process itself then serves none.")
+@click.option("--fractional-capacity-range", "fractional", envvar="CNI_DRA_FRACTIONAL_CAPACITY_RANGE",
+              default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+              help="The cluster's DRAFractionalCapacityRange feature gate, recorded for the plugin's standalone "
+                   "allocation: auto (the API server's kubernetes_feature_enabled metric; off when it is not "
+                   "readable), or on/off as given.")
 @click.option("--log-level", envvar="CNI_DRA_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str, conflists: tuple[str, ...],
           plugin_dir: str | None, registry_dir: str, metrics_address: str, resync_interval: float, cleanup: bool,
           nic_debounce: float, taint_effect: str, keep_missing: float, health_timeout: int, fastpath_socket: str,
-          fastpath_processes: int, fastpath_mount_ns: str | None, log_level: str) -> None:
+          fastpath_processes: int, fastpath_mount_ns: str | None, fractional: str, log_level: str) -> None:
     """Run the node agent until SIGTERM/SIGINT."""
     from cni_dra.agent.main import Agent, AgentConfig
 
@@ -70,7 +75,8 @@ def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str
                       resync_s=resync_interval, cleanup=cleanup, fastpath_socket=fastpath_socket,
                       fastpath_processes=fastpath_processes or None, fastpath_mount_ns=fastpath_mount_ns,
                       nic_debounce_s=nic_debounce, taint_effect=taint_effect, keep_missing_s=keep_missing,
-                      health_timeout_s=health_timeout)
+                      health_timeout_s=health_timeout,
+                      fractional_capacity_range=fractional)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

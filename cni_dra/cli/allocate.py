@@ -24,6 +24,14 @@ indented line per entry.
 Exit status: 0 when every claim fits, 1 when one does not, 2 on bad input (the
 error is printed as ``Type: message`` on stderr).
 
+``--fractional-capacity-range`` (env ``CNI_DRA_FRACTIONAL_CAPACITY_RANGE``) gives the
+cluster's ``DRAFractionalCapacityRange`` gate, which decides how a stepped ``validRange``
+rounds (:mod:`cni_dra.allocator.capacity`): ``on``, ``off``, or ``auto`` (the default):
+what the agent recorded in ``--state-dir`` (:mod:`cni_dra.state.features`), else off,
+the Kubernetes 1.37 default. A claim whose search stopped instead of finding nothing fits
+(a request a device's range cannot compute, a claim the API server would refuse) has
+``"aborted": true``: the scheduler reports it as an error, not as unschedulable.
+
 ``--state`` is a hidden, deprecated alias of ``--state-dir``.
 """
 
@@ -46,7 +54,18 @@ from cni_dra.dra.models import AllocationResult, ResourceClaim, ResourceSlice, t
 from cni_dra.errors import CniError
 from cni_dra.quantity import Quantity
 
-__all__ = ["AllocateEntry", "make_allocate_command", "read_node_usage", "run_allocate", "StateReader", "new_share_id"]
+__all__ = [
+    "AllocateEntry",
+    "FRACTIONAL_CHOICES",
+    "make_allocate_command",
+    "read_node_usage",
+    "read_fractional",
+    "run_allocate",
+    "StateReader",
+    "new_share_id",
+]
+
+FRACTIONAL_CHOICES = ("auto", "on", "off")
 
 class AllocateEntry(TypedDict, total=False):
     """One claim's line of the output: ``claim`` (namespace/name) and either its
@@ -57,6 +76,7 @@ class AllocateEntry(TypedDict, total=False):
     allocation: dict[str, Any]
     error: str
     reasons: dict[str, str]
+    aborted: bool
 
 
 #: Reads the node's usage of the slice's pool from a state directory: either a
@@ -77,6 +97,19 @@ def read_node_usage(state_dir: str, slice_: ResourceSlice) -> dict[str, dict[str
     return StateStore(state_dir).peek().consumed_by_device(slice_.spec.driver, slice_.spec.pool.name, devices)
 
 
+def read_fractional(state_dir: str | None) -> bool:
+    """``auto``: the ``DRAFractionalCapacityRange`` gate the agent recorded in
+    ``state_dir`` (:mod:`cni_dra.state.features`), else off (Kubernetes 1.37's default).
+    Raises StateError (5) for a record that cannot be read."""
+    if state_dir is None:
+        return False
+    from cni_dra.state import StateStore
+    from cni_dra.state.features import read_features
+
+    found = read_features(StateStore(state_dir))
+    return found is not None and found.fractional_capacity_range
+
+
 def new_share_id() -> str:
     """A fresh shareID: a lowercase RFC 4122 UUID (KEP-5075)."""
     return str(uuid.uuid4())
@@ -88,16 +121,24 @@ def run_allocate(
     usage: NodeUsage,
     share_id: Callable[[], str],
     policy: Policy = "first-fit",
+    *,
+    fractional_capacity_range: bool = False,
 ) -> tuple[list[AllocateEntry], bool]:
-    """Allocate ``claims`` in order; return (output entries, all fitted)."""
-    outcomes = allocate_claims(claims, slice_, usage, share_id, policy)
+    """Allocate ``claims`` in order under the cluster's ``DRAFractionalCapacityRange``
+    gate ``fractional_capacity_range``; return (output entries, all fitted)."""
+    outcomes = allocate_claims(
+        claims, slice_, usage, share_id, policy, fractional_capacity_range=fractional_capacity_range
+    )
     out: list[AllocateEntry] = []
     ok = True
     for claim, res in zip(claims, outcomes):
         cid = claim_id(claim)
         if isinstance(res, ClaimNoFit):
             ok = False
-            out.append({"claim": cid, "error": str(res), "reasons": dict(res.reasons)})
+            entry: AllocateEntry = {"claim": cid, "error": str(res), "reasons": dict(res.reasons)}
+            if res.aborted:
+                entry["aborted"] = True
+            out.append(entry)
         else:
             assert isinstance(res, AllocationResult)
             out.append({"claim": cid, "allocation": to_api(res)})
@@ -152,6 +193,11 @@ def make_allocate_command(
                   help='JSON/YAML file {"<device>": {"<capacity>": "<quantity>"}} of what is consumed.')
     @click.option("--policy", type=click.Choice(list(POLICIES)), default="first-fit", show_default=True,
                   envvar="CNI_DRA_POLICY", help="Order in which candidate devices are tried.")
+    @click.option("--fractional-capacity-range", "fractional", type=click.Choice(list(FRACTIONAL_CHOICES)),
+                  default="auto", show_default=True, envvar="CNI_DRA_FRACTIONAL_CAPACITY_RANGE",
+                  help="The cluster's DRAFractionalCapacityRange feature gate, which decides how a stepped "
+                       "validRange rounds: on (milli-units), off (whole units, Kubernetes 1.37's default), "
+                       "auto (what the agent recorded in --state-dir, else off).")
     @click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default="json", show_default=True,
                   envvar="CNI_DRA_OUTPUT")
     def allocate(
@@ -160,6 +206,7 @@ def make_allocate_command(
         state_dir: str | None,
         consumed: str | None,
         policy: Policy,  # one of POLICIES (click.Choice)
+        fractional: str,
         output: str,
     ) -> None:
         """Print the status.allocation each CLAIM would get on this node (dry run)."""
@@ -167,7 +214,8 @@ def make_allocate_command(
             slice_ = load_inventory(inventory, plugin_rules=False)
             claims = [c for path in claim_paths for c in load_claims(path)]
             usage = _usage(slice_, state_dir, consumed, state_reader)
-            entries, ok = run_allocate(slice_, claims, usage, share_id, policy)
+            gate = fractional == "on" if fractional != "auto" else read_fractional(state_dir)
+            entries, ok = run_allocate(slice_, claims, usage, share_id, policy, fractional_capacity_range=gate)
         except CniError as exc:
             click.echo(f"{type(exc).__name__}: {exc.msg}", err=True)
             sys.exit(2)

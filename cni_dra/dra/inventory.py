@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from cni_dra.dra.models import API_VERSION, Device, DeviceCapacity, ResourceSlice, device_attribute, to_api
 from cni_dra.errors import InventoryError, IOFailureError
-from cni_dra.quantity import Quantity
 
 __all__ = [
     "IFNAME_ATTRIBUTE",
@@ -34,7 +33,6 @@ __all__ = [
 #: The attribute holding a device's host interface name (short or ``<driver>/ifName``).
 IFNAME_ATTRIBUTE = "ifName"
 
-_MAX_VALID_VALUES = 10
 _MAX_ATTRIBUTES_AND_CAPACITIES = 32
 _MAX_DEVICES = 128
 _MAX_DOMAIN_LENGTH = 63
@@ -280,12 +278,14 @@ def device_problems(device: Device, driver: str) -> list[str]:
     return problems
 
 
-def _on_grid(value: Quantity, minimum: Quantity, step: Quantity) -> bool:
-    return step.sign() > 0 and (value.nanos - minimum.nanos) % step.nanos == 0
-
-
 def _capacity_problems(device: Device, cap: DeviceCapacity) -> list[str]:
-    """KEP-5075 requestPolicy rules (API server ``validateRequestPolicy``)."""
+    """KEP-5075 requestPolicy rules: the API server's (``validateRequestPolicy``, refused when
+    it refuses them with its ``DRAFractionalCapacityRange`` gate off and on alike:
+    :func:`cni_dra.dra.request_policy.inventory_policy_problems`), and cni-dra's own, which
+    the API server does not check: no negative value, default, min or validValues entry, and
+    no default above the capacity's value (a request left unnamed could never fit)."""
+    from cni_dra.dra.request_policy import inventory_policy_problems
+
     out: list[str] = []
     value = cap.value
     if value.sign() < 0:
@@ -295,62 +295,15 @@ def _capacity_problems(device: Device, cap: DeviceCapacity) -> list[str]:
         return out
     if not device.shared:
         out.append("requestPolicy: allowed only when allowMultipleAllocations is true")
-    for fld, q in (("default", policy.default),):
-        if q is not None and q.sign() < 0:
-            out.append(f"requestPolicy.{fld}: {q} must not be negative")
-    values, rng, default = policy.valid_values, policy.valid_range, policy.default
-    if values and rng is not None:
-        out.append("requestPolicy: validValues and validRange are mutually exclusive")
-        return out
-    if values:
-        if default is None:
-            out.append("requestPolicy.default: required when validValues is set")
-        if len(values) > _MAX_VALID_VALUES:
-            out.append(f"requestPolicy.validValues: {len(values)} values, at most {_MAX_VALID_VALUES} allowed")
-        for a, b in zip(values, values[1:]):
-            if b < a:
-                out.append(f"requestPolicy.validValues: {b} after {a}: values must be in ascending order")
-            elif a == b:
-                out.append(f"requestPolicy.validValues: {b} is listed twice")
-        for v in values:
-            if v > value:
-                out.append(f"requestPolicy.validValues: {v} is larger than the capacity value {value}")
-            if v.sign() < 0:
-                out.append(f"requestPolicy.validValues: {v} must not be negative")
-        if default is not None and default not in values:
-            out.append(f"requestPolicy.default: {default} is not one of validValues")
-    elif rng is not None:
-        if default is None:
-            out.append("requestPolicy.default: required when validRange is set")
-        mn, mx, step = rng.min, rng.max, rng.step
-        if mn.sign() < 0:
-            out.append(f"requestPolicy.validRange.min: {mn} must not be negative")
-        if mn > value:
-            out.append(f"requestPolicy.validRange.min: {mn} is larger than the capacity value {value}")
-        if default is not None and default < mn:
-            out.append(f"requestPolicy.default: {default} is less than validRange.min {mn}")
-        if default is not None and default > value:
-            out.append(f"requestPolicy.default: {default} is larger than the capacity value {value}")
-        if mx is not None:
-            if mn > mx:
-                out.append(f"requestPolicy.validRange.max: {mx} is less than min {mn}")
-            if mx > value:
-                out.append(f"requestPolicy.validRange.max: {mx} is larger than the capacity value {value}")
-            if default is not None and default > mx:
-                out.append(f"requestPolicy.default: {default} is more than validRange.max {mx}")
-        if step is not None:
-            if step.sign() <= 0:
-                out.append(f"requestPolicy.validRange.step: {step} must be positive")
-            else:
-                if mn + step > value:
-                    out.append(
-                        f"requestPolicy.validRange.step: one step {mn + step} (min + step) "
-                        f"is larger than the capacity value {value}"
-                    )
-                if default is not None and not _on_grid(default, mn, step):
-                    out.append(f"requestPolicy.default: {default} is not min {mn} + a multiple of step {step}")
-                if mx is not None and not _on_grid(mx, mn, step):
-                    out.append(f"requestPolicy.validRange.max: {mx} is not min {mn} + a multiple of step {step}")
-    elif default is not None and default > value:
+    default = policy.default
+    if default is not None and default.sign() < 0:
+        out.append(f"requestPolicy.default: {default} must not be negative")
+    for v in policy.valid_values or []:
+        if v.sign() < 0:
+            out.append(f"requestPolicy.validValues: {v} must not be negative")
+    if policy.valid_range is not None and policy.valid_range.min.sign() < 0:
+        out.append(f"requestPolicy.validRange.min: {policy.valid_range.min} must not be negative")
+    if default is not None and default > value and not policy.valid_values:
         out.append(f"requestPolicy.default: {default} is larger than the capacity value {value}")
+    out.extend(inventory_policy_problems(value, policy))
     return out

@@ -95,6 +95,40 @@ class KubeApi:
         out: dict[str, Any] = self._client.sanitize_for_serialization(obj)
         return out
 
+    # -- the API server's own metrics ------------------------------------------------------
+    def get_metrics_text(self, families: tuple[str, ...] = ()) -> str | None:
+        """The API server's ``/metrics`` (Prometheus text format), asking for the metric
+        ``families`` only (``name[]`` query parameters: an API server built with
+        client_golang 1.21 or later, as Kubernetes 1.37 is, sends just those; an older one
+        ignores them and sends everything). Needs the ClusterRole rule
+        ``nonResourceURLs: ["/metrics"], verbs: ["get"]``.
+
+        None when the server answers 403 (the role lacks that rule) or 404. Raises
+        IOFailureError (5) for any other failure.
+        """
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        what = "get the API server's /metrics"
+        client = self._client
+        try:
+            method, url, headers, body, post = client.param_serialize(
+                method="GET", resource_path="/metrics", query_params=[("name[]", f) for f in families],
+                header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"],
+            )
+            resp = client.call_api(method, url, header_params=headers, body=body, post_params=post,
+                                   _request_timeout=_TIMEOUT_S)
+            resp.read()
+            data = client.response_deserialize(resp, {"200": "bytearray"}).data
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return None
+            raise IOFailureError(f"failed to {what}: HTTP {exc.status} {exc.reason or ''}".rstrip(),
+                                 _message(exc.body)) from exc
+        except (HTTPError, OSError) as exc:
+            raise IOFailureError(f"failed to {what}: {exc}") from exc
+        return bytes(data).decode("utf-8", "replace")
+
     # -- core/v1 ---------------------------------------------------------------------------
     def get_node(self, name: str) -> dict[str, Any] | None:
         """The Node ``name`` (GET /api/v1/nodes/NAME), or None. Raises IOFailureError (5)."""

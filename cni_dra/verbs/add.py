@@ -193,7 +193,10 @@ def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> 
     asker = Asker(env.args.pod_uid, env.args.pod_namespace, env.args.pod_name, env.container_id, env.ifname)
     picked = pick_result(state, inv.conf, asker)
     conf = conf_for(inv, picked)
-    placement = place(state, slice_, host_links, conf, asker, picked)
+    # The cluster's rounding rules matter to a standalone allocation only (claim mode
+    # honours the scheduler's amounts), so only then is the agent's record read.
+    fractional = picked is None and inv.fractional_capacity_range
+    placement = place(state, slice_, host_links, conf, asker, picked, fractional_capacity_range=fractional)
     att = Attachment(
         network=conf.name, containerID=env.container_id, ifname=env.ifname, netns=env.netns or "",
         podUID=asker.pod_uid, podNamespace=asker.pod_namespace, podName=asker.pod_name,

@@ -41,13 +41,24 @@ class Invocation:
 
         return load_inventory(self.conf.inventory)
 
+    @cached_property
+    def fractional_capacity_range(self) -> bool:
+        """The cluster's ``DRAFractionalCapacityRange`` gate as the agent recorded it in the
+        state directory (:mod:`cni_dra.state.features`); off (Kubernetes 1.37's default)
+        when nothing is recorded. Read once, by a standalone allocation only. Raises
+        StateError (5) for a record that cannot be read."""
+        from cni_dra.state.features import read_features
+
+        found = read_features(self.store)
+        return found is not None and found.fractional_capacity_range
+
     def with_conf(self, conf: NetConf) -> Invocation:
         """This invocation with ``conf`` as its config (a device profile applied), sharing
         its state store and inventory once loaded; ``self`` when ``conf`` is its own."""
         if conf is self.conf:
             return self
         other = Invocation(env=self.env, conf=conf, raw=self.raw, environ=self.environ)
-        for name in ("store", "inventory"):
+        for name in ("store", "inventory", "fractional_capacity_range"):
             if name in self.__dict__:
                 other.__dict__[name] = self.__dict__[name]
         return other

@@ -115,18 +115,21 @@ def pick_result(state: NodeState, conf: NetConf, asker: Asker) -> tuple[Prepared
 def place(
     state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf, asker: Asker,
     picked: tuple[PreparedClaim, PreparedResult] | None | EllipsisType = ...,
+    *,
+    fractional_capacity_range: bool = False,
 ) -> Placement:
     """Claim mode when the pod has a prepared allocation result of ``conf.driver`` for
     this interface (``picked``, :func:`pick_result`'s when not given), else standalone.
     ``slice_``: the inventory (ResourceSlice); ``host_links``: host interface name → link
     facts (``mtu``, ``admin_up``, ``operstate``); ``conf``: the network config, the
-    result's device profile already applied (its ``linkType`` is the link's). Raises as
-    the module docstring says."""
+    result's device profile already applied (its ``linkType`` is the link's);
+    ``fractional_capacity_range``: the cluster's ``DRAFractionalCapacityRange`` gate, for a
+    standalone allocation. Raises as the module docstring says."""
     if picked is ...:
         picked = pick_result(state, conf, asker)
     if picked is not None:
         return place_claim(state, slice_, host_links, picked, conf.linkType, asker)
-    return place_standalone(state, slice_, host_links, conf, asker)
+    return place_standalone(state, slice_, host_links, conf, asker, fractional_capacity_range=fractional_capacity_range)
 
 
 def place_claim(
@@ -206,11 +209,21 @@ def _usable(
 
 
 def place_standalone(
-    state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf, asker: Asker
+    state: NodeState,
+    slice_: ResourceSlice,
+    host_links: Mapping[str, LinkInfo],
+    conf: NetConf,
+    asker: Asker,
+    *,
+    fractional_capacity_range: bool = False,
 ) -> Placement:
     """Allocate ``conf.capacity.requests`` on a usable NIC by ``conf.selectionPolicy``,
-    ``conf.selectors`` and ``conf.distinctFrom``. Raises NoCapacityError (100) when nothing
-    fits, InvalidConfigError (7) when the configured mtu is above every usable NIC's."""
+    ``conf.selectors`` and ``conf.distinctFrom``, rounding as a scheduler whose
+    ``DRAFractionalCapacityRange`` gate is ``fractional_capacity_range`` would. Raises
+    NoCapacityError (100) when nothing fits, InvalidConfigError (7) when the configured
+    mtu is above every usable NIC's or a device's range cannot compute the request
+    (:class:`~cni_dra.allocator.capacity.RequestNotRepresentable`: the scheduler, too,
+    refuses such a request outright)."""
     from cni_dra.allocator import NoFit, select_device
 
     driver, pool = slice_.spec.driver, slice_.spec.pool.name
@@ -232,7 +245,7 @@ def place_standalone(
                 exclude.setdefault(a.device, "already used by this pod (distinctFrom: pod)")
     choice = select_device(
         usable, consumed, requests, conf.selectionPolicy, exclude=exclude, driver=driver,
-        selectors=[s.cel.expression for s in conf.selectors],
+        selectors=[s.cel.expression for s in conf.selectors], fractional_capacity_range=fractional_capacity_range,
     )
     if isinstance(choice, NoFit):
         reasons = [f"{dev}: {exclude.get(dev, why)}" for dev, why in sorted(choice.reasons.items())] + skipped
