@@ -173,7 +173,7 @@ def test_the_default_conflist_is_one_the_plugin_accepts(helm):
 def test_the_role_is_exactly_what_the_agent_calls(helm):
     docs = render(helm)
     role = one(docs, "ClusterRole")
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+    granted = {(g, r, v) for rule in role["rules"] for g in rule.get("apiGroups", ()) for r in rule.get("resources", ())
                for v in rule["verbs"]}
     assert granted == {  # cni_dra.k8s.api.KubeApi's calls, and the status.devices subresource
         ("", "nodes", "get"),
@@ -182,6 +182,17 @@ def test_the_role_is_exactly_what_the_agent_calls(helm):
         ("resource.k8s.io", "resourceclaims/status", "patch"),
         ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
     }
+    # fractionalCapacityRange auto (the default): the API server's kubernetes_feature_enabled
+    # sample, read from /metrics (cni_dra.agent.features); nothing else outside the API groups
+    assert [r for r in role["rules"] if "nonResourceURLs" in r] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+
+
+def test_a_stated_fractional_gate_leaves_metrics_out_of_the_role(helm, tmp_path):
+    """fractionalCapacityRange on or off: the agent asks the API server nothing about it,
+    so the role has no /metrics rule."""
+    for value in ("on", "off"):
+        role = one(render(helm, {"fractionalCapacityRange": value}, tmp=tmp_path), "ClusterRole")
+        assert not [r for r in role["rules"] if "nonResourceURLs" in r], value
     (driver_rule,) = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
     assert driver_rule["resourceNames"] == ["net.cni-dra.dev"]
 
@@ -211,6 +222,7 @@ OPERATOR = {
     "runDir": "/run/nics",
     "fastpath": {"processes": 2, "hostMountNamespace": "/proc/1/ns/mnt"},
     "apiServer": {"host": "10.0.0.10", "port": 6443},
+    "fractionalCapacityRange": "off",
     "metrics": {"port": 19412},
     "logLevel": "debug",
     "resyncInterval": 30,
@@ -245,6 +257,7 @@ def test_operator_values_reach_the_agent(operator):
         "CNI_DRA_METRICS_ADDRESS": ":19412", "CNI_DRA_RESYNC_INTERVAL": "30", "CNI_DRA_CLEANUP": "false",
         "CNI_DRA_AGENT_SOCKET": "/run/nics/agent.sock", "CNI_DRA_FASTPATH_PROCESSES": "2",
         "CNI_DRA_FASTPATH_MOUNT_NS": "/proc/1/ns/mnt", "CNI_DRA_LOG_LEVEL": "debug",
+        "CNI_DRA_FRACTIONAL_CAPACITY_RANGE": "off",
     }
     assert agent["ports"] == [{"name": "metrics", "containerPort": 19412}]
     assert agent["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": 19412}
