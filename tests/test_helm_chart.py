@@ -400,25 +400,3 @@ def test_conf_k8s_is_the_chart_rendered_with_its_defaults(helm):
     rendered = helm("template", mod.RELEASE, str(CHART), "--namespace", mod.NAMESPACE).stdout
     for name, text in mod.manifests(rendered).items():
         assert (ROOT / "conf" / "k8s" / name).read_text() == text, f"conf/k8s/{name} differs: make render-manifests"
-
-
-def test_the_e2e_beds_values_render_the_beds_paths(helm):
-    """scripts/e2e/helm-bed-values.yaml (what installs the chart on the one-node bed) renders,
-    and the conflist it installs is the bed's own (scripts/e2e/cluster.py)."""
-    spec = importlib.util.spec_from_file_location("cni_dra_e2e_cluster_helm", ROOT / "scripts/e2e/cluster.py")
-    assert spec is not None and spec.loader is not None
-    bed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bed)
-    out = helm("template", "cni-dra", str(CHART), "--namespace", "kube-system",
-               "-f", str(ROOT / "scripts" / "e2e" / "helm-bed-values.yaml")).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
-    conflist = json.loads(one(docs, "ConfigMap")["data"][bed.conflist_path().name])
-    want = bed.conflist()
-    assert {k: conflist[k] for k in ("cniVersion", "name")} == {k: want[k] for k in ("cniVersion", "name")}
-    assert conflist["plugins"][0] == want["plugins"][0]
-    (agent,) = pod_of(docs)["containers"]
-    env = env_of(agent)
-    assert env["CNI_DRA_AGENT_SOCKET"] == str(bed.fastpath_socket())
-    assert env["CNI_DRA_PLUGIN_DIR"] == f"{bed.kubelet_root()}/plugins/{bed.DRIVER}"
-    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", str(bed.APISERVER_PORT))
-    assert agent["workingDir"] == str(bed.DIR)
