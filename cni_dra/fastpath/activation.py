@@ -1,4 +1,5 @@
-"""Socket activation: the fast-path socket handed over by systemd (``sd_listen_fds(3)``).
+"""The fast path's listening socket: bound by the agent (:func:`bind_listener`), or handed
+over by systemd (socket activation, ``sd_listen_fds(3)``; :func:`take_listener`).
 
 A ``.socket`` unit (``conf/systemd/cni-dra-agent.socket``) owns ``/run/cni-dra/agent.sock``:
 systemd creates it at boot with its mode and directory, queues the connections that
@@ -30,7 +31,7 @@ import stat
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
-__all__ = ["FDNAME", "SD_LISTEN_FDS_START", "InheritedFd", "listen_fds", "take_listener"]
+__all__ = ["FDNAME", "SD_LISTEN_FDS_START", "InheritedFd", "bind_listener", "listen_fds", "take_listener"]
 
 SD_LISTEN_FDS_START = 3
 """The first inherited descriptor (``SD_LISTEN_FDS_START`` in ``sd-daemon.h``)."""
@@ -156,3 +157,42 @@ def _check_file(path: str) -> None:
         raise PermissionError(f"failed to take the fast-path socket from systemd: directory {directory} must be owned "
                               f"by uid {uid} and closed to group and others (mode {stat.S_IMODE(dst.st_mode):o}; "
                               f"DirectoryMode=0700 in the .socket unit)")
+
+
+def bind_listener(socket_path: str) -> socket.socket:
+    """A listening unix socket at ``socket_path`` (absolute), 0600, in a directory created
+    0700; a stale socket file there is replaced. Raises ``PermissionError`` when an existing
+    directory is not ours or is open to group or others, ``OSError`` when binding fails."""
+    _prepare_dir(os.path.dirname(socket_path))
+    try:
+        if stat.S_ISSOCK(os.lstat(socket_path).st_mode):
+            os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(socket_path)
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    os.chmod(socket_path, 0o600)
+    sock.listen(1024)
+    return sock
+
+
+def _prepare_dir(directory: str) -> None:
+    """Create ``directory`` 0700, or check an existing one: ours and not open to others."""
+    try:
+        os.mkdir(directory, 0o700)
+        return
+    except FileExistsError:
+        pass
+    st = os.stat(directory)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise PermissionError(
+            f"failed to start fastpath: directory {directory} must be owned by uid {os.geteuid()} "
+            f"and closed to group and others (mode {stat.S_IMODE(st.st_mode):o})"
+        )

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from cni_dra.fastpath.activation import bind_listener
 from cni_dra.fastpath.wire import (
     DEFAULT_SOCKET,
     MAX_MESSAGE_BYTES,
@@ -162,9 +163,8 @@ class FastpathServer:
         poller = select.poll()
         poller.register(self._sock.fileno(), select.POLLIN)
         while not self._stopped.is_set():
-            # systemd's socket is not shut down at stop (systemd would then lose it): the
-            # accepting thread looks every 0.5 s whether to stop, and connections that
-            # arrive after it stopped wait for the next agent, which systemd starts for them.
+            # systemd's socket is never shut down: look every 0.5 s whether to stop (what
+            # arrives after that waits for the next agent, which systemd starts for it)
             if self._inherited and not poller.poll(500):
                 continue
             if self._stopped.is_set():
@@ -257,21 +257,6 @@ def _recv_all(conn: socket.socket) -> bytes | None:
         chunks.append(chunk)
 
 
-def _prepare_dir(directory: str) -> None:
-    """Create ``directory`` 0700, or check an existing one: ours and not open to others."""
-    try:
-        os.mkdir(directory, 0o700)
-        return
-    except FileExistsError:
-        pass
-    st = os.stat(directory)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise PermissionError(
-            f"failed to start fastpath: directory {directory} must be owned by uid {os.geteuid()} "
-            f"and closed to group and others (mode {stat.S_IMODE(st.st_mode):o})"
-        )
-
-
 def start_fastpath(
     socket_path: str, *, warm: bool = True, workers: int = DEFAULT_WORKERS, processes: int = 1,
     join_mount_ns: str | None = None, listener: socket.socket | None = None,
@@ -307,19 +292,12 @@ def start_fastpath(
     Raises ``OSError`` when the socket cannot be bound.
     """
     socket_path = os.path.abspath(socket_path)
-    if listener is None:
-        _prepare_dir(os.path.dirname(socket_path))
-        try:
-            if stat.S_ISSOCK(os.lstat(socket_path).st_mode):
-                os.unlink(socket_path)
-        except FileNotFoundError:
-            pass
     if warm and not join_mount_ns:
         _warm_imports()
     if listener is not None:
         server = FastpathServer(socket_path=socket_path, _sock=listener, _owns_path=False, _inherited=True)
     else:
-        server = FastpathServer(socket_path=socket_path, _sock=_bind(socket_path))
+        server = FastpathServer(socket_path=socket_path, _sock=bind_listener(socket_path))
     if join_mount_ns:
         _spawn_worker_processes(server, max(1, processes), workers, join_mount_ns)
         return server
@@ -327,22 +305,6 @@ def start_fastpath(
         _spawn_worker_processes(server, processes - 1, workers, "")
     _run_threads(server, workers)
     return server
-
-
-def _bind(socket_path: str) -> socket.socket:
-    """A listening unix socket at ``socket_path``, 0600. Raises OSError."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        sock.bind(socket_path)
-    except OSError:
-        sock.close()
-        raise
-    finally:
-        os.umask(old_umask)
-    os.chmod(socket_path, 0o600)
-    sock.listen(1024)
-    return sock
 
 
 def _run_threads(server: FastpathServer, workers: int) -> None:
