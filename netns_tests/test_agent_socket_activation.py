@@ -68,7 +68,8 @@ def test_first_invocation_starts_the_agent_and_is_served_by_it(make_node, make_n
     argv = [ACTIVATE or "systemd-socket-activate", "--listen", sock, "--fdname=fastpath", "-E", "PATH",
             "setpriv", f"--bounding-set={bounding}", "--no-new-privs", "--",  # as the unit confines it
             CNI_EXE, "agent", "--no-kubernetes", "--inventory", str(node.inventory), "--state-dir",
-            str(node.state_dir), "--fastpath-socket", sock, "--metrics-address", "", "--log-level", "info"]
+            str(node.state_dir), "--fastpath-socket", sock, "--fastpath-processes", "2", "--metrics-address", "",
+            "--log-level", "info"]
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
     try:
@@ -89,6 +90,11 @@ def test_first_invocation_starts_the_agent_and_is_served_by_it(make_node, make_n
         assert b"agent" in cmdline and b"--no-kubernetes" in cmdline, cmdline
         assert int(_status(proc.pid, "CapBnd"), 16) == sum(1 << CAPS[c] for c in caps)
         assert _status(proc.pid, "NoNewPrivs") == "1"
+        # the agent and its worker process accept on systemd's socket (fd 3, passed to both)
+        inherited = os.readlink(f"/proc/{proc.pid}/fd/3")
+        workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert inherited.startswith("socket:") and len(workers) == 1, (inherited, workers)
+        assert inherited in {os.readlink(f"/proc/{workers[0]}/fd/{fd}") for fd in os.listdir(f"/proc/{workers[0]}/fd")}
         text = log.read_text()
         assert "serving on the socket systemd passed" in text and "without Kubernetes: --no-kubernetes" in text, text
 
