@@ -9,6 +9,8 @@ SHELL := /bin/bash
 VENV      ?= /opt/cni-dra/venv
 PY        := $(VENV)/bin/python
 CNI_BIN   ?= /opt/cni/bin
+# where `make install` puts the agent's systemd units (conf/systemd); nothing is enabled
+SYSTEMD_UNIT_DIR ?= /etc/systemd/system
 PYTEST    := $(PY) -m pytest
 # CI=true: plain output, no cache directory written into the fresh clone.
 PYTEST_FLAGS ?= $(if $(filter true,$(CI)),-p no:cacheprovider,)
@@ -23,6 +25,7 @@ IMAGE_DIR ?= build/image
 
 export CNI_DRA_VENV := $(VENV)
 export CNI_BIN_DIR  := $(CNI_BIN)
+export CNI_DRA_SYSTEMD_DIR := $(SYSTEMD_UNIT_DIR)
 # The netns tests run the plugin installed by this make (another VENV/CNI_BIN installs,
 # and tests, a second copy beside the first).
 export CNI_DRA_TEST_EXE      ?= $(CNI_BIN)/cni-dra
@@ -55,7 +58,7 @@ venv: deps
 	@scripts/install.sh venv
 
 install: venv
-	@scripts/install.sh package tree plugins
+	@scripts/install.sh package tree plugins units
 
 # Built from Debian's packages and the venv's PyPI distributions (scripts/image/image.py);
 # the same commit gives the same digest (SOURCE_DATE_EPOCH: the commit's time).

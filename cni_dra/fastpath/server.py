@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from cni_dra.fastpath.activation import bind_listener
 from cni_dra.fastpath.wire import (
     DEFAULT_SOCKET,
     MAX_MESSAGE_BYTES,
@@ -99,6 +100,7 @@ class FastpathServer:
     _spawn: Callable[[], subprocess.Popen[bytes]] | None = None  # starts one worker process
     _monitor: threading.Thread | None = None
     _owns_path: bool = True
+    _inherited: bool = False  # systemd's socket (cni_dra.fastpath.activation): never shut down
     served: int = 0
     declined: int = 0
 
@@ -126,10 +128,11 @@ class FastpathServer:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        if not self._inherited:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self._sock.close()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -155,7 +158,17 @@ class FastpathServer:
                     self._children[i] = self._spawn()
 
     def _serve(self) -> None:
+        import select
+
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN)
         while not self._stopped.is_set():
+            # systemd's socket is never shut down: look every 0.5 s whether to stop (what
+            # arrives after that waits for the next agent, which systemd starts for it)
+            if self._inherited and not poller.poll(500):
+                continue
+            if self._stopped.is_set():
+                return
             try:
                 conn, _ = self._sock.accept()
             except OSError:
@@ -244,24 +257,9 @@ def _recv_all(conn: socket.socket) -> bytes | None:
         chunks.append(chunk)
 
 
-def _prepare_dir(directory: str) -> None:
-    """Create ``directory`` 0700, or check an existing one: ours and not open to others."""
-    try:
-        os.mkdir(directory, 0o700)
-        return
-    except FileExistsError:
-        pass
-    st = os.stat(directory)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise PermissionError(
-            f"failed to start fastpath: directory {directory} must be owned by uid {os.geteuid()} "
-            f"and closed to group and others (mode {stat.S_IMODE(st.st_mode):o})"
-        )
-
-
 def start_fastpath(
     socket_path: str, *, warm: bool = True, workers: int = DEFAULT_WORKERS, processes: int = 1,
-    join_mount_ns: str | None = None,
+    join_mount_ns: str | None = None, listener: socket.socket | None = None,
 ) -> FastpathServer:
     """Listen on ``socket_path`` and serve plugin invocations in ``workers`` threads; returns the handle.
 
@@ -283,32 +281,23 @@ def start_fastpath(
     the socket is 0600. ``warm``: import the ADD/DEL path (pydantic, pyroute2) now
     rather than on the first request. Call ``.stop()`` on the handle to close it.
 
+    ``listener``: a listening socket bound to ``socket_path`` that systemd handed over
+    (:func:`cni_dra.fastpath.activation.take_listener`): served as it is (its file and
+    directory are systemd's, checked there), never shut down, and its file is left in
+    place at stop. The worker processes accept on it too.
+
     The serving processes must share the node's mount and network namespaces and root, and
     run with working directory ``/`` (where runtimes run plugins): requests from callers
     that differ in any of these are declined (they then run in-process).
     Raises ``OSError`` when the socket cannot be bound.
     """
     socket_path = os.path.abspath(socket_path)
-    _prepare_dir(os.path.dirname(socket_path))
-    try:
-        if stat.S_ISSOCK(os.lstat(socket_path).st_mode):
-            os.unlink(socket_path)
-    except FileNotFoundError:
-        pass
     if warm and not join_mount_ns:
         _warm_imports()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        sock.bind(socket_path)
-    except OSError:
-        sock.close()
-        raise
-    finally:
-        os.umask(old_umask)
-    os.chmod(socket_path, 0o600)
-    sock.listen(1024)
-    server = FastpathServer(socket_path=socket_path, _sock=sock)
+    if listener is not None:
+        server = FastpathServer(socket_path=socket_path, _sock=listener, _owns_path=False, _inherited=True)
+    else:
+        server = FastpathServer(socket_path=socket_path, _sock=bind_listener(socket_path))
     if join_mount_ns:
         _spawn_worker_processes(server, max(1, processes), workers, join_mount_ns)
         return server
@@ -439,7 +428,8 @@ def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, lo
     """Serve on ``socket_path`` (default: the client's) until SIGTERM/SIGINT; returns 0.
 
     Changes to ``cwd`` first (``/`` is where a runtime usually runs plugins; requests from
-    another working directory are declined). ``join_mount_ns``: see :func:`start_fastpath`. Prints ``ready <socket> pids=<pid>,...``
+    another working directory are declined). ``join_mount_ns``: see :func:`start_fastpath`.
+    Serves on the socket systemd passed when there is one (:mod:`cni_dra.fastpath.activation`). Prints ``ready <socket> pids=<pid>,...``
     (this process, then its worker processes) on stdout once listening.
     """
     import signal
@@ -449,7 +439,10 @@ def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, lo
     logging.getLogger("cni_dra").setLevel(log_level.upper())  # not pyroute2's debug chatter
     os.chdir(cwd)
     done = threading.Event()
-    server = start_fastpath(path, workers=workers, processes=processes, join_mount_ns=join_mount_ns)
+    from cni_dra.fastpath.activation import take_listener
+
+    server = start_fastpath(path, workers=workers, processes=processes, join_mount_ns=join_mount_ns,
+                            listener=take_listener(path))
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     print(f"ready {path} pids={','.join(map(str, server.pids))}", flush=True)
