@@ -32,7 +32,7 @@ export CNI_DRA_TEST_CNI_PATH ?= $(CNI_BIN)
 # Without it those tests skip, or fail when CI=true.
 WITH_HELM = helm=$$(scripts/e2e/build-helm | tail -n 1) || { helm=; echo "scripts/e2e/build-helm failed: tests/test_helm_chart.py $(if $(filter true,$(CI)),fails,skips)"; }; export CNI_DRA_HELM=$$helm;
 
-.PHONY: help deps venv install image demo test check unit netns lint bench clean ipvlan-uml e2e cluster-up cluster-down smoke-runtimes render-manifests
+.PHONY: help deps venv install image demo test check unit netns lint format bench clean ipvlan-uml e2e cluster-up cluster-down smoke-runtimes render-manifests
 
 help:
 	@echo "make demo     install everything (idempotent), then run scripts/demo.sh"
@@ -41,7 +41,9 @@ help:
 	@echo "make install  apt deps + venv + $(CNI_BIN)/cni-dra and its tree $(CNI_BIN)/cni-dra.d + reference plugins on $(CNI_BIN)"
 	@echo "make image    OCI archive of the image in $(IMAGE_DIR)/ (IMAGE, IMAGE_TAG, VERSION); prints path, tag, digest"
 	@echo "make render-manifests   conf/k8s/{rbac,admission,daemonset,deviceclass}.yaml from the Helm chart deploy/helm/cni-dra"
-	@echo "make lint     import-linter layer contracts (.importlinter), mypy (strict) over cni_dra/, shellcheck"
+	@echo "make lint     import-linter layer contracts (.importlinter), mypy (strict) over cni_dra/, ruff check and"
+	@echo "              format --check (pyproject.toml), shellcheck over every shell script; fails if one is missing"
+	@echo "make format   sort imports and format the Python code in place (ruff)"
 	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
 	@echo "make clean    remove build leftovers from the work tree (images in build/ too)"
 	@echo "make e2e      real two-node Kubernetes on this machine (each node its own namespaces, kubelet, containerd) + cni-dra scenarios (root)"
@@ -88,9 +90,10 @@ ipvlan-uml:
 	   echo "ipvlan: SKIPPED netns_tests/test_ipvlan.py: this kernel lacks ipvlan AND scripts/uml-run fails: $$why"; \
 	 fi
 
-# What CI runs (.ci/run): every suite, each bounded by a timer (a hang fails by name).
+# What CI runs (.ci/run): the linters, then every suite, each bounded by a timer (a hang fails by name).
 check:
 	@start=$$(date +%s); \
+	 timeout -k 60 10m $(MAKE) --no-print-directory lint || { rc=$$?; echo "check: make lint failed (exit $$rc)"; exit $$rc; }; \
 	 timeout -k 60 50m $(MAKE) --no-print-directory test || { rc=$$?; echo "check: make test failed (exit $$rc) after $$(( $$(date +%s) - start )) s"; exit $$rc; }; \
 	 mid=$$(date +%s); echo "check: make test took $$(( mid - start )) s"; \
 	 timeout -k 60 35m $(MAKE) --no-print-directory e2e || { rc=$$?; $(PY) scripts/e2e/cluster.py down || true; echo "check: make e2e failed (exit $$rc) after $$(( $$(date +%s) - mid )) s"; exit $$rc; }; \
@@ -102,11 +105,13 @@ unit: venv
 netns: install
 	@scripts/pytest-run $(PYTEST) $(PYTEST_FLAGS) netns_tests/
 
+# Every linter must be installed and happy: scripts/lint names each that fails or is missing.
 lint: venv
-	@$(VENV)/bin/lint-imports .importlinter
-	@$(PY) -m mypy $(MYPY_FLAGS)
-	@if command -v shellcheck >/dev/null; then shellcheck scripts/demo.sh scripts/install.sh scripts/pytest-run scripts/uml-run scripts/e2e/build-kube scripts/e2e/fetch-runtime scripts/e2e/build-lib.sh scripts/e2e/build-helm scripts/e2e/build-crio scripts/e2e/build-multus .ci/run; \
-	 else echo "lint: shellcheck not installed, shell scripts not checked"; fi
+	@MYPY_FLAGS="$(MYPY_FLAGS)" scripts/lint check $(VENV)
+
+# Sorts the imports and formats the Python code in place (ruff; what `make lint` checks).
+format: venv
+	@scripts/lint format $(VENV)
 
 # Side by side with the reference macvlan + host-local (installed by `install`);
 # table on stdout, everything in bench/results.json. BENCH_FLAGS: see bench/run.py --help.

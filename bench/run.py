@@ -319,7 +319,7 @@ class Bench:
                 acc[w]["dels"].append(d)
         out = {}
         for w, x in acc.items():
-            pairs = [a + d for a, d in zip(x["adds"], x["dels"])]
+            pairs = [a + d for a, d in zip(x["adds"], x["dels"], strict=True)]
             out[w] = {"n": n, "median_s": statistics.median(pairs), "p95_s": pct(pairs, 0.95),
                       "add_median_s": statistics.median(x["adds"]), "del_median_s": statistics.median(x["dels"]),
                       "cpu_s": x["cpu"] / n, "pairs_s": pairs}

@@ -111,7 +111,7 @@ class NodeBed:
         self.tmp = tmp_path
         self.nics = list(nics)
         self.devices = list(devices)
-        self.parents = dict(zip(self.devices, self.nics))
+        self.parents = dict(zip(self.devices, self.nics, strict=True))
         self.state_dir = tmp_path / "state"
         self.ipam_dir = tmp_path / "ipam"
         self.inventory = tmp_path / "slice.json"

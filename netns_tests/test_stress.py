@@ -78,8 +78,8 @@ def test_200_concurrent_add_then_del(make_node, make_netns):
             added = list(pool.map(add, pods))
         t_add = time.monotonic() - t0
 
-        ok = [(pod, out) for pod, (code, out, _) in zip(pods, added) if code == 0]
-        failed = [(pod, code, out, err) for pod, (code, out, err) in zip(pods, added) if code != 0]
+        ok = [(pod, out) for pod, (code, out, _) in zip(pods, added, strict=True) if code == 0]
+        failed = [(pod, code, out, err) for pod, (code, out, err) in zip(pods, added, strict=True) if code != 0]
         assert all(out and out.get("code") == 100 for _, _, out, _ in failed), failed[:3]
         assert len(ok) >= 100, f"only {len(ok)} of {N} ADDs succeeded"
 

@@ -41,7 +41,7 @@ ops = st.lists(
        policy=st.sampled_from(["best-fit", "least-allocated"]))
 def test_no_sequence_over_commits(ops, sizes, policy):
     devices = [_device(f"nic{i}", s) for i, s in enumerate(sizes)]
-    capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes)}
+    capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes, strict=True)}
     state = Txn(NodeState())  # a transaction without a store: the state's operations only
     n = 0
     for op, arg in ops:

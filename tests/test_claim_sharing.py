@@ -6,7 +6,6 @@ interfaces use it."""
 from __future__ import annotations
 
 import functools
-
 import time
 
 import pytest

@@ -40,7 +40,7 @@ def env(tmp_path):
     return {"CNI_DRA_STATE_DIR": str(tmp_path / "state"), "CNI_DRA_INVENTORY": str(inv)}
 
 
-def _invoke(args, env, input=None):
+def _invoke(args, env, input=None):  # noqa: A002 - CliRunner.invoke's name for it
     return CliRunner().invoke(cli, args, env=env, input=input, catch_exceptions=False)
 
 

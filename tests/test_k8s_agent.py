@@ -5,7 +5,6 @@ drift repair, restart without loss, cleanup, extra services."""
 from __future__ import annotations
 
 import functools
-
 import shutil
 import tempfile
 import threading

@@ -14,9 +14,9 @@ import pytest
 from cni_dra.errors import ClaimError
 from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
+from cni_dra.protocol.profile import ProfileLimits
 from cni_dra.state import NodeState, StateStore
 from cni_dra.state.claims import prepare_claim
-from cni_dra.protocol.profile import ProfileLimits
 from tests.builders import (
     DRIVER,
     allocation_result,
@@ -167,11 +167,12 @@ def test_the_reserved_intent_carries_the_profiles_config(tmp_path: Path) -> None
 
 
 def test_status_shows_the_effective_profile(tmp_path: Path) -> None:
+    import json
+
     from click.testing import CliRunner
 
     from cni_dra.cli import cli
     from cni_dra.state.txn import Txn
-    import json
 
     inventory = write_slice(tmp_path / "slice.json", [device("a")])
     edit = Txn(NodeState())

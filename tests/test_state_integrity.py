@@ -49,7 +49,7 @@ def _dead_owner() -> Owner:
 
 states = st.builds(
     lambda cids, bws, claim: NodeState(
-        bootID="b", attachments=[_att(c, b) for c, b in zip(cids, bws)], claims={"pod": [_claim("u")]} if claim else {}
+        bootID="b", attachments=[_att(c, b) for c, b in zip(cids, bws, strict=False)], claims={"pod": [_claim("u")]} if claim else {}
     ),
     st.lists(st.from_regex(r"[a-z0-9]{1,12}", fullmatch=True), max_size=4, unique=True),
     st.lists(st.sampled_from(["100M", "1G", "2500M", "10G"]), min_size=4, max_size=4),

@@ -12,11 +12,10 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from cni_dra.errors import StateError
 from cni_dra.quantity import Quantity
-from pydantic import ValidationError
-
 from cni_dra.state import Attachment, NodeState, StateStore, ops
 from cni_dra.state import cache as state_cache
 from cni_dra.state.store import JOURNAL_FILE, encode_state
@@ -229,11 +228,11 @@ _ops = st.lists(
 def test_any_sequence_of_transactions_reads_back_from_scratch(tmp_path_factory, transactions, limit):
     path = tmp_path_factory.mktemp("journal")
     store = StateStore(path, journal_limit_bytes=limit)
-    for ops in transactions:
-        fails = any(op == "fail" for op, _ in ops)
+    for txn_ops in transactions:
+        fails = any(op == "fail" for op, _ in txn_ops)
         try:
             with store.transaction() as s:
-                for op, n in ops:
+                for op, n in txn_ops:
                     cid = f"c{n}"
                     att = s.find("net", cid, "eth0")
                     if op == "add" and att is None:

@@ -24,7 +24,7 @@ from cni_dra.errors import ClaimError, NoCapacityError
 from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
 from cni_dra.quantity import Quantity
-from cni_dra.state import Attachment, ClaimRef, NodeState, StateStore, Txn
+from cni_dra.state import Attachment, NodeState, StateStore, Txn
 from cni_dra.verbs.common import Invocation
 
 DRIVER = "net.cni-dra.dev"
@@ -234,7 +234,7 @@ def test_whatever_old_records_lack_no_later_add_over_commits(sizes, old, ops, po
     record is on it, and recorded shares plus new ones stay within the value."""
     devices = [_dev(i, s) for i, s in enumerate(sizes)]
     by_name = {d.name: d for d in devices}
-    capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes)}
+    capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes, strict=True)}
     atts: list[dict[str, Any]] = []
     claims: dict[str, Any] = {}
     recorded = {name: Quantity.ZERO for name in capacity}

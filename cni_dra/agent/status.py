@@ -75,7 +75,7 @@ def _ready_keys(state: Any, uid: str, health: Health | None = None) -> frozenset
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _wall(text: str | None) -> float | None:

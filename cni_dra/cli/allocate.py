@@ -131,7 +131,7 @@ def run_allocate(
     )
     out: list[AllocateEntry] = []
     ok = True
-    for claim, res in zip(claims, outcomes):
+    for claim, res in zip(claims, outcomes, strict=True):
         cid = claim_id(claim)
         if isinstance(res, ClaimNoFit):
             ok = False

@@ -30,7 +30,7 @@ log = logging.getLogger("cni_dra.state")
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def network_data(result: dict[str, Any], ifname: str) -> dict[str, Any]:

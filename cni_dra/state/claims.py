@@ -147,7 +147,7 @@ def prepare_claims(state_dir: str, pod_uid: str, claim_objs: Sequence[dict[str, 
         existing = list(state.claims.get(pod_uid, ()))
         identities = [c.identity for c in held]
         changed = []
-        for claim, obj in zip(adding, claim_objs):
+        for claim, obj in zip(adding, claim_objs, strict=True):
             if claim.identity in identities:
                 i = identities.index(claim.identity)
                 changed.append(existing[i] != obj)
@@ -174,7 +174,7 @@ def unprepare_claims(state_dir: str, pod_uid: str, claim_uid: str | None = None)
 
     with StateStore(state_dir).transaction() as state:
         existing = state.claims.get(pod_uid, ())
-        keep = [raw for raw, c in zip(existing, state.state.prepared(pod_uid)) if claim_uid and c.uid != claim_uid]
+        keep = [raw for raw, c in zip(existing, state.state.prepared(pod_uid), strict=True) if claim_uid and c.uid != claim_uid]
         removed = len(existing) - len(keep)
         if removed:
             state.set_claims(pod_uid, keep)
@@ -198,7 +198,7 @@ def share_prepared_claim(state_dir: str, claim_uid: str, pod_uids: set[str]) -> 
         if not holders:  # unprepared meanwhile
             return []
         holder = min(holders)
-        prepared = next(raw for raw, c in zip(state.claims[holder], state.state.prepared(holder)) if c.uid == claim_uid)
+        prepared = next(raw for raw, c in zip(state.claims[holder], state.state.prepared(holder), strict=True) if c.uid == claim_uid)
         added = sorted(pod_uids - holders)
         for pod in added:
             state.set_claims(pod, [*state.claims.get(pod, ()), prepared])

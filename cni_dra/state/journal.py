@@ -33,7 +33,14 @@ from cni_dra.errors import StateError, StateWriteError
 from cni_dra.faults import fault_point
 from cni_dra.state import fsio, ops
 from cni_dra.state.cache import CACHE, Cached, Reload, ident
-from cni_dra.state.codec import BACKUP_FILE, STATE_FILE, apply_records, decode_record, encode_record, encode_state
+from cni_dra.state.codec import (
+    BACKUP_FILE,
+    STATE_FILE,
+    apply_records,
+    decode_record,
+    encode_record,
+    encode_state,
+)
 from cni_dra.state.models import NodeState
 from cni_dra.state.owner import boot_id
 
@@ -111,7 +118,7 @@ def replay(store: StateStore, entry: Cached, *, strict: bool = True) -> StateErr
             if rec is None:
                 bad = corrupt_journal(store, f"bad record at byte {start + pos}")
             else:
-                bad = corrupt_journal(store, 
+                bad = corrupt_journal(store,
                     f"record at byte {start + pos} is seq {rec.get('seq')!r} of journal {rec.get('j')!r}, "
                     f"expected seq {seq + 1} of {entry.jid!r}"
                 )

@@ -116,7 +116,7 @@ a no-op when ADD had not reached IPAM."""
 def ready_at(now_s: float) -> str:
     """``Attachment.readyAt`` for Unix time ``now_s``: RFC 3339 UTC to the millisecond
     (``2025-01-02T03:04:05.678Z``), the form Kubernetes timestamps take."""
-    when = datetime.datetime.fromtimestamp(now_s, datetime.timezone.utc)
+    when = datetime.datetime.fromtimestamp(now_s, datetime.UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 

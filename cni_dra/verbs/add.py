@@ -36,16 +36,16 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from cni_dra.faults import fault_point
 from cni_dra.errors import (
     AttachmentExistsError,
     ClaimError,
     IncompatibleVersionError,
     InvalidConfigError,
-    IOFailureError,
     InventoryError,
+    IOFailureError,
     TryAgainLaterError,
 )
+from cni_dra.faults import fault_point
 from cni_dra.protocol.results import (
     DNS,
     Interface,
