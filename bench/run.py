@@ -281,8 +281,8 @@ class Bench:
                         "sandbox": f"/var/run/netns/seed-{i}"}],
                         "ips": [{"interface": 0, "address": f"10.{100 + i // 65536}.{i // 256 % 256}.{i % 256}/16"}]},
             ))
-        with StateStore(self.work / state).transaction() as st:
-            st.put_all(atts)
+        with StateStore(self.work / state).transaction() as txn:
+            txn.put_all(atts)
 
     # -- scenarios ---------------------------------------------------------------
     def add_del(self, who: str, n: int, state: str = "state", tag: str = "") -> dict[str, Any]:

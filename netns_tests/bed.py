@@ -273,10 +273,10 @@ class NodeBed:
         from cni_dra.state import StateStore
         from cni_dra.state.models import ready_at
 
-        with StateStore(self.state_dir).transaction() as state:
-            for att in list(state.attachments):
+        with StateStore(self.state_dir).transaction() as txn:
+            for att in list(txn.attachments):
                 age_s = att.ready_age_s(time.time())
-                state.update(att, readyAt=ready_at(time.time() - (age_s or 0.0) - seconds))
+                txn.update(att, readyAt=ready_at(time.time() - (age_s or 0.0) - seconds))
 
 
 def recover(node: NodeBed) -> tuple[int, dict[str, Any]]:

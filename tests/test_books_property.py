@@ -42,38 +42,38 @@ ops = st.lists(
 def test_no_sequence_over_commits(ops, sizes, policy):
     devices = [_device(f"nic{i}", s) for i, s in enumerate(sizes)]
     capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes, strict=True)}
-    state = Txn(NodeState())  # a transaction without a store: the state's operations only
+    txn = Txn(NodeState())  # a transaction without a store: the state's operations only
     n = 0
     for op, arg in ops:
         n += 1
         if op == "add":
             want = Quantity.parse(arg * 100_000_000)
-            choice = select_device(devices, state.consumed_by_device("d", "p"), {"bandwidth": want}, policy)
+            choice = select_device(devices, txn.consumed_by_device("d", "p"), {"bandwidth": want}, policy)
             if isinstance(choice, NoFit):
                 # refused only when truly no device had room
-                used = state.consumed_by_device("d", "p")
+                used = txn.consumed_by_device("d", "p")
                 for d in devices:
                     have = used.get(d.name, {}).get("bandwidth", Quantity.parse(0))
                     assert have + want > capacity[d.name]
                 continue
             assert choice.consumed_capacity["bandwidth"] >= want
-            state.put(Attachment(
+            txn.put(Attachment(
                 network="n", containerID=f"c{n}", ifname="eth0", driver="d", pool="p",
                 device=choice.device.name, parent=choice.device.name,
                 consumedCapacity=dict(choice.consumed_capacity), shareID=f"s{n}"))
-        elif op == "del" and state.attachments:
-            state.remove(*state.attachments[arg % len(state.attachments)].key)
+        elif op == "del" and txn.attachments:
+            txn.remove(*txn.attachments[arg % len(txn.attachments)].key)
         elif op == "claim":
             # a prepared claim (scheduler's verdict) that fits at the time it is prepared
-            used = state.consumed_by_device("d", "p")
+            used = txn.consumed_by_device("d", "p")
             want = Quantity.parse(arg * 100_000_000)
             for d in devices:
                 have = used.get(d.name, {}).get("bandwidth", Quantity.parse(0))
                 if have + want <= capacity[d.name]:
-                    state.set_claims(f"pod{n}", [{"metadata": {"uid": f"u{n}"}, "status": {"allocation": {"devices": {
+                    txn.set_claims(f"pod{n}", [{"metadata": {"uid": f"u{n}"}, "status": {"allocation": {"devices": {
                         "results": [{"request": "r", "driver": "d", "pool": "p", "device": d.name,
                                      "consumedCapacity": {"bandwidth": str(want)}, "shareID": f"cs{n}"}]}}}}])
                     break
-        used = state.consumed_by_device("d", "p")
+        used = txn.consumed_by_device("d", "p")
         for name, cap in capacity.items():
             assert used.get(name, {}).get("bandwidth", Quantity.parse(0)) <= cap

@@ -66,16 +66,16 @@ def shared(cid: str, pod: str, share: str = SHARE, uid: str = "u1", **kw):
 def test_one_share_used_by_two_pods_is_charged_once(tmp_path):
     claim = resource_claim(allocation_result("nic-a", consumed={"bandwidth": "2G"}, share_id=SHARE), uid="u1")
     store = StateStore(tmp_path)
-    with store.transaction() as st:
-        st.set_claims("pod-a", [claim])
-        st.set_claims("pod-b", [claim])
-        st.put(shared("c1", "pod-a"))
-        st.put(shared("c2", "pod-b"))
+    with store.transaction() as txn:
+        txn.set_claims("pod-a", [claim])
+        txn.set_claims("pod-b", [claim])
+        txn.put(shared("c1", "pod-a"))
+        txn.put(shared("c2", "pod-b"))
     assert store.read().consumed_by_device(DRIVER, "n") == {"nic-a": {"bandwidth": Quantity.parse("2G")}}
     # two shares of one claim (two requests on one device) are two charges
-    with store.transaction() as st:
-        st.put(shared("c3", "pod-c", share="6f1e2c3d-4f5a-4b6c-8d7e-9f0a1b2c3d4e"))
-        st.put(attachment("c4", "nic-a", pool="n", podUID="pod-d", consumedCapacity={"bandwidth": "1G"}))
+    with store.transaction() as txn:
+        txn.put(shared("c3", "pod-c", share="6f1e2c3d-4f5a-4b6c-8d7e-9f0a1b2c3d4e"))
+        txn.put(attachment("c4", "nic-a", pool="n", podUID="pod-d", consumedCapacity={"bandwidth": "1G"}))
     assert store.read().consumed_by_device(DRIVER, "n") == {"nic-a": {"bandwidth": Quantity.parse("5G")}}
 
 

@@ -121,10 +121,10 @@ def test_a_result_whose_config_did_not_validate_is_refused(tmp_path: Path) -> No
     result = allocation_result("a", request="eth0", consumed={"bandwidth": "1G"}, share_id=SHARE)
     bad = resource_claim(result, uid="u-1", name="web", namespace="prod",
                          config=[profile_config("FromClaim", linkType="ipvlan", mac="02:00:00:00:00:42")])
-    edit = Txn(NodeState())
-    edit.set_claims(POD, [bad])
+    txn = Txn(NodeState())
+    txn.set_claims(POD, [bad])
     with pytest.raises(ClaimError) as info:
-        _plan(_inv(tmp_path), edit.state)
+        _plan(_inv(tmp_path), txn.state)
     assert info.value.code == 101
     assert "its device configuration is not valid" in info.value.msg and "mac cannot be set" in info.value.msg
 
@@ -134,10 +134,10 @@ def test_the_profiles_link_type_is_the_one_checked_against_the_nic(tmp_path: Pat
     from cni_dra.state.txn import Txn
 
     state = _prepared(tmp_path, profile_config("FromClass", linkType="ipvlan", mode="l3"))
-    edit = Txn(state)
-    edit.put(attachment("other", "a", linkType="macvlan", consumedCapacity={"bandwidth": "1G"}))
+    txn = Txn(state)
+    txn.put(attachment("other", "a", linkType="macvlan", consumedCapacity={"bandwidth": "1G"}))
     with pytest.raises(ClaimError, match=r"carries macvlan links, so it cannot take ipvlan"):
-        _plan(_inv(tmp_path), edit.state)
+        _plan(_inv(tmp_path), txn.state)
 
 
 def test_the_profiles_mtu_is_checked_against_the_parent(tmp_path: Path) -> None:
@@ -172,17 +172,14 @@ def test_status_shows_the_effective_profile(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     from cni_dra.cli import cli
-    from cni_dra.state.txn import Txn
 
     inventory = write_slice(tmp_path / "slice.json", [device("a")])
-    edit = Txn(NodeState())
     prof = {"linkType": "ipvlan", "mode": "l3", "ipvlanFlag": "bridge", "mtu": 9000, "shaping": True,
             "fromConfig": ["linkType", "mode", "mtu"]}
-    edit.put(attachment("c1", "a", linkType="ipvlan", consumedCapacity={"bandwidth": "1G"}, profile=prof))
-    edit.put(attachment("c2", "a", ifname="eth1", consumedCapacity={"bandwidth": "1G"}))
     store = StateStore(str(tmp_path / "st"))
     with store.transaction() as txn:
-        txn.put_all(edit.state.attachments)
+        txn.put(attachment("c1", "a", linkType="ipvlan", consumedCapacity={"bandwidth": "1G"}, profile=prof))
+        txn.put(attachment("c2", "a", ifname="eth1", consumedCapacity={"bandwidth": "1G"}))
     args = ["status", "--state-dir", str(tmp_path / "st"), "--inventory", str(inventory)]
     table = CliRunner().invoke(cli, args)
     assert table.exit_code == 0, table.output
@@ -199,12 +196,12 @@ def test_the_claim_status_entry_carries_the_profile(tmp_path: Path) -> None:
     from cni_dra.state.txn import Txn
 
     prof = {"linkType": "macvlan", "mode": "bridge", "mtu": 9000, "shaping": True, "fromConfig": ["mtu"]}
-    edit = Txn(NodeState())
-    edit.put(attachment("c1", "a", podUID=POD, shareID=SHARE, consumedCapacity={"bandwidth": "1G"}, profile=prof,
+    txn = Txn(NodeState())
+    txn.put(attachment("c1", "a", podUID=POD, shareID=SHARE, consumedCapacity={"bandwidth": "1G"}, profile=prof,
                         claim=ClaimRef(namespace="prod", name="web", uid="u-1", request="eth0"),
                         result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01",
                                                                       "sandbox": "/var/run/netns/x"}]}))
-    body = claim_status_body({"namespace": "prod", "name": "web", "uid": "u-1"}, edit.state, [])
+    body = claim_status_body({"namespace": "prod", "name": "web", "uid": "u-1"}, txn.state, [])
     (entry,) = body["status"]["devices"]
     assert entry["data"] == {"apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceStatus",
                              "linkType": "macvlan", "parentInterface": "if-a", "profile": prof}

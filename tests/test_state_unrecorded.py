@@ -106,9 +106,9 @@ def _reserve_until_refused(tmp_path: Path, store: StateStore, devices: list[dict
     for i in range(n):
         inv = _invocation(tmp_path, devices, f"new{i}")
         try:
-            with store.transaction() as state:
-                att = plan_attachment(inv, state.state, _parents(devices))
-                state.put(att)
+            with store.transaction() as txn:
+                att = plan_attachment(inv, txn.state, _parents(devices))
+                txn.put(att)
         except NoCapacityError:
             break
         got.append(att.device)
@@ -155,8 +155,8 @@ def test_claim_mode_add_refuses_a_nic_held_by_an_unrecorded_attachment(tmp_path:
     store = _schema_1(tmp_path, [_old_attachment("old", "a")], {"pod-u": [_claim("u1", "a", {"bandwidth": "6G"})]})
     inv = _invocation(tmp_path, devices, "new", bw=None, pod_uid="pod-u")
     with pytest.raises(ClaimError, match="allocation no longer fits: remaining bandwidth 0 < 6G"):
-        with store.transaction() as state:
-            plan_attachment(inv, state.state, _parents(devices))
+        with store.transaction() as txn:
+            plan_attachment(inv, txn.state, _parents(devices))
 
 
 @pytest.mark.parametrize("share", ["5f0c", None], ids=["with-shareID", "record-without-shareID"])
@@ -184,9 +184,9 @@ def test_prepared_result_without_amounts_holds_the_whole_shared_nic(tmp_path: Pa
     assert store.read().consumed_by_device(DRIVER, "n", by_name) == {"a": {"bandwidth": Quantity.parse("10G")}}
     assert _reserve_until_refused(tmp_path, store, devices, 1) == ["b"]
     inv = _invocation(tmp_path, devices, "claimed", bw=None, pod_uid="pod-u")
-    with store.transaction() as state:
-        att = plan_attachment(inv, state.state, _parents(devices))
-        state.put(att)
+    with store.transaction() as txn:
+        att = plan_attachment(inv, txn.state, _parents(devices))
+        txn.put(att)
     assert att.device == "a" and att.consumedCapacity == {"bandwidth": Quantity.parse("10G")}
     assert store.read().consumed_by_device(DRIVER, "n", by_name)["a"] == {"bandwidth": Quantity.parse("10G")}
 
@@ -194,8 +194,8 @@ def test_prepared_result_without_amounts_holds_the_whole_shared_nic(tmp_path: Pa
 def test_release_of_an_unrecorded_attachment_frees_the_nic(tmp_path: Path) -> None:
     devices = [_device("a")]
     store = _schema_1(tmp_path, [_old_attachment("old", "a")])
-    with store.transaction() as state:
-        assert state.remove("net1", "old", "eth0") is not None
+    with store.transaction() as txn:
+        assert txn.remove("net1", "old", "eth0") is not None
     assert _reserve_until_refused(tmp_path, store, devices, 11) == ["a"] * 10
 
 
@@ -253,23 +253,23 @@ def test_whatever_old_records_lack_no_later_add_over_commits(sizes, old, ops, po
             extra |= {"shareID": f"s{i}", "claim": {"uid": f"u{i}", "request": "eth0"}}
             claims[f"pod{i}"] = [_claim(f"u{i}", name, extra.get("consumedCapacity") or {"bandwidth": "1G"}, f"s{i}")]
         atts.append(_old_attachment(f"old{i}", name, **extra))
-    state = Txn(NodeState.model_validate({"claims": claims, "attachments": atts}))
+    txn = Txn(NodeState.model_validate({"claims": claims, "attachments": atts}))
     unrecorded = {a["device"] for a in atts if not a.get("consumedCapacity")}
     new: list[Attachment] = []
     for n, (op, arg) in enumerate(ops):
         if op == "del" and new:
-            state.remove(*new.pop(arg % len(new)).key)
+            txn.remove(*new.pop(arg % len(new)).key)
             continue
         if op != "add":
             continue
         want = Quantity.parse(arg * 100_000_000)
-        choice = select_device(devices, state.consumed_by_device(DRIVER, "n", by_name), {"bandwidth": want}, policy)
+        choice = select_device(devices, txn.consumed_by_device(DRIVER, "n", by_name), {"bandwidth": want}, policy)
         if isinstance(choice, NoFit):
             continue
         att = Attachment(network="net1", containerID=f"new{n}", ifname="eth0", driver=DRIVER, pool="n",
                          device=choice.device.name, parent=choice.device.name,
                          consumedCapacity=dict(choice.consumed_capacity), shareID=f"n{n}")
-        state.put(att)
+        txn.put(att)
         new.append(att)
         for name in capacity:
             mine = [a.consumedCapacity["bandwidth"] for a in new if a.device == name]

@@ -248,8 +248,8 @@ class StatusWriter:
             else:
                 self._applied.pop(uid, None)
         if done:
-            with self.store.transaction() as st:
-                st.set_status_updates([r for r in st.statusUpdates if r.get("id") not in done])
+            with self.store.transaction() as txn:
+                txn.set_status_updates([r for r in txn.statusUpdates if r.get("id") not in done])
         return min(waits) if waits else None
 
     def _seed(self, state: Any) -> None:

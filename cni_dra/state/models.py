@@ -332,7 +332,7 @@ class NodeState(BaseModel):
         """A copy that :mod:`cni_dra.state.ops` may change while this one stays as it is
         (copy on write: a state another thread reads is never changed under it). O(attachments)
         at C speed; the attachments and every other value are shared, being immutable."""
-        return self.model_copy(update={"attachments": self.attachments._copy()})
+        return self.model_copy(update={"attachments": self.attachments._copy()})  # noqa: SLF001 - its own copy
 
     def prepared(self, pod_uid: str) -> tuple[PreparedClaim, ...]:
         """The prepared claims of pod ``pod_uid``, typed, in ``claims`` order; each pod's
