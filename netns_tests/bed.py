@@ -222,14 +222,17 @@ class NodeBed:
 
     def consumed(self) -> dict[str, Any]:
         """device → {capacity name: Quantity}, from the state files."""
-        return self.state().consumed_by_device(DRIVER, self.pool)
+        from cni_dra.state.ledger import node_usage
+
+        return node_usage(self.state(), DRIVER, self.pool).consumed
 
     def consumed_with_inventory(self) -> dict[str, Any]:
         """As ADD counts: a record without amounts holds its inventory device whole."""
         from cni_dra.dra.inventory import load_inventory
+        from cni_dra.state.ledger import node_usage
 
         devices = {d.name: d for d in load_inventory(str(self.inventory)).spec.devices}
-        return self.state().consumed_by_device(DRIVER, self.pool, devices)
+        return node_usage(self.state(), DRIVER, self.pool, devices).consumed
 
     def status(self) -> dict[str, Any]:
         """``cni-dra status --json`` (the operator's view)."""

@@ -12,6 +12,7 @@ import pytest
 from cni_dra.errors import StateError, TryAgainLaterError
 from cni_dra.quantity import Quantity
 from cni_dra.state import SCHEMA_VERSION, Attachment, ClaimRef, NodeState, StateStore, Txn
+from cni_dra.state.ledger import node_usage
 
 
 def _att(cid: str, device: str, bw: str, **kw) -> Attachment:
@@ -137,14 +138,14 @@ def test_consumption_counts_attachments_and_unattached_claims_once():
     txn.set_claims("pod5", [_claim("u5", "eth-b", "6G", "share5")])
     txn.set_claims("pod6", [_claim("u5", "eth-b", "6G", "share5")])  # same claim shared by two pods
     txn.set_claims("other", [_claim("u7", "eth-b", "9G", "x", pool="other-pool")])
-    used = txn.consumed_by_device("d", "p")
+    used = node_usage(txn.state, "d", "p").consumed
     assert used["eth-a"]["bandwidth"] == Quantity.parse("7G")
     assert used["eth-b"]["bandwidth"] == Quantity.parse("6G")
     # once pod5's claim is attached, it is counted through the attachment only
     att = _att("c5", "eth-b", "6G").model_copy(update={
         "shareID": "share5", "claim": ClaimRef(uid="u5", name="c-u5", namespace="ns")})
     txn.put(att)
-    assert txn.consumed_by_device("d", "p")["eth-b"]["bandwidth"] == Quantity.parse("6G")
+    assert node_usage(txn.state, "d", "p").consumed["eth-b"]["bandwidth"] == Quantity.parse("6G")
 
 
 def test_remove_returns_the_attachment_and_is_idempotent():

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from cni_dra.state import Attachment, StateStore
+from cni_dra.state.ledger import node_usage
 
 
 def _att(cid: str) -> Attachment:
@@ -50,7 +51,7 @@ def test_a_state_read_stays_whole_while_other_threads_commit(tmp_path: Path) -> 
                 if i % 10 == 0:
                     time.sleep(0)  # let them run mid-iteration
             assert [a.containerID for a in state.attachments] == before  # the object did not change
-            assert state.consumed_by_device("d", "p")["nic-a"]["bandwidth"].nanos == len(before) * 10**15
+            assert node_usage(state, "d", "p").consumed["nic-a"]["bandwidth"].nanos == len(before) * 10**15
     finally:
         stop.set()
         for t in threads:

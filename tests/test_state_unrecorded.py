@@ -25,6 +25,7 @@ from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore, Txn
+from cni_dra.state.ledger import node_usage
 from cni_dra.verbs.common import Invocation
 
 DRIVER = "net.cni-dra.dev"
@@ -144,7 +145,7 @@ def test_unrecorded_attachment_counted_once_in_status(tmp_path: Path) -> None:
 def test_null_consumed_capacity_in_schema_1_reads_as_unrecorded(tmp_path: Path) -> None:
     store = _schema_1(tmp_path, [_old_attachment("old", "a", consumedCapacity=None)])
     devices = {"a": Device.model_validate(_device("a"))}
-    assert store.read().consumed_by_device(DRIVER, "n", devices) == {"a": {"bandwidth": Quantity.parse("10G")}}
+    assert node_usage(store.read(), DRIVER, "n", devices).consumed == {"a": {"bandwidth": Quantity.parse("10G")}}
 
 
 def test_claim_mode_add_refuses_a_nic_held_by_an_unrecorded_attachment(tmp_path: Path) -> None:
@@ -168,7 +169,7 @@ def test_unrecorded_claim_attachment_and_its_prepared_result_count_once(share: s
         "claims": {"pod-u": [_claim("u1", "a", {"bandwidth": "6G"})], "pod-v": [_claim("u2", "b", {"bandwidth": "2G"}, "77aa")]},
         "attachments": [_old_attachment("old", "a", shareID=share, claim={"uid": "u1", "request": "eth0"})],
     })
-    assert state.consumed_by_device(DRIVER, "n", devices) == {
+    assert node_usage(state, DRIVER, "n", devices).consumed == {
         "a": {"bandwidth": Quantity.parse("10G")},
         "b": {"bandwidth": Quantity.parse("2G")},
     }
@@ -181,14 +182,14 @@ def test_prepared_result_without_amounts_holds_the_whole_shared_nic(tmp_path: Pa
     devices = [_device("a"), _device("b")]
     by_name = {d["name"]: Device.model_validate(d) for d in devices}
     store = _schema_1(tmp_path, [], {"pod-u": [_claim("u1", "a", None)]})
-    assert store.read().consumed_by_device(DRIVER, "n", by_name) == {"a": {"bandwidth": Quantity.parse("10G")}}
+    assert node_usage(store.read(), DRIVER, "n", by_name).consumed == {"a": {"bandwidth": Quantity.parse("10G")}}
     assert _reserve_until_refused(tmp_path, store, devices, 1) == ["b"]
     inv = _invocation(tmp_path, devices, "claimed", bw=None, pod_uid="pod-u")
     with store.transaction() as txn:
         att = plan_attachment(inv, txn.state, _parents(devices))
         txn.put(att)
     assert att.device == "a" and att.consumedCapacity == {"bandwidth": Quantity.parse("10G")}
-    assert store.read().consumed_by_device(DRIVER, "n", by_name)["a"] == {"bandwidth": Quantity.parse("10G")}
+    assert node_usage(store.read(), DRIVER, "n", by_name).consumed["a"] == {"bandwidth": Quantity.parse("10G")}
 
 
 def test_release_of_an_unrecorded_attachment_frees_the_nic(tmp_path: Path) -> None:
@@ -263,7 +264,7 @@ def test_whatever_old_records_lack_no_later_add_over_commits(sizes, old, ops, po
         if op != "add":
             continue
         want = Quantity.parse(arg * 100_000_000)
-        choice = select_device(devices, txn.consumed_by_device(DRIVER, "n", by_name), {"bandwidth": want}, policy)
+        choice = select_device(devices, node_usage(txn.state, DRIVER, "n", by_name).consumed, {"bandwidth": want}, policy)
         if isinstance(choice, NoFit):
             continue
         att = Attachment(network="net1", containerID=f"new{n}", ifname="eth0", driver=DRIVER, pool="n",

@@ -85,16 +85,17 @@ class AllocateEntry(TypedDict, total=False):
 StateReader = Callable[[str, ResourceSlice], "NodeUsage | Mapping[str, Mapping[str, Quantity]]"]
 
 
-def read_node_usage(state_dir: str, slice_: ResourceSlice) -> dict[str, dict[str, Quantity]]:
+def read_node_usage(state_dir: str, slice_: ResourceSlice) -> NodeUsage:
     """What the node state in ``state_dir`` charges per device of ``slice_``'s pool.
 
     A dry run: a lock-free snapshot (``StateStore.peek``), so nothing, not even
     state.lock, is created. Raises CniError subclasses (an unreadable state).
     """
     from cni_dra.state import StateStore
+    from cni_dra.state.ledger import node_usage
 
     devices = {d.name: d for d in slice_.spec.devices}
-    return StateStore(state_dir).peek().consumed_by_device(slice_.spec.driver, slice_.spec.pool.name, devices)
+    return node_usage(StateStore(state_dir).peek(), slice_.spec.driver, slice_.spec.pool.name, devices)
 
 
 def read_fractional(state_dir: str | None) -> bool:

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cni_dra.errors import StateError
 from cni_dra.state import journal, ops
@@ -34,9 +34,6 @@ from cni_dra.state.files import StateFiles
 from cni_dra.state.frozen import deep_freeze
 from cni_dra.state.models import Attachment, Attachments, NodeState
 from cni_dra.state.reading import read_current, read_fresh
-
-if TYPE_CHECKING:
-    from cni_dra.quantity import Quantity
 
 __all__ = ["VERIFY_ENV", "Txn", "TxnClosedError", "transaction"]
 
@@ -54,7 +51,8 @@ class Txn:
     and its changes as operations. Closed at the end of its ``with`` block (module docstring).
 
     Reads: :attr:`state` (the whole :class:`NodeState`), :meth:`find`, :attr:`attachments`,
-    :attr:`claims`, :attr:`statusUpdates`, :attr:`bootID`, :meth:`consumed_by_device`.
+    :attr:`claims`, :attr:`statusUpdates`, :attr:`bootID` (what the devices hold:
+    :func:`cni_dra.state.ledger.node_usage` of :attr:`state`).
     Changes: :meth:`put`, :meth:`update`, :meth:`remove`, :meth:`set_claims`,
     :meth:`set_status_updates`, :meth:`add_status_update`, :meth:`set_boot_id`.
     ``where`` names the state in the error a closed handle raises.
@@ -111,11 +109,6 @@ class Txn:
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None."""
         return self.state.find(network, container_id, ifname)
-
-    def consumed_by_device(self, driver: str, pool: str, devices: Mapping[str, Any] | None = None, *,
-                           prepared: bool = True) -> dict[str, dict[str, Quantity]]:
-        """See :meth:`NodeState.consumed_by_device`."""
-        return self.state.consumed_by_device(driver, pool, devices, prepared=prepared)
 
     # -- changes -------------------------------------------------------------------------
     def put(self, att: Attachment) -> Attachment:
