@@ -58,9 +58,9 @@ def _inv(tmp_path: Path, **conf: Any):
 
 
 def _plan(inv, state: NodeState):
-    from cni_dra.verbs.add import plan
+    from cni_dra.verbs.add import effective_invocation, plan
 
-    return plan(inv, state, {"if-a": _Parent(), "if-b": _Parent()})
+    return plan(effective_invocation(inv, state), state, {"if-a": _Parent(), "if-b": _Parent()})
 
 
 def test_without_a_profile_the_conflist_makes_the_link(tmp_path: Path) -> None:
@@ -141,10 +141,10 @@ def test_the_profiles_link_type_is_the_one_checked_against_the_nic(tmp_path: Pat
 
 
 def test_the_profiles_mtu_is_checked_against_the_parent(tmp_path: Path) -> None:
-    from cni_dra.verbs.add import _reserve
+    from cni_dra.verbs.add import _reserve, effective_invocation
 
-    _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
-    inv = _inv(tmp_path)
+    state = _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
+    inv = effective_invocation(_inv(tmp_path), state)
     with pytest.raises(ClaimError) as info:  # the claim asked it, not the conflist: the message says so
         _reserve(inv, {"if-a": _Parent(mtu=1500), "if-b": _Parent(mtu=1500)}, (1, 2))
     assert info.value.code == 101 and info.value.msg == (
@@ -154,14 +154,17 @@ def test_the_profiles_mtu_is_checked_against_the_parent(tmp_path: Path) -> None:
 
 
 def test_the_reserved_intent_carries_the_profiles_config(tmp_path: Path) -> None:
-    from cni_dra.verbs.add import _reserve
+    from cni_dra.verbs.add import _reserve, effective_invocation
 
-    _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
+    state = _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
     inv = _inv(tmp_path)
-    intent = _reserve(inv, {"if-a": _Parent(), "if-b": _Parent()}, (1, 2))
-    assert intent.inv.conf.mtu == 9000 and inv.conf.mtu is None
-    assert intent.inv.raw == inv.raw  # IPAM keeps the runtime's config
-    assert intent.inv.store is inv.store
+    store = inv.store  # loaded before: the effective invocation shares it
+    effective = effective_invocation(inv, state)
+    intent = _reserve(effective, {"if-a": _Parent(), "if-b": _Parent()}, (1, 2))
+    assert intent.inv is effective  # the one config of the ADD, not rebuilt under the lock
+    assert effective.conf.mtu == 9000 and inv.conf.mtu is None
+    assert effective.raw == inv.raw  # IPAM keeps the runtime's config
+    assert effective.store is store
     (att,) = StateStore(str(tmp_path / "st")).read().attachments
     assert att.profile["mtu"] == 9000 and att.phase == "adding"
 
@@ -205,3 +208,46 @@ def test_the_claim_status_entry_carries_the_profile(tmp_path: Path) -> None:
     (entry,) = body["status"]["devices"]
     assert entry["data"] == {"apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceStatus",
                              "linkType": "macvlan", "parentInterface": "if-a", "profile": prof}
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_add_reads_its_effective_config_once_and_every_step_sees_it(tmp_path: Path, monkeypatch) -> None:
+    """From its first step on, ADD works with one invocation: the device profile already
+    merged into the config (not the runtime's config first and the profile's after the
+    reservation). The kernel-facing steps are replaced (monkeypatch: the verbs have no
+    injected host yet) to record the invocation each one is given, and the ADD is stopped
+    at its reservation."""
+    import cni_dra.netlink.netns
+    import cni_dra.verbs.add as add
+    import cni_dra.verbs.profile
+    import cni_dra.verbs.recover
+
+    _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
+    runtime = _inv(tmp_path)
+    seen: list[Any] = []
+    merges: list[Any] = []
+    real_conf_for = cni_dra.verbs.profile.conf_for
+
+    def conf_for(inv, picked):
+        merges.append(picked)
+        return real_conf_for(inv, picked)
+
+    def reserve(inv, host_links, ident):
+        seen.append(("reserve", inv))
+        raise _Stop
+
+    monkeypatch.setattr(cni_dra.verbs.profile, "conf_for", conf_for)
+    monkeypatch.setattr(cni_dra.verbs.recover, "recover_pending", lambda inv: seen.append(("recover", inv)))
+    monkeypatch.setattr(add, "_host_links", lambda slice_: {"if-a": _Parent(), "if-b": _Parent()})
+    monkeypatch.setattr(cni_dra.netlink.netns, "netns_identity", lambda path: (1, 2))
+    monkeypatch.setattr(add, "_reserve_after_recovery", reserve)
+    with pytest.raises(_Stop):
+        add.cmd_add(runtime)
+    assert [step for step, _ in seen] == ["recover", "reserve"]
+    (first, inv), (_, later) = seen
+    assert inv is later  # one object from the first step to the reservation
+    assert inv.conf.mtu == 9000 and runtime.conf.mtu is None  # the profile's, merged before parsing
+    assert len(merges) == 1  # merged and parsed once
