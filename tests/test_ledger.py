@@ -129,9 +129,8 @@ def test_the_ledger_equals_an_independent_recount(state: NodeState, with_invento
     devices = INVENTORY if with_inventory else None
     usage = node_usage(state, DRIVER, POOL, devices, prepared=prepared)
     assert _nanos(usage) == recount(state, devices, prepared)
-    if with_inventory:  # the devices the inventory says are dedicated, when anything holds them
-        assert usage.dedicated <= {"x"}
-        assert usage.shared <= {"a", "b", "gone"}
+    if with_inventory:  # a device the inventory has is held as the inventory says it may be
+        assert not usage.dedicated & {"a", "b"} and "x" not in usage.shared
 
 
 def test_a_claim_shared_by_pods_and_attached_by_each_is_charged_once() -> None:
