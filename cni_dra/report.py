@@ -34,12 +34,13 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
     from cni_dra.dra.models import device_attribute
     from cni_dra.state import StateStore
     from cni_dra.state.frozen import thaw
+    from cni_dra.state.ledger import node_usage
 
     slice_ = load_inventory(inventory)
     state = StateStore(state_dir).read()
     driver, pool = slice_.spec.driver, slice_.spec.pool.name
     by_name = {d.name: d for d in slice_.spec.devices}
-    consumed = state.consumed_by_device(driver, pool, by_name)
+    consumed = node_usage(state, driver, pool, by_name).consumed
     devices = []
     for d in sorted(slice_.spec.devices, key=lambda d: d.name):
         used = consumed.get(d.name, {})

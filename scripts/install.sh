@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install cni-dra on this node, idempotently. Called by the Makefile:
 #
-#   scripts/install.sh deps      apt packages (iproute2, reference CNI plugins, venv, Go, libcni source, C compiler, iperf3)
+#   scripts/install.sh deps      apt packages (iproute2, reference CNI plugins, venv, Go, libcni source, C compiler, iperf3,
+#                                and the shell linter make lint runs)
 #   scripts/install.sh venv      /opt/cni-dra/venv from Debian's /usr/bin/python3 + runtime and test deps
 #                                (the tests' Python, and where the tree takes cni-dra's dependencies from)
 #   scripts/install.sh package   the project, non-editable, into the venv
@@ -25,7 +26,7 @@ CNI_BIN_DIR=${CNI_BIN_DIR:-/opt/cni/bin}
 REF_PLUGIN_DIR=${CNI_REF_PLUGIN_DIR:-/usr/lib/cni}
 SYSTEMD_DIR=${CNI_DRA_SYSTEMD_DIR:-/etc/systemd/system}
 SYSTEM_PYTHON=/usr/bin/python3
-APT_PACKAGES=(iproute2 containernetworking-plugins python3-venv golang-go golang-github-appc-cni-dev gcc libc6-dev iperf3)
+APT_PACKAGES=(iproute2 containernetworking-plugins python3-venv golang-go golang-github-appc-cni-dev gcc libc6-dev iperf3 shellcheck)
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1

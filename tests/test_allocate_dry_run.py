@@ -112,8 +112,8 @@ def test_cli_allocate_accepts_a_slice_of_another_driver(tmp_path: Path) -> None:
 
 def _hold_7g(state: Path) -> None:
     """A state in ``state`` where one ready attachment holds 7G of gpu-0."""
-    with StateStore(state).transaction() as stt:
-        stt.put(Attachment(
+    with StateStore(state).transaction() as txn:
+        txn.put(Attachment(
             network="n1", containerID="c1", ifname="eth0", driver=DRV, pool="n", device="gpu-0",
             parent="x", consumedCapacity={"bw": Quantity.parse("7G")}, shareID="s1", phase="ready"))
 

@@ -37,7 +37,14 @@ from cni_dra.allocator import (
 )
 from cni_dra.allocator.capacity import uses_milli
 from cni_dra.cli import cli
-from cni_dra.dra.models import AllocationResult, CapacityRequestPolicyRange, Device, DeviceCapacity, ResourceClaim, ResourceSlice
+from cni_dra.dra.models import (
+    AllocationResult,
+    CapacityRequestPolicyRange,
+    Device,
+    DeviceCapacity,
+    ResourceClaim,
+    ResourceSlice,
+)
 from cni_dra.quantity import Quantity
 
 Q = Quantity.parse

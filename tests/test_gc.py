@@ -44,9 +44,9 @@ class Node:
         self.gc_stdin = tmp_path / "ipam-gc.json"
 
     def put(self, *atts: Attachment) -> None:
-        with StateStore(self.state_dir).transaction() as state:
-            state.set_boot_id(boot_id())
-            state.put_all(atts)
+        with StateStore(self.state_dir).transaction() as txn:
+            txn.set_boot_id(boot_id())
+            txn.put_all(atts)
 
     def left(self) -> list[str]:
         return sorted(f"{a.network}/{a.containerID}" for a in StateStore(self.state_dir).read_files().attachments)
@@ -183,8 +183,8 @@ def test_ready_at_round_trips_through_the_journal(node: Node) -> None:
     through a journal record."""
     node.put(att("a", age_s=None))
     now = time.time()
-    with StateStore(node.state_dir).transaction() as state:
-        state.update((NET, "a", "eth0"), readyAt=ready_at(now - 10))
+    with StateStore(node.state_dir).transaction() as txn:
+        txn.update((NET, "a", "eth0"), readyAt=ready_at(now - 10))
     assert b'"readyAt"' in (node.state_dir / "state.journal").read_bytes()
     (a,) = StateStore(node.state_dir).read_files().attachments
     assert 9.9 < a.ready_age_s(now) < 10.1

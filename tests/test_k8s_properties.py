@@ -80,9 +80,9 @@ def test_status_records_survive_any_failures(answers, n_claims):
                              phase="ready", result={"interfaces": [{"name": "net1", "mac": f"02:00:00:00:00:0{i}",
                                                                     "sandbox": "/x"}],
                                                     "ips": [{"address": f"192.0.2.{i + 1}/24", "interface": 0}]})
-            with store.transaction() as s:
-                s.put(att)
-                s.add_status_update(claim_status_record(att))
+            with store.transaction() as txn:
+                txn.put(att)
+                txn.add_status_update(claim_status_record(att))
         for code in answers:
             server.fail("PATCH", r".*/status", code)
         now = [0.0]

@@ -74,9 +74,9 @@ def _node(tmp_path: Path, *atts: Any) -> dict[str, Any]:
     """A network ``net`` on NIC ``eth9`` (device nic-a) whose state holds ``atts``; its config."""
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
     if atts:
-        with StateStore(tmp_path / "state").transaction() as st:
+        with StateStore(tmp_path / "state").transaction() as txn:
             for att in atts:
-                st.put(att)
+                txn.put(att)
     return netconf(name="net", stateDir=str(tmp_path / "state"), inventory=str(tmp_path / "slice.yaml"),
                    ipam={"type": "host-local"})
 

@@ -62,9 +62,9 @@ def _conf(tmp_path: Path, **kw: Any) -> dict[str, Any]:
 def _held(tmp_path: Path, *, recovering: bool, owner: Owner | None = None) -> StateStore:
     """The attachment's interrupted ADD, its intent held by this (live) process."""
     store = StateStore(tmp_path / "state")
-    with store.transaction() as st:
-        st.set_boot_id(boot_id())
-        st.put(attachment("c1", network="net", parent="eth9", netns="/var/run/netns/x", phase="adding",
+    with store.transaction() as txn:
+        txn.set_boot_id(boot_id())
+        txn.put(attachment("c1", network="net", parent="eth9", netns="/var/run/netns/x", phase="adding",
                           owner=owner or current_owner(), recovering=True if recovering else None,
                           steps=(STEP_IPAM,), consumedCapacity={"bandwidth": "1G"}))
     return store
@@ -73,8 +73,8 @@ def _held(tmp_path: Path, *, recovering: bool, owner: Owner | None = None) -> St
 def _finish_recovery_after(store: StateStore, delay_s: float) -> threading.Thread:
     def finish() -> None:
         time.sleep(delay_s)
-        with store.transaction() as st:
-            st.remove(*KEY)
+        with store.transaction() as txn:
+            txn.remove(*KEY)
 
     thread = threading.Thread(target=finish, daemon=True)
     thread.start()

@@ -80,16 +80,16 @@ def _adding(owner: Owner) -> Any:
 
 def _store(tmp_path: Path, *atts: Any) -> StateStore:
     store = StateStore(tmp_path / "state")
-    with store.transaction() as st:
-        st.set_boot_id(boot_id())
-        st.put_all(atts)
+    with store.transaction() as txn:
+        txn.set_boot_id(boot_id())
+        txn.put_all(atts)
     return store
 
 
 def _damage(store: StateStore) -> None:
     """Make ``state.json`` unreadable: repair takes its backup copy, and records may be lost."""
-    with store.transaction() as st:  # a second snapshot-backed commit: the backup holds the same
-        st.add_status_update({"claim": {"uid": "other"}})
+    with store.transaction() as txn:  # a second snapshot-backed commit: the backup holds the same
+        txn.add_status_update({"claim": {"uid": "other"}})
     store.path.write_bytes(b"\x00" * 10)
 
 

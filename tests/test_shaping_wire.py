@@ -591,11 +591,11 @@ def test_release_removes_shaping_when_there_may_be_some(monkeypatch, shaping_rec
 def _state_with_a_shaped_attachment(tmp_path: Path) -> tuple[str, str]:
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
     tbf = Tbf.for_rate(300 * M)
-    with StateStore(tmp_path / "state").transaction() as st:
-        st.put(attachment("c1", pool="s", podNamespace="ns", podName="p",
+    with StateStore(tmp_path / "state").transaction() as txn:
+        txn.put(attachment("c1", pool="s", podNamespace="ns", podName="p",
                                          consumedCapacity={"bandwidth": "300M"},
                                          shaping=record(ShapeInfo("eth0", tbf, Tbf.for_rate(100 * M), "ifb-eth0"))))
-        st.put(attachment("c2", pool="s", consumedCapacity={"bandwidth": "1G"}))
+        txn.put(attachment("c2", pool="s", consumedCapacity={"bandwidth": "1G"}))
     return str(tmp_path / "state"), str(tmp_path / "slice.yaml")
 
 

@@ -172,7 +172,7 @@ class ClaimDriver:
                 for i in keep:
                     found[i] = exc
                 continue
-            for i, did in zip(keep, changed):
+            for i, did in zip(keep, changed, strict=True):
                 if did:
                     log.info("prepared %s for pod %s", _fetched(found[i]).where, pod_uid)
         return [f.devices if isinstance(f, _Fetched) else f for f in found]

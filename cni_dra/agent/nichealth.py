@@ -61,7 +61,7 @@ def link_problem(info: LinkInfo | None) -> str | None:
 
 def rfc3339(wall_s: float) -> str:
     """Unix seconds as RFC 3339 UTC, whole seconds (``2026-12-01T10:00:00Z``)."""
-    return datetime.datetime.fromtimestamp(int(wall_s), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(int(wall_s), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 _WHAT = {"missing": "does not exist", "admin-down": "is administratively down", "carrier-lost": "has no carrier"}

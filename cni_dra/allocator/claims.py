@@ -188,6 +188,6 @@ def allocate_claims(
             claim, slice_, usage, share_id, policy, classes, fractional_capacity_range=fractional_capacity_range
         )
         if isinstance(res, AllocationResult):
-            usage = usage.with_results(res.devices.results)
+            usage = usage.with_results(res.devices.results, slice_.spec.devices)
         out.append(res)
     return out

@@ -107,7 +107,7 @@ def _link(att: dict[str, Any]) -> str:
 def _table(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
 # -- claims ------------------------------------------------------------------------------
@@ -155,7 +155,7 @@ def claims_prepare(state_dir: str, inventory: str, conflists: tuple[str, ...], p
         for obj in objs:
             check_claim_against_inventory(obj, slice_)
     changed = prepare_claims(state_dir, pod_uid, objs, driver=driver, limits=limits)
-    for obj, did in zip(objs, changed):
+    for obj, did in zip(objs, changed, strict=True):
         name = (obj.get("metadata") or {}).get("name")
         click.echo(f"claim {name} {'prepared' if did else 'already prepared'} for pod {pod_uid}")
 

@@ -85,16 +85,17 @@ class AllocateEntry(TypedDict, total=False):
 StateReader = Callable[[str, ResourceSlice], "NodeUsage | Mapping[str, Mapping[str, Quantity]]"]
 
 
-def read_node_usage(state_dir: str, slice_: ResourceSlice) -> dict[str, dict[str, Quantity]]:
+def read_node_usage(state_dir: str, slice_: ResourceSlice) -> NodeUsage:
     """What the node state in ``state_dir`` charges per device of ``slice_``'s pool.
 
     A dry run: a lock-free snapshot (``StateStore.peek``), so nothing, not even
     state.lock, is created. Raises CniError subclasses (an unreadable state).
     """
     from cni_dra.state import StateStore
+    from cni_dra.state.ledger import node_usage
 
     devices = {d.name: d for d in slice_.spec.devices}
-    return StateStore(state_dir).peek().consumed_by_device(slice_.spec.driver, slice_.spec.pool.name, devices)
+    return node_usage(StateStore(state_dir).peek(), slice_.spec.driver, slice_.spec.pool.name, devices)
 
 
 def read_fractional(state_dir: str | None) -> bool:
@@ -131,7 +132,7 @@ def run_allocate(
     )
     out: list[AllocateEntry] = []
     ok = True
-    for claim, res in zip(claims, outcomes):
+    for claim, res in zip(claims, outcomes, strict=True):
         cid = claim_id(claim)
         if isinstance(res, ClaimNoFit):
             ok = False
@@ -168,6 +169,21 @@ def _dump(entries: list[AllocateEntry], output: str) -> str:
     return json.dumps(entries, indent=2) + "\n"
 
 
+# The long options of ``allocate`` (make_allocate_command), each a click decorator.
+_INVENTORY_OPTION = click.option("--inventory", "inventory", required=True, envvar="CNI_DRA_INVENTORY",
+                                 help="ResourceSlice file (YAML or JSON) listing the node's devices; checked with the "
+                                      "API server's rules only, so a slice of another driver (no ifName) is accepted.")
+_STATE_DIR_OPTION = state_dir_option(default=None, deprecated_alias="--state",
+                                     help="Node state directory: start from what is allocated there. Read-only: a "
+                                          "snapshot of state.json taken without the state lock (nothing is created, "
+                                          "not even state.lock), so a concurrent ADD/DEL may make it stale at once.")
+_FRACTIONAL_OPTION = click.option("--fractional-capacity-range", "fractional", type=click.Choice(list(FRACTIONAL_CHOICES)),
+                                  default="auto", show_default=True, envvar="CNI_DRA_FRACTIONAL_CAPACITY_RANGE",
+                                  help="The cluster's DRAFractionalCapacityRange feature gate, which decides how a stepped "
+                                       "validRange rounds: on (milli-units), off (whole units, Kubernetes 1.37's default), "
+                                       "auto (what the agent recorded in --state-dir, else off).")
+
+
 def make_allocate_command(
     state_reader: StateReader = read_node_usage,
     share_id: Callable[[], str] = new_share_id,
@@ -180,24 +196,15 @@ def make_allocate_command(
     """
 
     @click.command("allocate")
-    @click.option("--inventory", "inventory", required=True, envvar="CNI_DRA_INVENTORY",
-                  help="ResourceSlice file (YAML or JSON) listing the node's devices; checked with the "
-                       "API server's rules only, so a slice of another driver (no ifName) is accepted.")
+    @_INVENTORY_OPTION
     @click.option("--claim", "claim_paths", multiple=True, required=True, envvar="CNI_DRA_CLAIM",
                   help="ResourceClaim file; repeat to allocate several claims in order.")
-    @state_dir_option(default=None, deprecated_alias="--state",
-                      help="Node state directory: start from what is allocated there. Read-only: a "
-                           "snapshot of state.json taken without the state lock (nothing is created, "
-                           "not even state.lock), so a concurrent ADD/DEL may make it stale at once.")
+    @_STATE_DIR_OPTION
     @click.option("--consumed", "consumed", default=None, envvar="CNI_DRA_CONSUMED",
                   help='JSON/YAML file {"<device>": {"<capacity>": "<quantity>"}} of what is consumed.')
     @click.option("--policy", type=click.Choice(list(POLICIES)), default="first-fit", show_default=True,
                   envvar="CNI_DRA_POLICY", help="Order in which candidate devices are tried.")
-    @click.option("--fractional-capacity-range", "fractional", type=click.Choice(list(FRACTIONAL_CHOICES)),
-                  default="auto", show_default=True, envvar="CNI_DRA_FRACTIONAL_CAPACITY_RANGE",
-                  help="The cluster's DRAFractionalCapacityRange feature gate, which decides how a stepped "
-                       "validRange rounds: on (milli-units), off (whole units, Kubernetes 1.37's default), "
-                       "auto (what the agent recorded in --state-dir, else off).")
+    @_FRACTIONAL_OPTION
     @click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default="json", show_default=True,
                   envvar="CNI_DRA_OUTPUT")
     def allocate(
@@ -219,14 +226,20 @@ def make_allocate_command(
         except CniError as exc:
             click.echo(f"{type(exc).__name__}: {exc.msg}", err=True)
             sys.exit(2)
-        click.echo(_dump(entries, output), nl=False)
-        if not ok:
-            for e in entries:
-                if "error" in e:
-                    # One line per request (and one for the combination), not only the claim.
-                    click.echo(f"NoCapacityError: claim {e['claim']} cannot be allocated:", err=True)
-                    for req, why in e["reasons"].items():
-                        click.echo(f"  {'claim' if req == 'claim' else 'request ' + req}: {why}", err=True)
-            sys.exit(1)
+        _print(entries, ok, output)
 
     return allocate
+
+
+def _print(entries: list[AllocateEntry], ok: bool, output: str) -> None:
+    """The allocations on stdout; for each claim that does not fit, why on stderr (one line
+    per request, and one for the combination) and exit code 1."""
+    click.echo(_dump(entries, output), nl=False)
+    if ok:
+        return
+    for e in entries:
+        if "error" in e:
+            click.echo(f"NoCapacityError: claim {e['claim']} cannot be allocated:", err=True)
+            for req, why in e["reasons"].items():
+                click.echo(f"  {'claim' if req == 'claim' else 'request ' + req}: {why}", err=True)
+    sys.exit(1)

@@ -54,7 +54,7 @@ def parse_claim_objects(text: str, source: str = "<claim>") -> list[dict[str, An
     ResourceClaim. Raises InvalidConfigError (code 7)."""
     claims = parse_claims(text, source)
     items = _items(text, source)
-    return [item for item, _ in zip(items, claims)]
+    return [item for item, _ in zip(items, claims, strict=True)]
 
 
 def _items(text: str, source: str) -> list[Any]:

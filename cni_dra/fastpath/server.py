@@ -208,7 +208,7 @@ class FastpathServer:
                 conn.sendall(encode_frames(status, stdout))
             except OSError as exc:
                 log.warning("fastpath: connection failed: %s", exc)
-            except Exception:  # noqa: BLE001 - keep the worker; the client sees EOF and runs it in-process
+            except Exception:  # keep the worker; the client sees EOF and runs it in-process
                 log.exception("fastpath: internal error; the caller falls back to in-process")
 
     def _answer(self, request: bytes | None) -> tuple[bytes, bytes]:
@@ -408,15 +408,15 @@ def _join(target: str) -> None:
 
 def _warm_imports() -> None:
     """Import everything an ADD/DEL touches, so the first request does not pay for it."""
-    import cni_dra.cni  # noqa: F401
-    import cni_dra.dra.inventory  # noqa: F401
-    import cni_dra.ipam  # noqa: F401
-    import cni_dra.netlink  # noqa: F401 - every netlink module (addr, info, sublink, sysctl)
-    import cni_dra.protocol.config  # noqa: F401
-    import cni_dra.verbs.add  # noqa: F401
-    import cni_dra.verbs.check  # noqa: F401
-    import cni_dra.verbs.delete  # noqa: F401
-    import cni_dra.verbs.intent  # noqa: F401
+    import cni_dra.cni
+    import cni_dra.dra.inventory
+    import cni_dra.ipam
+    import cni_dra.netlink  # every netlink module (addr, info, sublink, sysctl)
+    import cni_dra.protocol.config
+    import cni_dra.verbs.add
+    import cni_dra.verbs.check
+    import cni_dra.verbs.delete
+    import cni_dra.verbs.intent
     import cni_dra.verbs.release  # noqa: F401
     from cni_dra.netlink import info
 

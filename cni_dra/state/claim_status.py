@@ -30,7 +30,7 @@ log = logging.getLogger("cni_dra.state")
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def network_data(result: dict[str, Any], ifname: str) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def record_add_failure(store: Any, att: Attachment, error: BaseException) -> Non
     msg = getattr(error, "msg", None) or str(error) or type(error).__name__
     rec.update(ready=False, reason=type(error).__name__, message=f"CNI ADD failed with code {code}: {msg}")
     try:
-        with store.transaction() as state:
-            state.add_status_update(rec)
+        with store.transaction() as txn:
+            txn.add_status_update(rec)
     except Exception as exc:  # noqa: BLE001 - reporting must not mask the ADD error
         log.error("failed to record the ADD failure for claim %s: %s", rec["claim"], exc)

@@ -45,6 +45,7 @@ class PreparedResult(BaseModel):
     consumedCapacity: Annotated[dict[str, QuantityField], AfterValidator(FrozenDict)] = Field(
         default_factory=FrozenDict)
     shareID: str | None = None
+    adminAccess: bool | None = None  # holds nothing (KEP-5075), as the scheduler counts it
     profile: InterfaceProfile | None = None
     profileError: str | None = None
 

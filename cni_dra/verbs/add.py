@@ -36,16 +36,16 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from cni_dra.faults import fault_point
 from cni_dra.errors import (
     AttachmentExistsError,
     ClaimError,
     IncompatibleVersionError,
     InvalidConfigError,
-    IOFailureError,
     InventoryError,
+    IOFailureError,
     TryAgainLaterError,
 )
+from cni_dra.faults import fault_point
 from cni_dra.protocol.results import (
     DNS,
     Interface,
@@ -76,11 +76,16 @@ __all__ = ["cmd_add", "plan", "plan_attachment", "link_type_conflicts"]
 log = logging.getLogger("cni_dra.add")
 
 
-def cmd_add(inv: Invocation) -> Result:
-    """Run ADD for ``inv``; returns the CNI result (newest schema). See module docstring."""
+def cmd_add(runtime: Invocation) -> Result:
+    """Run ADD for ``runtime`` (the invocation as the runtime made it); returns the CNI
+    result (newest schema). See module docstring. The ADD reads its effective config once,
+    first (:func:`effective_invocation`: the device profile of the pod's allocation result
+    merged into the runtime's config before it is parsed), and every step after sees that
+    one object."""
     from cni_dra.netlink import addr, netns  # called through the module: the seam tests patch
     from cni_dra.verbs.recover import recover_pending
 
+    inv = effective_invocation(runtime, runtime.store.peek() if runtime.env.args.pod_uid else NodeState())
     _refuse_early(inv)
     recover_pending(inv)  # stale intents of crashed ADD/DEL, attachments lost in a reboot
     host_links = _host_links(inv.inventory)
@@ -93,7 +98,6 @@ def cmd_add(inv: Invocation) -> Result:
             if isinstance(reserved, Result):  # a repeated ADD: its recorded result
                 return reserved
             intent = reserved
-            inv = intent.inv  # its config is the link's: the device profile applied
             fault_point("add:reserved")
             _undo_with(undo, intent.abandon)
             spec = _shape_spec(inv, intent.att, host_links[intent.att.parent])  # code 7 before any effect
@@ -167,20 +171,43 @@ def _undo_with(undo: ExitStack, step: Callable[[], object]) -> None:
     undo.callback(safely)
 
 
+def _asker(inv: Invocation) -> Asker:
+    env = inv.env
+    return Asker(env.args.pod_uid, env.args.pod_namespace, env.args.pod_name, env.container_id, env.ifname)
+
+
+def effective_invocation(runtime: Invocation, state: NodeState) -> Invocation:
+    """The invocation an ADD works with from its start to its end: the device profile of the
+    pod's allocation result in ``state`` (:func:`cni_dra.verbs.placement.pick_result`) merged
+    into the runtime's config bytes, then parsed once (:func:`cni_dra.verbs.profile.conf_for`);
+    the runtime's config when there is no profile. It remembers the result it was made from
+    (:attr:`Invocation.profile_source`), which :func:`plan` checks again under the lock.
+    Raises ClaimError (101) as :mod:`cni_dra.verbs.profile` says."""
+    from cni_dra.verbs.profile import conf_for
+
+    picked = pick_result(state, runtime.conf, _asker(runtime))
+    return runtime.with_conf(conf_for(runtime, picked), picked)
+
+
 def plan_attachment(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> Attachment:
-    """The attachment this ADD would record in ``state`` (:func:`plan`'s)."""
-    return plan(inv, state, host_links)[0]
+    """The attachment an ADD of ``inv`` (the runtime's invocation) would record in ``state``:
+    :func:`plan` of its :func:`effective_invocation`."""
+    return plan(effective_invocation(inv, state), state, host_links)[0]
 
 
 def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> tuple[Attachment, NetConf]:
     """The attachment this ADD would record in ``state`` (phase ``adding``, no owner yet)
-    and the network config its link is made from: the pod's allocation result's device
-    profile laid over the invocation's (:func:`cni_dra.verbs.profile.conf_for`), then the
-    placement (:func:`cni_dra.verbs.placement.place`). Pure over its arguments; raises as
-    :mod:`cni_dra.verbs.placement` and :mod:`cni_dra.verbs.profile` say, and InventoryError
-    (7) for an inventory of another driver."""
+    and the network config its link is made from (``inv.conf``: ``inv`` is the ADD's
+    :func:`effective_invocation`), placed by :func:`cni_dra.verbs.placement.place`. Pure
+    over its arguments; raises as :mod:`cni_dra.verbs.placement` says, InventoryError (7)
+    for an inventory of another driver, and TryAgainLaterError (11) when the pod's
+    allocation result in ``state`` is not the one ``inv``'s config was made from (its
+    claims changed since the ADD started)."""
     from cni_dra.state.models import STEP_IPAM
-    from cni_dra.verbs.profile import conf_for, describe
+    from cni_dra.verbs.profile import describe
+
+    if inv.profile_source is ...:
+        raise ValueError("plan needs the ADD's effective invocation (effective_invocation)")
 
     env = inv.env
     slice_ = inv.inventory
@@ -190,9 +217,14 @@ def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> 
             f"invalid inventory {inv.conf.inventory}: spec.driver {driver!r} is not the configured driver "
             f"{inv.conf.driver!r}"
         )
-    asker = Asker(env.args.pod_uid, env.args.pod_namespace, env.args.pod_name, env.container_id, env.ifname)
+    asker = _asker(inv)
     picked = pick_result(state, inv.conf, asker)
-    conf = conf_for(inv, picked)
+    if picked != inv.profile_source:
+        raise TryAgainLaterError(
+            f"failed to add {env.ifname} for container {env.container_id}: the pod's prepared claims changed "
+            "while the ADD started"
+        )
+    conf = inv.conf
     # The cluster's rounding rules matter to a standalone allocation only (claim mode
     # honours the scheduler's amounts), so only then is the agent's record read.
     fractional = picked is None and inv.fractional_capacity_range
@@ -262,7 +294,7 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdent
         # The link's temporary name, recorded before the link exists: recovery finds a link
         # left under it by a kill before the rename.
         intent = att.model_copy(update={"owner": current_owner(), "tempName": temp_name(), "netnsIdentity": ident})
-        return AddIntent(inv.with_conf(conf), txn.put(intent))
+        return AddIntent(inv, txn.put(intent))
 
 
 def _repeated(inv: Invocation, existing: Attachment, ident: NetnsIdentity) -> Result:

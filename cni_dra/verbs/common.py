@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import ClaimError, IpamError
@@ -29,6 +30,10 @@ class Invocation:
     conf: NetConf
     raw: bytes
     environ: dict[str, str] = field(default_factory=dict)
+    # ADD's effective invocation (cni_dra.verbs.add.effective_invocation): the prepared
+    # allocation result whose device profile ``conf`` carries (None: none, standalone);
+    # Ellipsis: ``conf`` is the runtime's as parsed, no profile looked for yet.
+    profile_source: tuple[PreparedClaim, PreparedResult] | None | EllipsisType = ...
 
     @cached_property
     def store(self) -> StateStore:
@@ -52,12 +57,12 @@ class Invocation:
         found = read_features(self.store)
         return found is not None and found.fractional_capacity_range
 
-    def with_conf(self, conf: NetConf) -> Invocation:
-        """This invocation with ``conf`` as its config (a device profile applied), sharing
-        its state store and inventory once loaded; ``self`` when ``conf`` is its own."""
-        if conf is self.conf:
-            return self
-        other = Invocation(env=self.env, conf=conf, raw=self.raw, environ=self.environ)
+    def with_conf(
+        self, conf: NetConf, profile_source: tuple[PreparedClaim, PreparedResult] | None | EllipsisType = ...
+    ) -> Invocation:
+        """This invocation with ``conf`` as its config (a device profile applied, from the
+        result ``profile_source``), sharing its state store and inventory once loaded."""
+        other = Invocation(env=self.env, conf=conf, raw=self.raw, environ=self.environ, profile_source=profile_source)
         for name in ("store", "inventory", "fractional_capacity_range"):
             if name in self.__dict__:
                 other.__dict__[name] = self.__dict__[name]

@@ -101,8 +101,8 @@ def cmd_gc(inv: Invocation) -> None:
         try:
             where = recorded_link_place(att)
             release_attachment(att, inv.environ, inv.env.path, delete_link=where is not None, netns=where)
-            with inv.store.transaction() as state:
-                state.remove(*att.key)
+            with inv.store.transaction() as txn:
+                txn.remove(*att.key)
         except CniError as exc:
             log.error("GC of %s failed: %s", att.key, exc.msg)
             exc.msg = f"failed to garbage-collect attachment {att.containerID}/{att.ifname}: {exc.msg}"

@@ -108,8 +108,8 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
         # Not fsync'ed (nor is finish_delete): a DEL record lost in a
         # kernel crash leaves the attachment charged until the first ADD/DEL/GC after the
         # reboot, which releases every attachment of the previous boot whose netns is gone.
-        with inv.store.transaction(durable=False) as st:
-            att = st.find(*key)
+        with inv.store.transaction(durable=False) as txn:
+            att = txn.find(*key)
             if att is None:
                 from cni_dra.netlink.netns import netns_identity_or_none
                 from cni_dra.verbs.release import names_recorded_netns
@@ -118,13 +118,13 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
                 # same namespace by identity: repair names it /var/run/netns/..., the runtime
                 # may say /run/netns/...).
                 ident = None
-                for placeholder in st.attachments:
+                for placeholder in txn.attachments:
                     if placeholder.network != REPAIR_NETWORK or placeholder.ifname != inv.env.ifname \
                             or not inv.env.netns:
                         continue
                     ident = ident or netns_identity_or_none(inv.env.netns)
                     if names_recorded_netns(placeholder, inv.env.netns, ident):
-                        st.remove(*placeholder.key)
+                        txn.remove(*placeholder.key)
                         log.info("DEL %s: released the repair placeholder of %s", key, placeholder.ifname)
                         break
                 return None
@@ -135,7 +135,7 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
                     f"failed to delete {inv.env.ifname} for container {inv.env.container_id}: an ADD of "
                     "the same attachment is still in progress"
                 )
-            return st.update(att, phase="deleting", owner=current_owner(), recovering=None)
+            return txn.update(att, phase="deleting", owner=current_owner(), recovering=None)
     except StateWriteError:
         raise  # nothing written, nothing removed: the runtime retries the DEL
     except StateError as exc:
@@ -146,8 +146,8 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
 def finish_delete(inv: Invocation) -> None:
     """End of DEL: drop the attachment (its capacity is released)."""
     # Not fsync'ed (see begin_delete): a reboot releases it.
-    with inv.store.transaction(durable=False) as state:
-        state.remove(inv.conf.name, inv.env.container_id, inv.env.ifname)
+    with inv.store.transaction(durable=False) as txn:
+        txn.remove(inv.conf.name, inv.env.container_id, inv.env.ifname)
 
 
 class AddIntent:
@@ -175,17 +175,17 @@ class AddIntent:
         from cni_dra.state.claim_status import claim_status_record
         from cni_dra.state.models import ready_at
 
-        with self.inv.store.transaction() as state:
-            recorded = state.find(*self.key)
+        with self.inv.store.transaction() as txn:
+            recorded = txn.find(*self.key)
             if recorded is None:  # pragma: no cover - only a concurrent GC/repair could do this
                 raise ClaimError(f"failed to complete ADD of {self.key}: the attachment vanished from state")
             extra = {"shaping": shaping} if shaping is not None else {}
-            ready = state.update(recorded, phase="ready", result=result, owner=None, steps=(), tempName=None,
+            ready = txn.update(recorded, phase="ready", result=result, owner=None, steps=(), tempName=None,
                                  recovering=None, readyAt=ready_at(time.time()), **extra)  # GC spares it for a grace period
             if ready.claim is not None:  # claim mode: the agent writes it into the claim's status
-                state.add_status_update(claim_status_record(ready))
+                txn.add_status_update(claim_status_record(ready))
 
     def abandon(self) -> None:
         """Drop the record (capacity released)."""
-        with self.inv.store.transaction() as state:
-            state.remove(*self.key)
+        with self.inv.store.transaction() as txn:
+            txn.remove(*self.key)

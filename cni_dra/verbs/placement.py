@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cni_dra.errors import ClaimError, InvalidConfigError, InventoryError, NoCapacityError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
+from cni_dra.state.ledger import node_usage
 from cni_dra.state.models import PreparedClaim, PreparedResult, whole_capacity
 from cni_dra.verbs.common import claim_results_for
 
@@ -175,7 +176,7 @@ def place_claim(
     if mixed:
         raise ClaimError(f"failed to honour {where} on device {name}: the NIC {mixed}")
     if not sharing:  # another pod of a shared claim already holds (and is charged) this share
-        held = state.consumed_by_device(driver, pool, devices, prepared=False).get(name, {})
+        held = node_usage(state, driver, pool, devices, prepared=False).consumed_on(name)
         reason = check_fits(device, held, consumption)
         if reason:
             raise ClaimError(f"failed to honour {where} on device {name}: allocation no longer fits: {reason}")
@@ -235,7 +236,7 @@ def place_standalone(
             f"invalid network config {conf.name!r}: mtu {conf.mtu} is above the MTU of every usable parent NIC "
             f"({'; '.join(skipped)})"
         )
-    consumed = state.consumed_by_device(driver, pool, devices)
+    consumed = node_usage(state, driver, pool, devices).consumed
     # A NIC carrying links of the other type cannot take this one (the kernel allows one per parent).
     exclude: dict[str, str] = link_type_conflicts(state.attachments, conf.linkType, driver, pool)
     if conf.distinctFrom == "pod" and asker.pod_uid:

@@ -132,9 +132,9 @@ def recover(
         return report
     me = current_owner()
     work: list[tuple[Attachment, bool, Owner | None]] = []  # (copy, owner ran in an earlier boot, that owner)
-    with store.transaction() as st:
-        rebooted = st.bootID is not None and st.bootID != boot
-        for att in list(st.attachments):
+    with store.transaction() as txn:
+        rebooted = txn.bootID is not None and txn.bootID != boot
+        for att in list(txn.attachments):
             if att.phase in ("adding", "deleting"):
                 if owner_alive(att.owner):
                     continue
@@ -146,13 +146,13 @@ def recover(
             earlier = att.owner is not None and bool(att.owner.boot) and att.owner.boot != boot
             phase = "deleting" if att.phase == "ready" else att.phase
             # ``recovering``: the attachment's own ADD or DEL waits for this instead of code 11
-            taken = st.update(att, phase=phase, owner=me, recovering=True)
+            taken = txn.update(att, phase=phase, owner=me, recovering=True)
             work.append((taken, earlier, att.owner))
             report.changes.append(f"{describe_attachment(taken)}: {why}")
-        if st.bootID != boot:
+        if txn.bootID != boot:
             if rebooted:
-                report.changes.append(f"boot id changed from {st.bootID} to {boot}")
-            st.set_boot_id(boot)
+                report.changes.append(f"boot id changed from {txn.bootID} to {boot}")
+            txn.set_boot_id(boot)
     for att, earlier, was in work:
         try:
             what = undo_attachment(att, environ, cni_path, earlier_boot=earlier)
@@ -161,10 +161,10 @@ def recover(
             log.error("recovery of %s failed: %s", att.key, exc.msg)
             _give_back(store, att, me, was)
             continue
-        with store.transaction() as st:
-            cur = st.find(*att.key)
+        with store.transaction() as txn:
+            cur = txn.find(*att.key)
             if cur is not None and _same_owner(cur.owner, me):
-                st.remove(*att.key)
+                txn.remove(*att.key)
         if att.phase == "adding" and att.claim is not None:  # claim mode: the agent reports it on the claim
             from cni_dra.state.claim_status import record_add_failure
 
@@ -181,10 +181,10 @@ def _give_back(store: StateStore, att: Attachment, me: Owner, was: Owner | None)
     process, which may live on (an agent) and would hold it, and the attachment's own
     ADD or DEL, for as long as it runs."""
     try:
-        with store.transaction() as st:
-            cur = st.find(*att.key)
+        with store.transaction() as txn:
+            cur = txn.find(*att.key)
             if cur is not None and _same_owner(cur.owner, me):
-                st.update(cur, owner=was, recovering=None)
+                txn.update(cur, owner=was, recovering=None)
     except CniError as exc:  # the intent stays with this process; its death frees it
         log.error("recovery of %s: could not give the intent back: %s", att.key, exc.msg)
 

@@ -338,7 +338,7 @@ class InputRefused(AssertionError):
     """``cni-dra allocate`` refused its input (exit 2): the slice or a claim."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def knows_the_gate(exe: str) -> bool:
     """Whether ``exe``'s ``allocate`` takes ``--fractional-capacity-range`` (a cni-dra from
     before it, run through ``CNI_DRA_DIFF_EXE`` to see what it got wrong, rounds one way)."""
