@@ -50,7 +50,7 @@ def run(environ: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
         conf = load_conf(stdin, env)
         version = conf.cniVersion
         require_verb_version(env.command, version)
-        from cni_dra.verbs.common import Invocation
+        from cni_dra.attach.invocation import Invocation
 
         inv = Invocation(env=env, conf=conf, raw=stdin, environ=dict(environ))
         if env.command == "ADD":

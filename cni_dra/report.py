@@ -26,12 +26,12 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
     attachments recorded before the field existed): GC spares it for
     :data:`cni_dra.verbs.gc.GRACE_S` after that. ``linkType`` is the kind of the pod link; ``profile`` what the allocation result's device
     profile made of it (``{"linkType", "mode", "ipvlanFlag", "mtu", "mac", "shaping",
-    "fromConfig"}``, :func:`cni_dra.verbs.profile.describe`), None when the conflist alone
+    "fromConfig"}``, :func:`cni_dra.attach.device_profile.describe`), None when the conflist alone
     made it.
     """
     from cni_dra.allocator import remaining
     from cni_dra.dra.inventory import load_inventory
-    from cni_dra.dra.models import device_attribute
+    from cni_dra.dra.objects import device_attribute
     from cni_dra.state import StateStore
     from cni_dra.state.frozen import thaw
     from cni_dra.state.ledger import node_usage

@@ -274,7 +274,7 @@ class NodeBed:
         import time
 
         from cni_dra.state import StateStore
-        from cni_dra.state.models import ready_at
+        from cni_dra.state.schema import ready_at
 
         with StateStore(self.state_dir).transaction() as txn:
             for att in list(txn.attachments):

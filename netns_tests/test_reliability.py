@@ -24,7 +24,7 @@ from cni_dra.faults import SWITCH_FILE
 from cni_dra.netlink.info import host_link, link_in_netns
 from cni_dra.quantity import Quantity
 from cni_dra.state import Txn
-from cni_dra.state.models import SCHEMA_VERSION
+from cni_dra.state.schema import SCHEMA_VERSION
 from netns_tests.bed import DRIVER, NodeBed, links_named, parent_of, pod_args, recover, repair
 from netns_tests.conftest import remove_netns
 from netns_tests.runner import CNI_EXE, CNI_PATH, run_plugin

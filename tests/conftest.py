@@ -48,6 +48,6 @@ def _source_tree_stays_clean() -> Iterator[None]:
 def _no_pod_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
     """``state repair`` scans ``/var/run/netns`` (untracked links, leaked ifb devices): unit
     tests see none, whatever namespaces the machine has (netns_tests/ run the real scan)."""
-    from cni_dra.verbs import repair
+    from cni_dra.attach import rebuild as repair
 
     monkeypatch.setattr(repair, "_pod_netns_paths", lambda: [])

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 import yaml
 
-from cni_dra.agent.main import Agent, AgentConfig, kubernetes_mode
+from cni_dra.agent.service import Agent, AgentConfig, kubernetes_mode
 from cni_dra.fastpath.client import ask_agent
 from tests.builders import wait_for
 from tests.k8s_apiserver import inventory_doc, write_kubeconfig
@@ -159,7 +159,7 @@ def test_with_a_kubeconfig_the_agent_is_the_kubernetes_agent(short):
 def test_agent_without_kubernetes_records_the_operators_fractional_range(short):
     """In-process: no Kubernetes parts, and ``on`` recorded for the plugin's allocation."""
     from cni_dra.state import StateStore
-    from cni_dra.state.features import read_features
+    from cni_dra.state.cluster_features import read_features
 
     d, _api = short
     cfg = AgentConfig(node_name="", inventory=f"{d}/inv.yaml", state_dir=f"{d}/state", kubernetes=False,

@@ -37,7 +37,7 @@ from cni_dra.allocator import (
 )
 from cni_dra.allocator.capacity import uses_milli
 from cni_dra.cli import cli
-from cni_dra.dra.models import (
+from cni_dra.dra.objects import (
     AllocationResult,
     CapacityRequestPolicyRange,
     Device,
@@ -131,7 +131,7 @@ UPSTREAM_VIOLATES: list[tuple[str, dict[str, Any] | None, str, bool, bool]] = [
                          ids=[c[0] for c in UPSTREAM_VIOLATES])
 def test_upstream_violates_policy(policy: dict[str, Any] | None, amount: str, gate: bool, violates: bool) -> None:
     from cni_dra.allocator.capacity import _policy_violation
-    from cni_dra.dra.models import CapacityRequestPolicy
+    from cni_dra.dra.objects import CapacityRequestPolicy
 
     pol = None if policy is None else CapacityRequestPolicy.model_validate(policy)
     assert (_policy_violation("c", Q(amount), pol, gate) is not None) is violates

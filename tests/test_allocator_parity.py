@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from cni_dra.allocator import ClaimNoFit, NodeUsage, allocate_claim, allocate_claims
 from cni_dra.cli.allocate import make_allocate_command
-from cni_dra.dra.models import AllocationResult, ResourceClaim, ResourceSlice
+from cni_dra.dra.objects import AllocationResult, ResourceClaim, ResourceSlice
 from cni_dra.quantity import Quantity
 
 DRV = "drv"

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cni_dra.allocator import NoFit, select_device
-from cni_dra.dra.models import Device
+from cni_dra.dra.objects import Device
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, Txn
 from cni_dra.state.ledger import node_usage

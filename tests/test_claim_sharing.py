@@ -14,7 +14,7 @@ from cni_dra.agent.claimwatch import ClaimWatch, reserved_pods
 from cni_dra.k8s.api import KubeApi
 from cni_dra.quantity import Quantity
 from cni_dra.state import ClaimRef, StateStore
-from cni_dra.state.claims import prepare_claim, share_prepared_claim
+from cni_dra.state.preparing import prepare_claim, share_prepared_claim
 from cni_dra.state.ledger import node_usage
 from tests import builders
 from tests.builders import DRIVER, allocation_result, attachment, resource_claim

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
-from cni_dra.agent.features import FeatureSync, learn_features
+from cni_dra.agent.gate_probe import FeatureSync, learn_features
 from cni_dra.agent.metrics import feature_enabled
 from cni_dra.errors import StateError
 from cni_dra.k8s.api import KubeApi
 from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
 from cni_dra.state import NodeState, StateStore
-from cni_dra.state.features import FEATURES_FILE, ClusterFeatures, read_features, write_features
+from cni_dra.state.cluster_features import FEATURES_FILE, ClusterFeatures, read_features, write_features
 from tests.k8s_apiserver import FakeApiServer, inventory_doc, write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def test_sync_writes_only_changes_and_replaces_a_bad_record(api: Any, tmp_path: 
 def test_the_running_agent_records_the_gate() -> None:
     import threading
 
-    from cni_dra.agent.main import Agent, AgentConfig
+    from cni_dra.agent.service import Agent, AgentConfig
     from tests.builders import wait_for
 
     short = tempfile.mkdtemp(prefix="cdf", dir="/tmp")
@@ -180,7 +180,7 @@ def test_rbac_grants_the_metrics_read() -> None:
 
 
 def _invocation(tmp_path: Path, bw: str) -> Any:
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.attach.invocation import Invocation
 
     inventory = tmp_path / "slice.json"
     dev = {"name": "a", "allowMultipleAllocations": True, "attributes": {"ifName": {"string": "if-a"}},

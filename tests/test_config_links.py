@@ -131,7 +131,7 @@ class _Parent:
 
 
 def _inv(tmp_path: Path, conf: dict, devices: list[str]):
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.attach.invocation import Invocation
 
     inventory = write_slice(tmp_path / "slice.json", [device(d) for d in devices])
     raw = _raw(inventory=str(inventory), stateDir=str(tmp_path / "st"), **conf)
@@ -178,7 +178,7 @@ def test_duplicate_mac_refused_naming_the_holder() -> None:
 @pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
 def test_l2_only_old_versions_refused_before_reading_anything(tmp_path: Path, version: str) -> None:
     from cni_dra.verbs.add import cmd_add
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.attach.invocation import Invocation
 
     raw = _raw(cniVersion=version, inventory=str(tmp_path / "missing"), stateDir=str(tmp_path / "st"))
     with pytest.raises(IncompatibleVersionError) as info:
@@ -190,7 +190,7 @@ def test_l2_only_old_versions_refused_before_reading_anything(tmp_path: Path, ve
 def test_dhcp_socket_absent_is_code_11_before_any_effect(tmp_path: Path) -> None:
     from cni_dra.errors import TryAgainLaterError
     from cni_dra.verbs.add import cmd_add
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.attach.invocation import Invocation
 
     sock = str(tmp_path / "dhcp.sock")
     raw = _raw(ipam={"type": "dhcp", "daemonSocketPath": sock}, inventory=str(tmp_path / "missing"),
@@ -255,7 +255,7 @@ def test_create_macvlan_refuses_bad_bcqueuelen(bad) -> None:
 @pytest.mark.parametrize("given,want", [(999, 103), (11, 11), (50, 50), (None, 103)])
 def test_ipam_catch_all_becomes_103_other_codes_stay(given, want) -> None:
     from cni_dra.errors import IpamError
-    from cni_dra.verbs.common import ipam_codes
+    from cni_dra.attach.invocation import ipam_codes
 
     with pytest.raises(IpamError) as info, ipam_codes():
         raise IpamError("failed to add IPAM x: boom", code=given)

@@ -18,7 +18,7 @@ import pytest
 
 from cni_dra.cni import run
 from cni_dra.state import Attachment, StateStore
-from cni_dra.state.models import STEP_IPAM, Owner, ready_at
+from cni_dra.state.schema import STEP_IPAM, Owner, ready_at
 from cni_dra.state.store import boot_id, current_owner
 from cni_dra.verbs.gc import GRACE_S
 
@@ -219,7 +219,7 @@ def test_gc_matches_the_list_keys_in_any_case(node: Node) -> None:
 def test_gc_never_collects_repair_placeholders(node: Node, name: str) -> None:
     """``state repair``'s placeholders (network ``cni-dra-repair``) charge a live link no
     record tracks: only the DEL of that link's pod releases them, whatever network a GC names."""
-    from cni_dra.verbs.repair import REPAIR_NETWORK
+    from cni_dra.attach.rebuild import REPAIR_NETWORK
 
     node.put(att("repair-pod", network=REPAIR_NETWORK))
     assert node.gc(name=name, **{"cni.dev/valid-attachments": []}) == (0, "")

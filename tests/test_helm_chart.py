@@ -183,7 +183,7 @@ def test_the_role_is_exactly_what_the_agent_calls(helm):
         ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
     }
     # fractionalCapacityRange auto (the default): the API server's kubernetes_feature_enabled
-    # sample, read from /metrics (cni_dra.agent.features); nothing else outside the API groups
+    # sample, read from /metrics (cni_dra.agent.gate_probe); nothing else outside the API groups
     assert [r for r in role["rules"] if "nonResourceURLs" in r] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
 
 

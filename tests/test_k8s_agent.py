@@ -13,7 +13,7 @@ import grpc
 import pytest
 import yaml
 
-from cni_dra.agent.main import Agent, AgentConfig
+from cni_dra.agent.service import Agent, AgentConfig
 from cni_dra.k8s.protos import load
 from cni_dra.state import Attachment, ClaimRef, StateStore
 from cni_dra.state.claim_status import claim_status_record

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cni_dra.agent.driver import ClaimDriver
-from cni_dra.agent.status import StatusWriter
+from cni_dra.agent.status_writer import StatusWriter
 from cni_dra.dra.inventory import load_inventory
 from cni_dra.k8s.api import KubeApi
 from cni_dra.state import Attachment, ClaimRef, StateStore

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from cni_dra.agent.nichealth import NicStatus
-from cni_dra.agent.status import StatusWriter, claim_status_body
+from cni_dra.agent.status_writer import StatusWriter, claim_status_body
 from cni_dra.errors import NetlinkError
 from cni_dra.k8s.api import KubeApi
 from cni_dra.state import Attachment, ClaimRef, StateStore

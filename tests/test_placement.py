@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from cni_dra.dra.models import ResourceSlice
+from cni_dra.dra.objects import ResourceSlice
 from cni_dra.errors import ClaimError, InvalidConfigError, NoCapacityError
 from cni_dra.protocol.config import load_conf
 from cni_dra.quantity import Quantity
 from cni_dra.state import ClaimRef, NodeState
-from cni_dra.state.models import PreparedClaim
-from cni_dra.verbs.placement import Asker, place, place_claim, place_standalone
+from cni_dra.state.schema import PreparedClaim
+from cni_dra.attach.placement import Asker, place, place_claim, place_standalone
 from tests.builders import (
     allocation_result,
     attachment,

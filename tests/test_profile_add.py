@@ -16,7 +16,7 @@ from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
 from cni_dra.protocol.profile import ProfileLimits
 from cni_dra.state import NodeState, StateStore
-from cni_dra.state.claims import prepare_claim
+from cni_dra.state.preparing import prepare_claim
 from tests.builders import (
     DRIVER,
     allocation_result,
@@ -49,7 +49,7 @@ def _prepared(tmp_path: Path, *config: dict[str, Any], limits: ProfileLimits = O
 
 
 def _inv(tmp_path: Path, **conf: Any):
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.attach.invocation import Invocation
 
     inventory = write_slice(tmp_path / "slice.json", [device("a"), device("b")])
     raw = netconf_bytes(inventory=str(inventory), stateDir=str(tmp_path / "st"), **conf)
@@ -194,8 +194,8 @@ def test_status_shows_the_effective_profile(tmp_path: Path) -> None:
 
 
 def test_the_claim_status_entry_carries_the_profile(tmp_path: Path) -> None:
-    from cni_dra.agent.status import claim_status_body
-    from cni_dra.state.models import ClaimRef
+    from cni_dra.agent.status_writer import claim_status_body
+    from cni_dra.state.schema import ClaimRef
     from cni_dra.state.txn import Txn
 
     prof = {"linkType": "macvlan", "mode": "bridge", "mtu": 9000, "shaping": True, "fromConfig": ["mtu"]}
@@ -222,14 +222,14 @@ def test_add_reads_its_effective_config_once_and_every_step_sees_it(tmp_path: Pa
     at its reservation."""
     import cni_dra.netlink.netns
     import cni_dra.verbs.add as add
-    import cni_dra.verbs.profile
-    import cni_dra.verbs.recover
+    import cni_dra.attach.device_profile
+    import cni_dra.attach.recover
 
     _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
     runtime = _inv(tmp_path)
     seen: list[Any] = []
     merges: list[Any] = []
-    real_conf_for = cni_dra.verbs.profile.conf_for
+    real_conf_for = cni_dra.attach.device_profile.conf_for
 
     def conf_for(inv, picked):
         merges.append(picked)
@@ -239,8 +239,8 @@ def test_add_reads_its_effective_config_once_and_every_step_sees_it(tmp_path: Pa
         seen.append(("reserve", inv))
         raise _Stop
 
-    monkeypatch.setattr(cni_dra.verbs.profile, "conf_for", conf_for)
-    monkeypatch.setattr(cni_dra.verbs.recover, "recover_pending", lambda inv: seen.append(("recover", inv)))
+    monkeypatch.setattr(cni_dra.attach.device_profile, "conf_for", conf_for)
+    monkeypatch.setattr(cni_dra.attach.recover, "recover_pending", lambda inv: seen.append(("recover", inv)))
     monkeypatch.setattr(add, "_host_links", lambda slice_: {"if-a": _Parent(), "if-b": _Parent()})
     monkeypatch.setattr(cni_dra.netlink.netns, "netns_identity", lambda path: (1, 2))
     monkeypatch.setattr(add, "_reserve_after_recovery", reserve)

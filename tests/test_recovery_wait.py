@@ -7,7 +7,7 @@ owner) and undoes it outside the lock. The interrupted invocation's own retry (t
 in-process fallback) finds the intent held by a live process: it waits for the recovery (at
 most ``lockTimeoutSeconds``), then adds afresh. A live ADD of the same attachment that is not
 a recovery still gets code 11 at once. The recovering owner here is this test process; the
-recovery "finishes" when a thread drops the record, as :func:`cni_dra.verbs.recover.recover`
+recovery "finishes" when a thread drops the record, as :func:`cni_dra.attach.recover.recover`
 does at its end.
 """
 
@@ -26,9 +26,9 @@ from cni_dra import ipam
 from cni_dra.cni import run
 from cni_dra.netlink import info, shaping, sublink, sysctl
 from cni_dra.state import StateStore
-from cni_dra.state.models import STEP_IPAM, Owner
+from cni_dra.state.schema import STEP_IPAM, Owner
 from cni_dra.state.owner import boot_id, current_owner
-from cni_dra.verbs import recover as recover_mod
+from cni_dra.attach import recover as recover_mod
 from tests.builders import attachment, cni_env, device, every_path_a_netns, netconf, write_slice
 
 KEY = ("net", "c1", "eth0")

@@ -22,10 +22,10 @@ from cni_dra.cni import run
 from cni_dra.netlink import info, netns, shaping, sublink
 from cni_dra.netlink.shaping import ShapeInfo, Tbf
 from cni_dra.state import StateStore
-from cni_dra.state.models import STEP_IPAM, Owner
+from cni_dra.state.schema import STEP_IPAM, Owner
 from cni_dra.state.owner import boot_id, current_owner
-from cni_dra.verbs.repair import repair
-from cni_dra.verbs.shaping import record
+from cni_dra.attach.rebuild import repair
+from cni_dra.attach.shaping_plan import record
 from tests.builders import attachment, cni_env, device, netconf, write_slice
 
 POD_NS = "/run/netns/pod"

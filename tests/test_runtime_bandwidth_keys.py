@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cni_dra.netlink.shaping import MIN_BURST_BYTES, ShapeSpec
 from cni_dra.protocol.config import RuntimeBandwidth, ShapingConfig, load_conf
-from cni_dra.verbs.shaping import shape_spec
+from cni_dra.attach.shaping_plan import shape_spec
 from tests.builders import netconf_bytes
 
 M = 1_000_000

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cni_dra.state import Attachment, StateStore
-from cni_dra.state.models import STEP_LINK
+from cni_dra.state.schema import STEP_LINK
 
 KEY = ("net", "c1", "eth0")
 CLAIM = {"metadata": {"uid": "u1", "name": "c"},

@@ -21,10 +21,10 @@ from cni_dra import faults
 from cni_dra.errors import StateError, TryAgainLaterError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state.models import SCHEMA_VERSION, Owner, migrate
+from cni_dra.state.schema import SCHEMA_VERSION, Owner, migrate
 from cni_dra.state.store import boot_id, current_owner, decode_state, encode_state, owner_alive
-from cni_dra.verbs.recover import recover
-from cni_dra.verbs.repair import repair
+from cni_dra.attach.recover import recover
+from cni_dra.attach.rebuild import repair
 
 
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
@@ -356,7 +356,7 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
     DEL is not refused as "ADD in progress" for as long as the agent runs. An intent of a
     live owner without a live link stays in flight."""
     from cni_dra.netlink import shaping
-    from cni_dra.verbs import repair as repair_mod
+    from cni_dra.attach import rebuild as repair_mod
 
     me = current_owner()
     store = StateStore(tmp_path)

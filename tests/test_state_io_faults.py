@@ -39,8 +39,8 @@ import pytest
 from cni_dra.cni import run
 from cni_dra.errors import StateWriteError
 from cni_dra.state import Attachment, StateStore, fsio
-from cni_dra.state.claims import prepare_claim, unprepare_claims
-from cni_dra.state.models import STEP_IPAM
+from cni_dra.state.preparing import prepare_claim, unprepare_claims
+from cni_dra.state.schema import STEP_IPAM
 from cni_dra.state.store import JOURNAL_FILE, boot_id, current_owner
 from tests.builders import allocation_result, attachment, resource_claim
 
@@ -224,7 +224,7 @@ def test_a_fault_at_any_state_io_call_commits_all_or_nothing(tmp_path: Path, nam
 
 def _recover_finds_nothing(d: Path) -> bool:
     """What ``cni-dra state recover`` would do: nothing."""
-    from cni_dra.verbs.recover import recover
+    from cni_dra.attach.recover import recover
 
     report = recover(StateStore(d), environ={}, cni_path=str(d.parent / "bin"))
     return not report.changes and not report.errors

@@ -19,7 +19,7 @@ from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore, ops
 from cni_dra.state import cache as state_cache
 from cni_dra.state.store import JOURNAL_FILE, encode_state
-from cni_dra.verbs.repair import repair
+from cni_dra.attach.rebuild import repair
 
 
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:

@@ -19,14 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cni_dra.allocator import NoFit, select_device
-from cni_dra.dra.models import Device
+from cni_dra.dra.objects import Device
 from cni_dra.errors import ClaimError, NoCapacityError
 from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore, Txn
 from cni_dra.state.ledger import node_usage
-from cni_dra.verbs.common import Invocation
+from cni_dra.attach.invocation import Invocation
 
 DRIVER = "net.cni-dra.dev"
 G = Quantity.parse("1G")

@@ -1,6 +1,6 @@
 """The agent's fast-path service: plugin invocations served from the agent's warm imports.
 
-``cni-dra agent`` always runs it (:class:`cni_dra.agent.main.Agent`): it listens on the
+``cni-dra agent`` always runs it (:class:`cni_dra.agent.service.Agent`): it listens on the
 socket the plugin's clients look for (``--fastpath-socket``, ``CNI_DRA_AGENT_SOCKET``,
 default ``/run/cni-dra/agent.sock``) with one accepting process per CPU
 (:data:`cni_dra.fastpath.server.DEFAULT_PROCESSES`). The server itself, and the wire format

@@ -20,7 +20,7 @@ reason follows after ``debounce_s`` too, and the time the NIC turned unhealthy s
 What the agent does with it: taints in the ResourceSlice (:mod:`cni_dra.agent.publisher`;
 a ``missing`` NIC is kept, tainted, for ``keep_missing_s`` and then left out), the kubelet's
 resource health stream (:func:`health_reports`), ``Ready`` conditions in claim statuses
-(:mod:`cni_dra.agent.status`) and metrics. The tracker is used from the agent's main loop
+(:mod:`cni_dra.agent.status_writer`) and metrics. The tracker is used from the agent's main loop
 only (not thread-safe); readings come from ``link(ifName)``, a seam for tests
 (:func:`cni_dra.netlink.info.host_link` in the agent).
 """

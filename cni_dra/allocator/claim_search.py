@@ -5,7 +5,7 @@ policy, backtracks when a later request or a constraint fails, and stops with
 :class:`~cni_dra.allocator.claim_requests.SearchAbort` after ``max_steps`` placements.
 The first complete solution is kept in :attr:`ClaimSearch.picks`. The rules it applies
 (shared and dedicated devices, consumed capacity, ``matchAttribute``/``distinctAttribute``,
-``allocationMode: All``) are described in :mod:`cni_dra.allocator.claims`.
+``allocationMode: All``) are described in :mod:`cni_dra.allocator.claim_allocator`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from cni_dra.allocator.capacity import NoFit, RequestNotRepresentable, device_co
 from cni_dra.allocator.claim_requests import MAX_RESULTS, ClaimRequest, SearchAbort
 from cni_dra.allocator.select import Policy, policy_sort_key, rank_key
 from cni_dra.allocator.usage import NodeUsage
-from cni_dra.dra.models import (
+from cni_dra.dra.objects import (
     Device,
     DeviceAttribute,
     DeviceConstraint,

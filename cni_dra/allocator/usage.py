@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from cni_dra.dra.models import Device, DeviceRequestAllocationResult
+from cni_dra.dra.objects import Device, DeviceRequestAllocationResult
 from cni_dra.quantity import Format, Quantity
 
 __all__ = ["Charge", "NodeUsage", "result_charge", "whole_capacity"]

@@ -1,5 +1,5 @@
 """``cni-dra agent``: the node agent (ResourceSlice publisher, DRA kubelet plugin, claim
-status writer, metrics, the plugin's fast path). A thin shell over :mod:`cni_dra.agent.main`;
+status writer, metrics, the plugin's fast path). A thin shell over :mod:`cni_dra.agent.service`;
 SIGTERM and SIGINT stop it cleanly. Without Kubernetes (``--no-kubernetes``, or no
 kubeconfig outside a cluster) it runs the fast path, the link watch and the metrics only."""
 
@@ -70,7 +70,7 @@ def agent(node_name: str | None, kubeconfig: str | None, no_kubernetes: bool, in
           nic_debounce: float, taint_effect: str, keep_missing: float, health_timeout: int, fastpath_socket: str,
           fastpath_processes: int, fastpath_mount_ns: str | None, fractional: str, log_level: str) -> None:
     """Run the node agent until SIGTERM/SIGINT."""
-    from cni_dra.agent.main import Agent, AgentConfig, kubernetes_mode
+    from cni_dra.agent.service import Agent, AgentConfig, kubernetes_mode
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if kubeconfig:

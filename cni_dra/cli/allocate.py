@@ -27,7 +27,7 @@ error is printed as ``Type: message`` on stderr).
 ``--fractional-capacity-range`` (env ``CNI_DRA_FRACTIONAL_CAPACITY_RANGE``) gives the
 cluster's ``DRAFractionalCapacityRange`` gate, which decides how a stepped ``validRange``
 rounds (:mod:`cni_dra.allocator.capacity`): ``on``, ``off``, or ``auto`` (the default):
-what the agent recorded in ``--state-dir`` (:mod:`cni_dra.state.features`), else off,
+what the agent recorded in ``--state-dir`` (:mod:`cni_dra.state.cluster_features`), else off,
 the Kubernetes 1.37 default. A claim whose search stopped instead of finding nothing fits
 (a request a device's range cannot compute, a claim the API server would refuse) has
 ``"aborted": true``: the scheduler reports it as an error, not as unschedulable.
@@ -45,12 +45,12 @@ from typing import Any, TypedDict
 
 import click
 
-from cni_dra.allocator.claims import ClaimNoFit, NodeUsage, allocate_claims, claim_id
+from cni_dra.allocator.claim_allocator import ClaimNoFit, NodeUsage, allocate_claims, claim_id
 from cni_dra.allocator.select import POLICIES, Policy
 from cni_dra.cli.options import state_dir_option
-from cni_dra.dra.claims import load_claims, load_consumed
+from cni_dra.dra.claim_files import load_claims, load_consumed
 from cni_dra.dra.inventory import load_inventory
-from cni_dra.dra.models import AllocationResult, ResourceClaim, ResourceSlice, to_api
+from cni_dra.dra.objects import AllocationResult, ResourceClaim, ResourceSlice, to_api
 from cni_dra.errors import CniError
 from cni_dra.quantity import Quantity
 
@@ -100,12 +100,12 @@ def read_node_usage(state_dir: str, slice_: ResourceSlice) -> NodeUsage:
 
 def read_fractional(state_dir: str | None) -> bool:
     """``auto``: the ``DRAFractionalCapacityRange`` gate the agent recorded in
-    ``state_dir`` (:mod:`cni_dra.state.features`), else off (Kubernetes 1.37's default).
+    ``state_dir`` (:mod:`cni_dra.state.cluster_features`), else off (Kubernetes 1.37's default).
     Raises StateError (5) for a record that cannot be read."""
     if state_dir is None:
         return False
     from cni_dra.state import StateStore
-    from cni_dra.state.features import read_features
+    from cni_dra.state.cluster_features import read_features
 
     found = read_features(StateStore(state_dir))
     return found is not None and found.fractional_capacity_range

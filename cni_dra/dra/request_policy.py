@@ -24,7 +24,7 @@ capacity's value) do not depend on the gate.
 
 from __future__ import annotations
 
-from cni_dra.dra.models import CapacityRequestPolicy, CapacityRequestPolicyRange
+from cni_dra.dra.objects import CapacityRequestPolicy, CapacityRequestPolicyRange
 from cni_dra.quantity import Quantity
 
 __all__ = ["MAX_VALID_VALUES", "policy_problems", "inventory_policy_problems"]

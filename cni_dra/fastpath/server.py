@@ -416,8 +416,8 @@ def _warm_imports() -> None:
     import cni_dra.verbs.add
     import cni_dra.verbs.check
     import cni_dra.verbs.delete
-    import cni_dra.verbs.intent
-    import cni_dra.verbs.release  # noqa: F401
+    import cni_dra.attach.intent
+    import cni_dra.attach.release  # noqa: F401
     from cni_dra.netlink import info
 
     info.host_link("lo")  # loads pyroute2 and opens the main thread's kept socket

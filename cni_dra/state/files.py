@@ -1,7 +1,7 @@
 """The state directory: where its files are, its safety checks and its lock.
 
 :class:`StateFiles` is what the lower modules of the store (:mod:`cni_dra.state.journal`,
-:mod:`cni_dra.state.reading`, :mod:`cni_dra.state.txn`, :mod:`cni_dra.state.repair`) need
+:mod:`cni_dra.state.reading`, :mod:`cni_dra.state.txn`, :mod:`cni_dra.state.salvage`) need
 of a store, with no reading or writing of the state itself; :class:`cni_dra.state.store.StateStore`
 builds its API on it. So the store imports those modules, and none of them imports it.
 """

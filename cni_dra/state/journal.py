@@ -42,7 +42,7 @@ from cni_dra.state.codec import (
     encode_state,
 )
 from cni_dra.state.files import StateFiles
-from cni_dra.state.models import NodeState
+from cni_dra.state.schema import NodeState
 from cni_dra.state.owner import boot_id
 
 __all__ = ["replay", "append", "write_snapshot", "write_synced"]

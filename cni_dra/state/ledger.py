@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cni_dra.allocator.usage import Charge, NodeUsage, is_dedicated, whole_capacity
-from cni_dra.dra.models import Device
-from cni_dra.state.models import NodeState
+from cni_dra.dra.objects import Device
+from cni_dra.state.schema import NodeState
 
 __all__ = ["node_usage", "node_charges"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
-from cni_dra.state.models import Attachment, NodeState
+from cni_dra.state.schema import Attachment, NodeState
 
 __all__ = ["Put", "Delete", "SetClaims", "SetStatusUpdates", "SetBootID", "Op", "apply", "encode", "decode"]
 

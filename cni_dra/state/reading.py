@@ -13,7 +13,7 @@ from cni_dra.errors import StateError
 from cni_dra.state import journal
 from cni_dra.state.cache import CACHE, Cached, Reload, decoded, ident
 from cni_dra.state.files import StateFiles
-from cni_dra.state.models import NodeState
+from cni_dra.state.schema import NodeState
 
 __all__ = ["read_current", "read_fresh"]
 

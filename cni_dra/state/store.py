@@ -3,7 +3,7 @@
 Files in ``stateDir`` (created 0700, files 0600; an existing directory that is a symlink, is
 not owned by the process's euid or is writable by group or others is refused with code 5):
 
-* ``state.json``: the snapshot (schema in :mod:`cni_dra.state.models`, bytes in
+* ``state.json``: the snapshot (schema in :mod:`cni_dra.state.schema`, bytes in
   :mod:`cni_dra.state.codec`): plain JSON for an operator, ending in the journal that
   continues it and a SHA-256 checksum, so a torn, truncated or edited file is detected;
 * ``state.journal``: the changes made since the snapshot, one checksummed record per
@@ -19,7 +19,7 @@ The store is split by job; this module is its public face (:class:`StateStore`),
 re-exports the names callers use. Each module below imports only those after it in this
 list (``.importlinter`` checks it), so none of them imports this one:
 
-* :mod:`cni_dra.state.txn` and :mod:`cni_dra.state.repair`: a transaction, whose typed
+* :mod:`cni_dra.state.txn` and :mod:`cni_dra.state.salvage`: a transaction, whose typed
   operations (:mod:`cni_dra.state.ops`) are the only way the state changes; reading a
   damaged state, the view ``state repair`` writes through;
 * :mod:`cni_dra.state.reading`: the current state, snapshot plus journal, through the cache;
@@ -31,7 +31,7 @@ list (``.importlinter`` checks it), so none of them imports this one:
   the op decoder, schema migration on decode; :mod:`cni_dra.state.lock`: the in-process
   lock and ``flock(2)`` on ``state.lock``; :mod:`cni_dra.state.owner`: boot id and process
   identity for intent records; :mod:`cni_dra.state.fsio`: the I/O seam;
-* then the state itself: :mod:`cni_dra.state.ops`, :mod:`cni_dra.state.models`,
+* then the state itself: :mod:`cni_dra.state.ops`, :mod:`cni_dra.state.schema`,
   :mod:`cni_dra.state.prepared` (the typed view of a prepared claim, its results each with
   its device profile, decoded once from the stored object), :mod:`cni_dra.state.frozen`
   (the read-only containers the state's values are kept in).
@@ -61,7 +61,7 @@ at once. A wait longer than the timeout raises :class:`~cni_dra.errors.TryAgainL
 
 A snapshot or journal that cannot be decoded or fails its checksum, or a snapshot missing
 while a backup or journal records exist, raises :class:`~cni_dra.errors.StateError` (code
-5): it is never read as empty. ``cni-dra state repair`` (:mod:`cni_dra.verbs.repair`)
+5): it is never read as empty. ``cni-dra state repair`` (:mod:`cni_dra.attach.rebuild`)
 rebuilds it.
 """
 
@@ -72,13 +72,15 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from cni_dra.state import reading, repair
+from cni_dra.state import reading
+
+from cni_dra.state import salvage as repair
 from cni_dra.state.cache import ident
 from cni_dra.state.codec import BACKUP_FILE, JOURNAL_FILE, LOCK_FILE, STATE_FILE, decode_state, encode_state
 from cni_dra.state.files import DEFAULT_JOURNAL_LIMIT_BYTES, StateFiles
-from cni_dra.state.models import NodeState
+from cni_dra.state.schema import NodeState
 from cni_dra.state.owner import BOOT_ID_PATH, boot_id, current_owner, owner_alive
-from cni_dra.state.repair import RepairView
+from cni_dra.state.salvage import RepairView
 from cni_dra.state.txn import VERIFY_ENV, Txn, transaction
 
 __all__ = [
@@ -161,7 +163,7 @@ class StateStore(StateFiles):
         ``durable=False``: a journal record is appended but not ``fdatasync``'ed (the next
         durable commit flushes it). It survives the death of the process (the kernel holds
         it), not a kernel crash; for records that recovery can do without after a reboot
-        (DEL's intent and removal: :mod:`cni_dra.verbs.intent`)."""
+        (DEL's intent and removal: :mod:`cni_dra.attach.intent`)."""
         with transaction(self, durable) as txn:
             yield txn
 
@@ -174,6 +176,6 @@ class StateStore(StateFiles):
     @contextlib.contextmanager
     def replace(self) -> Iterator[RepairView]:
         """Hold the lock for ``cni-dra state repair``; yields a :class:`RepairView` (see
-        :func:`cni_dra.state.repair.replace`). Write the result with :meth:`RepairView.write`."""
+        :func:`cni_dra.state.salvage.replace`). Write the result with :meth:`RepairView.write`."""
         with repair.replace(self) as view:
             yield view

@@ -12,17 +12,17 @@ Steps (each effect registers its undo; a failure undoes them in reverse and re-r
 2. start IPAM ADD (the plugin named by ``ipam.type``) in a thread; meanwhile create the
    macvlan/ipvlan in the pod netns (under the temporary name step 1 recorded, then renamed
    to CNI_IFNAME) and shape it to the attachment's consumed capacity
-   (:mod:`cni_dra.verbs.shaping`: tbf for egress, an ifb device for ingress; traffic
+   (:mod:`cni_dra.attach.shaping_plan`: tbf for egress, an ifb device for ingress; traffic
    control does not depend on the addresses); then addresses
    and routes from IPAM's result on the link (dhcp, whose daemon configures through the
    link, runs after the link instead, in the reference order);
 3. under the lock: the attachment becomes ``ready`` with the CNI result and the shaping record.
 
 Errors: InvalidConfigError (7) for mtu above the parent's, and for shaping that tbf cannot
-hold or a shaping capacity the device lacks (:mod:`cni_dra.verbs.shaping`; both before any IPAM call),
+hold or a shaping capacity the device lacks (:mod:`cni_dra.attach.shaping_plan`; both before any IPAM call),
 NoCapacityError (100) when nothing fits, ClaimError (101) for an allocation that cannot be
 honoured (also a device profile this network's limits forbid, or whose MTU is above the
-allocated parent's: :mod:`cni_dra.verbs.profile`), NetlinkError (102; also when the kernel lacks a piece of shaping, e.g. ``kernel
+allocated parent's: :mod:`cni_dra.attach.device_profile`), NetlinkError (102; also when the kernel lacks a piece of shaping, e.g. ``kernel
 lacks ifb``, unless ``shaping`` is false, or an ifb device cni-dra did not make holds the ifb name), IpamError (the IPAM plugin's code; its catch-all 999 becomes
 103), TryAgainLaterError (11, also when the dhcp daemon's socket is absent), IncompatibleVersionError
 (1) for an L2-only 0.1.0/0.2.0 config, InvalidConfigError (7) for a MAC already used on the parent,
@@ -60,15 +60,15 @@ from cni_dra.protocol.versions import version_at_least
 from cni_dra.state import Attachment, NodeState
 
 if TYPE_CHECKING:
-    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.dra.objects import ResourceSlice
     from cni_dra.netlink.info import LinkInfo
     from cni_dra.netlink.netns import NetnsIdentity
     from cni_dra.netlink.tbf import ShapeSpec
     from cni_dra.protocol.config import NetConf
 from cni_dra.state.claim_status import record_add_failure
-from cni_dra.verbs.common import Concurrently, Invocation, ipam_codes
-from cni_dra.verbs.intent import AddIntent
-from cni_dra.verbs.placement import Asker, device_if_name, link_type_conflicts, pick_result, place
+from cni_dra.attach.invocation import Concurrently, Invocation, ipam_codes
+from cni_dra.attach.intent import AddIntent
+from cni_dra.attach.placement import Asker, device_if_name, link_type_conflicts, pick_result, place
 from cni_dra.verbs.status import dhcp_socket_missing
 
 __all__ = ["cmd_add", "plan", "plan_attachment", "link_type_conflicts"]
@@ -83,7 +83,7 @@ def cmd_add(runtime: Invocation) -> Result:
     merged into the runtime's config before it is parsed), and every step after sees that
     one object."""
     from cni_dra.netlink import addr, netns  # called through the module: the seam tests patch
-    from cni_dra.verbs.recover import recover_pending
+    from cni_dra.attach.recover import recover_pending
 
     inv = effective_invocation(runtime, runtime.store.peek() if runtime.env.args.pod_uid else NodeState())
     _refuse_early(inv)
@@ -178,12 +178,12 @@ def _asker(inv: Invocation) -> Asker:
 
 def effective_invocation(runtime: Invocation, state: NodeState) -> Invocation:
     """The invocation an ADD works with from its start to its end: the device profile of the
-    pod's allocation result in ``state`` (:func:`cni_dra.verbs.placement.pick_result`) merged
-    into the runtime's config bytes, then parsed once (:func:`cni_dra.verbs.profile.conf_for`);
+    pod's allocation result in ``state`` (:func:`cni_dra.attach.placement.pick_result`) merged
+    into the runtime's config bytes, then parsed once (:func:`cni_dra.attach.device_profile.conf_for`);
     the runtime's config when there is no profile. It remembers the result it was made from
     (:attr:`Invocation.profile_source`), which :func:`plan` checks again under the lock.
-    Raises ClaimError (101) as :mod:`cni_dra.verbs.profile` says."""
-    from cni_dra.verbs.profile import conf_for
+    Raises ClaimError (101) as :mod:`cni_dra.attach.device_profile` says."""
+    from cni_dra.attach.device_profile import conf_for
 
     picked = pick_result(state, runtime.conf, _asker(runtime))
     return runtime.with_conf(conf_for(runtime, picked), picked)
@@ -198,13 +198,13 @@ def plan_attachment(inv: Invocation, state: NodeState, host_links: dict[str, Lin
 def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> tuple[Attachment, NetConf]:
     """The attachment this ADD would record in ``state`` (phase ``adding``, no owner yet)
     and the network config its link is made from (``inv.conf``: ``inv`` is the ADD's
-    :func:`effective_invocation`), placed by :func:`cni_dra.verbs.placement.place`. Pure
-    over its arguments; raises as :mod:`cni_dra.verbs.placement` says, InventoryError (7)
+    :func:`effective_invocation`), placed by :func:`cni_dra.attach.placement.place`. Pure
+    over its arguments; raises as :mod:`cni_dra.attach.placement` says, InventoryError (7)
     for an inventory of another driver, and TryAgainLaterError (11) when the pod's
     allocation result in ``state`` is not the one ``inv``'s config was made from (its
     claims changed since the ADD started)."""
-    from cni_dra.state.models import STEP_IPAM
-    from cni_dra.verbs.profile import describe
+    from cni_dra.state.schema import STEP_IPAM
+    from cni_dra.attach.device_profile import describe
 
     if inv.profile_source is ...:
         raise ValueError("plan needs the ADD's effective invocation (effective_invocation)")
@@ -243,12 +243,12 @@ def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> 
 
 def _reserve_after_recovery(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdentity) -> AddIntent | Result:
     """:func:`_reserve`; while a live recovery holds this attachment's interrupted intent,
-    wait for it (at most ``lockTimeoutSeconds``, :func:`cni_dra.verbs.intent.wait_for_recovery`)
+    wait for it (at most ``lockTimeoutSeconds``, :func:`cni_dra.attach.intent.wait_for_recovery`)
     and try again, after recovering whatever its process may have left if it died."""
     import time
 
-    from cni_dra.verbs.intent import RecoveryInProgressError, wait_for_recovery
-    from cni_dra.verbs.recover import recover_pending
+    from cni_dra.attach.intent import RecoveryInProgressError, wait_for_recovery
+    from cni_dra.attach.recover import recover_pending
 
     deadline: float | None = None
     while True:
@@ -301,11 +301,11 @@ def _repeated(inv: Invocation, existing: Attachment, ident: NetnsIdentity) -> Re
     """An ADD of an attachment already recorded (the runtime must not send one, CNI spec
     "ADD"): its recorded result when it is ready in the same namespace (by identity, another
     path of it is the same; a namespace made again under the recorded path is not) and its
-    link is still there on the recorded parent; :class:`~cni_dra.verbs.intent.RecoveryInProgressError`
+    link is still there on the recorded parent; :class:`~cni_dra.attach.intent.RecoveryInProgressError`
     while a recovery undoes its interrupted ADD; TryAgainLaterError (11) while another ADD
     or a DEL of it runs; else AttachmentExistsError (104): the runtime DELs it first."""
-    from cni_dra.verbs.intent import recovery_holds, recovery_in_progress
-    from cni_dra.verbs.release import names_recorded_netns
+    from cni_dra.attach.intent import recovery_holds, recovery_in_progress
+    from cni_dra.attach.release import names_recorded_netns
 
     env, conf = inv.env, inv.conf
     where = names_recorded_netns(existing, env.netns, ident)
@@ -386,10 +386,10 @@ def _create_link(inv: Invocation, att: Attachment, parent: LinkInfo, undo: ExitS
 
 def _shape_spec(inv: Invocation, att: Attachment, parent: LinkInfo) -> ShapeSpec | None:
     """What the new link is shaped to: from ``att``'s consumed capacity, the runtime's
-    bandwidth request and the config (:func:`cni_dra.verbs.shaping.shape_spec`), on the MTU
+    bandwidth request and the config (:func:`cni_dra.attach.shaping_plan.shape_spec`), on the MTU
     the link will have (the config's, else its parent's). None: not shaped. Raises
     InvalidConfigError (7) naming the key of a capacity, rate or burst tbf cannot hold."""
-    from cni_dra.verbs.shaping import shape_spec
+    from cni_dra.attach.shaping_plan import shape_spec
 
     conf = inv.conf
     return shape_spec(conf.shaping, att.consumedCapacity, conf.runtime_bandwidth, mtu=conf.mtu or parent.mtu,
@@ -401,7 +401,7 @@ def _shape(inv: Invocation, spec: ShapeSpec | None, undo: ExitStack) -> dict[str
     (the ifb device would outlive the link); returns the record for the attachment, None
     when nothing is shaped. Raises NetlinkError (102), having left nothing behind."""
     from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
-    from cni_dra.verbs.shaping import record
+    from cni_dra.attach.shaping_plan import record
 
     env = inv.env
     if spec is None:

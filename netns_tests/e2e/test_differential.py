@@ -168,7 +168,7 @@ def outcome_mismatch(entry: dict[str, Any], cond: dict[str, Any], claim: dict[st
 
 def policy_refusals(slice_: dict[str, Any], gate_on: bool) -> list[str]:
     """What cni-dra's reading of the API server's requestPolicy rules refuses in ``slice_``."""
-    from cni_dra.dra.models import CapacityRequestPolicy
+    from cni_dra.dra.objects import CapacityRequestPolicy
     from cni_dra.dra.request_policy import policy_problems
     from cni_dra.quantity import Quantity
 

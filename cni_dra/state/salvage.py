@@ -3,7 +3,7 @@
 :func:`replace` holds the lock, moves an unreadable snapshot and its journal aside (as
 ``state.json.corrupt-<unix s>`` and ``state.journal.corrupt-<unix s>``) and yields a
 :class:`RepairView` of what it found; :func:`read_backup` reads the second copy of the
-snapshot. ``cni-dra state repair`` (:mod:`cni_dra.verbs.repair`) decides what to write.
+snapshot. ``cni-dra state repair`` (:mod:`cni_dra.attach.rebuild`) decides what to write.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from cni_dra.state import fsio, journal
 from cni_dra.state.cache import CACHE, decoded
 from cni_dra.state.codec import JOURNAL_FILE, STATE_FILE
 from cni_dra.state.files import StateFiles
-from cni_dra.state.models import NodeState
+from cni_dra.state.schema import NodeState
 from cni_dra.state.reading import read_current
 
 __all__ = ["RepairView", "replace", "read_backup"]

@@ -14,10 +14,10 @@ from cni_dra.errors import ClaimError, IpamError
 from cni_dra.protocol.config import NetConf
 from cni_dra.protocol.env import CniEnv
 from cni_dra.state import StateStore
-from cni_dra.state.models import PreparedClaim, PreparedResult
+from cni_dra.state.schema import PreparedClaim, PreparedResult
 
 if TYPE_CHECKING:
-    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.dra.objects import ResourceSlice
 
 __all__ = ["Concurrently", "Invocation", "claim_results_for", "ipam_codes"]
 
@@ -49,10 +49,10 @@ class Invocation:
     @cached_property
     def fractional_capacity_range(self) -> bool:
         """The cluster's ``DRAFractionalCapacityRange`` gate as the agent recorded it in the
-        state directory (:mod:`cni_dra.state.features`); off (Kubernetes 1.37's default)
+        state directory (:mod:`cni_dra.state.cluster_features`); off (Kubernetes 1.37's default)
         when nothing is recorded. Read once, by a standalone allocation only. Raises
         StateError (5) for a record that cannot be read."""
-        from cni_dra.state.features import read_features
+        from cni_dra.state.cluster_features import read_features
 
         found = read_features(self.store)
         return found is not None and found.fractional_capacity_range
@@ -75,7 +75,7 @@ def claim_results_for(
     """Pick the allocation result a pod's attachment ``ifname`` uses (claim mode).
 
     ``claims``: the pod's prepared ResourceClaims (:meth:`NodeState.prepared
-    <cni_dra.state.models.NodeState.prepared>`). Among the results of ``driver``, the one
+    <cni_dra.state.schema.NodeState.prepared>`). Among the results of ``driver``, the one
     whose ``request`` equals CNI_IFNAME, else the only one. Returns (claim, result) or None
     when the pod has no result from this driver. Raises ClaimError (101) when several
     results match ambiguously (prepare refuses claims that would make an interface so:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from cni_dra.protocol.config import DEFAULT_DRIVER
 
 if TYPE_CHECKING:
-    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.dra.objects import ResourceSlice
     from cni_dra.protocol.profile import ProfileLimits
     from cni_dra.state.prepared import PreparedClaim
 
@@ -70,7 +70,7 @@ def validate_claim(claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER,
     """
     from pydantic import ValidationError
 
-    from cni_dra.dra.models import ResourceClaim
+    from cni_dra.dra.objects import ResourceClaim
     from cni_dra.errors import InvalidConfigError
     from cni_dra.protocol.profile import ProfileLimits, claim_profiles
     from cni_dra.state.prepared import PreparedClaim

@@ -24,7 +24,7 @@ while an ADD is in flight. DEL sets ``deleting`` before its first side effect.
 Intent records (crash safety): while ``phase`` is ``adding`` or ``deleting`` the attachment
 names its ``owner`` (the process doing the work, :class:`Owner`) and lists in ``steps`` the
 side effects that may have been made (:data:`STEP_IPAM`; :data:`STEP_LINK` in older records). When the owner is dead
-the intent is stale and recovery (:mod:`cni_dra.verbs.recover`) undoes it step by step.
+the intent is stale and recovery (:mod:`cni_dra.attach.recover`) undoes it step by step.
 An ``adding`` attachment also names ``tempName``, the temporary name its link is created
 under before the rename to ``ifname`` (:func:`cni_dra.netlink.sublink.temp_names`), chosen
 and recorded before the link exists, so that a link left under it is found and deleted;
@@ -36,14 +36,14 @@ namespace at ``netns`` when ADD reserved the attachment (:mod:`cni_dra.netlink.n
 namespace the link was made in. A path that names another namespace now (the namespace was
 deleted and one made again under its name, a symlink pointed elsewhere) is not it: DEL, GC,
 recovery, repair, CHECK and a repeated ADD compare identities
-(:func:`cni_dra.verbs.release.recorded_netns_path`). Records without it are judged by their
+(:func:`cni_dra.attach.release.recorded_netns_path`). Records without it are judged by their
 path, as before it existed. The kernel may give a later namespace the inode of a dead one,
 so an equal identity is backed by the link check on the recorded parent wherever a link is
 deleted without the runtime naming the namespace.
 
 ``recovering`` (optional; absent unless true) marks an intent recovery took over from a
 dead process (``owner`` is the recovering one): the attachment's own ADD or DEL waits for
-it rather than answer "still in progress" (:mod:`cni_dra.verbs.intent`).
+it rather than answer "still in progress" (:mod:`cni_dra.attach.intent`).
 
 ``readyAt`` (optional; absent in attachments written before it existed) is when ADD made
 the attachment ``ready``: GC leaves an attachment alone for a grace period after that
@@ -56,12 +56,12 @@ which the journal records; a change made in place raises.
 
 ``shaping`` (optional; absent when the attachment is not shaped, or was written before the
 field existed) is the traffic control ADD installed on the pod interface: ``{"egress": {"rateBps", "burstBytes", "limitBytes"}, "ingress": {...}, "ifb":
-"<ifb device>"}``, an unshaped direction left out (:mod:`cni_dra.verbs.shaping`); CHECK
+"<ifb device>"}``, an unshaped direction left out (:mod:`cni_dra.attach.shaping_plan`); CHECK
 compares the kernel with it.
 
 ``profile`` (optional; absent when no device profile applied: standalone mode, a result
 without DRA configuration for cni-dra, or written before the field existed) is what the
-allocation result's device profile made of the link (:func:`cni_dra.verbs.profile.describe`):
+allocation result's device profile made of the link (:func:`cni_dra.attach.device_profile.describe`):
 ``{"linkType", "mode", "ipvlanFlag" (ipvlan), "mtu" and "mac" (when set), "shaping": bool,
 "fromConfig": [fields the DRA configuration set]}``. CHECK verifies the link against it
 (the runtime's config alone would expect the conflist's link), ``cni-dra status`` shows it.
@@ -81,7 +81,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchema
 from pydantic_core import CoreSchema, core_schema
 
 from cni_dra.allocator.usage import whole_capacity
-from cni_dra.dra.models import Device
+from cni_dra.dra.objects import Device
 from cni_dra.quantity import Quantity, QuantityField
 from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
 from cni_dra.state.prepared import PreparedClaim, PreparedResult
@@ -107,7 +107,7 @@ SCHEMA_VERSION = 4
 
 STEP_LINK = "link"
 """Intent step: the pod's link was created in its netns (records of earlier versions; ADD
-now records none for the link, see :mod:`cni_dra.verbs.intent`)."""
+now records none for the link, see :mod:`cni_dra.attach.intent`)."""
 STEP_IPAM = "ipam"
 """Intent step: IPAM may hold addresses for the attachment. ADD records it with the
 reservation, before IPAM runs, when the network has IPAM: recovery then runs the IPAM DEL,
@@ -308,7 +308,7 @@ class NodeState(BaseModel):
 
     schemaVersion: int = SCHEMA_VERSION
     bootID: str | None = None
-    # prepared ResourceClaims by pod UID (cni_dra.state.claims)
+    # prepared ResourceClaims by pod UID (cni_dra.state.preparing)
     claims: Annotated[dict[str, list[dict[str, Any]]], AfterValidator(deep_freeze)] = Field(
         default_factory=FrozenDict)
     attachments: Attachments = Field(default_factory=Attachments)

@@ -4,7 +4,7 @@ The plugin's standalone allocation and ``cni-dra allocate --state-dir`` must rou
 stepped ``validRange`` as the cluster's scheduler does, which depends on the control
 plane's ``DRAFractionalCapacityRange`` feature gate (:mod:`cni_dra.allocator.capacity`).
 The agent finds it out and records it beside the node state
-(:mod:`cni_dra.state.features`), at start and every ``interval``; the record is
+(:mod:`cni_dra.state.cluster_features`), at start and every ``interval``; the record is
 rewritten only when it changes.
 
 Modes (``cni-dra agent --fractional-capacity-range``, env ``CNI_DRA_FRACTIONAL_CAPACITY_RANGE``):
@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING
 
 from cni_dra.errors import CniError
 from cni_dra.state import StateStore
-from cni_dra.state.features import ClusterFeatures, read_features, write_features
+from cni_dra.state.cluster_features import ClusterFeatures, read_features, write_features
 
 if TYPE_CHECKING:
     from cni_dra.k8s.api import KubeApi
 
 __all__ = ["GATE", "MODES", "FeatureSync", "learn_features"]
 
-log = logging.getLogger("cni_dra.agent.features")
+log = logging.getLogger("cni_dra.agent.gate_probe")
 
 GATE = "DRAFractionalCapacityRange"
 MODES = ("auto", "on", "off")

@@ -11,7 +11,7 @@ Parts (each a service with ``start()``/``stop()``):
   that share a prepared claim (``status.reservedFor``) their copy in the node state;
 * the fast path (:class:`cni_dra.agent.fastpath.FastpathService`): plugin invocations served
   on ``fastpath_socket`` from the agent's warm imports;
-* the cluster's allocation semantics (:class:`cni_dra.agent.features.FeatureSync`): the
+* the cluster's allocation semantics (:class:`cni_dra.agent.gate_probe.FeatureSync`): the
   ``DRAFractionalCapacityRange`` gate, recorded for the plugin at start and every
   ``features_interval_s`` (failures retried after 30 s);
 * any extra services the caller passes.
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from cni_dra.agent.driver import ClaimDriver
     from cni_dra.agent.nichealth import NicStatus
     from cni_dra.agent.publisher import Publisher
-    from cni_dra.agent.status import StatusWriter
+    from cni_dra.agent.status_writer import StatusWriter
     from cni_dra.k8s.api import KubeApi
     from cni_dra.k8s.dra_health import HealthFeed
     from cni_dra.k8s.kubelet_plugin import KubeletPlugin
@@ -93,7 +93,7 @@ class AgentConfig:
     fastpath_socket: str = DEFAULT_SOCKET  # where plugin invocations are served
     fastpath_processes: int | None = None  # accepting processes; None: one per CPU, at most 4
     fastpath_mount_ns: str | None = None  # in a container: the node's mount namespace, which they join
-    fractional_capacity_range: str = "auto"  # auto | on | off (cni_dra.agent.features)
+    fractional_capacity_range: str = "auto"  # auto | on | off (cni_dra.agent.gate_probe)
     features_interval_s: float = 600.0  # how often the API server is asked (auto)
     extra: list[Service] = field(default_factory=list)  # more services to run
 
@@ -134,7 +134,7 @@ class Agent:
 
     def __init__(self, cfg: AgentConfig, api: KubeApi | None = None) -> None:
         from cni_dra.agent.fastpath import FastpathService
-        from cni_dra.agent.features import FeatureSync
+        from cni_dra.agent.gate_probe import FeatureSync
         from cni_dra.agent.linkwatch import LinkWatch
         from cni_dra.agent.metrics import AgentMetrics
         from cni_dra.agent.nichealth import NicHealth
@@ -169,7 +169,7 @@ class Agent:
         from cni_dra.agent.claimwatch import ClaimWatch
         from cni_dra.agent.driver import ClaimDriver
         from cni_dra.agent.publisher import Publisher
-        from cni_dra.agent.status import StatusWriter
+        from cni_dra.agent.status_writer import StatusWriter
         from cni_dra.dra.inventory import load_inventory, slice_to_dict
         from cni_dra.k8s.api import KubeApi
         from cni_dra.k8s.dra_health import HealthFeed
@@ -177,7 +177,7 @@ class Agent:
         from cni_dra.netlink.info import host_link
         from cni_dra.protocol.profile import load_limits
         from cni_dra.state import StateStore
-        from cni_dra.state.claims import share_prepared_claim
+        from cni_dra.state.preparing import share_prepared_claim
 
         cfg = self.cfg
         api = api if api is not None else KubeApi.from_config(cfg.kubeconfig)
@@ -248,7 +248,7 @@ class Agent:
     def _inventory_nics(self) -> list[tuple[str, str]]:
         """(device, ifName) of every inventory device; remembers the pool name."""
         from cni_dra.dra.inventory import load_inventory
-        from cni_dra.dra.models import device_attribute
+        from cni_dra.dra.objects import device_attribute
 
         inv = load_inventory(self.cfg.inventory)
         self.pool = inv.spec.pool.name

@@ -47,7 +47,7 @@ from cni_dra.state.claim_status import interface_data, network_data
 
 __all__ = ["StatusWriter", "claim_status_body"]
 
-log = logging.getLogger("cni_dra.agent.status")
+log = logging.getLogger("cni_dra.agent.status_writer")
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
