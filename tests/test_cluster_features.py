@@ -203,7 +203,7 @@ class _Parent:
 @pytest.mark.parametrize(("record", "expected"), [(None, "1"), (False, "1"), (True, "750m")])
 def test_standalone_add_rounds_as_the_recorded_gate_says(tmp_path: Path, record: bool | None, expected: str) -> None:
     from cni_dra.quantity import Quantity
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     if record is not None:
         write_features(StateStore(tmp_path / "st"), ClusterFeatures(record, "test"))
@@ -213,7 +213,7 @@ def test_standalone_add_rounds_as_the_recorded_gate_says(tmp_path: Path, record:
 
 def test_standalone_add_refuses_a_request_the_range_cannot_compute(tmp_path: Path) -> None:
     from cni_dra.errors import InvalidConfigError
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     write_features(StateStore(tmp_path / "st"), ClusterFeatures(True, "test"))
     with pytest.raises(InvalidConfigError, match="no exact milli value") as info:

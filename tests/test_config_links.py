@@ -139,7 +139,7 @@ def _inv(tmp_path: Path, conf: dict, devices: list[str]):
 
 
 def test_allocator_skips_a_nic_of_the_other_type_even_if_best_fit_prefers_it(tmp_path: Path) -> None:
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     inv = _inv(tmp_path, {"linkType": "ipvlan", "capacity": {"requests": {"bandwidth": "1G"}}}, ["a", "b"])
     state = NodeState(attachments=[_att("a", "macvlan", "1").model_dump()
@@ -149,7 +149,7 @@ def test_allocator_skips_a_nic_of_the_other_type_even_if_best_fit_prefers_it(tmp
 
 
 def test_allocator_explains_when_only_the_other_type_has_room(tmp_path: Path) -> None:
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     inv = _inv(tmp_path, {"capacity": {"requests": {"bandwidth": "1G"}}}, ["a"])
     state = NodeState(attachments=[_att("a", "ipvlan", "1")])
@@ -159,17 +159,17 @@ def test_allocator_explains_when_only_the_other_type_has_room(tmp_path: Path) ->
 
 
 def test_duplicate_mac_refused_naming_the_holder() -> None:
-    from cni_dra.verbs.add import _refuse_duplicate_mac
+    from cni_dra.attach.plan import refuse_duplicate_mac
 
     holder = Attachment.model_validate(_att("a", "macvlan", "c-old").model_dump() | {
         "result": {"interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "sandbox": "/x"}]}})
     new = _att("a", "macvlan", "c-new")
     with pytest.raises(InvalidConfigError) as info:
-        _refuse_duplicate_mac("c2:00:00:00:00:01", new, _Parent(), NodeState(attachments=[holder]))
+        refuse_duplicate_mac("c2:00:00:00:00:01", new, _Parent(), NodeState(attachments=[holder]))
     assert "c-old" in info.value.msg
-    _refuse_duplicate_mac("c2:00:00:00:00:02", new, _Parent(), NodeState(attachments=[holder]))  # other MAC: fine
+    refuse_duplicate_mac("c2:00:00:00:00:02", new, _Parent(), NodeState(attachments=[holder]))  # other MAC: fine
     with pytest.raises(InvalidConfigError, match="address of the parent NIC"):
-        _refuse_duplicate_mac("02:00:00:00:00:aa", new, _Parent(), NodeState())
+        refuse_duplicate_mac("02:00:00:00:00:aa", new, _Parent(), NodeState())
 
 
 # --------------------------------------------------------------------------- ADD refusals before effects
@@ -269,7 +269,7 @@ def test_ipam_catch_all_becomes_103_other_codes_stay(given, want) -> None:
     policy=st.sampled_from(["best-fit", "least-allocated"]),
 )
 def test_reserve_never_mixes_link_types_on_a_nic(tmp_path_factory, placed, link_type, policy) -> None:
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     inv = _inv(tmp_path_factory.mktemp("inv"), {"linkType": link_type, "selectionPolicy": policy}, ["a", "b", "c"])
     state = NodeState(attachments=[_att(dev, lt, str(i)) for i, (dev, lt) in enumerate(placed)])

@@ -58,7 +58,7 @@ def _inv(tmp_path: Path, **conf: Any):
 
 
 def _plan(inv, state: NodeState):
-    from cni_dra.verbs.add import effective_invocation, plan
+    from cni_dra.attach.plan import effective_invocation, plan
 
     return plan(effective_invocation(inv, state), state, {"if-a": _Parent(), "if-b": _Parent()})
 
@@ -141,7 +141,8 @@ def test_the_profiles_link_type_is_the_one_checked_against_the_nic(tmp_path: Pat
 
 
 def test_the_profiles_mtu_is_checked_against_the_parent(tmp_path: Path) -> None:
-    from cni_dra.verbs.add import _reserve, effective_invocation
+    from cni_dra.attach.plan import effective_invocation
+    from cni_dra.verbs.add import _reserve
 
     state = _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
     inv = effective_invocation(_inv(tmp_path), state)
@@ -154,7 +155,8 @@ def test_the_profiles_mtu_is_checked_against_the_parent(tmp_path: Path) -> None:
 
 
 def test_the_reserved_intent_carries_the_profiles_config(tmp_path: Path) -> None:
-    from cni_dra.verbs.add import _reserve, effective_invocation
+    from cni_dra.attach.plan import effective_invocation
+    from cni_dra.verbs.add import _reserve
 
     state = _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
     inv = _inv(tmp_path)

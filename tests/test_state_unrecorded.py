@@ -101,7 +101,7 @@ def _parents(devices: list[dict[str, Any]]) -> dict[str, _Parent]:
 
 def _reserve_until_refused(tmp_path: Path, store: StateStore, devices: list[dict[str, Any]], n: int) -> list[str]:
     """Standalone ADD reservations of 1G each, committed one by one; the devices they got."""
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     got = []
     for i in range(n):
@@ -150,7 +150,7 @@ def test_null_consumed_capacity_in_schema_1_reads_as_unrecorded(tmp_path: Path) 
 
 def test_claim_mode_add_refuses_a_nic_held_by_an_unrecorded_attachment(tmp_path: Path) -> None:
     """The scheduler's claim may fit by its books; the node cannot tell, so it refuses (101)."""
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     devices = [_device("a")]
     store = _schema_1(tmp_path, [_old_attachment("old", "a")], {"pod-u": [_claim("u1", "a", {"bandwidth": "6G"})]})
@@ -177,7 +177,7 @@ def test_unrecorded_claim_attachment_and_its_prepared_result_count_once(share: s
 
 def test_prepared_result_without_amounts_holds_the_whole_shared_nic(tmp_path: Path) -> None:
     """Unattached it reserves the whole NIC; attached, the attachment records the whole NIC."""
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     devices = [_device("a"), _device("b")]
     by_name = {d["name"]: Device.model_validate(d) for d in devices}

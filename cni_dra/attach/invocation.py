@@ -30,7 +30,7 @@ class Invocation:
     conf: NetConf
     raw: bytes
     environ: dict[str, str] = field(default_factory=dict)
-    # ADD's effective invocation (cni_dra.verbs.add.effective_invocation): the prepared
+    # ADD's effective invocation (cni_dra.attach.plan.effective_invocation): the prepared
     # allocation result whose device profile ``conf`` carries (None: none, standalone);
     # Ellipsis: ``conf`` is the runtime's as parsed, no profile looked for yet.
     profile_source: tuple[PreparedClaim, PreparedResult] | None | EllipsisType = ...

@@ -110,6 +110,15 @@ class FastpathServer:
         process's own)."""
         return [os.getpid()] + [p.pid for p in self._children]
 
+    def drain(self) -> None:
+        """A worker process's stop: stop accepting (the socket stays open for the agent),
+        let each serving thread finish its request, at most 30 s each."""
+        self._stopped.set()
+        for _ in self._workers:
+            self._queue.put(None)
+        for worker in self._workers:
+            worker.join(timeout=30)
+
     def stop(self) -> None:
         """Stop accepting (in-flight requests finish in their threads); stop the worker
         processes (they finish theirs first, at most 30 s); remove the socket file."""
@@ -293,7 +302,7 @@ def start_fastpath(
     """
     socket_path = os.path.abspath(socket_path)
     if warm and not join_mount_ns:
-        _warm_imports()
+        warm_imports()
     if listener is not None:
         server = FastpathServer(socket_path=socket_path, _sock=listener, _owns_path=False, _inherited=True)
     else:
@@ -303,11 +312,11 @@ def start_fastpath(
         return server
     if processes > 1:
         _spawn_worker_processes(server, processes - 1, workers, "")
-    _run_threads(server, workers)
+    run_threads(server, workers)
     return server
 
 
-def _run_threads(server: FastpathServer, workers: int) -> None:
+def run_threads(server: FastpathServer, workers: int) -> None:
     for i in range(max(1, workers)):
         worker = threading.Thread(target=server._work, name=f"cni-dra-fastpath-{i}", daemon=True)
         worker.start()
@@ -317,13 +326,13 @@ def _run_threads(server: FastpathServer, workers: int) -> None:
 
 
 def _spawn_worker_processes(server: FastpathServer, count: int, workers: int, join_mount_ns: str) -> None:
-    """Start ``count`` processes accepting on ``server``'s socket (:func:`_worker_process_main`),
+    """Start ``count`` processes accepting on ``server``'s socket (:func:`cni_dra.fastpath.workers.worker_process_main`),
     each joining ``join_mount_ns`` first when it is not empty, and the thread that replaces
     one that exits."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = (
         f"import sys; sys.path.insert(0, {package_root!r}); "
-        "from cni_dra.fastpath.server import _worker_process_main as m; raise SystemExit(m(sys.argv[1:]))"
+        "from cni_dra.fastpath.workers import worker_process_main as m; raise SystemExit(m(sys.argv[1:]))"
     )
     rfd, wfd = os.pipe()  # neither inheritable (PEP 446); rfd is passed to each worker process
     listen_fd = server._sock.fileno()
@@ -356,57 +365,7 @@ def interpreter_command() -> list[str]:
     return [sys.executable]
 
 
-def _worker_process_main(argv: list[str]) -> int:
-    """A worker process: join the mount namespace ``argv[4]`` names, if any (before any
-    thread starts); accept on the inherited listening socket until the agent's pipe closes
-    (it stopped or died) or SIGTERM; in-flight requests finish first."""
-    import signal
-
-    listen_fd, lifeline, workers, path = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("cni_dra").setLevel(os.environ.get("CNI_DRA_LOG_LEVEL", "WARNING").upper())
-    _warm_imports()
-    if len(argv) > 4 and argv[4]:
-        _join(argv[4])
-    server = FastpathServer(socket_path=path, _sock=socket.socket(fileno=listen_fd), _owns_path=False)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-
-    def watch() -> None:
-        while os.read(lifeline, 64):
-            pass
-        done.set()
-
-    threading.Thread(target=watch, name="cni-dra-fastpath-lifeline", daemon=True).start()
-    _run_threads(server, workers)
-    while not done.wait(1.0):  # a timeout keeps the main thread responsive to SIGTERM
-        pass
-    server._stopped.set()  # stop accepting; the socket stays open for the agent
-    for _ in server._workers:
-        server._queue.put(None)
-    for worker in server._workers:
-        worker.join(timeout=30)
-    return 0
-
-
-def _join(target: str) -> None:
-    """Join the mount namespace ``target`` (:func:`cni_dra.fastpath.join.join_mount_namespace`),
-    or log why not: this process then declines every caller of the node (another mount
-    namespace and root than theirs)."""
-    from cni_dra.fastpath.join import join_mount_namespace
-
-    try:
-        joined = join_mount_namespace(target)
-    except OSError as exc:
-        log.error("fastpath: worker process %d cannot join the mount namespace %s, so it declines every "
-                  "caller: %s", os.getpid(), target, exc)
-        return
-    log.info("fastpath: worker process %d %s the mount namespace %s (%d libraries loaded first); serving as %s "
-             "in %s", os.getpid(), "joined" if joined.moved else "is already in", target, joined.libraries,
-             caller_identity().decode(), joined.cwd)
-
-
-def _warm_imports() -> None:
+def warm_imports() -> None:
     """Import everything an ADD/DEL touches, so the first request does not pay for it."""
     import cni_dra.cni
     import cni_dra.dra.inventory

@@ -41,7 +41,6 @@ from cni_dra.errors import (
     ClaimError,
     IncompatibleVersionError,
     InvalidConfigError,
-    InventoryError,
     IOFailureError,
     TryAgainLaterError,
 )
@@ -64,14 +63,14 @@ if TYPE_CHECKING:
     from cni_dra.netlink.info import LinkInfo
     from cni_dra.netlink.netns import NetnsIdentity
     from cni_dra.netlink.tbf import ShapeSpec
-    from cni_dra.protocol.config import NetConf
 from cni_dra.state.claim_status import record_add_failure
 from cni_dra.attach.invocation import Concurrently, Invocation, ipam_codes
 from cni_dra.attach.intent import AddIntent
-from cni_dra.attach.placement import Asker, device_if_name, link_type_conflicts, pick_result, place
+from cni_dra.attach.placement import device_if_name, link_type_conflicts
+from cni_dra.attach.plan import effective_invocation, plan, refuse_duplicate_mac
 from cni_dra.verbs.status import dhcp_socket_missing
 
-__all__ = ["cmd_add", "plan", "plan_attachment", "link_type_conflicts"]
+__all__ = ["cmd_add", "link_type_conflicts"]
 
 log = logging.getLogger("cni_dra.add")
 
@@ -171,76 +170,6 @@ def _undo_with(undo: ExitStack, step: Callable[[], object]) -> None:
     undo.callback(safely)
 
 
-def _asker(inv: Invocation) -> Asker:
-    env = inv.env
-    return Asker(env.args.pod_uid, env.args.pod_namespace, env.args.pod_name, env.container_id, env.ifname)
-
-
-def effective_invocation(runtime: Invocation, state: NodeState) -> Invocation:
-    """The invocation an ADD works with from its start to its end: the device profile of the
-    pod's allocation result in ``state`` (:func:`cni_dra.attach.placement.pick_result`) merged
-    into the runtime's config bytes, then parsed once (:func:`cni_dra.attach.device_profile.conf_for`);
-    the runtime's config when there is no profile. It remembers the result it was made from
-    (:attr:`Invocation.profile_source`), which :func:`plan` checks again under the lock.
-    Raises ClaimError (101) as :mod:`cni_dra.attach.device_profile` says."""
-    from cni_dra.attach.device_profile import conf_for
-
-    picked = pick_result(state, runtime.conf, _asker(runtime))
-    return runtime.with_conf(conf_for(runtime, picked), picked)
-
-
-def plan_attachment(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> Attachment:
-    """The attachment an ADD of ``inv`` (the runtime's invocation) would record in ``state``:
-    :func:`plan` of its :func:`effective_invocation`."""
-    return plan(effective_invocation(inv, state), state, host_links)[0]
-
-
-def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> tuple[Attachment, NetConf]:
-    """The attachment this ADD would record in ``state`` (phase ``adding``, no owner yet)
-    and the network config its link is made from (``inv.conf``: ``inv`` is the ADD's
-    :func:`effective_invocation`), placed by :func:`cni_dra.attach.placement.place`. Pure
-    over its arguments; raises as :mod:`cni_dra.attach.placement` says, InventoryError (7)
-    for an inventory of another driver, and TryAgainLaterError (11) when the pod's
-    allocation result in ``state`` is not the one ``inv``'s config was made from (its
-    claims changed since the ADD started)."""
-    from cni_dra.state.schema import STEP_IPAM
-    from cni_dra.attach.device_profile import describe
-
-    if inv.profile_source is ...:
-        raise ValueError("plan needs the ADD's effective invocation (effective_invocation)")
-
-    env = inv.env
-    slice_ = inv.inventory
-    driver, pool = slice_.spec.driver, slice_.spec.pool.name
-    if driver != inv.conf.driver:
-        raise InventoryError(
-            f"invalid inventory {inv.conf.inventory}: spec.driver {driver!r} is not the configured driver "
-            f"{inv.conf.driver!r}"
-        )
-    asker = _asker(inv)
-    picked = pick_result(state, inv.conf, asker)
-    if picked != inv.profile_source:
-        raise TryAgainLaterError(
-            f"failed to add {env.ifname} for container {env.container_id}: the pod's prepared claims changed "
-            "while the ADD started"
-        )
-    conf = inv.conf
-    # The cluster's rounding rules matter to a standalone allocation only (claim mode
-    # honours the scheduler's amounts), so only then is the agent's record read.
-    fractional = picked is None and inv.fractional_capacity_range
-    placement = place(state, slice_, host_links, conf, asker, picked, fractional_capacity_range=fractional)
-    att = Attachment(
-        network=conf.name, containerID=env.container_id, ifname=env.ifname, netns=env.netns or "",
-        podUID=asker.pod_uid, podNamespace=asker.pod_namespace, podName=asker.pod_name,
-        driver=driver, pool=pool, linkType=conf.linkType, ipamType=conf.ipam_type,
-        ipamConf=inv.raw.decode() if conf.ipam_type else None, phase="adding",
-        steps=(STEP_IPAM,) if conf.ipam_type else (),  # recovery runs the IPAM DEL (a no-op if none ran)
-        profile=describe(conf, picked[1] if picked else None),
-        **placement.fields(),
-    )
-    return att, conf
-
-
 def _reserve_after_recovery(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdentity) -> AddIntent | Result:
     """:func:`_reserve`; while a live recovery holds this attachment's interrupted intent,
     wait for it (at most ``lockTimeoutSeconds``, :func:`cni_dra.attach.intent.wait_for_recovery`)
@@ -290,7 +219,7 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdent
                 f"of the chosen parent {att.parent} (device {att.device})"
             )
         if conf.mac is not None:
-            _refuse_duplicate_mac(conf.mac, att, parent, txn.state)
+            refuse_duplicate_mac(conf.mac, att, parent, txn.state)
         # The link's temporary name, recorded before the link exists: recovery finds a link
         # left under it by a kill before the rename.
         intent = att.model_copy(update={"owner": current_owner(), "tempName": temp_name(), "netnsIdentity": ident})
@@ -446,23 +375,6 @@ def _result_from(inv: Invocation, link: LinkInfo, ipam_result: Result | None) ->
 
 def _result_dict(result: Result) -> dict[str, Any]:
     return result_to_dict(result, "1.1.0")
-
-
-def _refuse_duplicate_mac(mac: str, att: Attachment, parent: LinkInfo, state: NodeState) -> None:
-    """InvalidConfigError (7) when ``mac`` is the parent's own MAC or that of another
-    attachment on the same NIC (the kernel would refuse it with EADDRINUSE at link up;
-    saying which attachment holds it is clearer)."""
-    if parent.mac and parent.mac.lower() == mac:
-        raise InvalidConfigError(f"invalid MAC {mac}: it is the address of the parent NIC {att.parent} (device {att.device})")
-    for other in state.attachments:
-        if other.parent != att.parent or not other.result:
-            continue
-        for iface in other.result.get("interfaces") or []:
-            if iface.get("name") == other.ifname and str(iface.get("mac", "")).lower() == mac:
-                raise InvalidConfigError(
-                    f"invalid MAC {mac}: already used on parent {att.parent} by interface {other.ifname} of "
-                    f"container {other.containerID} (network {other.network!r})"
-                )
 
 
 def _announce(netns: str, ifname: str) -> None:
