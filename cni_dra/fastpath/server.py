@@ -15,18 +15,11 @@ A request is *declined* (the client then runs it in-process) when:
   other objects;
 * the request is malformed or larger than :data:`~cni_dra.fastpath.wire.MAX_MESSAGE_BYTES`.
 
-An agent in a container (its own mount namespace and root; the node's network and PID
-namespaces) passes ``join_mount_ns`` (``/proc/1/ns/mnt``): it then serves only from worker
-processes that joined that mount namespace before their first thread started
-(:mod:`cni_dra.fastpath.join`), and its own process, which cannot (it runs threads),
-serves nothing. A worker that cannot join logs why and declines every caller by the rule
-above.
+An agent in a container serves from worker processes only (:mod:`cni_dra.fastpath.workers`).
 
 Wire format: :mod:`cni_dra.fastpath.wire`. ``cni-dra agent`` runs it as one of its services
 (:class:`cni_dra.agent.fastpath.FastpathService`). Logging goes through the ``cni_dra`` logger of
-the hosting process (``CNI_DRA_LOG_FILE`` of a request is not honoured).
-
-Run standalone (tests, ``make bench``): ``python -m cni_dra.fastpath.server --socket PATH``
+the hosting process (``CNI_DRA_LOG_FILE`` of a request is not honoured). Run standalone (tests, ``make bench``): ``python -m cni_dra.fastpath.server --socket PATH``
 (:func:`main`, a thin click command; importing this module does not import click).
 """
 

@@ -1,6 +1,14 @@
 """The agent's fast-path worker processes: each accepts on the listening socket the agent
 passed it (:func:`cni_dra.fastpath.server.start_fastpath` starts them), joins the node's mount
-namespace first when told to, and serves until the agent's lifeline pipe closes or SIGTERM."""
+namespace first when told to, and serves until the agent's lifeline pipe closes or SIGTERM.
+
+An agent in a container (its own mount namespace and root; the node's network and PID
+namespaces) passes ``join_mount_ns`` (``/proc/1/ns/mnt``): it then serves only from worker
+processes that joined that mount namespace before their first thread started
+(:mod:`cni_dra.fastpath.join`), and its own process, which cannot (it runs threads),
+serves nothing. A worker that cannot join logs why and declines every caller (the
+server's rule: another mount namespace and root than the caller's).
+"""
 
 from __future__ import annotations
 
