@@ -1102,36 +1102,3 @@ def test_kubelet_restart_keeps_pods_and_the_slice_comes_back(api, cluster):
              "everything released after the kubelet restart", 60)
     assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
 
-
-def test_nic_that_disappears(api, cluster):
-    """A NIC removed under a running pod: the slice is published without it, the node stays
-    Ready (STATUS does not fail), the pod keeps running without its eth0 (the kernel
-    deletes a macvlan with its parent), a new pod asking for that NIC is Unschedulable,
-    and deleting the pod still releases its share. The NIC is put back afterwards."""
-    gone = sorted(cluster.NICS)[-1]
-    make_template(api, "nic-1g-gone", "1G", on_nic=gone)
-    make_pod(api, cluster, "pod-n", template="nic-1g-gone")
-    p, _, res = check_attached(api, cluster, "pod-n", "1G")
-    uid = p["metadata"]["uid"]
-    name = f"{cluster.NODE}-{cluster.DRIVER}"
-    try:
-        subprocess.run(["ip", "-n", cluster.node().name, "link", "del", gone], check=True)
-        wait_for(lambda: [d["name"] for d in to_dict(api, resource(api).read_resource_slice(name))["spec"]["devices"]]
-                 == [n for n in sorted(cluster.NICS) if n != gone], "slice published without the NIC", 30)
-        consistently(lambda: cluster.node_ready(api), "node Ready", 5)
-        assert pod(api, "pod-n")["status"]["phase"] == "Running"
-        from netns_tests.runner import link_in_netns
-
-        assert link_in_netns(pod_netns(uid), "eth0") is None
-        make_pod(api, cluster, "pod-n2", template="nic-1g-gone")
-        wait_for(lambda: any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
-                             for c in pod(api, "pod-n2")["status"].get("conditions") or []),
-                 "a pod asking for the gone NIC is Unschedulable", 60)
-        delete_pods(api, "pod-n", "pod-n2")
-        wait_for(lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
-                 "the share on the gone NIC released", 60)
-        assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
-    finally:
-        cluster.node().make_nics()
-    wait_for(lambda: len(to_dict(api, resource(api).read_resource_slice(name))["spec"]["devices"]) == len(cluster.NICS),
-             "the NIC published again", 60)
