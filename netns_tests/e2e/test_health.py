@@ -223,12 +223,11 @@ def _down_or_gone(api, cluster, *, gone: bool) -> None:
              "the kubelet shows the device Unhealthy in the pod's status", SETTLE_S)
     wait_for(lambda: ready(api, claim_name, share) == ("False", condition), f"the claim Ready=False {condition}", SETTLE_S)
     assert transitions(cluster).get(reason, 0) == before.get(reason, 0) + 1
+    code, out = check(cluster, uid)
     if not gone:
-        code, out = check(cluster, uid)
         assert code != 0 and out.get("code") == 105 and "administratively down" in out.get("msg", ""), (code, out)
-    else:  # the macvlan went with its parent: nothing to check against
-        code, out = check(cluster, uid)
-        assert code != 0, (code, out)
+    else:  # the macvlan went with its parent
+        assert code != 0 and out.get("code") == 105 and "the link is not in netns" in out.get("msg", ""), (code, out)
     assert pod(api, "pod-h")["status"]["phase"] == "Running", "NoSchedule leaves running pods alone"
 
     # a new pod that only this NIC can serve: Pending, the scheduler's own reason
@@ -255,7 +254,7 @@ def _down_or_gone(api, cluster, *, gone: bool) -> None:
         assert check(cluster, uid)[0] == 0, "CHECK passes again"
     assert transitions(cluster).get("up", 0) == before.get("up", 0) + 1
     print(f"{'deleted' if gone else 'down'}: tainted {tainted_after:.1f}s after, untainted {untainted_after:.1f}s "
-          f"and the pending pod Running {bound_after:.1f}s after the NIC was back; scheduler: {why!r}")
+          f"and the pending pod Running {bound_after:.1f}s after the NIC was back; scheduler: {why!r}; CHECK: {out}")
 
 
 def test_a_nic_set_down_is_tainted_unhealthy_not_ready_and_keeps_new_pods_pending_until_up(api, cluster):
