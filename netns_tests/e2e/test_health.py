@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from netns_tests.e2e.test_cluster import (NS, consistently, core, delete_pods, make_pod, make_template, node_http,
-                                          pod, resource, status_entry, to_dict, wait_for, wait_running)
+from netns_tests.e2e.helpers import (NS, consistently, core, delete_pods, make_pod, make_template, node_http, pod,
+                                     resource, status_entry, to_dict, wait_for, wait_running)
 
 DEBOUNCE_S = 2.0
 KEEP_MISSING_S = 8.0
