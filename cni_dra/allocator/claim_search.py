@@ -140,6 +140,17 @@ class ClaimSearch:
             ]
         return self._all_devices[req.name]
 
+    def set_up(self, requests: list[list[ClaimRequest]]) -> None:
+        """Pick the devices of every ``allocationMode: All`` request (firstAvailable
+        alternatives included), in claim order, before the search: upstream's allocator does
+        this while it sets the claim up, so a selector that fails to evaluate or a capacity
+        request no device's range can compute there stops the allocation
+        (:class:`SearchAbort`) even when an earlier request never fits."""
+        for alternatives in requests:
+            for req in alternatives:
+                if req.all_mode:
+                    self.all_devices(req)
+
     def in_use(self, device: Device, req: ClaimRequest) -> str | None:
         if req.admin_access:
             return None
