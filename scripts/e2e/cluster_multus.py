@@ -3,7 +3,7 @@
 network).
 
 The node's runtime loads the lexicographically first conflist, ``00-multus.conflist``:
-Multus, whose ``clusterNetwork`` is ``primary`` (``20-primary.conflist``: the reference
+Multus, whose ``clusterNetwork`` is ``20-primary.conflist`` (network ``primary``: the reference
 ptp with host-local on the node's pod subnet) for every pod's eth0, and which adds the
 networks a pod's ``k8s.v1.cni.cncf.io/networks`` annotation names, each a
 NetworkAttachmentDefinition (conf/k8s/multus/networks.yaml: cni-dra). cni-dra's own
@@ -45,7 +45,10 @@ def write_files(node: Node, bins: dict[str, str]) -> None:
         "ipam": {"type": "host-local", "ranges": [[{"subnet": node.pod_subnet}]], "routes": [{"dst": "0.0.0.0/0"}]},
     }]}
     multus = {"cniVersion": "1.1.0", "name": "multus-cni-network", "plugins": [{
-        "type": "multus", "kubeconfig": KUBECONFIG, "clusterNetwork": PRIMARY_NETWORK,
+        # a path, not the network's name: given a name, Multus v4.3.0 first looks for a
+        # NetworkAttachmentDefinition of it, and on STATUS (no pod) its "not found" event
+        # for a nil pod panics (k8sclient.getKubernetesDelegate -> Eventf(nil, ...))
+        "type": "multus", "kubeconfig": KUBECONFIG, "clusterNetwork": PRIMARY,
         "confDir": "/etc/cni/net.d", "binDir": "/opt/cni/bin", "cniDir": CACHE_DIR,
         "logFile": LOG, "logLevel": "verbose",
     }]}

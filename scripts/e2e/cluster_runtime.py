@@ -132,13 +132,22 @@ def archive_names(archive: str) -> list[str]:
     return names
 
 
-# CRI-O gives a pod's infra container oom_score_adj -998 and the kubelet gives Guaranteed
-# pods' containers -997; lowering it needs CAP_SYS_RESOURCE, which this host does not give
-# ("nsexec: failed to update /proc/self/oom_score_adj: Permission denied"). CRI-O has no
-# option like containerd's restrict_oom_score_adj; this wrapper does what that option does:
-# on `create` it raises process.oomScoreAdj in the bundle's config.json to its own value.
+# Two things of this host that CRI-O does not adapt to, fixed in the bundle's config.json on
+# `create` before runc runs:
+# - CRI-O gives a pod's infra container oom_score_adj -998 and the kubelet gives Guaranteed
+#   pods' containers -997; lowering it needs CAP_SYS_RESOURCE, which this host does not give
+#   ("nsexec: failed to update /proc/self/oom_score_adj: Permission denied"). CRI-O has no
+#   option like containerd's restrict_oom_score_adj; the wrapper does what that option does:
+#   it raises process.oomScoreAdj to its own value.
+# - The hugetlb controller is in /proc/cgroups but bound to the cgroup2 hierarchy of this
+#   hybrid host (/sys/fs/cgroup/unified), with no v1 hierarchy; CRI-O (internal/config/node,
+#   libcontainer's GetAllSubsystems) takes it as present and passes the kubelet's hugepage
+#   limits, and runc (cgroup v1 mode) fails: "cannot set hugetlb limit: container could not
+#   join or create cgroup". containerd leaves them out; the wrapper drops
+#   linux.resources.hugepageLimits.
 RUNC_WRAPPER = """#!/bin/sh
-# runc {real}, with a create's oomScoreAdj raised to this process's own (cluster_runtime.py)
+# runc {real}, with a create's oomScoreAdj raised to this process's own and its hugepage
+# limits dropped (cluster_runtime.py)
 for a; do
     if [ "$a" = create ]; then
         /usr/bin/python3 -I -c '
@@ -149,8 +158,11 @@ path = bundle + "/config.json"
 spec = json.load(open(path))
 own = int(open("/proc/self/oom_score_adj").read())
 proc = spec.get("process") or {{}}
+changed = (spec.get("linux") or {{}}).get("resources", {{}}).pop("hugepageLimits", None) is not None
 if proc.get("oomScoreAdj", own) < own:
     proc["oomScoreAdj"] = own
+    changed = True
+if changed:
     json.dump(spec, open(path, "w"))
 ' "$@" || exit 1
         break
