@@ -11,6 +11,8 @@ PY        := $(VENV)/bin/python
 CNI_BIN   ?= /opt/cni/bin
 # where `make install` puts the agent's systemd units (conf/systemd); nothing is enabled
 SYSTEMD_UNIT_DIR ?= /etc/systemd/system
+RUNTIME   ?= containerd
+MULTUS    ?= 0
 PYTEST    := $(PY) -m pytest
 # CI=true: plain output, no cache directory written into the fresh clone.
 PYTEST_FLAGS ?= $(if $(filter true,$(CI)),-p no:cacheprovider,)
@@ -116,7 +118,7 @@ check:
 	 wait $$prefetch || echo "check: the prefetch failed (build/prefetch.log); make e2e builds what is missing"; \
 	 cat build/prefetch.out; echo "check: waited $$(( $$(date +%s) - mid )) s for the prefetch after make test"; \
 	 mid=$$(date +%s); \
-	 timeout -k 60 35m $(MAKE) --no-print-directory e2e || { rc=$$?; $(PY) scripts/e2e/cluster.py down || true; echo "check: make e2e failed (exit $$rc) after $$(( $$(date +%s) - mid )) s"; exit $$rc; }; \
+	 timeout -k 60 45m $(MAKE) --no-print-directory e2e || { rc=$$?; $(PY) scripts/e2e/cluster.py down || true; echo "check: make e2e failed (exit $$rc) after $$(( $$(date +%s) - mid )) s"; exit $$rc; }; \
 	 echo "check: make e2e took $$(( $$(date +%s) - mid )) s; $$(( $$(date +%s) - start )) s in all"
 
 unit: venv
@@ -141,23 +143,38 @@ bench: install
 # The real-cluster scenarios (netns_tests/e2e, collected only with CNI_DRA_E2E=1):
 # Kubernetes from the Go module proxy (scripts/e2e/build-kube), etcd/containerd/runc and
 # two local images (scripts/e2e/fetch-runtime), all cached by version under
-# CNI_DRA_E2E_CACHE; then one pytest run that brings the cluster up, runs every scenario
-# and tears everything down, pass or fail. Exit 5 (nothing collected) fails here.
+# CNI_DRA_E2E_CACHE, and CRI-O and Multus (scripts/e2e/build-crio, build-multus); then
+# one pytest session per runtime, each bringing the cluster up, running its scenarios and
+# tearing everything down, pass or fail: containerd runs every scenario; CRI-O, with
+# Multus as the second node's CNI, runs netns_tests/e2e/test_runtimes.py (what differs
+# between runtimes, and the Multus scenarios). Exit 5 (nothing collected) fails here.
+E2E_SESSIONS = containerd:netns_tests/e2e/ cri-o:netns_tests/e2e/test_runtimes.py
 e2e: install
 	@start=$$(date +%s); \
 	 scripts/e2e/build-kube >/dev/null; \
 	 scripts/e2e/fetch-runtime >/dev/null; \
-	 echo "e2e: components:"; $(PY) scripts/e2e/cluster.py versions; \
-	 rc=0; CNI_DRA_E2E=1 $(PYTEST) -p no:cacheprovider -v -rfEsxXp netns_tests/e2e/ || rc=$$?; \
-	 $(PY) scripts/e2e/cluster.py down; \
-	 echo "e2e: $$(( $$(date +%s) - start )) s in all, pytest exit $$rc"; \
+	 scripts/e2e/build-crio >/dev/null; \
+	 scripts/e2e/build-multus >/dev/null; \
+	 echo "e2e: builds and fetches $$(( $$(date +%s) - start )) s"; \
+	 rc=0; times=; \
+	 for s in $(E2E_SESSIONS); do \
+	   rt=$${s%%:*}; what=$${s#*:}; multus=0; [ $$rt = cri-o ] && multus=1; t0=$$(date +%s); \
+	   echo "e2e: runtime $$rt (Multus on the second node: $$multus), components:"; \
+	   CNI_DRA_E2E_RUNTIME=$$rt CNI_DRA_E2E_MULTUS=$$multus $(PY) scripts/e2e/cluster.py versions; \
+	   CNI_DRA_E2E=1 CNI_DRA_E2E_RUNTIME=$$rt CNI_DRA_E2E_MULTUS=$$multus \
+	     $(PYTEST) -p no:cacheprovider -v -rfEsxXp $$what || rc=$$?; \
+	   CNI_DRA_E2E_RUNTIME=$$rt $(PY) scripts/e2e/cluster.py down; \
+	   times="$$times $$rt $$(( $$(date +%s) - t0 )) s;"; \
+	 done; \
+	 echo "e2e: $$(( $$(date +%s) - start )) s in all ($$times) pytest exit $$rc"; \
 	 exit $$rc
 
+# RUNTIME=cri-o for CRI-O; MULTUS=1 for Multus as the second node's CNI
 cluster-up: install
-	@$(PY) scripts/e2e/cluster.py up
+	@CNI_DRA_E2E_RUNTIME=$(RUNTIME) CNI_DRA_E2E_MULTUS=$(MULTUS) $(PY) scripts/e2e/cluster.py up
 
 cluster-down:
-	@$(PY) scripts/e2e/cluster.py down
+	@CNI_DRA_E2E_RUNTIME=$(RUNTIME) $(PY) scripts/e2e/cluster.py down
 
 # CRI-O (with conmon, crictl, runc), Multus and Helm built or fetched into
 # CNI_DRA_E2E_CACHE (scripts/e2e/build-crio, build-multus, build-helm), then each run on

@@ -36,10 +36,14 @@ def test_result_named_like_ifname_wins():
     assert claim_results_for(claims, "d", "eth0")[1].device == "eth-a"
 
 
-def test_ambiguous_results_are_refused_naming_requests():
+def test_ambiguous_results_are_refused_naming_the_interface_claims_and_requests():
+    claim = _claim(("fast", "d", "x"), ("slow", "d", "y"))
     with pytest.raises(ClaimError) as ei:
-        claim_results_for([_claim(("a", "d", "x"), ("b", "d", "y"))], "d", "eth0")
-    assert ei.value.code == 101 and "a, b" in ei.value.msg
+        claim_results_for([claim], "d", "net1")
+    who = f"{claim.namespace}/{claim.name}"
+    assert ei.value.code == 101
+    assert (f"interface net1: the pod has 2 results from driver d (claim {who} request 'fast', "
+            f"claim {who} request 'slow') and none is named 'net1'") in ei.value.msg, ei.value.msg
 
 
 # -- which results serve which interface, as prepare judges it ---------------------------------

@@ -78,7 +78,9 @@ def claim_results_for(
     <cni_dra.state.schema.NodeState.prepared>`). Among the results of ``driver``, the one
     whose ``request`` equals CNI_IFNAME, else the only one. Returns (claim, result) or None
     when the pod has no result from this driver. Raises ClaimError (101) when several
-    results match ambiguously (prepare refuses claims that would make an interface so:
+    results match ambiguously (``failed to choose claim result for interface net1: the pod
+    has 2 results from driver <driver> (claim <ns>/<name> request 'fast', claim <ns>/<name>
+    request 'slow') and none is named 'net1': ...``) (prepare refuses claims that would make an interface so:
     :func:`cni_dra.state.prepared.interface_conflicts` is this rule's counterpart).
     """
     results = [(claim, res) for claim in claims for res in claim.results if res.driver == driver]
@@ -89,10 +91,13 @@ def claim_results_for(
         return named[0]
     if len(results) == 1:
         return results[0]
-    requests = ", ".join(sorted(r.request for _, r in results))
+    which = ", ".join(f"claim {c.namespace}/{c.name} request {r.request!r}"
+                      for c, r in sorted(results, key=lambda cr: (cr[0].namespace, cr[0].name, cr[1].request)))
     raise ClaimError(
         f"failed to choose claim result for interface {ifname}: the pod has {len(results)} "
-        f"results from driver {driver} (requests: {requests}) and none is named {ifname!r}"
+        f"results from driver {driver} ({which}) and none is named {ifname!r}: an interface takes the "
+        "result whose request is named after it (with Multus: name the requests after the interfaces "
+        "the pod's networks annotation asks for)"
     )
 
 

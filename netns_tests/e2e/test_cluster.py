@@ -90,13 +90,17 @@ def nothing_held(cluster, node: str | None = None) -> bool:
 
 
 def pod_netns(uid: str) -> str:
-    """/proc/<pid>/ns/net of a process of pod ``uid``, found through the pod's cgroup."""
+    """/proc/<pid>/ns/net of a process of pod ``uid``, found through the pod's cgroup
+    (CRI-O's conmon, in the pod's cgroup but in the node's netns, is not one)."""
     root = Path("/sys/fs/cgroup/pids") / "cni-dra-e2e"
     for d in root.rglob(f"pod{uid}"):
         for procs in d.rglob("cgroup.procs"):
-            pids = procs.read_text().split()
-            if pids:
-                return f"/proc/{pids[0]}/ns/net"
+            for pid in procs.read_text().split():
+                try:
+                    if Path(f"/proc/{pid}/comm").read_text().strip() != "conmon":
+                        return f"/proc/{pid}/ns/net"
+                except OSError:
+                    continue
     raise AssertionError(f"no process of pod {uid} under {root}")
 
 

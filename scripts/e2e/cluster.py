@@ -11,7 +11,7 @@ usage: cluster.py up | down | status | versions
 kube-controller-manager and kube-scheduler in the host's namespaces, then the nodes
 ``cni-dra-e2e`` and ``cni-dra-e2e-2`` (scripts/e2e/cluster_node.py): each its own network,
 mount and UTS namespaces, its own stand-in NICs (two veth pairs: one of MTU 1500, one
-jumbo), its own runtime (containerd), kubelet and ``cni-dra agent``, all with their
+jumbo), its own runtime (containerd, or CRI-O with ``CNI_DRA_E2E_RUNTIME=cri-o``), kubelet and ``cni-dra agent``, all with their
 default paths inside the node. conf/k8s/rbac.yaml, admission.yaml and deviceclass.yaml
 are applied unchanged; each agent gets a token of cni-dra's service account bound to its
 Node (as a DaemonSet pod's token is bound to its node). It waits until both Nodes are
@@ -43,16 +43,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_node import (APISERVER_PORT, BRIDGE, CNI_BIN, DRIVER, HOST_IP,  # noqa: F401
                           JUMBO_MTU, JUMBO_NIC, NETWORK, NICS, NODE_CNI_EXE, SERVICE_RANGE, Node,
                           delete_bridge, make_bridge)
+import cluster_multus
 from cluster_pki import cert, kubeconfig, pki
 from cluster_procs import (CGROUP_ROOT, DIR, ClusterError, cgroup_hierarchies, kill_in_namespaces,
                            log, logfile, make_cgroup, p, remove_cgroups, run, running, start, stop, stop_all,
                            unmount_under, wait)
-from cluster_runtime import SANDBOX_IMAGE, TEST_IMAGE  # noqa: F401
+from cluster_runtime import RUNTIMES, SANDBOX_IMAGE, TEST_IMAGE  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 KUBE_VERSION = os.environ.get("CNI_DRA_E2E_KUBE_VERSION", "v1.37.2")
 NODES = (Node("cni-dra-e2e", 1, "10.244.77.0/24"), Node("cni-dra-e2e-2", 2, "10.244.78.0/24"))
 NODE = NODES[0].name
+RUNTIME = next(k for k, v in RUNTIMES.items() if isinstance(NODES[0].runtime, v))
+"""The nodes' runtime, ``CNI_DRA_E2E_RUNTIME``: containerd (default) or cri-o."""
+MULTUS = os.environ.get("CNI_DRA_E2E_MULTUS") == "1"
+"""Multus (thin plugin) as the last node's CNI (cluster_multus.py); the other keeps cni-dra's conflist."""
 """The node most scenarios use (kept as the one-node bed named it)."""
 FEATURE_GATES = "--feature-gates=DRAConsumableCapacity=true"
 """The same gates for every control-plane component (on by default in 1.37; said anyway)."""
@@ -114,8 +119,21 @@ def binaries() -> dict[str, str]:
     if res.returncode != 0:
         raise ClusterError(f"scripts/e2e/fetch-runtime failed (exit {res.returncode})")
     rt = dict(line.split("=", 1) for line in res.stdout.strip().splitlines() if "=" in line)
-    return {"kube": kube_bin, "etcd": rt["ETCD"], "containerd_bin": rt["CONTAINERD_BIN"], "runc": rt["RUNC"],
+    bins = {"kube": kube_bin, "etcd": rt["ETCD"], "containerd_bin": rt["CONTAINERD_BIN"], "runc": rt["RUNC"],
             "images": rt["IMAGES"]}
+    if RUNTIME == "cri-o":
+        bins["crio_bin"] = _built("build-crio")
+    if MULTUS:
+        bins["multus_bin"] = _built("build-multus")
+    return bins
+
+
+def _built(script: str) -> str:
+    """The directory a scripts/e2e/build-* script prints last (it builds what is not cached)."""
+    res = subprocess.run([str(REPO / "scripts/e2e" / script)], stdout=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        raise ClusterError(f"scripts/e2e/{script} failed (exit {res.returncode})")
+    return res.stdout.strip().splitlines()[-1]
 
 
 def versions(bins: dict[str, str]) -> dict[str, str]:
@@ -124,15 +142,16 @@ def versions(bins: dict[str, str]) -> dict[str, str]:
         res = run(*args, check=False)
         return (res.stdout or res.stderr).strip().splitlines()[0] if (res.stdout or res.stderr).strip() else "?"
 
-    cd = bins["containerd_bin"]
-    return {
+    out = {
         "kubernetes": first(f"{bins['kube']}/kube-apiserver", "--version"),
         "kubelet": first(f"{bins['kube']}/kubelet", "--version"),
         "etcd": first(bins["etcd"], "--version"),
-        "containerd": first(f"{cd}/containerd", "--version"),
-        "runc": first(bins["runc"], "--version"),
+        **{name: first(*args) for name, args in NODES[0].runtime.versions(bins).items()},
         "cni-dra": first(sys.executable, "-c", "import importlib.metadata as m; print('cni-dra', m.version('cni-dra'))"),
     }
+    if MULTUS:
+        out["multus"] = first(f"{bins['multus_bin']}/multus", "-version")
+    return out
 
 
 # -- certificates --------------------------------------------------------------------------
@@ -259,7 +278,25 @@ def node_ready(api, name: str = NODE) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
 
 
-def agent_token(api, node_uid: str, node_name: str = NODE) -> str:
+def multus_node() -> Node | None:
+    """The node whose runtime calls Multus (``CNI_DRA_E2E_MULTUS=1``): the last one."""
+    return NODES[-1] if MULTUS else None
+
+
+def install_multus(api) -> None:
+    """conf/k8s/multus/crd.yaml and rbac.yaml, applied unchanged, and Multus's kubeconfig on
+    its node: a token of the multus service account bound to that Node."""
+    from kubernetes import client
+
+    n = multus_node()
+    assert n is not None
+    for manifest in cluster_multus.MANIFESTS:
+        apply_manifest(api, REPO / "conf/k8s/multus" / manifest)
+    uid = client.CoreV1Api(api).read_node(n.name).metadata.uid
+    cluster_multus.write_kubeconfig(n, APISERVER_URL, agent_token(api, uid, n.name, account="multus"))
+
+
+def agent_token(api, node_uid: str, node_name: str = NODE, account: str = "cni-dra") -> str:
     """A token of cni-dra's service account bound to Node ``node_name`` (TokenRequest): the
     API server puts the node's name in the token's user info, as in a DaemonSet pod's."""
     from kubernetes import client
@@ -268,7 +305,7 @@ def agent_token(api, node_uid: str, node_name: str = NODE) -> str:
         audiences=["https://kubernetes.default.svc.cluster.local"], expiration_seconds=24 * 3600,
         bound_object_ref=client.V1BoundObjectReference(kind="Node", api_version="v1", name=node_name,
                                                        uid=node_uid)))
-    return client.CoreV1Api(api).create_namespaced_service_account_token("cni-dra", "kube-system", req).status.token
+    return client.CoreV1Api(api).create_namespaced_service_account_token(account, "kube-system", req).status.token
 
 
 def token_client(token: str, path: Path):
@@ -334,6 +371,8 @@ def up() -> Path:
         for n in NODES:
             n.make_namespaces()
             n.write_files(bins)
+            if n is multus_node():
+                cluster_multus.write_files(n, bins)
             make_cgroup(f"{n.cgroup}/system")
         make_pki()
         start_etcd(bins)
@@ -355,6 +394,8 @@ def up() -> Path:
         for manifest in ("rbac.yaml", "admission.yaml", "deviceclass.yaml"):
             apply_manifest(api, REPO / "conf/k8s" / manifest)
         start_agents(api)
+        if MULTUS:
+            install_multus(api)
         for n in NODES:
             wait(lambda n=n: node_ready(api, n.name), f"Node {n.name} Ready", 120, proc=n.proc("kubelet"))
             wait(n.agent_registered, f"{n.name}: the kubelet registering cni-dra's DRA plugin", 60,
@@ -385,7 +426,8 @@ def down(quiet: bool = False) -> None:
             log("already down")
         return
     if DIR.exists():
-        stop_all([n.proc(c) for n in NODES for c in ("agent", "kubelet", n.runtime.name)])
+        runtimes = sorted({r.name for r in RUNTIMES.values()})  # whichever the bed was brought up with
+        stop_all([n.proc(c) for n in NODES for c in ("agent", "kubelet", *runtimes)])
         for name in reversed(CONTROL_PLANE):  # one by one: the API server stops slowly without etcd
             stop(name, timeout_s=10)
     # what the nodes left: shims (sessions of their own), processes of a failed up

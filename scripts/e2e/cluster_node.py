@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_procs import CGROUP_ROOT, log, logfile, p, restart, run, running, start, stop
-from cluster_runtime import Containerd, Runtime
+from cluster_runtime import Runtime, from_env
 
 BRIDGE = "cde2e-br0"
 HOST_IP = "10.250.0.1"
@@ -75,7 +75,7 @@ class Node:
     name: str
     index: int  # 1, 2, ...: the node's address and uplink name
     pod_subnet: str
-    runtime: Runtime = field(default_factory=Containerd)
+    runtime: Runtime = field(default_factory=from_env)  # CNI_DRA_E2E_RUNTIME
 
     @property
     def ip(self) -> str:
