@@ -44,8 +44,8 @@ help:
 	@echo "make lint     import-linter layer contracts (.importlinter), mypy (strict) over cni_dra/, shellcheck"
 	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
 	@echo "make clean    remove build leftovers from the work tree (images in build/ too)"
-	@echo "make e2e      real two-node Kubernetes on this machine (each node its own namespaces, kubelet, containerd) + cni-dra scenarios (root)"
-	@echo "make cluster-up / cluster-down   the same cluster left running to explore (prints KUBECONFIG)"
+	@echo "make e2e      real two-node Kubernetes on this machine (each node its own namespaces, kubelet, containerd), cni-dra installed by its Helm chart, + the scenarios (root)"
+	@echo "make cluster-up / cluster-down   the same cluster with cni-dra's chart installed, left running to explore (prints KUBECONFIG)"
 	@echo "make smoke-runtimes   build (cached) and smoke-check CRI-O, Multus and Helm on this host (root; not in check)"
 
 deps:
@@ -115,8 +115,9 @@ bench: install
 
 # The real-cluster scenarios (netns_tests/e2e, collected only with CNI_DRA_E2E=1):
 # Kubernetes from the Go module proxy (scripts/e2e/build-kube), etcd/containerd/runc and
-# two local images (scripts/e2e/fetch-runtime), all cached by version under
-# CNI_DRA_E2E_CACHE; then one pytest run that brings the cluster up, runs every scenario
+# two local images (scripts/e2e/fetch-runtime), Helm (scripts/e2e/build-helm), all cached by
+# version under CNI_DRA_E2E_CACHE, and cni-dra's image (make image, cached by the tree's
+# content); then one pytest run that brings the cluster up, runs every scenario
 # and tears everything down, pass or fail. Exit 5 (nothing collected) fails here.
 e2e: install
 	@start=$$(date +%s); \

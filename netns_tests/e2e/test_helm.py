@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from netns_tests.e2e.test_cluster import (NS, _clean_namespace, books, books_match, check_attached, core,  # noqa: F401
-                                          delete_pods, kernel_eth0, kernel_rates, make_pod, make_template,
+                                          delete_pods, eth0_parent, kernel_eth0, kernel_rates, make_pod, make_template,
                                           on_nic, pod, resource, to_dict, wait_for, wait_running)
 
 AGENT_CAPS = ["NET_ADMIN", "SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"]
@@ -54,14 +54,14 @@ def slice_of(api, cluster, node: str) -> dict | None:
 
 
 def network_of(api, cluster, name: str) -> dict:
-    """What a running pod's network is, in the kernel's words: eth0's address, MAC, index,
-    parent, and its rates (egress, ingress)."""
+    """What a running pod's network is, in the kernel's words: eth0's address, MAC, MTU,
+    parent (the node's netns and ifindex there), and its rates (egress, ingress)."""
     p = pod(api, name)
     assert p is not None and p["status"]["phase"] == "Running", name
     uid = p["metadata"]["uid"]
     eth0 = kernel_eth0(uid)
-    return {"ip": p["status"]["podIP"], "ipv4": eth0["ipv4"], "mac": eth0["mac"], "index": eth0["index"],
-            "rates": kernel_rates(uid)}
+    return {"ip": p["status"]["podIP"], "ipv4": eth0["ipv4"], "mac": eth0["mac"], "mtu": eth0["mtu"],
+            "parent": eth0_parent(uid), "rates": kernel_rates(uid)}
 
 
 def held(cluster, node: str) -> dict:

@@ -412,9 +412,9 @@ def agent_log(n: Node) -> str:
 def pod_token(n: Node, pod_uid: str) -> str:
     """The projected service-account token the kubelet wrote for pod ``pod_uid`` on node
     ``n`` (what the pod reads at /var/run/secrets/kubernetes.io/serviceaccount/token)."""
-    vols = n.host_path(f"/var/lib/kubelet/pods/{pod_uid}/volumes/kubernetes.io~projected")
-    (token,) = vols.glob("kube-api-access-*/token")
-    return token.read_text()
+    # the kubelet mounts the volume (a tmpfs) in the node's mount namespace: read it there
+    vols = f"/var/lib/kubelet/pods/{pod_uid}/volumes/kubernetes.io~projected"
+    return n.run("sh", "-c", f"cat {vols}/kube-api-access-*/token").stdout
 
 
 def agent_client(n: Node, path: Path, api=None):

@@ -49,7 +49,7 @@ TAINT = {"key": "cni-dra.dev/differential", "value": "true", "effect": "NoSchedu
 def _kubeconfig_on(cluster: ModuleType, src: Path, dst: Path, port: int) -> Path:
     cfg = json.loads(src.read_text())
     for c in cfg["clusters"]:
-        c["cluster"]["server"] = f"https://127.0.0.1:{port}"
+        c["cluster"]["server"] = f"https://{cluster.HOST_IP}:{port}"  # where the bed's API servers bind
     dst.write_text(json.dumps(cfg))
     dst.chmod(0o600)
     return dst
@@ -102,7 +102,7 @@ class GateOnControlPlane:
 
     def api_get(self, path: str) -> str:
         pki = self.cluster.p("pki")
-        return _https(f"https://127.0.0.1:{self.port}{path}", cert=(pki / "admin.crt", pki / "admin.key"),
+        return _https(f"https://{self.cluster.HOST_IP}:{self.port}{path}", cert=(pki / "admin.crt", pki / "admin.key"),
                       ca=pki / "ca.crt")
 
     def __exit__(self, *exc: object) -> None:
@@ -138,7 +138,7 @@ def component_gates(cluster: ModuleType, on: GateOnControlPlane) -> dict[str, bo
     admin = (pki / "admin.crt", pki / "admin.key")
     q = "/metrics?name[]=kubernetes_feature_enabled"
     return {
-        "kube-apiserver": gate_in(_https(f"https://127.0.0.1:{cluster.APISERVER_PORT}{q}", cert=admin, ca=pki / "ca.crt")),
+        "kube-apiserver": gate_in(_https(f"https://{cluster.HOST_IP}:{cluster.APISERVER_PORT}{q}", cert=admin, ca=pki / "ca.crt")),
         "kube-scheduler": gate_in(_https(f"https://127.0.0.1:10359{q}", cert=admin)),
         on.APISERVER: gate_in(on.api_get(q)),
         on.SCHEDULER: gate_in(_https(f"https://127.0.0.1:{SCHEDULER_ON_PORT}{q}")),
