@@ -281,8 +281,8 @@ class Bench:
                         "sandbox": f"/var/run/netns/seed-{i}"}],
                         "ips": [{"interface": 0, "address": f"10.{100 + i // 65536}.{i // 256 % 256}.{i % 256}/16"}]},
             ))
-        with StateStore(self.work / state).transaction() as st:
-            st.put_all(atts)
+        with StateStore(self.work / state).transaction() as txn:
+            txn.put_all(atts)
 
     # -- scenarios ---------------------------------------------------------------
     def add_del(self, who: str, n: int, state: str = "state", tag: str = "") -> dict[str, Any]:
@@ -319,7 +319,7 @@ class Bench:
                 acc[w]["dels"].append(d)
         out = {}
         for w, x in acc.items():
-            pairs = [a + d for a, d in zip(x["adds"], x["dels"])]
+            pairs = [a + d for a, d in zip(x["adds"], x["dels"], strict=True)]
             out[w] = {"n": n, "median_s": statistics.median(pairs), "p95_s": pct(pairs, 0.95),
                       "add_median_s": statistics.median(x["adds"]), "del_median_s": statistics.median(x["dels"]),
                       "cpu_s": x["cpu"] / n, "pairs_s": pairs}

@@ -50,7 +50,7 @@ def run(environ: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
         conf = load_conf(stdin, env)
         version = conf.cniVersion
         require_verb_version(env.command, version)
-        from cni_dra.verbs.common import Invocation
+        from cni_dra.attach.invocation import Invocation
 
         inv = Invocation(env=env, conf=conf, raw=stdin, environ=dict(environ))
         if env.command == "ADD":
@@ -79,7 +79,7 @@ def run(environ: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
         log.error("%s: %s%s", type(exc).__name__, exc.msg, f" ({exc.details})" if exc.details else "")
         json.dump(exc.to_dict(version), stdout)
         return 1
-    except Exception as exc:  # noqa: BLE001 - the one boundary that turns bugs into code 999
+    except Exception as exc:  # the one boundary that turns bugs into code 999
         log.exception("internal error")
         json.dump({"cniVersion": version, "code": 999, "msg": f"internal error: {type(exc).__name__}: {exc}"}, stdout)
         return 1

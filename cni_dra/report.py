@@ -26,20 +26,21 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
     attachments recorded before the field existed): GC spares it for
     :data:`cni_dra.verbs.gc.GRACE_S` after that. ``linkType`` is the kind of the pod link; ``profile`` what the allocation result's device
     profile made of it (``{"linkType", "mode", "ipvlanFlag", "mtu", "mac", "shaping",
-    "fromConfig"}``, :func:`cni_dra.verbs.profile.describe`), None when the conflist alone
+    "fromConfig"}``, :func:`cni_dra.attach.device_profile.describe`), None when the conflist alone
     made it.
     """
     from cni_dra.allocator import remaining
     from cni_dra.dra.inventory import load_inventory
-    from cni_dra.dra.models import device_attribute
+    from cni_dra.dra.objects import device_attribute
     from cni_dra.state import StateStore
     from cni_dra.state.frozen import thaw
+    from cni_dra.state.ledger import node_usage
 
     slice_ = load_inventory(inventory)
     state = StateStore(state_dir).read()
     driver, pool = slice_.spec.driver, slice_.spec.pool.name
     by_name = {d.name: d for d in slice_.spec.devices}
-    consumed = state.consumed_by_device(driver, pool, by_name)
+    consumed = node_usage(state, driver, pool, by_name).consumed
     devices = []
     for d in sorted(slice_.spec.devices, key=lambda d: d.name):
         used = consumed.get(d.name, {})

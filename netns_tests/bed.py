@@ -111,7 +111,7 @@ class NodeBed:
         self.tmp = tmp_path
         self.nics = list(nics)
         self.devices = list(devices)
-        self.parents = dict(zip(self.devices, self.nics))
+        self.parents = dict(zip(self.devices, self.nics, strict=True))
         self.state_dir = tmp_path / "state"
         self.ipam_dir = tmp_path / "ipam"
         self.inventory = tmp_path / "slice.json"
@@ -222,14 +222,17 @@ class NodeBed:
 
     def consumed(self) -> dict[str, Any]:
         """device → {capacity name: Quantity}, from the state files."""
-        return self.state().consumed_by_device(DRIVER, self.pool)
+        from cni_dra.state.ledger import node_usage
+
+        return node_usage(self.state(), DRIVER, self.pool).consumed
 
     def consumed_with_inventory(self) -> dict[str, Any]:
         """As ADD counts: a record without amounts holds its inventory device whole."""
         from cni_dra.dra.inventory import load_inventory
+        from cni_dra.state.ledger import node_usage
 
         devices = {d.name: d for d in load_inventory(str(self.inventory)).spec.devices}
-        return self.state().consumed_by_device(DRIVER, self.pool, devices)
+        return node_usage(self.state(), DRIVER, self.pool, devices).consumed
 
     def status(self) -> dict[str, Any]:
         """``cni-dra status --json`` (the operator's view)."""
@@ -271,12 +274,12 @@ class NodeBed:
         import time
 
         from cni_dra.state import StateStore
-        from cni_dra.state.models import ready_at
+        from cni_dra.state.schema import ready_at
 
-        with StateStore(self.state_dir).transaction() as state:
-            for att in list(state.attachments):
+        with StateStore(self.state_dir).transaction() as txn:
+            for att in list(txn.attachments):
                 age_s = att.ready_age_s(time.time())
-                state.update(att, readyAt=ready_at(time.time() - (age_s or 0.0) - seconds))
+                txn.update(att, readyAt=ready_at(time.time() - (age_s or 0.0) - seconds))
 
 
 def recover(node: NodeBed) -> tuple[int, dict[str, Any]]:

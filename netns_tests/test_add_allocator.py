@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from cni_dra.netlink.info import host_link_by_index, link_in_netns
-from netns_tests.runner import CNI_EXE, CNI_PATH, cni_dra_status, run_plugin
+from netns_tests.runner import CNI_EXE, cni_dra_status, run_plugin
 
 DRIVER = "net.cni-dra.dev"
 
@@ -23,7 +23,7 @@ def make_tiered_node(tmp_path, make_parent_nic):
     def make(devices_spec):
         nics = sorted(make_parent_nic() for _ in devices_spec)
         devices = []
-        for (name, shared, speed, tier), nic in zip(devices_spec, nics):
+        for (name, shared, speed, tier), nic in zip(devices_spec, nics, strict=True):
             d = {"name": name, "attributes": {"ifName": {"string": nic}, "tier": {"string": tier}},
                  "capacity": {"bandwidth": {"value": speed}}}
             if shared:
@@ -35,7 +35,7 @@ def make_tiered_node(tmp_path, make_parent_nic):
                                    "spec": {"driver": DRIVER, "nodeName": "n",
                                             "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
                                             "devices": devices}}))
-        parents = {spec[0]: nic for spec, nic in zip(devices_spec, nics)}
+        parents = {spec[0]: nic for spec, nic in zip(devices_spec, nics, strict=True)}
 
         def conf(**kw):
             c = {"cniVersion": "1.0.0", "name": "net3", "type": "cni-dra", "stateDir": str(tmp_path / "state"),

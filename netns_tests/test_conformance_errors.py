@@ -116,9 +116,9 @@ def test_add_in_progress_is_code_11(bed: NodeBed) -> None:
 
     state_file = bed.state_dir / "state.json"
     state = StateStore(bed.state_dir).read_files()  # snapshot + journal; written back as a snapshot
-    edit = Txn(state)  # on a copy of the state read
-    edit.update(state.attachments[0], phase="adding", owner=current_owner())  # a live process holds the intent
-    state_file.write_bytes(encode_state(edit.state))
+    txn = Txn(state)  # on a copy of the state read
+    txn.update(state.attachments[0], phase="adding", owner=current_owner())  # a live process holds the intent
+    state_file.write_bytes(encode_state(txn.state))
     code, out, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 1 and out["code"] == 11, (out, err)
     assert "in progress" in out["msg"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from cni_dra.dra.inventory import load_inventory
-from cni_dra.dra.models import device_attribute
+from cni_dra.dra.objects import device_attribute
 from cni_dra.netlink.info import host_link, link_speed_bps
 from cni_dra.quantity import Quantity
 from netns_tests.runner import CNI_EXE

@@ -190,7 +190,7 @@ def test_both_paths_at_once_never_overcommit(node, make_netns):
     conf = node.conf("4G")
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(lambda j: _plugin(node, j[0], "ADD", conf, j[1], j[2]), jobs))
-    ok = [j for j, r in zip(jobs, results) if r[0] == 0]
+    ok = [j for j, r in zip(jobs, results, strict=True) if r[0] == 0]
     refused = [r for r in results if r[0] != 0]
     assert len(ok) == 4, results
     assert all(r[1]["code"] == 100 for r in refused), refused

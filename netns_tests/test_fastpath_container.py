@@ -233,7 +233,7 @@ def test_an_intent_names_its_process_as_the_nodes_proc_does():
     that started in a container and joined the node's mount namespace) records its owner by
     the pid the node's readers see, not by its pid in its own namespace (1 here, the node's
     init): recovery on the node then judges the right process alive, then gone."""
-    from cni_dra.state.models import Owner
+    from cni_dra.state.schema import Owner
     from cni_dra.state.owner import owner_alive
 
     code = ("import sys; from cni_dra.state.owner import current_owner; "

@@ -311,9 +311,9 @@ def test_two_pods_sharing_a_nic_each_get_their_own_rate_at_once(node, make_netns
     assert node.reported_consumed() == {"nic-a": "1G"}
     for direction in ("egress", "ingress"):
         clients = [Client(netns[cid], REMOTE_IP, reverse=direction == "ingress", port=port)
-                   for cid, port in zip(shares, servers)]
+                   for cid, port in zip(shares, servers, strict=True)]
         measured = concurrent_median_bps(clients)
-        for (cid, rate), bps in zip(shares.items(), measured):
+        for (cid, rate), bps in zip(shares.items(), measured, strict=True):
             _report(capsys, f"two pods at once, {cid}", rate, direction, bps)
-        for (cid, rate), bps in zip(shares.items(), measured):
+        for (cid, rate), bps in zip(shares.items(), measured, strict=True):
             assert abs(bps / rate - 1) <= TOLERANCE, f"{cid} {direction}: {bps / M:.1f} Mbit/s for {rate // M}M"

@@ -24,7 +24,7 @@ from cni_dra.faults import SWITCH_FILE
 from cni_dra.netlink.info import host_link, link_in_netns
 from cni_dra.quantity import Quantity
 from cni_dra.state import Txn
-from cni_dra.state.models import SCHEMA_VERSION
+from cni_dra.state.schema import SCHEMA_VERSION
 from netns_tests.bed import DRIVER, NodeBed, links_named, parent_of, pod_args, recover, repair
 from netns_tests.conftest import remove_netns
 from netns_tests.runner import CNI_EXE, CNI_PATH, run_plugin
@@ -323,10 +323,10 @@ def test_reboot_releases_attachments_whose_netns_is_gone(node, make_netns):
     claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "status": {"allocation": {"devices": {
         "results": [{"request": "net", "driver": DRIVER, "pool": "n", "device": "nic-b",
                      "consumedCapacity": {"bandwidth": "3G"}, "shareID": "4a5b"}]}}}}
-    edit = Txn(st)  # on a copy of the state read
-    edit.set_claims("prepared-pod", [claim])
-    edit.set_boot_id("00000000-0000-0000-0000-000000000000")  # the state was last reconciled in another boot
-    node.write_state(edit.state)
+    txn = Txn(st)  # on a copy of the state read
+    txn.set_claims("prepared-pod", [claim])
+    txn.set_boot_id("00000000-0000-0000-0000-000000000000")  # the state was last reconciled in another boot
+    node.write_state(txn.state)
     remove_netns(ns_a)  # pod-a's namespace did not survive the "reboot"
 
     code, out, err = node.add(ns_c, "pod-c")  # first use after the reboot

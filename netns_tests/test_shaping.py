@@ -287,7 +287,7 @@ def test_every_bucket_it_takes_the_kernel_holds_as_asked(world) -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from cni_dra.verbs.shaping import mismatch, record
+    from cni_dra.attach.shaping_plan import mismatch, record
 
     @settings(max_examples=40, deadline=None)
     @given(rate=st.integers(min_value=1, max_value=2**36) | st.integers(min_value=2000, max_value=5000),

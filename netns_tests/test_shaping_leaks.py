@@ -61,9 +61,9 @@ def test_repair_removes_ifb_devices_whose_link_and_record_are_gone(node, make_ne
     assert hashed.startswith("ifb") and not hashed.startswith("ifb-")
     # The records of pod-b, pod-c and pod-d are lost (an older backup restored, say); pod-b's
     # and pod-c's links are deleted behind the plugin's back, pod-d's stays (untracked).
-    with StateStore(node.state_dir).transaction() as st:
+    with StateStore(node.state_dir).transaction() as txn:
         for cid, ifname in (("pod-b", "eth0"), ("pod-c", LONG_IFNAME), ("pod-d", "eth0")):
-            assert st.remove(NET, cid, ifname) is not None
+            assert txn.remove(NET, cid, ifname) is not None
     _delete_link(ns_b, "eth0")
     _delete_link(ns_c, LONG_IFNAME)
     _add_ifb(ns_b, "myifb0")  # someone else's

@@ -18,18 +18,28 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from cni_dra.netlink.info import host_link_by_index, link_in_netns
 from cni_dra.quantity import Quantity
 from cni_dra.state import StateStore
 from netns_tests import runner
-from netns_tests.bed import DRIVER, NodeBed, pod_args
+from netns_tests.bed import NodeBed, pod_args
 
 N = 200
 SIZES = ("100M", "200M", "300M")
 TIMEOUT_S = 300  # 200 plugin processes share 2 cores: one invocation waits far longer than alone
 
 run_plugin = runner.run_plugin
+
+
+def own_totals(state: Any) -> dict[str, Quantity]:
+    """Bandwidth per device as this test counts it, not as the product's ledger does: the
+    sum of every attachment's own record (standalone mode: each its own share)."""
+    totals: dict[str, Quantity] = {}
+    for a in state.attachments:
+        totals[a.device] = totals.get(a.device, Quantity.ZERO) + a.consumedCapacity["bandwidth"]
+    return totals
 
 
 class Checker(threading.Thread):
@@ -50,9 +60,7 @@ class Checker(threading.Thread):
             with store.locked():
                 state = store.read_files() if path.exists() else None  # snapshot + journal
             if state is not None:
-                consumed = state.consumed_by_device(DRIVER, "n")
-                for dev, caps in consumed.items():
-                    bw = caps.get("bandwidth", Quantity.ZERO)
+                for dev, bw in own_totals(state).items():
                     if dev not in self.max_seen or bw > self.max_seen[dev]:
                         self.max_seen[dev] = bw
                     if bw > self.node.capacity:
@@ -78,19 +86,22 @@ def test_200_concurrent_add_then_del(make_node, make_netns):
             added = list(pool.map(add, pods))
         t_add = time.monotonic() - t0
 
-        ok = [(pod, out) for pod, (code, out, _) in zip(pods, added) if code == 0]
-        failed = [(pod, code, out, err) for pod, (code, out, err) in zip(pods, added) if code != 0]
+        ok = [(pod, out) for pod, (code, out, _) in zip(pods, added, strict=True) if code == 0]
+        failed = [(pod, code, out, err) for pod, (code, out, err) in zip(pods, added, strict=True) if code != 0]
         assert all(out and out.get("code") == 100 for _, _, out, _ in failed), failed[:3]
         assert len(ok) >= 100, f"only {len(ok)} of {N} ADDs succeeded"
 
         state = node.state()
         assert {a.containerID for a in state.attachments} == {pod[0] for pod, _ in ok}
         assert all(a.phase == "ready" for a in state.attachments)
-        consumed = state.consumed_by_device(DRIVER, "n")
+        by_cid = {a.containerID: a for a in state.attachments}
+        for (cid, _, size), _ in ok:  # each record holds at least what its pod asked for
+            assert by_cid[cid].consumedCapacity["bandwidth"] >= Quantity.parse(size), cid
+        consumed = own_totals(state)
         for dev in node.parents:
-            assert consumed.get(dev, {}).get("bandwidth", Quantity.ZERO) <= node.capacity, dev
+            assert consumed.get(dev, Quantity.ZERO) <= node.capacity, dev
         # all that fit succeed: each refused request fits nowhere even now
-        free = [node.capacity - consumed.get(dev, {}).get("bandwidth", Quantity.ZERO) for dev in node.parents]
+        free = [node.capacity - consumed.get(dev, Quantity.ZERO) for dev in node.parents]
         for (cid, _, size), _, _, _ in failed:
             assert all(Quantity.parse(size) > f for f in free), (cid, size, free)
 

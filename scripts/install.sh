@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install cni-dra on this node, idempotently. Called by the Makefile:
 #
-#   scripts/install.sh deps      apt packages (iproute2, reference CNI plugins, venv, Go, libcni source, C compiler, iperf3)
+#   scripts/install.sh deps      apt packages (iproute2, reference CNI plugins, venv, Go, libcni source, C compiler, iperf3,
+#                                and the shell linter make lint runs)
 #   scripts/install.sh venv      /opt/cni-dra/venv from Debian's /usr/bin/python3 + runtime and test deps
 #                                (the tests' Python, and where the tree takes cni-dra's dependencies from)
 #   scripts/install.sh package   the project, non-editable, into the venv
@@ -9,6 +10,9 @@
 #                                Python and libraries) as /opt/cni/bin/cni-dra.d, and the
 #                                compiled client that runs it as /opt/cni/bin/cni-dra
 #   scripts/install.sh plugins   reference plugins from /usr/lib/cni reachable on CNI_PATH=/opt/cni/bin
+#   scripts/install.sh units     the agent's systemd units (conf/systemd) into /etc/systemd/system
+#                                (CNI_DRA_SYSTEMD_DIR), ExecStart naming $CNI_BIN_DIR/cni-dra;
+#                                nothing is enabled or started
 #   scripts/install.sh all       all of the above, in that order
 #
 # Each step records what it did in a stamp file inside the venv (so that removing
@@ -20,8 +24,9 @@ PREFIX=${CNI_DRA_PREFIX:-/opt/cni-dra}
 VENV=${CNI_DRA_VENV:-$PREFIX/venv}
 CNI_BIN_DIR=${CNI_BIN_DIR:-/opt/cni/bin}
 REF_PLUGIN_DIR=${CNI_REF_PLUGIN_DIR:-/usr/lib/cni}
+SYSTEMD_DIR=${CNI_DRA_SYSTEMD_DIR:-/etc/systemd/system}
 SYSTEM_PYTHON=/usr/bin/python3
-APT_PACKAGES=(iproute2 containernetworking-plugins python3-venv golang-go golang-github-appc-cni-dev gcc libc6-dev iperf3)
+APT_PACKAGES=(iproute2 containernetworking-plugins python3-venv golang-go golang-github-appc-cni-dev gcc libc6-dev iperf3 shellcheck)
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
@@ -193,6 +198,27 @@ do_plugins() {
     done
 }
 
+# The units name /opt/cni/bin/cni-dra; another CNI_BIN_DIR is written into ExecStart. Each
+# file is written beside its place then renamed over it. Enabling is the operator's step
+# (systemctl enable --now cni-dra-agent.socket): a node with Kubernetes runs the agent
+# from the DaemonSet instead.
+do_units() {
+    local src name tmp
+    mkdir -p "$SYSTEMD_DIR"
+    for src in "$SRC"/conf/systemd/*.socket "$SRC"/conf/systemd/*.service; do
+        name=$(basename "$src")
+        tmp=$SYSTEMD_DIR/.$name.tmp
+        sed "s#^ExecStart=/opt/cni/bin/cni-dra #ExecStart=$CNI_BIN_DIR/cni-dra #" "$src" >"$tmp"
+        chmod 0644 "$tmp"
+        if cmp -s "$tmp" "$SYSTEMD_DIR/$name"; then
+            rm -f "$tmp"
+        else
+            mv -f "$tmp" "$SYSTEMD_DIR/$name"
+            say "$SYSTEMD_DIR/$name (enable with: systemctl enable --now cni-dra-agent.socket)"
+        fi
+    done
+}
+
 main() {
     if [[ $(id -u) -ne 0 ]]; then
         say "must run as root"
@@ -206,7 +232,8 @@ main() {
         package) do_package ;;
         tree) do_tree ;;
         plugins) do_plugins ;;
-        all) do_deps; do_venv; do_package; do_tree; do_plugins ;;
+        units) do_units ;;
+        all) do_deps; do_venv; do_package; do_tree; do_plugins; do_units ;;
         *) say "unknown step: $step"; exit 2 ;;
         esac
     done

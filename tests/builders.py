@@ -168,10 +168,10 @@ def resource_claim(*results: dict[str, Any], uid: str = "u", name: str = "c", na
 def attachment(cid: str = "c", device: str = "nic-a", *, network: str = "net1", ifname: str = "eth0",
                driver: str = DRIVER, pool: str = "n", parent: str | None = None, phase: str = "ready",
                **kw: Any) -> Any:
-    """A state :class:`~cni_dra.state.models.Attachment` of container ``cid`` on ``device``
+    """A state :class:`~cni_dra.state.schema.Attachment` of container ``cid`` on ``device``
     (parent NIC ``parent``, default ``if-<device>``), ``phase`` ready unless told; ``kw``
     sets any other field (``consumedCapacity``, ``linkType``, ``shareID``, ...)."""
-    from cni_dra.state.models import Attachment
+    from cni_dra.state.schema import Attachment
 
     return Attachment(network=network, containerID=cid, ifname=ifname, driver=driver, pool=pool, device=device,
                       parent=parent if parent is not None else f"if-{device}", phase=phase, **kw)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cni_dra.cli import cli
 from cni_dra.dra.inventory import parse_inventory, validate_slice
-from cni_dra.dra.models import ResourceSlice
+from cni_dra.dra.objects import ResourceSlice
 from cni_dra.errors import InventoryError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, StateStore
@@ -112,8 +112,8 @@ def test_cli_allocate_accepts_a_slice_of_another_driver(tmp_path: Path) -> None:
 
 def _hold_7g(state: Path) -> None:
     """A state in ``state`` where one ready attachment holds 7G of gpu-0."""
-    with StateStore(state).transaction() as stt:
-        stt.put(Attachment(
+    with StateStore(state).transaction() as txn:
+        txn.put(Attachment(
             network="n1", containerID="c1", ifname="eth0", driver=DRV, pool="n", device="gpu-0",
             parent="x", consumedCapacity={"bw": Quantity.parse("7G")}, shareID="s1", phase="ready"))
 
@@ -176,7 +176,7 @@ def test_cli_allocate_state_does_not_wait_for_the_lock(tmp_path: Path) -> None:
 
 def _alloc(devices: list[dict[str, Any]], claim: dict[str, Any], consumed: dict[str, dict[str, str]] | None = None) -> Any:
     from cni_dra.allocator import NodeUsage, allocate_claim
-    from cni_dra.dra.models import ResourceClaim
+    from cni_dra.dra.objects import ResourceClaim
 
     sl = ResourceSlice.model_validate(_slice(devices))
     usage = NodeUsage.from_consumed(

@@ -18,7 +18,7 @@ from cni_dra.allocator import (
     remaining,
     select_device,
 )
-from cni_dra.dra.models import Device, DeviceCapacity
+from cni_dra.dra.objects import Device, DeviceCapacity
 from cni_dra.quantity import Quantity
 
 Q = Quantity.parse

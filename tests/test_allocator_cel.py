@@ -9,7 +9,7 @@ import pytest
 
 from cni_dra.allocator import NoFit, Selection, select_device
 from cni_dra.allocator.cel import compile_selector, device_matches
-from cni_dra.dra.models import Device
+from cni_dra.dra.objects import Device
 from cni_dra.errors import InvalidConfigError
 from cni_dra.quantity import Quantity
 
@@ -106,7 +106,7 @@ def test_no_cel_import_without_selectors() -> None:
     code = (
         "import sys\n"
         "from cni_dra.allocator import select_device\n"
-        "from cni_dra.dra.models import Device\n"
+        "from cni_dra.dra.objects import Device\n"
         "from cni_dra.quantity import Quantity\n"
         "d = Device.model_validate({'name': 'a', 'allowMultipleAllocations': True, 'capacity': {'bw': {'value': '1G'}}})\n"
         "select_device([d], {}, {'bw': Quantity.parse('1')}, 'best-fit')\n"

@@ -37,7 +37,14 @@ from cni_dra.allocator import (
 )
 from cni_dra.allocator.capacity import uses_milli
 from cni_dra.cli import cli
-from cni_dra.dra.models import AllocationResult, CapacityRequestPolicyRange, Device, DeviceCapacity, ResourceClaim, ResourceSlice
+from cni_dra.dra.objects import (
+    AllocationResult,
+    CapacityRequestPolicyRange,
+    Device,
+    DeviceCapacity,
+    ResourceClaim,
+    ResourceSlice,
+)
 from cni_dra.quantity import Quantity
 
 Q = Quantity.parse
@@ -124,7 +131,7 @@ UPSTREAM_VIOLATES: list[tuple[str, dict[str, Any] | None, str, bool, bool]] = [
                          ids=[c[0] for c in UPSTREAM_VIOLATES])
 def test_upstream_violates_policy(policy: dict[str, Any] | None, amount: str, gate: bool, violates: bool) -> None:
     from cni_dra.allocator.capacity import _policy_violation
-    from cni_dra.dra.models import CapacityRequestPolicy
+    from cni_dra.dra.objects import CapacityRequestPolicy
 
     pol = None if policy is None else CapacityRequestPolicy.model_validate(policy)
     assert (_policy_violation("c", Q(amount), pol, gate) is not None) is violates
@@ -339,6 +346,37 @@ def test_the_abort_stops_the_search_where_upstream_meets_it() -> None:
     full = NodeUsage.from_consumed({"a": {"c": Q("8")}}, sl.spec.devices)
     res = allocate_claim(claim("x", "1000500u"), sl, full, ids(), fractional_capacity_range=True)
     assert isinstance(res, ClaimNoFit) and res.aborted
+
+
+def test_an_all_mode_request_the_range_cannot_compute_aborts_before_the_search() -> None:
+    # upstream picks an allocationMode All request's devices (selectors, then the capacity
+    # request against each device's totals) while it sets the claim up, before placing any
+    # request: a request there that no device's range can compute stops the allocation
+    # even when an earlier request never fits (found by the differential test, seed
+    # 228357734, gate on, batch 9)
+    sl = slice_of(shared("a", "8", QUARTER))
+    c = ResourceClaim.model_validate({"metadata": {"name": "x", "namespace": "ns"}, "spec": {"devices": {"requests": [
+        {"name": "big", "exactly": {"deviceClassName": "x", "capacity": {"requests": {"c": "9"}}}},
+        {"name": "every", "exactly": {"deviceClassName": "x", "allocationMode": "All",
+                                      "capacity": {"requests": {"c": "1000500u"}}}}]}}})
+    on = allocate_claim(c, sl, NodeUsage(), ids(), fractional_capacity_range=True)
+    assert isinstance(on, ClaimNoFit) and on.aborted, on
+    assert "request every: device a" in on.reasons["claim"] and "no exact milli value" in on.reasons["claim"]
+    off = allocate_claim(c, sl, NodeUsage(), ids())  # whole units: computable, and big never fits
+    assert isinstance(off, ClaimNoFit) and not off.aborted
+
+
+def test_an_all_mode_selector_that_fails_to_evaluate_aborts_before_the_search() -> None:
+    # the same set-up evaluates an All request's selectors on every device: a CEL error
+    # there is the allocation's error, whatever the requests before it
+    sl = slice_of(shared("a", "8", QUARTER))
+    c = ResourceClaim.model_validate({"metadata": {"name": "x", "namespace": "ns"}, "spec": {"devices": {"requests": [
+        {"name": "big", "exactly": {"deviceClassName": "x", "capacity": {"requests": {"c": "9"}}}},
+        {"name": "every", "exactly": {"deviceClassName": "x", "allocationMode": "All", "selectors": [
+            {"cel": {"expression": 'device.attributes["drv"].nope == "x"'}}]}}]}}})
+    got = allocate_claim(c, sl, NodeUsage(), ids(), fractional_capacity_range=True)
+    assert isinstance(got, ClaimNoFit) and got.aborted, got
+    assert "request every" in got.reasons["claim"]
 
 
 def test_select_device_rounds_by_the_gate_and_raises_for_an_unrepresentable_request() -> None:

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from cni_dra.allocator import ClaimNoFit, NodeUsage, allocate_claim, allocate_claims
 from cni_dra.cli.allocate import make_allocate_command
-from cni_dra.dra.models import AllocationResult, ResourceClaim, ResourceSlice
+from cni_dra.dra.objects import AllocationResult, ResourceClaim, ResourceSlice
 from cni_dra.quantity import Quantity
 
 DRV = "drv"
@@ -33,7 +33,7 @@ DRV = "drv"
 # -- tiny builders ------------------------------------------------------------------------
 
 
-def D(
+def D(  # noqa: N802 - one-letter builders (D, R, S, FA, C) keep the cases' tables readable
     name: str,
     value: str | int | None = None,
     policy: dict[str, Any] | None = None,
@@ -69,21 +69,21 @@ def _spec(cap: dict[str, Any] | None, count: int | None, mode: str | None, sel: 
     return spec
 
 
-def R(name: str, cap: dict[str, Any] | None = None, count: int | None = None, mode: str | None = None,
+def R(name: str, cap: dict[str, Any] | None = None, count: int | None = None, mode: str | None = None,  # noqa: N802
       sel: list[str] | None = None) -> dict[str, Any]:
     return {"name": name, "exactly": _spec(cap, count, mode, sel)}
 
 
-def S(name: str, cap: dict[str, Any] | None = None, count: int | None = None, mode: str | None = None,
+def S(name: str, cap: dict[str, Any] | None = None, count: int | None = None, mode: str | None = None,  # noqa: N802
       sel: list[str] | None = None) -> dict[str, Any]:
     return {"name": name} | _spec(cap, count, mode, sel)
 
 
-def FA(name: str, *subs: dict[str, Any]) -> dict[str, Any]:
+def FA(name: str, *subs: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
     return {"name": name, "firstAvailable": list(subs)}
 
 
-def C(*requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None, name: str = "claim") -> dict[str, Any]:
+def C(*requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None, name: str = "claim") -> dict[str, Any]:  # noqa: N802
     devices: dict[str, Any] = {"requests": list(requests)}
     if constraints:
         devices["constraints"] = constraints
@@ -405,7 +405,7 @@ def _check(case: Case) -> None:
     claims = [ResourceClaim.model_validate(c) for c in case.claims]
     got = allocate_claims(claims, sl, _usage(case, sl), share_ids())
     assert len(got) == len(case.expected)
-    for res, exp in zip(got, case.expected):
+    for res, exp in zip(got, case.expected, strict=True):
         if isinstance(exp, NoFitExpect):
             assert isinstance(res, ClaimNoFit), res
             assert exp.contains in str(res), str(res)

@@ -1,7 +1,9 @@
 """Property: no sequence of standalone ADDs and DELs over-commits a NIC.
 
-Drives the same functions ADD uses under the lock (NodeState.consumed_by_device and
-allocator.select_device) through random sequences, including prepared claims.
+Drives the same functions ADD uses under the lock (:func:`cni_dra.state.ledger.node_usage`
+and allocator.select_device) through random sequences, including prepared claims, and
+judges them by its own books (what each attachment and claim it made holds), not by the
+product's ledger.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cni_dra.allocator import NoFit, select_device
-from cni_dra.dra.models import Device
+from cni_dra.dra.objects import Device
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, Txn
+from cni_dra.state.ledger import node_usage
 
 G = 1_000_000_000
 
@@ -41,39 +44,44 @@ ops = st.lists(
        policy=st.sampled_from(["best-fit", "least-allocated"]))
 def test_no_sequence_over_commits(ops, sizes, policy):
     devices = [_device(f"nic{i}", s) for i, s in enumerate(sizes)]
-    capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes)}
-    state = Txn(NodeState())  # a transaction without a store: the state's operations only
+    capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes, strict=True)}
+    txn = Txn(NodeState())  # a transaction without a store: the state's operations only
+    # This test's own books: what each attachment and prepared claim holds, by who holds it.
+    books: dict[str, tuple[str, Quantity]] = {}
+
+    def held(device: str) -> Quantity:
+        return sum((q for d, q in books.values() if d == device), Quantity.parse(0))
+
     n = 0
     for op, arg in ops:
         n += 1
         if op == "add":
             want = Quantity.parse(arg * 100_000_000)
-            choice = select_device(devices, state.consumed_by_device("d", "p"), {"bandwidth": want}, policy)
+            used = node_usage(txn.state, "d", "p").consumed  # what ADD decides on
+            choice = select_device(devices, used, {"bandwidth": want}, policy)
             if isinstance(choice, NoFit):
                 # refused only when truly no device had room
-                used = state.consumed_by_device("d", "p")
                 for d in devices:
-                    have = used.get(d.name, {}).get("bandwidth", Quantity.parse(0))
-                    assert have + want > capacity[d.name]
+                    assert held(d.name) + want > capacity[d.name]
                 continue
             assert choice.consumed_capacity["bandwidth"] >= want
-            state.put(Attachment(
+            txn.put(Attachment(
                 network="n", containerID=f"c{n}", ifname="eth0", driver="d", pool="p",
                 device=choice.device.name, parent=choice.device.name,
                 consumedCapacity=dict(choice.consumed_capacity), shareID=f"s{n}"))
-        elif op == "del" and state.attachments:
-            state.remove(*state.attachments[arg % len(state.attachments)].key)
+            books[f"c{n}"] = (choice.device.name, choice.consumed_capacity["bandwidth"])
+        elif op == "del" and txn.attachments:
+            gone = txn.remove(*txn.attachments[arg % len(txn.attachments)].key)
+            books.pop(gone.containerID)
         elif op == "claim":
             # a prepared claim (scheduler's verdict) that fits at the time it is prepared
-            used = state.consumed_by_device("d", "p")
             want = Quantity.parse(arg * 100_000_000)
             for d in devices:
-                have = used.get(d.name, {}).get("bandwidth", Quantity.parse(0))
-                if have + want <= capacity[d.name]:
-                    state.set_claims(f"pod{n}", [{"metadata": {"uid": f"u{n}"}, "status": {"allocation": {"devices": {
+                if held(d.name) + want <= capacity[d.name]:
+                    txn.set_claims(f"pod{n}", [{"metadata": {"uid": f"u{n}"}, "status": {"allocation": {"devices": {
                         "results": [{"request": "r", "driver": "d", "pool": "p", "device": d.name,
                                      "consumedCapacity": {"bandwidth": str(want)}, "shareID": f"cs{n}"}]}}}}])
+                    books[f"claim{n}"] = (d.name, want)
                     break
-        used = state.consumed_by_device("d", "p")
         for name, cap in capacity.items():
-            assert used.get(name, {}).get("bandwidth", Quantity.parse(0)) <= cap
+            assert held(name) <= cap

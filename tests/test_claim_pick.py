@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cni_dra.errors import ClaimError
-from cni_dra.state.models import PreparedClaim
+from cni_dra.state.schema import PreparedClaim
 from cni_dra.state.prepared import interface_conflicts
-from cni_dra.verbs.common import claim_results_for
+from cni_dra.attach.invocation import claim_results_for
 from tests.builders import allocation_result, resource_claim
 
 

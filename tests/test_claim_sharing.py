@@ -6,7 +6,6 @@ interfaces use it."""
 from __future__ import annotations
 
 import functools
-
 import time
 
 import pytest
@@ -15,7 +14,8 @@ from cni_dra.agent.claimwatch import ClaimWatch, reserved_pods
 from cni_dra.k8s.api import KubeApi
 from cni_dra.quantity import Quantity
 from cni_dra.state import ClaimRef, StateStore
-from cni_dra.state.claims import prepare_claim, share_prepared_claim
+from cni_dra.state.preparing import prepare_claim, share_prepared_claim
+from cni_dra.state.ledger import node_usage
 from tests import builders
 from tests.builders import DRIVER, allocation_result, attachment, resource_claim
 from tests.k8s_apiserver import FakeApiServer, allocated_claim
@@ -67,17 +67,17 @@ def shared(cid: str, pod: str, share: str = SHARE, uid: str = "u1", **kw):
 def test_one_share_used_by_two_pods_is_charged_once(tmp_path):
     claim = resource_claim(allocation_result("nic-a", consumed={"bandwidth": "2G"}, share_id=SHARE), uid="u1")
     store = StateStore(tmp_path)
-    with store.transaction() as st:
-        st.set_claims("pod-a", [claim])
-        st.set_claims("pod-b", [claim])
-        st.put(shared("c1", "pod-a"))
-        st.put(shared("c2", "pod-b"))
-    assert store.read().consumed_by_device(DRIVER, "n") == {"nic-a": {"bandwidth": Quantity.parse("2G")}}
+    with store.transaction() as txn:
+        txn.set_claims("pod-a", [claim])
+        txn.set_claims("pod-b", [claim])
+        txn.put(shared("c1", "pod-a"))
+        txn.put(shared("c2", "pod-b"))
+    assert node_usage(store.read(), DRIVER, "n").consumed == {"nic-a": {"bandwidth": Quantity.parse("2G")}}
     # two shares of one claim (two requests on one device) are two charges
-    with store.transaction() as st:
-        st.put(shared("c3", "pod-c", share="6f1e2c3d-4f5a-4b6c-8d7e-9f0a1b2c3d4e"))
-        st.put(attachment("c4", "nic-a", pool="n", podUID="pod-d", consumedCapacity={"bandwidth": "1G"}))
-    assert store.read().consumed_by_device(DRIVER, "n") == {"nic-a": {"bandwidth": Quantity.parse("5G")}}
+    with store.transaction() as txn:
+        txn.put(shared("c3", "pod-c", share="6f1e2c3d-4f5a-4b6c-8d7e-9f0a1b2c3d4e"))
+        txn.put(attachment("c4", "nic-a", pool="n", podUID="pod-d", consumedCapacity={"bandwidth": "1G"}))
+    assert node_usage(store.read(), DRIVER, "n").consumed == {"nic-a": {"bandwidth": Quantity.parse("5G")}}
 
 
 # -- the watch, against the API stand-in ----------------------------------------------------------

@@ -40,13 +40,13 @@ def env(tmp_path):
     return {"CNI_DRA_STATE_DIR": str(tmp_path / "state"), "CNI_DRA_INVENTORY": str(inv)}
 
 
-def _invoke(args, env, input=None):
+def _invoke(args, env, input=None):  # noqa: A002 - CliRunner.invoke's name for it
     return CliRunner().invoke(cli, args, env=env, input=input, catch_exceptions=False)
 
 
 def test_status_json_shape_and_quantities(env, tmp_path):
-    with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as st:
-        st.put(Attachment(
+    with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as txn:
+        txn.put(Attachment(
             network="n1", containerID="c1", ifname="eth0", driver="net.cni-dra.dev", pool="n", device="eth-a",
             parent="eth-a", consumedCapacity={"bandwidth": Quantity.parse("4000M")}, shareID="s1", podUID="p1",
             phase="ready"))
@@ -157,8 +157,8 @@ def test_status_with_unreadable_inventory_fails_cleanly(env):
 
 def _allocate_4g(env, tmp_path, how: str, env_state_dir: str | None = None):
     """Run ``allocate`` for a 4G claim with the state dir given ``how``; eth-a holds 7G of 10G there."""
-    with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as st:
-        st.put(Attachment(
+    with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as txn:
+        txn.put(Attachment(
             network="n1", containerID="c1", ifname="eth0", driver="net.cni-dra.dev", pool="n", device="eth-a",
             parent="eth-a", consumedCapacity={"bandwidth": Quantity.parse("7G")}, shareID="s1", phase="ready"))
     claim = _claim()

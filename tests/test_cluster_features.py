@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
-from cni_dra.agent.features import FeatureSync, learn_features
+from cni_dra.agent.gate_probe import FeatureSync, learn_features
 from cni_dra.agent.metrics import feature_enabled
 from cni_dra.errors import StateError
 from cni_dra.k8s.api import KubeApi
 from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
 from cni_dra.state import NodeState, StateStore
-from cni_dra.state.features import FEATURES_FILE, ClusterFeatures, read_features, write_features
+from cni_dra.state.cluster_features import FEATURES_FILE, ClusterFeatures, read_features, write_features
 from tests.k8s_apiserver import FakeApiServer, inventory_doc, write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def test_sync_writes_only_changes_and_replaces_a_bad_record(api: Any, tmp_path: 
 def test_the_running_agent_records_the_gate() -> None:
     import threading
 
-    from cni_dra.agent.main import Agent, AgentConfig
+    from cni_dra.agent.service import Agent, AgentConfig
     from tests.builders import wait_for
 
     short = tempfile.mkdtemp(prefix="cdf", dir="/tmp")
@@ -180,7 +180,7 @@ def test_rbac_grants_the_metrics_read() -> None:
 
 
 def _invocation(tmp_path: Path, bw: str) -> Any:
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.attach.invocation import Invocation
 
     inventory = tmp_path / "slice.json"
     dev = {"name": "a", "allowMultipleAllocations": True, "attributes": {"ifName": {"string": "if-a"}},
@@ -203,7 +203,7 @@ class _Parent:
 @pytest.mark.parametrize(("record", "expected"), [(None, "1"), (False, "1"), (True, "750m")])
 def test_standalone_add_rounds_as_the_recorded_gate_says(tmp_path: Path, record: bool | None, expected: str) -> None:
     from cni_dra.quantity import Quantity
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     if record is not None:
         write_features(StateStore(tmp_path / "st"), ClusterFeatures(record, "test"))
@@ -213,7 +213,7 @@ def test_standalone_add_rounds_as_the_recorded_gate_says(tmp_path: Path, record:
 
 def test_standalone_add_refuses_a_request_the_range_cannot_compute(tmp_path: Path) -> None:
     from cni_dra.errors import InvalidConfigError
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     write_features(StateStore(tmp_path / "st"), ClusterFeatures(True, "test"))
     with pytest.raises(InvalidConfigError, match="no exact milli value") as info:

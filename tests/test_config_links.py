@@ -131,7 +131,7 @@ class _Parent:
 
 
 def _inv(tmp_path: Path, conf: dict, devices: list[str]):
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.attach.invocation import Invocation
 
     inventory = write_slice(tmp_path / "slice.json", [device(d) for d in devices])
     raw = _raw(inventory=str(inventory), stateDir=str(tmp_path / "st"), **conf)
@@ -139,7 +139,7 @@ def _inv(tmp_path: Path, conf: dict, devices: list[str]):
 
 
 def test_allocator_skips_a_nic_of_the_other_type_even_if_best_fit_prefers_it(tmp_path: Path) -> None:
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     inv = _inv(tmp_path, {"linkType": "ipvlan", "capacity": {"requests": {"bandwidth": "1G"}}}, ["a", "b"])
     state = NodeState(attachments=[_att("a", "macvlan", "1").model_dump()
@@ -149,7 +149,7 @@ def test_allocator_skips_a_nic_of_the_other_type_even_if_best_fit_prefers_it(tmp
 
 
 def test_allocator_explains_when_only_the_other_type_has_room(tmp_path: Path) -> None:
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     inv = _inv(tmp_path, {"capacity": {"requests": {"bandwidth": "1G"}}}, ["a"])
     state = NodeState(attachments=[_att("a", "ipvlan", "1")])
@@ -159,17 +159,17 @@ def test_allocator_explains_when_only_the_other_type_has_room(tmp_path: Path) ->
 
 
 def test_duplicate_mac_refused_naming_the_holder() -> None:
-    from cni_dra.verbs.add import _refuse_duplicate_mac
+    from cni_dra.attach.plan import refuse_duplicate_mac
 
     holder = Attachment.model_validate(_att("a", "macvlan", "c-old").model_dump() | {
         "result": {"interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "sandbox": "/x"}]}})
     new = _att("a", "macvlan", "c-new")
     with pytest.raises(InvalidConfigError) as info:
-        _refuse_duplicate_mac("c2:00:00:00:00:01", new, _Parent(), NodeState(attachments=[holder]))
+        refuse_duplicate_mac("c2:00:00:00:00:01", new, _Parent(), NodeState(attachments=[holder]))
     assert "c-old" in info.value.msg
-    _refuse_duplicate_mac("c2:00:00:00:00:02", new, _Parent(), NodeState(attachments=[holder]))  # other MAC: fine
+    refuse_duplicate_mac("c2:00:00:00:00:02", new, _Parent(), NodeState(attachments=[holder]))  # other MAC: fine
     with pytest.raises(InvalidConfigError, match="address of the parent NIC"):
-        _refuse_duplicate_mac("02:00:00:00:00:aa", new, _Parent(), NodeState())
+        refuse_duplicate_mac("02:00:00:00:00:aa", new, _Parent(), NodeState())
 
 
 # --------------------------------------------------------------------------- ADD refusals before effects
@@ -178,7 +178,7 @@ def test_duplicate_mac_refused_naming_the_holder() -> None:
 @pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
 def test_l2_only_old_versions_refused_before_reading_anything(tmp_path: Path, version: str) -> None:
     from cni_dra.verbs.add import cmd_add
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.attach.invocation import Invocation
 
     raw = _raw(cniVersion=version, inventory=str(tmp_path / "missing"), stateDir=str(tmp_path / "st"))
     with pytest.raises(IncompatibleVersionError) as info:
@@ -190,7 +190,7 @@ def test_l2_only_old_versions_refused_before_reading_anything(tmp_path: Path, ve
 def test_dhcp_socket_absent_is_code_11_before_any_effect(tmp_path: Path) -> None:
     from cni_dra.errors import TryAgainLaterError
     from cni_dra.verbs.add import cmd_add
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.attach.invocation import Invocation
 
     sock = str(tmp_path / "dhcp.sock")
     raw = _raw(ipam={"type": "dhcp", "daemonSocketPath": sock}, inventory=str(tmp_path / "missing"),
@@ -255,7 +255,7 @@ def test_create_macvlan_refuses_bad_bcqueuelen(bad) -> None:
 @pytest.mark.parametrize("given,want", [(999, 103), (11, 11), (50, 50), (None, 103)])
 def test_ipam_catch_all_becomes_103_other_codes_stay(given, want) -> None:
     from cni_dra.errors import IpamError
-    from cni_dra.verbs.common import ipam_codes
+    from cni_dra.attach.invocation import ipam_codes
 
     with pytest.raises(IpamError) as info, ipam_codes():
         raise IpamError("failed to add IPAM x: boom", code=given)
@@ -269,7 +269,7 @@ def test_ipam_catch_all_becomes_103_other_codes_stay(given, want) -> None:
     policy=st.sampled_from(["best-fit", "least-allocated"]),
 )
 def test_reserve_never_mixes_link_types_on_a_nic(tmp_path_factory, placed, link_type, policy) -> None:
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     inv = _inv(tmp_path_factory.mktemp("inv"), {"linkType": link_type, "selectionPolicy": policy}, ["a", "b", "c"])
     state = NodeState(attachments=[_att(dev, lt, str(i)) for i, (dev, lt) in enumerate(placed)])

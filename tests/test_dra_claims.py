@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_dra.dra.claims import load_claims, load_consumed, parse_claims, parse_consumed
+from cni_dra.dra.claim_files import load_claims, load_consumed, parse_claims, parse_consumed
 from cni_dra.errors import InvalidConfigError, IOFailureError
 from cni_dra.quantity import Quantity
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cni_dra.dra.inventory import load_inventory, parse_inventory, slice_to_dict, validate_slice
-from cni_dra.dra.models import ResourceSlice
+from cni_dra.dra.objects import ResourceSlice
 from cni_dra.errors import InventoryError, IOFailureError
 
 BASE: dict[str, Any] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from cni_dra.dra.models import (
+from cni_dra.dra.objects import (
     Device,
     DeviceAttribute,
     DeviceRequestAllocationResult,

@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cni_dra.fastpath.client import ask_agent
-from cni_dra.fastpath.wire import MAGIC, caller_identity, decode_frames, encode_frames
 from cni_dra.fastpath.server import start_fastpath
+from cni_dra.fastpath.wire import MAGIC, caller_identity, decode_frames, encode_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 THIRD_PARTY = ("pyroute2", "pydantic", "filelock", "click", "kubernetes", "yaml", "celpy", "cel")

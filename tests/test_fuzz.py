@@ -17,8 +17,6 @@ import os
 import shutil
 import tempfile
 
-import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -166,9 +164,8 @@ def test_oversize_stdin_is_refused_without_reading_it_all():
     import subprocess
     import sys
 
-    from cni_dra.protocol.config import MAX_CONFIG_BYTES
-
     from cni_dra.fastpath.wire import STDIN_LIMIT_BYTES
+    from cni_dra.protocol.config import MAX_CONFIG_BYTES
 
     assert STDIN_LIMIT_BYTES == MAX_CONFIG_BYTES + 1  # cni_dra.main.read_stdin reads at most this
     entry = "from cni_dra.main import main"  # what the executable runs (agent off: in-process)

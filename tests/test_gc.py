@@ -18,7 +18,7 @@ import pytest
 
 from cni_dra.cni import run
 from cni_dra.state import Attachment, StateStore
-from cni_dra.state.models import STEP_IPAM, Owner, ready_at
+from cni_dra.state.schema import STEP_IPAM, Owner, ready_at
 from cni_dra.state.store import boot_id, current_owner
 from cni_dra.verbs.gc import GRACE_S
 
@@ -44,9 +44,9 @@ class Node:
         self.gc_stdin = tmp_path / "ipam-gc.json"
 
     def put(self, *atts: Attachment) -> None:
-        with StateStore(self.state_dir).transaction() as state:
-            state.set_boot_id(boot_id())
-            state.put_all(atts)
+        with StateStore(self.state_dir).transaction() as txn:
+            txn.set_boot_id(boot_id())
+            txn.put_all(atts)
 
     def left(self) -> list[str]:
         return sorted(f"{a.network}/{a.containerID}" for a in StateStore(self.state_dir).read_files().attachments)
@@ -183,8 +183,8 @@ def test_ready_at_round_trips_through_the_journal(node: Node) -> None:
     through a journal record."""
     node.put(att("a", age_s=None))
     now = time.time()
-    with StateStore(node.state_dir).transaction() as state:
-        state.update((NET, "a", "eth0"), readyAt=ready_at(now - 10))
+    with StateStore(node.state_dir).transaction() as txn:
+        txn.update((NET, "a", "eth0"), readyAt=ready_at(now - 10))
     assert b'"readyAt"' in (node.state_dir / "state.journal").read_bytes()
     (a,) = StateStore(node.state_dir).read_files().attachments
     assert 9.9 < a.ready_age_s(now) < 10.1
@@ -219,7 +219,7 @@ def test_gc_matches_the_list_keys_in_any_case(node: Node) -> None:
 def test_gc_never_collects_repair_placeholders(node: Node, name: str) -> None:
     """``state repair``'s placeholders (network ``cni-dra-repair``) charge a live link no
     record tracks: only the DEL of that link's pod releases them, whatever network a GC names."""
-    from cni_dra.verbs.repair import REPAIR_NETWORK
+    from cni_dra.attach.rebuild import REPAIR_NETWORK
 
     node.put(att("repair-pod", network=REPAIR_NETWORK))
     assert node.gc(name=name, **{"cni.dev/valid-attachments": []}) == (0, "")

@@ -183,7 +183,7 @@ def test_the_role_is_exactly_what_the_agent_calls(helm):
         ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
     }
     # fractionalCapacityRange auto (the default): the API server's kubernetes_feature_enabled
-    # sample, read from /metrics (cni_dra.agent.features); nothing else outside the API groups
+    # sample, read from /metrics (cni_dra.agent.gate_probe); nothing else outside the API groups
     assert [r for r in role["rules"] if "nonResourceURLs" in r] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
 
 
@@ -223,6 +223,7 @@ OPERATOR = {
     "fastpath": {"processes": 2, "hostMountNamespace": "/proc/1/ns/mnt"},
     "apiServer": {"host": "10.0.0.10", "port": 6443},
     "fractionalCapacityRange": "off",
+    "nicHealth": {"debounce": 2.5, "taintEffect": "NoExecute", "keepMissing": 30, "healthTimeout": 90},
     "metrics": {"port": 19412},
     "logLevel": "debug",
     "resyncInterval": 30,
@@ -257,7 +258,8 @@ def test_operator_values_reach_the_agent(operator):
         "CNI_DRA_METRICS_ADDRESS": ":19412", "CNI_DRA_RESYNC_INTERVAL": "30", "CNI_DRA_CLEANUP": "false",
         "CNI_DRA_AGENT_SOCKET": "/run/nics/agent.sock", "CNI_DRA_FASTPATH_PROCESSES": "2",
         "CNI_DRA_FASTPATH_MOUNT_NS": "/proc/1/ns/mnt", "CNI_DRA_LOG_LEVEL": "debug",
-        "CNI_DRA_FRACTIONAL_CAPACITY_RANGE": "off",
+        "CNI_DRA_FRACTIONAL_CAPACITY_RANGE": "off", "CNI_DRA_NIC_DEBOUNCE": "2.5", "CNI_DRA_TAINT_EFFECT": "NoExecute",
+        "CNI_DRA_KEEP_MISSING": "30", "CNI_DRA_HEALTH_TIMEOUT": "90",
     }
     assert agent["ports"] == [{"name": "metrics", "containerPort": 19412}]
     assert agent["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": 19412}
@@ -267,6 +269,32 @@ def test_operator_values_reach_the_agent(operator):
     (init,) = pod["initContainers"]
     assert mounts_of(pod, init)["/host/cni/bin"] == "/home/kubernetes/bin"
     assert mounts_of(pod, init)["/host/cni/net.d"] == "/etc/cni/multus/net.d"
+
+
+def test_nic_health_values_are_the_agents_options(helm, operator, monkeypatch):
+    """The chart's nicHealth values reach the agent as its options' env twins, parsed to
+    what they say; the defaults are the agent's own."""
+    from cni_dra.cli.agent import agent
+
+    def params(env: dict[str, str]) -> dict[str, object]:
+        for name in [n for n in os.environ if n.startswith("CNI_DRA_")]:
+            monkeypatch.delenv(name)
+        for name, value in {**env, "NODE_NAME": "n1"}.items():
+            monkeypatch.setenv(name, value)
+        ctx = agent.make_context("agent", [])
+        return {k: ctx.params[k] for k in ("nic_debounce", "taint_effect", "keep_missing", "health_timeout")}
+
+    (mine,) = pod_of(operator)["containers"]
+    assert params(env_of(mine)) == {"nic_debounce": 2.5, "taint_effect": "NoExecute", "keep_missing": 30.0,
+                                    "health_timeout": 90}
+    (default,) = pod_of(render(helm))["containers"]
+    assert params(env_of(default)) == params({})
+
+
+def test_an_unknown_taint_effect_fails_the_render(helm, tmp_path):
+    (tmp_path / "v.yaml").write_text(yaml.safe_dump({"nicHealth": {"taintEffect": "PreferNoSchedule"}}))
+    res = helm("template", "cni-dra", str(CHART), "-f", str(tmp_path / "v.yaml"), check=False)
+    assert res.returncode != 0 and "nicHealth.taintEffect must be NoSchedule, NoExecute or None" in res.stderr
 
 
 def test_operator_values_shape_the_conflist(operator):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,16 @@ from pathlib import Path
 import pytest
 
 from cni_dra.errors import DecodeError, InvalidConfigError, IpamError, TryAgainLaterError
-from cni_dra.ipam import find_plugin, ipam_add, ipam_check, ipam_del, ipam_exec, ipam_gc, ipam_status, plugin_versions
+from cni_dra.ipam import (
+    find_plugin,
+    ipam_add,
+    ipam_check,
+    ipam_del,
+    ipam_exec,
+    ipam_gc,
+    ipam_status,
+    plugin_versions,
+)
 from cni_dra.protocol.results import IPConfig, Result, Route
 
 FAKE = r'''#!{python}

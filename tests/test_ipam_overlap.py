@@ -16,13 +16,13 @@ from tests.builders import device, every_path_a_netns, write_slice
 def _setup(tmp_path, monkeypatch, delete_link, ipam_del):
     conf = {"cniVersion": "1.0.0", "name": "net", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
             "inventory": str(tmp_path / "slice.yaml"), "ipam": {"type": "host-local", "subnet": "192.0.2.0/24"}}
-    with StateStore(tmp_path / "state").transaction() as s:
-        s.put(Attachment(
+    with StateStore(tmp_path / "state").transaction() as txn:
+        txn.put(Attachment(
             network="net", containerID="c1", ifname="eth0", netns="/var/run/netns/pod", driver="d", pool="p",
             device="nic-a", parent="eth9", consumedCapacity={"bandwidth": "1G"}, phase="ready",
             ipamType="host-local", ipamConf=json.dumps(conf)))
-    with StateStore(tmp_path / "state").transaction() as s:  # a second commit: the journal exists
-        s.add_status_update({"claim": {"uid": "other"}})
+    with StateStore(tmp_path / "state").transaction() as txn:  # a second commit: the journal exists
+        txn.add_status_update({"claim": {"uid": "other"}})
     every_path_a_netns(monkeypatch)
     monkeypatch.setattr(sublink, "delete_link", delete_link)
     monkeypatch.setattr(ipam, "ipam_del", ipam_del)

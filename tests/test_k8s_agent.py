@@ -5,7 +5,6 @@ drift repair, restart without loss, cleanup, extra services."""
 from __future__ import annotations
 
 import functools
-
 import shutil
 import tempfile
 import threading
@@ -14,7 +13,7 @@ import grpc
 import pytest
 import yaml
 
-from cni_dra.agent.main import Agent, AgentConfig
+from cni_dra.agent.service import Agent, AgentConfig
 from cni_dra.k8s.protos import load
 from cni_dra.state import Attachment, ClaimRef, StateStore
 from cni_dra.state.claim_status import claim_status_record
@@ -107,15 +106,15 @@ def test_agent_lifecycle_restart_loses_nothing(env):
     # While no agent runs, a claim-mode ADD completes: it leaves its record in the state.
     store = StateStore(f"{short}/state")
     assert list(store.read().claims) == ["pod-a"]  # prepared claims survived the restart
-    with store.transaction() as st:
+    with store.transaction() as txn:
         att = Attachment(network="n", containerID="c1", ifname="net1", podUID="pod-a", driver=DRIVER,
                          pool="node-1", device="lo-nic", parent="lo", consumedCapacity={"bandwidth": "3G"},
                          shareID=SHARE, claim=ClaimRef(namespace="default", name="c1", uid=uid, request="net1"),
                          phase="ready", result={"interfaces": [{"name": "net1", "mac": "02:aa:bb:cc:dd:ee",
                                                                  "sandbox": "/x"}],
                                                 "ips": [{"address": "192.0.2.44/24", "interface": 0}]})
-        st.put(att)
-        st.add_status_update(claim_status_record(att))
+        txn.put(att)
+        txn.add_status_update(claim_status_record(att))
     with Running(config(short, inv, server)) as agent:
         wait_for(lambda: server.slices.get(SLICE))
         entry = wait_for(lambda: (server.claims[("default", "c1")].get("status", {}).get("devices") or [None])[0])

@@ -27,18 +27,18 @@ def node(tmp_path):
     inv = tmp_path / "inv.yaml"
     inv.write_text(yaml.safe_dump(inventory_doc("node-1", {"eth-a": "ens1", "eth-b": "ens2"})))
     store = StateStore(tmp_path / "state")
-    with store.transaction() as st:
-        st.put(Attachment(network="n", containerID="c1", ifname="net1", driver=DRIVER, pool="node-1",
+    with store.transaction() as txn:
+        txn.put(Attachment(network="n", containerID="c1", ifname="net1", driver=DRIVER, pool="node-1",
                                          device="eth-a", parent="ens1", consumedCapacity={"bandwidth": "4G"},
                                          phase="ready"))
-        st.put(Attachment(network="n", containerID="c2", ifname="net1", driver=DRIVER, pool="node-1",
+        txn.put(Attachment(network="n", containerID="c2", ifname="net1", driver=DRIVER, pool="node-1",
                                          device="eth-a", parent="ens1", consumedCapacity={"bandwidth": "1G"},
                                          phase="adding"))
         claim = allocated_claim("c", pool="node-1", device="eth-b", bandwidth="3G",
                                 share_id="9d7e6f5a-4b3c-4d2e-8f1a-0b9c8d7e6f5a", pod_uids=["p"])
         claim["metadata"]["uid"] = "u-c"
-        st.set_claims("p", [claim])
-        st.add_status_update({"id": "x", "claim": {}})
+        txn.set_claims("p", [claim])
+        txn.add_status_update({"id": "x", "claim": {}})
     return str(inv), str(tmp_path / "state")
 
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cni_dra.agent.driver import ClaimDriver
-from cni_dra.agent.status import StatusWriter
+from cni_dra.agent.status_writer import StatusWriter
 from cni_dra.dra.inventory import load_inventory
 from cni_dra.k8s.api import KubeApi
 from cni_dra.state import Attachment, ClaimRef, StateStore
@@ -80,9 +80,9 @@ def test_status_records_survive_any_failures(answers, n_claims):
                              phase="ready", result={"interfaces": [{"name": "net1", "mac": f"02:00:00:00:00:0{i}",
                                                                     "sandbox": "/x"}],
                                                     "ips": [{"address": f"192.0.2.{i + 1}/24", "interface": 0}]})
-            with store.transaction() as s:
-                s.put(att)
-                s.add_status_update(claim_status_record(att))
+            with store.transaction() as txn:
+                txn.put(att)
+                txn.add_status_update(claim_status_record(att))
         for code in answers:
             server.fail("PATCH", r".*/status", code)
         now = [0.0]

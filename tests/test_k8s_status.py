@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from cni_dra.agent.nichealth import NicStatus
-from cni_dra.agent.status import StatusWriter, claim_status_body
+from cni_dra.agent.status_writer import StatusWriter, claim_status_body
 from cni_dra.errors import NetlinkError
 from cni_dra.k8s.api import KubeApi
 from cni_dra.state import Attachment, ClaimRef, StateStore
@@ -86,10 +86,10 @@ def world(tmp_path):
 
 
 def add_ready(store, uid, **kw):
-    with store.transaction() as st:
+    with store.transaction() as txn:
         att = attachment(uid, **kw)
-        st.put(att)
-        st.add_status_update(claim_status_record(att))
+        txn.put(att)
+        txn.add_status_update(claim_status_record(att))
 
 
 def test_writer_applies_network_data_and_ready(world):
@@ -154,10 +154,10 @@ def test_body_lists_every_ready_share_of_the_claim(world):
     _, claim, store, _, _, _ = world
     uid = claim["metadata"]["uid"]
     other = "5e3d1b0a-2f4c-4a6e-9b8d-7c6a5e4d3c2b"
-    with store.transaction() as st:
-        st.put(attachment(uid))
-        st.put(attachment(uid, containerID="c2", shareID=other, device="eth-a"))
-        st.put(attachment("another-claim", containerID="c3"))
+    with store.transaction() as txn:
+        txn.put(attachment(uid))
+        txn.put(attachment(uid, containerID="c2", shareID=other, device="eth-a"))
+        txn.put(attachment("another-claim", containerID="c3"))
     rec = claim_status_record(attachment(uid, containerID="c2", shareID=other, device="eth-a"))
     body = claim_status_body({"namespace": "default", "name": "c1", "uid": uid}, store.read(), [rec])
     assert [(e["device"], e["shareID"]) for e in body["status"]["devices"]] == [("eth-a", other), ("eth-b", SHARE)]
@@ -171,21 +171,21 @@ def test_second_share_keeps_the_first_and_a_deleted_share_goes(world):
     other = "5e3d1b0a-2f4c-4a6e-9b8d-7c6a5e4d3c2b"
     add_ready(store, uid)
     writer.sync()
-    with store.transaction() as st:
+    with store.transaction() as txn:
         att = attachment(uid, containerID="c2", shareID=other, device="eth-a")
-        st.put(att)
-        st.add_status_update(claim_status_record(att))
+        txn.put(att)
+        txn.add_status_update(claim_status_record(att))
     writer.sync()
     devs = server.claims[("default", "c1")]["status"]["devices"]
     assert sorted((d["device"], d["shareID"]) for d in devs) == [("eth-a", other), ("eth-b", SHARE)]
-    with store.transaction() as st:  # DEL of the first share: no record, the writer notices
-        st.remove("net", "c1", "net1")
+    with store.transaction() as txn:  # DEL of the first share: no record, the writer notices
+        txn.remove("net", "c1", "net1")
     writer.sync()
     devs = server.claims[("default", "c1")]["status"]["devices"]
     assert [(d["device"], d["shareID"]) for d in devs] == [("eth-a", other)]
-    with store.transaction() as st:  # DEL of the last share
-        for _a in list(st.attachments):
-            st.remove(*_a.key)
+    with store.transaction() as txn:  # DEL of the last share
+        for _a in list(txn.attachments):
+            txn.remove(*_a.key)
     writer.sync()
     assert server.claims[("default", "c1")]["status"]["devices"] == []
     n = len(server.requests_for("PATCH", r".*/status"))
@@ -198,14 +198,14 @@ def test_share_deleted_across_an_agent_restart_leaves_the_claim(world):
     node holds once, so a share DEL'd after (or while) it was down leaves the claim status."""
     server, claim, store, writer, clock, _ = world
     uid = claim["metadata"]["uid"]
-    with store.transaction() as st:
-        st.set_claims("pod-a", [copy.deepcopy(claim)])  # the state's own copy, as a decoded request is
+    with store.transaction() as txn:
+        txn.set_claims("pod-a", [copy.deepcopy(claim)])  # the state's own copy, as a decoded request is
     add_ready(store, uid)
     writer.sync()
     assert len(server.claims[("default", "c1")]["status"]["devices"]) == 1
     # the agent restarts; the pod is deleted while it is down
-    with store.transaction() as st:
-        st.remove("net", "c1", "net1")
+    with store.transaction() as txn:
+        txn.remove("net", "c1", "net1")
     restarted = StatusWriter(writer.api, store, field_manager=DRIVER, clock=clock)
     restarted.sync()
     assert server.claims[("default", "c1")]["status"]["devices"] == []
@@ -219,8 +219,8 @@ def test_restarted_agent_notices_a_later_del(world):
     restarted = StatusWriter(writer.api, store, field_manager=DRIVER, clock=clock)
     restarted.sync()  # converges: the share is still there
     assert len(server.claims[("default", "c1")]["status"]["devices"]) == 1
-    with store.transaction() as st:  # DEL after the restart
-        st.remove("net", "c1", "net1")
+    with store.transaction() as txn:  # DEL after the restart
+        txn.remove("net", "c1", "net1")
     restarted.sync()
     assert server.claims[("default", "c1")]["status"]["devices"] == []
 
@@ -238,8 +238,8 @@ def test_claim_shared_by_two_pods_reports_one_entry_that_follows_the_live_interf
     writer.sync()
     (entry,) = server.claims[("default", "c1")]["status"]["devices"]
     assert entry["networkData"]["ips"] == ["192.0.2.7/24", "2001:db8::7/64"]
-    with store.transaction() as st:
-        st.remove("net", "c1", "net1")
+    with store.transaction() as txn:
+        txn.remove("net", "c1", "net1")
     writer.sync()
     (entry,) = server.claims[("default", "c1")]["status"]["devices"]
     assert entry["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.8/24"],
@@ -336,10 +336,10 @@ def test_an_interface_made_before_its_nic_vanished_stays_link_missing_after_the_
 
 
 def _state_with(store, uid, **kw):
-    with store.transaction() as st:
-        for a in list(st.attachments):
-            st.remove(*a.key)
-        st.put(attachment(uid, **kw))
+    with store.transaction() as txn:
+        for a in list(txn.attachments):
+            txn.remove(*a.key)
+        txn.put(attachment(uid, **kw))
     return store.read()
 
 

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_dra.errors import InvalidConfigError, InvalidEnvironmentError
 from cni_dra import iface
+from cni_dra.errors import InvalidConfigError, InvalidEnvironmentError
 from cni_dra.netlink import _pyroute2, addr, info, sublink, sysctl
 
 MISSING_NETNS = "/nonexistent/cni-dra-test/netns"

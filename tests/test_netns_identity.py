@@ -22,8 +22,8 @@ from cni_dra.errors import ContainerUnknownError
 from cni_dra.netlink import info, netns, shaping, sublink
 from cni_dra.netlink.shaping import ShapeInfo, Tbf
 from cni_dra.state import StateStore
-from cni_dra.verbs.repair import REPAIR_NETWORK
-from cni_dra.verbs.shaping import record
+from cni_dra.attach.rebuild import REPAIR_NETWORK
+from cni_dra.attach.shaping_plan import record
 from tests.builders import attachment, cni_env, device, netconf, write_slice
 
 POD = (0x20, 4026532001)
@@ -74,9 +74,9 @@ def _node(tmp_path: Path, *atts: Any) -> dict[str, Any]:
     """A network ``net`` on NIC ``eth9`` (device nic-a) whose state holds ``atts``; its config."""
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
     if atts:
-        with StateStore(tmp_path / "state").transaction() as st:
+        with StateStore(tmp_path / "state").transaction() as txn:
             for att in atts:
-                st.put(att)
+                txn.put(att)
     return netconf(name="net", stateDir=str(tmp_path / "state"), inventory=str(tmp_path / "slice.yaml"),
                    ipam={"type": "host-local"})
 
@@ -303,9 +303,9 @@ def test_gc_releases_without_touching_a_namespace_made_again_under_the_recorded_
 
 
 def test_recovery_finishes_a_del_without_touching_a_namespace_made_again(tmp_path, monkeypatch):
-    from cni_dra.state.models import Owner
+    from cni_dra.state.schema import Owner
     from cni_dra.state.owner import boot_id
-    from cni_dra.verbs.recover import recover
+    from cni_dra.attach.recover import recover
 
     kernel = Kernel(monkeypatch)
     dead = Owner(pid=2**22 + 7, start=1, boot=boot_id())

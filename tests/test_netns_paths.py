@@ -72,8 +72,8 @@ def test_a_namespace_path_is_its_identity():
 
 def _node(tmp_path: Path) -> dict[str, Any]:
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
-    with StateStore(tmp_path / "state").transaction() as st:
-        st.put(attachment("c1", network="net", parent="eth9", netns="/run/netns/gone-pod",
+    with StateStore(tmp_path / "state").transaction() as txn:
+        txn.put(attachment("c1", network="net", parent="eth9", netns="/run/netns/gone-pod",
                           consumedCapacity={"bandwidth": "1G"}))
     return netconf(name="net", stateDir=str(tmp_path / "state"), inventory=str(tmp_path / "slice.yaml"))
 
@@ -111,8 +111,8 @@ def test_add_and_check_answer_3_or_4(tmp_path, command, kind):
     conf = _node(tmp_path)
     if command == "CHECK":
         conf["prevResult"] = {"cniVersion": "1.1.0", "interfaces": [], "ips": []}
-        with StateStore(tmp_path / "state").transaction() as st:  # the container CHECK asks about
-            st.put(attachment("c1", network="net", parent="eth9", netns=_paths(tmp_path)[kind]))
+        with StateStore(tmp_path / "state").transaction() as txn:  # the container CHECK asks about
+            txn.put(attachment("c1", network="net", parent="eth9", netns=_paths(tmp_path)[kind]))
     code, out = _run(command, conf, _paths(tmp_path)[kind])
     assert code == 1 and out["code"] == (3 if kind in MISSING else 4), out
     assert _phases(tmp_path) == {"c1": "ready"}
@@ -123,9 +123,9 @@ def test_gc_and_status_with_such_records_answer_without_an_internal_error(tmp_pa
     """GC and STATUS take no CNI_NETNS; GC releases attachments recorded in such paths."""
     conf = _node(tmp_path)
     paths = _paths(tmp_path)
-    with StateStore(tmp_path / "state").transaction() as st:
+    with StateStore(tmp_path / "state").transaction() as txn:
         for kind, path in paths.items():
-            st.put(attachment(f"c-{kind}", network="net", parent="eth9", netns=path))
+            txn.put(attachment(f"c-{kind}", network="net", parent="eth9", netns=path))
     if command == "GC":
         conf["cni.dev/valid-attachments"] = []
     code, out = _run(command, conf, "")

@@ -8,14 +8,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from cni_dra.state.models import PreparedClaim
-from cni_dra.dra.models import ResourceSlice
+from cni_dra.dra.objects import ResourceSlice
 from cni_dra.errors import ClaimError, InvalidConfigError, NoCapacityError
 from cni_dra.protocol.config import load_conf
 from cni_dra.quantity import Quantity
 from cni_dra.state import ClaimRef, NodeState
-from cni_dra.verbs.placement import Asker, place, place_claim, place_standalone
-from tests.builders import allocation_result, attachment, device, netconf_bytes, resource_claim, resource_slice
+from cni_dra.state.schema import PreparedClaim
+from cni_dra.attach.placement import Asker, place, place_claim, place_standalone
+from tests.builders import (
+    allocation_result,
+    attachment,
+    device,
+    netconf_bytes,
+    resource_claim,
+    resource_slice,
+)
 
 SHARE = "0b7d6c5e-4f3a-4b2c-9d1e-0f2a3b4c5d6e"
 SLICE = ResourceSlice.model_validate(resource_slice([device("a"), device("b")]))

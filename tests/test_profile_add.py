@@ -14,9 +14,9 @@ import pytest
 from cni_dra.errors import ClaimError
 from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
-from cni_dra.state import NodeState, StateStore
-from cni_dra.state.claims import prepare_claim
 from cni_dra.protocol.profile import ProfileLimits
+from cni_dra.state import NodeState, StateStore
+from cni_dra.state.preparing import prepare_claim
 from tests.builders import (
     DRIVER,
     allocation_result,
@@ -49,7 +49,7 @@ def _prepared(tmp_path: Path, *config: dict[str, Any], limits: ProfileLimits = O
 
 
 def _inv(tmp_path: Path, **conf: Any):
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.attach.invocation import Invocation
 
     inventory = write_slice(tmp_path / "slice.json", [device("a"), device("b")])
     raw = netconf_bytes(inventory=str(inventory), stateDir=str(tmp_path / "st"), **conf)
@@ -58,9 +58,9 @@ def _inv(tmp_path: Path, **conf: Any):
 
 
 def _plan(inv, state: NodeState):
-    from cni_dra.verbs.add import plan
+    from cni_dra.attach.plan import effective_invocation, plan
 
-    return plan(inv, state, {"if-a": _Parent(), "if-b": _Parent()})
+    return plan(effective_invocation(inv, state), state, {"if-a": _Parent(), "if-b": _Parent()})
 
 
 def test_without_a_profile_the_conflist_makes_the_link(tmp_path: Path) -> None:
@@ -121,10 +121,10 @@ def test_a_result_whose_config_did_not_validate_is_refused(tmp_path: Path) -> No
     result = allocation_result("a", request="eth0", consumed={"bandwidth": "1G"}, share_id=SHARE)
     bad = resource_claim(result, uid="u-1", name="web", namespace="prod",
                          config=[profile_config("FromClaim", linkType="ipvlan", mac="02:00:00:00:00:42")])
-    edit = Txn(NodeState())
-    edit.set_claims(POD, [bad])
+    txn = Txn(NodeState())
+    txn.set_claims(POD, [bad])
     with pytest.raises(ClaimError) as info:
-        _plan(_inv(tmp_path), edit.state)
+        _plan(_inv(tmp_path), txn.state)
     assert info.value.code == 101
     assert "its device configuration is not valid" in info.value.msg and "mac cannot be set" in info.value.msg
 
@@ -134,17 +134,18 @@ def test_the_profiles_link_type_is_the_one_checked_against_the_nic(tmp_path: Pat
     from cni_dra.state.txn import Txn
 
     state = _prepared(tmp_path, profile_config("FromClass", linkType="ipvlan", mode="l3"))
-    edit = Txn(state)
-    edit.put(attachment("other", "a", linkType="macvlan", consumedCapacity={"bandwidth": "1G"}))
+    txn = Txn(state)
+    txn.put(attachment("other", "a", linkType="macvlan", consumedCapacity={"bandwidth": "1G"}))
     with pytest.raises(ClaimError, match=r"carries macvlan links, so it cannot take ipvlan"):
-        _plan(_inv(tmp_path), edit.state)
+        _plan(_inv(tmp_path), txn.state)
 
 
 def test_the_profiles_mtu_is_checked_against_the_parent(tmp_path: Path) -> None:
+    from cni_dra.attach.plan import effective_invocation
     from cni_dra.verbs.add import _reserve
 
-    _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
-    inv = _inv(tmp_path)
+    state = _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
+    inv = effective_invocation(_inv(tmp_path), state)
     with pytest.raises(ClaimError) as info:  # the claim asked it, not the conflist: the message says so
         _reserve(inv, {"if-a": _Parent(mtu=1500), "if-b": _Parent(mtu=1500)}, (1, 2))
     assert info.value.code == 101 and info.value.msg == (
@@ -154,34 +155,36 @@ def test_the_profiles_mtu_is_checked_against_the_parent(tmp_path: Path) -> None:
 
 
 def test_the_reserved_intent_carries_the_profiles_config(tmp_path: Path) -> None:
+    from cni_dra.attach.plan import effective_invocation
     from cni_dra.verbs.add import _reserve
 
-    _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
+    state = _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
     inv = _inv(tmp_path)
-    intent = _reserve(inv, {"if-a": _Parent(), "if-b": _Parent()}, (1, 2))
-    assert intent.inv.conf.mtu == 9000 and inv.conf.mtu is None
-    assert intent.inv.raw == inv.raw  # IPAM keeps the runtime's config
-    assert intent.inv.store is inv.store
+    store = inv.store  # loaded before: the effective invocation shares it
+    effective = effective_invocation(inv, state)
+    intent = _reserve(effective, {"if-a": _Parent(), "if-b": _Parent()}, (1, 2))
+    assert intent.inv is effective  # the one config of the ADD, not rebuilt under the lock
+    assert effective.conf.mtu == 9000 and inv.conf.mtu is None
+    assert effective.raw == inv.raw  # IPAM keeps the runtime's config
+    assert effective.store is store
     (att,) = StateStore(str(tmp_path / "st")).read().attachments
     assert att.profile["mtu"] == 9000 and att.phase == "adding"
 
 
 def test_status_shows_the_effective_profile(tmp_path: Path) -> None:
+    import json
+
     from click.testing import CliRunner
 
     from cni_dra.cli import cli
-    from cni_dra.state.txn import Txn
-    import json
 
     inventory = write_slice(tmp_path / "slice.json", [device("a")])
-    edit = Txn(NodeState())
     prof = {"linkType": "ipvlan", "mode": "l3", "ipvlanFlag": "bridge", "mtu": 9000, "shaping": True,
             "fromConfig": ["linkType", "mode", "mtu"]}
-    edit.put(attachment("c1", "a", linkType="ipvlan", consumedCapacity={"bandwidth": "1G"}, profile=prof))
-    edit.put(attachment("c2", "a", ifname="eth1", consumedCapacity={"bandwidth": "1G"}))
     store = StateStore(str(tmp_path / "st"))
     with store.transaction() as txn:
-        txn.put_all(edit.state.attachments)
+        txn.put(attachment("c1", "a", linkType="ipvlan", consumedCapacity={"bandwidth": "1G"}, profile=prof))
+        txn.put(attachment("c2", "a", ifname="eth1", consumedCapacity={"bandwidth": "1G"}))
     args = ["status", "--state-dir", str(tmp_path / "st"), "--inventory", str(inventory)]
     table = CliRunner().invoke(cli, args)
     assert table.exit_code == 0, table.output
@@ -193,17 +196,60 @@ def test_status_shows_the_effective_profile(tmp_path: Path) -> None:
 
 
 def test_the_claim_status_entry_carries_the_profile(tmp_path: Path) -> None:
-    from cni_dra.agent.status import claim_status_body
-    from cni_dra.state.models import ClaimRef
+    from cni_dra.agent.status_writer import claim_status_body
+    from cni_dra.state.schema import ClaimRef
     from cni_dra.state.txn import Txn
 
     prof = {"linkType": "macvlan", "mode": "bridge", "mtu": 9000, "shaping": True, "fromConfig": ["mtu"]}
-    edit = Txn(NodeState())
-    edit.put(attachment("c1", "a", podUID=POD, shareID=SHARE, consumedCapacity={"bandwidth": "1G"}, profile=prof,
+    txn = Txn(NodeState())
+    txn.put(attachment("c1", "a", podUID=POD, shareID=SHARE, consumedCapacity={"bandwidth": "1G"}, profile=prof,
                         claim=ClaimRef(namespace="prod", name="web", uid="u-1", request="eth0"),
                         result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01",
                                                                       "sandbox": "/var/run/netns/x"}]}))
-    body = claim_status_body({"namespace": "prod", "name": "web", "uid": "u-1"}, edit.state, [])
+    body = claim_status_body({"namespace": "prod", "name": "web", "uid": "u-1"}, txn.state, [])
     (entry,) = body["status"]["devices"]
     assert entry["data"] == {"apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceStatus",
                              "linkType": "macvlan", "parentInterface": "if-a", "profile": prof}
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_add_reads_its_effective_config_once_and_every_step_sees_it(tmp_path: Path, monkeypatch) -> None:
+    """From its first step on, ADD works with one invocation: the device profile already
+    merged into the config (not the runtime's config first and the profile's after the
+    reservation). The kernel-facing steps are replaced (monkeypatch: the verbs have no
+    injected host yet) to record the invocation each one is given, and the ADD is stopped
+    at its reservation."""
+    import cni_dra.netlink.netns
+    import cni_dra.verbs.add as add
+    import cni_dra.attach.device_profile
+    import cni_dra.attach.recover
+
+    _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
+    runtime = _inv(tmp_path)
+    seen: list[Any] = []
+    merges: list[Any] = []
+    real_conf_for = cni_dra.attach.device_profile.conf_for
+
+    def conf_for(inv, picked):
+        merges.append(picked)
+        return real_conf_for(inv, picked)
+
+    def reserve(inv, host_links, ident):
+        seen.append(("reserve", inv))
+        raise _Stop
+
+    monkeypatch.setattr(cni_dra.attach.device_profile, "conf_for", conf_for)
+    monkeypatch.setattr(cni_dra.attach.recover, "recover_pending", lambda inv: seen.append(("recover", inv)))
+    monkeypatch.setattr(add, "_host_links", lambda slice_: {"if-a": _Parent(), "if-b": _Parent()})
+    monkeypatch.setattr(cni_dra.netlink.netns, "netns_identity", lambda path: (1, 2))
+    monkeypatch.setattr(add, "_reserve_after_recovery", reserve)
+    with pytest.raises(_Stop):
+        add.cmd_add(runtime)
+    assert [step for step, _ in seen] == ["recover", "reserve"]
+    (first, inv), (_, later) = seen
+    assert inv is later  # one object from the first step to the reservation
+    assert inv.conf.mtu == 9000 and runtime.conf.mtu is None  # the profile's, merged before parsing
+    assert len(merges) == 1  # merged and parsed once

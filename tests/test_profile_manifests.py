@@ -79,7 +79,7 @@ def test_the_jumbo_claim_asks_mtu_9000_on_a_jumbo_nic():
     assert got == {"net1": InterfaceProfile(mtu=9000)}
 
     from cni_dra.allocator.cel import device_matches
-    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.dra.objects import ResourceSlice
 
     exprs = [s["cel"]["expression"] for s in shared["spec"]["selectors"]]
     exprs += [s["cel"]["expression"] for s in claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"]]

@@ -8,7 +8,13 @@ from pydantic import ValidationError
 
 from cni_dra.errors import InvalidConfigError
 from cni_dra.iface import CONFIG_MACVLAN_MODES, IPVLAN_FLAGS, IPVLAN_MODES
-from cni_dra.protocol.profile import API_VERSION, KIND, InterfaceProfile, ShapingProfile, parse_interface_config
+from cni_dra.protocol.profile import (
+    API_VERSION,
+    KIND,
+    InterfaceProfile,
+    ShapingProfile,
+    parse_interface_config,
+)
 
 HEAD = {"apiVersion": API_VERSION, "kind": KIND}
 

@@ -23,7 +23,7 @@ from cni_dra.k8s.kubelet_plugin import KubeletPlugin
 from cni_dra.k8s.protos import load
 from cni_dra.protocol.profile import InterfaceProfile, ProfileLimits, ShapingProfile
 from cni_dra.state import StateStore
-from cni_dra.state.claims import prepare_claim
+from cni_dra.state.preparing import prepare_claim
 from tests.builders import DRIVER, allocation_result, profile_config, resource_claim
 from tests.k8s_apiserver import FakeApiServer, allocated_claim, inventory_doc
 

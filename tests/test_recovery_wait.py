@@ -7,7 +7,7 @@ owner) and undoes it outside the lock. The interrupted invocation's own retry (t
 in-process fallback) finds the intent held by a live process: it waits for the recovery (at
 most ``lockTimeoutSeconds``), then adds afresh. A live ADD of the same attachment that is not
 a recovery still gets code 11 at once. The recovering owner here is this test process; the
-recovery "finishes" when a thread drops the record, as :func:`cni_dra.verbs.recover.recover`
+recovery "finishes" when a thread drops the record, as :func:`cni_dra.attach.recover.recover`
 does at its end.
 """
 
@@ -26,9 +26,9 @@ from cni_dra import ipam
 from cni_dra.cni import run
 from cni_dra.netlink import info, shaping, sublink, sysctl
 from cni_dra.state import StateStore
-from cni_dra.state.models import STEP_IPAM, Owner
+from cni_dra.state.schema import STEP_IPAM, Owner
 from cni_dra.state.owner import boot_id, current_owner
-from cni_dra.verbs import recover as recover_mod
+from cni_dra.attach import recover as recover_mod
 from tests.builders import attachment, cni_env, device, every_path_a_netns, netconf, write_slice
 
 KEY = ("net", "c1", "eth0")
@@ -62,9 +62,9 @@ def _conf(tmp_path: Path, **kw: Any) -> dict[str, Any]:
 def _held(tmp_path: Path, *, recovering: bool, owner: Owner | None = None) -> StateStore:
     """The attachment's interrupted ADD, its intent held by this (live) process."""
     store = StateStore(tmp_path / "state")
-    with store.transaction() as st:
-        st.set_boot_id(boot_id())
-        st.put(attachment("c1", network="net", parent="eth9", netns="/var/run/netns/x", phase="adding",
+    with store.transaction() as txn:
+        txn.set_boot_id(boot_id())
+        txn.put(attachment("c1", network="net", parent="eth9", netns="/var/run/netns/x", phase="adding",
                           owner=owner or current_owner(), recovering=True if recovering else None,
                           steps=(STEP_IPAM,), consumedCapacity={"bandwidth": "1G"}))
     return store
@@ -73,8 +73,8 @@ def _held(tmp_path: Path, *, recovering: bool, owner: Owner | None = None) -> St
 def _finish_recovery_after(store: StateStore, delay_s: float) -> threading.Thread:
     def finish() -> None:
         time.sleep(delay_s)
-        with store.transaction() as st:
-            st.remove(*KEY)
+        with store.transaction() as txn:
+            txn.remove(*KEY)
 
     thread = threading.Thread(target=finish, daemon=True)
     thread.start()

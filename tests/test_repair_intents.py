@@ -22,10 +22,10 @@ from cni_dra.cni import run
 from cni_dra.netlink import info, netns, shaping, sublink
 from cni_dra.netlink.shaping import ShapeInfo, Tbf
 from cni_dra.state import StateStore
-from cni_dra.state.models import STEP_IPAM, Owner
+from cni_dra.state.schema import STEP_IPAM, Owner
 from cni_dra.state.owner import boot_id, current_owner
-from cni_dra.verbs.repair import repair
-from cni_dra.verbs.shaping import record
+from cni_dra.attach.rebuild import repair
+from cni_dra.attach.shaping_plan import record
 from tests.builders import attachment, cni_env, device, netconf, write_slice
 
 POD_NS = "/run/netns/pod"
@@ -80,16 +80,16 @@ def _adding(owner: Owner) -> Any:
 
 def _store(tmp_path: Path, *atts: Any) -> StateStore:
     store = StateStore(tmp_path / "state")
-    with store.transaction() as st:
-        st.set_boot_id(boot_id())
-        st.put_all(atts)
+    with store.transaction() as txn:
+        txn.set_boot_id(boot_id())
+        txn.put_all(atts)
     return store
 
 
 def _damage(store: StateStore) -> None:
     """Make ``state.json`` unreadable: repair takes its backup copy, and records may be lost."""
-    with store.transaction() as st:  # a second snapshot-backed commit: the backup holds the same
-        st.add_status_update({"claim": {"uid": "other"}})
+    with store.transaction() as txn:  # a second snapshot-backed commit: the backup holds the same
+        txn.add_status_update({"claim": {"uid": "other"}})
     store.path.write_bytes(b"\x00" * 10)
 
 

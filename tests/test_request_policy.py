@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_dra.dra.models import CapacityRequestPolicy
+from cni_dra.dra.objects import CapacityRequestPolicy
 from cni_dra.dra.request_policy import inventory_policy_problems, policy_problems
 from cni_dra.quantity import Quantity
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cni_dra.netlink.shaping import MIN_BURST_BYTES, ShapeSpec
 from cni_dra.protocol.config import RuntimeBandwidth, ShapingConfig, load_conf
-from cni_dra.verbs.shaping import shape_spec
+from cni_dra.attach.shaping_plan import shape_spec
 from tests.builders import netconf_bytes
 
 M = 1_000_000
@@ -46,7 +46,7 @@ def test_containerds_egress_annotation_lowers_a_1g_share_and_its_ingress_one_doe
 @given(st.sampled_from(FIELDS), st.integers(0, 2**64 - 1), st.data())
 def test_a_field_is_matched_in_any_case(field: str, value: int, data: st.DataObject) -> None:
     flips = data.draw(st.lists(st.booleans(), min_size=len(field), max_size=len(field)))
-    key = "".join(c.swapcase() if f else c for c, f in zip(field, flips))
+    key = "".join(c.swapcase() if f else c for c, f in zip(field, flips, strict=True))
     assert _runtime({key: value}) == RuntimeBandwidth(**{field: value})
 
 

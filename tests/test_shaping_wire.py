@@ -23,7 +23,7 @@ from cni_dra.netlink.shaping import MAX_RATE_BPS, MIN_BURST_BYTES, ShapeInfo, Sh
 from cni_dra.protocol.config import DEFAULT_SHAPING_LATENCY_S, RuntimeBandwidth, ShapingConfig, load_conf
 from cni_dra.protocol.results import IPConfig, Result
 from cni_dra.state import StateStore
-from cni_dra.verbs.shaping import mismatch, record, shape_spec
+from cni_dra.attach.shaping_plan import mismatch, record, shape_spec
 from tests.builders import attachment, device, every_path_a_netns, netconf_bytes, write_slice
 from tests.tbf_model import as_the_kernel_holds_it, holds_as_asked
 
@@ -569,7 +569,7 @@ def test_a_later_failure_removes_the_shaping(tmp_path, monkeypatch) -> None:
     (None, "adding", True),  # an ADD that never completed may have made its ifb device
 ])
 def test_release_removes_shaping_when_there_may_be_some(monkeypatch, shaping_rec, phase, removes) -> None:
-    from cni_dra.verbs.release import release_attachment
+    from cni_dra.attach.release import release_attachment
 
     deleted: list[str] = []
     monkeypatch.setattr(sublink, "delete_link", lambda ns, name: deleted.append(name) or True)
@@ -591,11 +591,11 @@ def test_release_removes_shaping_when_there_may_be_some(monkeypatch, shaping_rec
 def _state_with_a_shaped_attachment(tmp_path: Path) -> tuple[str, str]:
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
     tbf = Tbf.for_rate(300 * M)
-    with StateStore(tmp_path / "state").transaction() as st:
-        st.put(attachment("c1", pool="s", podNamespace="ns", podName="p",
+    with StateStore(tmp_path / "state").transaction() as txn:
+        txn.put(attachment("c1", pool="s", podNamespace="ns", podName="p",
                                          consumedCapacity={"bandwidth": "300M"},
                                          shaping=record(ShapeInfo("eth0", tbf, Tbf.for_rate(100 * M), "ifb-eth0"))))
-        st.put(attachment("c2", pool="s", consumedCapacity={"bandwidth": "1G"}))
+        txn.put(attachment("c2", pool="s", consumedCapacity={"bandwidth": "1G"}))
     return str(tmp_path / "state"), str(tmp_path / "slice.yaml")
 
 

@@ -12,6 +12,7 @@ import pytest
 from cni_dra.errors import StateError, TryAgainLaterError
 from cni_dra.quantity import Quantity
 from cni_dra.state import SCHEMA_VERSION, Attachment, ClaimRef, NodeState, StateStore, Txn
+from cni_dra.state.ledger import node_usage
 
 
 def _att(cid: str, device: str, bw: str, **kw) -> Attachment:
@@ -37,9 +38,9 @@ def test_missing_file_reads_as_empty_state(tmp_path):
 
 def test_round_trip_keeps_attachments_and_claims(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as st:
-        st.put(_att("c1", "eth-a", "4G"))
-        st.set_claims("pod", [_claim("u1", "eth-b", "6G", "sh")])
+    with store.transaction() as txn:
+        txn.put(_att("c1", "eth-a", "4G"))
+        txn.set_claims("pod", [_claim("u1", "eth-b", "6G", "sh")])
     again = store.read()
     assert again.find("net1", "c1", "eth0").consumedCapacity == {"bandwidth": Quantity.parse("4000M")}
     assert again.claims["pod"][0]["metadata"]["uid"] == "u1"
@@ -50,21 +51,21 @@ def test_round_trip_keeps_attachments_and_claims(tmp_path):
 
 def test_files_are_private(tmp_path):
     store = StateStore(tmp_path / "state")
-    with store.transaction() as st:
-        st.put(_att("c1", "eth-a", "1G"))
+    with store.transaction() as txn:
+        txn.put(_att("c1", "eth-a", "1G"))
     assert stat.S_IMODE(os.stat(tmp_path / "state").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(tmp_path / "state" / "state.json").st_mode) == 0o600
 
 
 def test_failed_transaction_writes_nothing(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as st:
-        st.put(_att("c1", "eth-a", "1G"))
+    with store.transaction() as txn:
+        txn.put(_att("c1", "eth-a", "1G"))
     before = (tmp_path / "state.json").read_bytes()
     with pytest.raises(RuntimeError):
-        with store.transaction() as st:
-            for _a in list(st.attachments):
-                st.remove(*_a.key)
+        with store.transaction() as txn:
+            for _a in list(txn.attachments):
+                txn.remove(*_a.key)
             raise RuntimeError("boom")
     assert (tmp_path / "state.json").read_bytes() == before
 
@@ -72,12 +73,12 @@ def test_failed_transaction_writes_nothing(tmp_path):
 def test_write_is_atomic_replace(tmp_path):
     """A snapshot is replaced by rename: a reader holding the old inode sees the old bytes whole."""
     store = StateStore(tmp_path, journal_limit_bytes=0)  # every commit writes a snapshot
-    with store.transaction() as st:
-        st.put(_att("c1", "eth-a", "1G"))
+    with store.transaction() as txn:
+        txn.put(_att("c1", "eth-a", "1G"))
     old_inode = os.stat(tmp_path / "state.json").st_ino
     with open(tmp_path / "state.json", "rb") as held:
-        with store.transaction() as st:
-            st.put(_att("c2", "eth-a", "2G"))
+        with store.transaction() as txn:
+            txn.put(_att("c2", "eth-a", "2G"))
         assert len(json.loads(held.read())["attachments"]) == 1
     assert os.stat(tmp_path / "state.json").st_ino != old_inode
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
@@ -108,8 +109,8 @@ def test_lock_timeout_gives_code_11_and_writes_nothing(tmp_path):
         assert ready.wait(10)
         store = StateStore(tmp_path, lock_timeout_s=0.3)
         with pytest.raises(TryAgainLaterError) as ei:
-            with store.transaction() as st:
-                st.put(_att("c1", "eth-a", "1G"))
+            with store.transaction() as txn:
+                txn.put(_att("c1", "eth-a", "1G"))
         assert ei.value.code == 11
         assert not (tmp_path / "state.json").exists()
     finally:
@@ -125,39 +126,39 @@ def test_lock_is_released_when_holder_dies(tmp_path):
     assert ready.wait(10)
     holder.kill()
     holder.join(10)
-    with StateStore(tmp_path, lock_timeout_s=2).transaction() as st:
-        st.put(_att("c1", "eth-a", "1G"))
+    with StateStore(tmp_path, lock_timeout_s=2).transaction() as txn:
+        txn.put(_att("c1", "eth-a", "1G"))
     assert StateStore(tmp_path).read().find("net1", "c1", "eth0") is not None
 
 
 def test_consumption_counts_attachments_and_unattached_claims_once():
-    st = Txn(NodeState())
-    st.put(_att("c1", "eth-a", "4G"))
-    st.put(_att("c2", "eth-a", "3G", phase="ready"))
-    st.set_claims("pod5", [_claim("u5", "eth-b", "6G", "share5")])
-    st.set_claims("pod6", [_claim("u5", "eth-b", "6G", "share5")])  # same claim shared by two pods
-    st.set_claims("other", [_claim("u7", "eth-b", "9G", "x", pool="other-pool")])
-    used = st.consumed_by_device("d", "p")
+    txn = Txn(NodeState())
+    txn.put(_att("c1", "eth-a", "4G"))
+    txn.put(_att("c2", "eth-a", "3G", phase="ready"))
+    txn.set_claims("pod5", [_claim("u5", "eth-b", "6G", "share5")])
+    txn.set_claims("pod6", [_claim("u5", "eth-b", "6G", "share5")])  # same claim shared by two pods
+    txn.set_claims("other", [_claim("u7", "eth-b", "9G", "x", pool="other-pool")])
+    used = node_usage(txn.state, "d", "p").consumed
     assert used["eth-a"]["bandwidth"] == Quantity.parse("7G")
     assert used["eth-b"]["bandwidth"] == Quantity.parse("6G")
     # once pod5's claim is attached, it is counted through the attachment only
     att = _att("c5", "eth-b", "6G").model_copy(update={
         "shareID": "share5", "claim": ClaimRef(uid="u5", name="c-u5", namespace="ns")})
-    st.put(att)
-    assert st.consumed_by_device("d", "p")["eth-b"]["bandwidth"] == Quantity.parse("6G")
+    txn.put(att)
+    assert node_usage(txn.state, "d", "p").consumed["eth-b"]["bandwidth"] == Quantity.parse("6G")
 
 
 def test_remove_returns_the_attachment_and_is_idempotent():
-    st = Txn(NodeState(attachments=[_att("c1", "eth-a", "1G")]))
-    assert st.remove("net1", "c1", "eth0").containerID == "c1"
-    assert st.remove("net1", "c1", "eth0") is None
-    assert st.attachments == []
+    txn = Txn(NodeState(attachments=[_att("c1", "eth-a", "1G")]))
+    assert txn.remove("net1", "c1", "eth0").containerID == "c1"
+    assert txn.remove("net1", "c1", "eth0") is None
+    assert txn.attachments == []
 
 
 # -- the state directory ------------------------------------------------------------------
 def _use(store: StateStore, cid: str = "a") -> None:
-    with store.transaction() as st:
-        st.put(_att(cid, "nic-a", "1G"))
+    with store.transaction() as txn:
+        txn.put(_att(cid, "nic-a", "1G"))
 
 
 def test_state_dir_that_is_a_symlink_is_refused(tmp_path):
@@ -245,13 +246,13 @@ def test_state_dir_costs_one_lstat_per_store(tmp_path, monkeypatch):
 
 
 def test_prepared_claims_are_decoded_once_and_again_after_a_change():
-    st = Txn(NodeState())
-    st.set_claims("pod", [_claim("u1", "eth-b", "6G", "sh")])
-    first = st.state.prepared("pod")
+    txn = Txn(NodeState())
+    txn.set_claims("pod", [_claim("u1", "eth-b", "6G", "sh")])
+    first = txn.state.prepared("pod")
     assert first[0].uid == "u1" and first[0].results[0].device == "eth-b"
     assert first[0].results[0].consumedCapacity == {"bandwidth": Quantity.parse("6G")}
-    assert st.state.prepared("pod") is first  # not decoded again
-    st.set_claims("pod", [_claim("u2", "eth-a", "1G", "sh2")])
-    assert [c.uid for c in st.state.prepared("pod")] == ["u2"]
-    assert st.state.claim_pods("u2") == {"pod"} and st.state.claim_pods("u1") == set()
-    assert st.state.prepared("other") == ()
+    assert txn.state.prepared("pod") is first  # not decoded again
+    txn.set_claims("pod", [_claim("u2", "eth-a", "1G", "sh2")])
+    assert [c.uid for c in txn.state.prepared("pod")] == ["u2"]
+    assert txn.state.claim_pods("u2") == {"pod"} and txn.state.claim_pods("u1") == set()
+    assert txn.state.prepared("other") == ()

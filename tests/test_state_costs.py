@@ -76,8 +76,8 @@ def _costs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], stdin: bytes) -
 def test_add_and_del_take_the_lock_and_sync_as_often_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env, stdin = _node(tmp_path, monkeypatch)
     for n in range(2):  # a snapshot, then a journal: the verbs' commits append to it
-        with StateStore(tmp_path / "state").transaction() as st:
-            st.add_status_update({"claim": {"uid": f"other-{n}"}})
+        with StateStore(tmp_path / "state").transaction() as txn:
+            txn.add_status_update({"claim": {"uid": f"other-{n}"}})
     add = _costs(monkeypatch, {**env, "CNI_COMMAND": "ADD"}, stdin)
     delete = _costs(monkeypatch, {**env, "CNI_COMMAND": "DEL"}, stdin)
     assert (add, delete) == (ADD_COSTS, DEL_COSTS)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cni_dra.state import Attachment, StateStore
-from cni_dra.state.models import STEP_LINK
+from cni_dra.state.schema import STEP_LINK
 
 KEY = ("net", "c1", "eth0")
 CLAIM = {"metadata": {"uid": "u1", "name": "c"},
@@ -77,15 +77,15 @@ def test_an_in_place_change_is_refused_and_memory_still_equals_the_files(
     monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
     store = StateStore(tmp_path)
     for n in range(2):  # a snapshot, then a journal: commits append
-        with store.transaction() as st:
-            st.set_boot_id(f"b{n}")
+        with store.transaction() as txn:
+            txn.set_boot_id(f"b{n}")
             if n == 0:
-                st.put(_att())
-                st.set_claims("pod-1", [CLAIM])
-                st.add_status_update({"id": "r1"})
+                txn.put(_att())
+                txn.set_claims("pod-1", [CLAIM])
+                txn.add_status_update({"id": "r1"})
     with pytest.raises((TypeError, AttributeError, ValueError)):
-        with store.transaction() as st:
-            change(st)
+        with store.transaction() as txn:
+            change(txn)
     on_disk = store.read_files().model_dump(mode="json")
     assert store.read().model_dump(mode="json") == on_disk
     assert on_disk["attachments"][0]["steps"] == []
@@ -99,11 +99,11 @@ def test_an_in_place_change_is_refused_and_memory_still_equals_the_files(
 def test_a_change_through_the_transaction_is_journaled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
     store = StateStore(tmp_path)
-    with store.transaction() as st:
-        st.put(_att())
-    with store.transaction() as st:
-        new = st.update(KEY, steps=[STEP_LINK], phase="deleting")
-        assert st.find(*KEY) is new  # later reads in the block see it
+    with store.transaction() as txn:
+        txn.put(_att())
+    with store.transaction() as txn:
+        new = txn.update(KEY, steps=[STEP_LINK], phase="deleting")
+        assert txn.find(*KEY) is new  # later reads in the block see it
     for state in (store.read_files(), store.read()):
         att = state.find(*KEY)
         assert att is not None and att.steps == (STEP_LINK,) and att.phase == "deleting"
@@ -112,10 +112,10 @@ def test_a_change_through_the_transaction_is_journaled(tmp_path: Path, monkeypat
 
 def test_an_update_cannot_change_the_key(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
-    with store.transaction() as st:
-        st.put(_att())
-    with pytest.raises(ValueError, match="key"), store.transaction() as st:
-        st.update(KEY, ifname="eth1")
+    with store.transaction() as txn:
+        txn.put(_att())
+    with pytest.raises(ValueError, match="key"), store.transaction() as txn:
+        txn.update(KEY, ifname="eth1")
     assert store.read_files().find(*KEY) is not None
 
 
@@ -123,8 +123,8 @@ def test_a_copy_that_skipped_validation_is_frozen_when_recorded(tmp_path: Path, 
     monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
     store = StateStore(tmp_path)
     unvalidated = _att().model_copy(update={"result": {"interfaces": []}, "steps": [STEP_LINK]})
-    with store.transaction() as st:
-        recorded = st.put(unvalidated)
+    with store.transaction() as txn:
+        recorded = txn.put(unvalidated)
     assert recorded.steps == (STEP_LINK,)
     with pytest.raises(TypeError):
         store.read().find(*KEY).result["interfaces"].append({"name": "eth9"})
@@ -133,7 +133,7 @@ def test_a_copy_that_skipped_validation_is_frozen_when_recorded(tmp_path: Path, 
 
 def test_an_update_naming_no_field_is_refused(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
-    with store.transaction() as st:
-        st.put(_att())
-    with pytest.raises(TypeError, match="no field notes"), store.transaction() as st:
-        st.update(KEY, notes="typo")
+    with store.transaction() as txn:
+        txn.put(_att())
+    with pytest.raises(TypeError, match="no field notes"), store.transaction() as txn:
+        txn.update(KEY, notes="typo")

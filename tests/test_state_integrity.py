@@ -21,10 +21,10 @@ from cni_dra import faults
 from cni_dra.errors import StateError, TryAgainLaterError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state.models import SCHEMA_VERSION, Owner, migrate
+from cni_dra.state.schema import SCHEMA_VERSION, Owner, migrate
 from cni_dra.state.store import boot_id, current_owner, decode_state, encode_state, owner_alive
-from cni_dra.verbs.recover import recover
-from cni_dra.verbs.repair import repair
+from cni_dra.attach.recover import recover
+from cni_dra.attach.rebuild import repair
 
 
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
@@ -49,7 +49,7 @@ def _dead_owner() -> Owner:
 
 states = st.builds(
     lambda cids, bws, claim: NodeState(
-        bootID="b", attachments=[_att(c, b) for c, b in zip(cids, bws)], claims={"pod": [_claim("u")]} if claim else {}
+        bootID="b", attachments=[_att(c, b) for c, b in zip(cids, bws, strict=False)], claims={"pod": [_claim("u")]} if claim else {}
     ),
     st.lists(st.from_regex(r"[a-z0-9]{1,12}", fullmatch=True), max_size=4, unique=True),
     st.lists(st.sampled_from(["100M", "1G", "2500M", "10G"]), min_size=4, max_size=4),
@@ -108,8 +108,8 @@ def test_corrupt_files_name_the_problem(tmp_path, content, why):
 def test_missing_file_with_a_backup_is_not_empty(tmp_path):
     store = StateStore(tmp_path)
     for cid in ("c1", "c2"):
-        with store.transaction() as s:
-            s.put(_att(cid))
+        with store.transaction() as txn:
+            txn.put(_att(cid))
     (tmp_path / "state.json").unlink()
     with pytest.raises(StateError, match="missing but state.json.bak exists"):
         store.read()
@@ -126,8 +126,8 @@ def test_schema_1_file_is_migrated_and_rewritten_as_current(tmp_path):
     got = store.read()
     assert got.schemaVersion == SCHEMA_VERSION and got.bootID is None
     assert got.find("net", "c1", "eth0").consumedCapacity == {"bandwidth": Quantity.parse("2G")}
-    with store.transaction() as s:
-        s.set_boot_id("x")
+    with store.transaction() as txn:
+        txn.set_boot_id("x")
     raw = json.loads((tmp_path / "state.json").read_bytes())  # no journal in a schema-1 file: a new snapshot
     assert raw["schemaVersion"] == SCHEMA_VERSION and raw["checksum"].startswith("sha256:")
     assert raw["journal"]["seq"] == 0 and raw["bootID"] == "x"
@@ -145,12 +145,12 @@ def test_newer_schema_is_refused():
 # -- atomic writes and backup --------------------------------------------------------------
 def test_each_snapshot_is_written_twice_and_the_backup_takes_the_journal(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
     first = (tmp_path / "state.json").read_bytes()
     assert (tmp_path / "state.json.bak").read_bytes() == first
-    with store.transaction() as s:  # journaled: the snapshot and its copy stay
-        s.put(_att("c2"))
+    with store.transaction() as txn:  # journaled: the snapshot and its copy stay
+        txn.put(_att("c2"))
     assert (tmp_path / "state.json").read_bytes() == first == (tmp_path / "state.json.bak").read_bytes()
     (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damage the snapshot: the copy + journal still hold all
     assert [a.containerID for a in store.read_backup().attachments] == ["c1", "c2"]
@@ -158,8 +158,8 @@ def test_each_snapshot_is_written_twice_and_the_backup_takes_the_journal(tmp_pat
 
 def test_crash_before_rename_leaves_old_file_and_leftover_is_cleaned(tmp_path, monkeypatch):
     store = StateStore(tmp_path, journal_limit_bytes=0)  # every commit writes a snapshot
-    with store.transaction() as s:
-        s.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
     before = (tmp_path / "state.json").read_bytes()
     real_replace = os.replace
 
@@ -170,14 +170,14 @@ def test_crash_before_rename_leaves_old_file_and_leftover_is_cleaned(tmp_path, m
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(StateError):
-        with store.transaction() as s:
-            for _a in list(s.attachments):
-                s.remove(*_a.key)
+        with store.transaction() as txn:
+            for _a in list(txn.attachments):
+                txn.remove(*_a.key)
     monkeypatch.setattr(os, "replace", real_replace)
     assert (tmp_path / "state.json").read_bytes() == before
     (tmp_path / ".state.json.99999.tmp").write_bytes(b"half")  # left by a writer that died
-    with store.transaction() as s:
-        s.put(_att("c2"))
+    with store.transaction() as txn:
+        txn.put(_att("c2"))
     assert not list(tmp_path.glob(".state.json*.tmp"))
 
 
@@ -228,9 +228,9 @@ def test_owner_liveness():
 
 def test_recover_undoes_stale_intents_and_keeps_live_ones(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.set_boot_id(boot_id())
-        s.put_all([
+    with store.transaction() as txn:
+        txn.set_boot_id(boot_id())
+        txn.put_all([
             _att("done"),
             _att("crashed-add", phase="adding", owner=_dead_owner(), steps=["link"]),
             _att("crashed-del", phase="deleting", owner=_dead_owner()),
@@ -246,10 +246,10 @@ def test_recover_undoes_stale_intents_and_keeps_live_ones(tmp_path):
 def test_recover_after_reboot_releases_gone_netns_and_keeps_claims(tmp_path):
     store = StateStore(tmp_path)
     live_ns = f"/proc/{os.getpid()}/ns/net"  # exists (recovery only asks whether it is gone)
-    with store.transaction() as s:
-        s.set_boot_id("previous-boot")
-        s.set_claims("pod", [_claim("u")])
-        s.put_all([_att("gone", netns=str(tmp_path / "no-such-netns")), _att("alive", netns=live_ns)])
+    with store.transaction() as txn:
+        txn.set_boot_id("previous-boot")
+        txn.set_claims("pod", [_claim("u")])
+        txn.put_all([_att("gone", netns=str(tmp_path / "no-such-netns")), _att("alive", netns=live_ns)])
     report = recover(store, environ={})
     got = store.read()
     assert {a.containerID for a in got.attachments} == {"alive"}
@@ -259,11 +259,11 @@ def test_recover_after_reboot_releases_gone_netns_and_keeps_claims(tmp_path):
 
 def test_repair_restores_backup_and_drops_dead_attachments(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.set_claims("pod", [_claim("u")])
-        s.put(_att("c1"))
-    with store.transaction() as s:
-        s.put(_att("c2"))
+    with store.transaction() as txn:
+        txn.set_claims("pod", [_claim("u")])
+        txn.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c2"))
     (tmp_path / "state.json").write_bytes(b'{"schemaVersion": 2, "attac')
     report = repair(store, environ={})
     text = "\n".join(report.changes)
@@ -313,9 +313,9 @@ def test_recovered_claim_mode_add_leaves_a_failure_record_for_the_agent(tmp_path
     from cni_dra.state import ClaimRef
 
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.set_boot_id(boot_id())
-        s.put(_att("crashed", phase="adding", owner=_dead_owner(),
+    with store.transaction() as txn:
+        txn.set_boot_id(boot_id())
+        txn.put(_att("crashed", phase="adding", owner=_dead_owner(),
                                   claim=ClaimRef(namespace="ns", name="c", uid="cu", request="net")))
     recover(store, environ={})
     got = store.read()
@@ -337,9 +337,9 @@ def test_recover_releases_ipam_of_a_previous_boot_intent_whatever_its_steps(tmp_
     conf = json.dumps({"cniVersion": "1.0.0", "name": "net", "ipam": {"type": "fake-ipam"}})
     me = current_owner()
     store = StateStore(tmp_path / "state")
-    with store.transaction() as s:
-        s.set_boot_id(boot_id())
-        s.put_all([
+    with store.transaction() as txn:
+        txn.set_boot_id(boot_id())
+        txn.put_all([
             _att("this-boot", phase="adding", owner=_dead_owner(), ipamType="fake-ipam", ipamConf=conf),
             _att("earlier-boot", phase="adding", owner=Owner(pid=me.pid, start=me.start, boot="earlier"),
                  ipamType="fake-ipam", ipamConf=conf),
@@ -356,12 +356,12 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
     DEL is not refused as "ADD in progress" for as long as the agent runs. An intent of a
     live owner without a live link stays in flight."""
     from cni_dra.netlink import shaping
-    from cni_dra.verbs import repair as repair_mod
+    from cni_dra.attach import rebuild as repair_mod
 
     me = current_owner()
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put_all([
+    with store.transaction() as txn:
+        txn.put_all([
             _att("served", phase="adding", owner=me, netns="/var/run/netns/a"),
             _att("in-flight", phase="adding", owner=me, netns="/var/run/netns/b"),
         ])

@@ -39,8 +39,8 @@ import pytest
 from cni_dra.cni import run
 from cni_dra.errors import StateWriteError
 from cni_dra.state import Attachment, StateStore, fsio
-from cni_dra.state.claims import prepare_claim, unprepare_claims
-from cni_dra.state.models import STEP_IPAM
+from cni_dra.state.preparing import prepare_claim, unprepare_claims
+from cni_dra.state.schema import STEP_IPAM
 from cni_dra.state.store import JOURNAL_FILE, boot_id, current_owner
 from tests.builders import allocation_result, attachment, resource_claim
 
@@ -67,11 +67,11 @@ def _claim(uid: str, bw: str) -> dict:
 
 def _seed(state_dir: Path) -> None:
     """Two other pods' attachments, one pod's claim, one pending status record."""
-    with StateStore(state_dir).transaction() as st:
-        st.set_boot_id(boot_id())
-        st.put_all([_att("other-1"), _att("other-2", device="nic-b", bw="3G"), _att("doomed")])
-        st.set_claims("pod-x", [_claim("u-x", "2G")])
-        st.add_status_update({"claim": "ns/c-u-x", "op": "apply"})
+    with StateStore(state_dir).transaction() as txn:
+        txn.set_boot_id(boot_id())
+        txn.put_all([_att("other-1"), _att("other-2", device="nic-b", bw="3G"), _att("doomed")])
+        txn.set_claims("pod-x", [_claim("u-x", "2G")])
+        txn.add_status_update({"claim": "ns/c-u-x", "op": "apply"})
 
 
 def _fake_ipam(bin_dir: Path) -> None:
@@ -93,32 +93,32 @@ def _key(cid: str) -> tuple[str, str, str]:
 def op_add(d: Path) -> None:
     """ADD's three transactions: reserve (durable), the intent step (not synced), ready."""
     store = StateStore(d)
-    with store.transaction() as st:
-        st.put(_att("new", phase="adding"))
+    with store.transaction() as txn:
+        txn.put(_att("new", phase="adding"))
     try:
-        with store.transaction(durable=False) as st:
-            a = st.find(*_key("new"))
-            st.update(a, steps=[*a.steps, STEP_IPAM])
-        with store.transaction() as st:
-            st.update(_key("new"), phase="ready", readyAt=READY_AT, owner=None, steps=[],
+        with store.transaction(durable=False) as txn:
+            a = txn.find(*_key("new"))
+            txn.update(a, steps=[*a.steps, STEP_IPAM])
+        with store.transaction() as txn:
+            txn.update(_key("new"), phase="ready", readyAt=READY_AT, owner=None, steps=[],
                       result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}]})
     except StateWriteError:
-        with store.transaction() as st:  # ADD's undo: release the capacity
-            st.remove(*_key("new"))
+        with store.transaction() as txn:  # ADD's undo: release the capacity
+            txn.remove(*_key("new"))
         raise
 
 
 def _del_intent(d: Path) -> None:
-    with StateStore(d).transaction(durable=False) as st:
-        st.update(_key("doomed"), phase="deleting", owner=current_owner())
+    with StateStore(d).transaction(durable=False) as txn:
+        txn.update(_key("doomed"), phase="deleting", owner=current_owner())
 
 
 def op_del(d: Path) -> None:
     """DEL's two transactions: the ``deleting`` intent, then the removal (neither synced).
     When the removal fails DEL fails with the intent left: the retried DEL finishes it."""
     _del_intent(d)
-    with StateStore(d).transaction(durable=False) as st:
-        st.remove(*_key("doomed"))
+    with StateStore(d).transaction(durable=False) as txn:
+        txn.remove(*_key("doomed"))
 
 
 def op_gc(d: Path) -> None:
@@ -152,8 +152,8 @@ def _big(cid: str) -> Attachment:
 def op_compact(d: Path) -> None:
     """A commit whose record makes the journal outgrow the snapshot: appended, then folded
     into a new snapshot (and its backup copy)."""
-    with StateStore(d, journal_limit_bytes=1).transaction() as st:
-        st.put(_big("new"))
+    with StateStore(d, journal_limit_bytes=1).transaction() as txn:
+        txn.put(_big("new"))
 
 
 OPERATIONS: dict[str, Callable[[Path], None]] = {
@@ -216,15 +216,15 @@ def test_a_fault_at_any_state_io_call_commits_all_or_nothing(tmp_path: Path, nam
             assert _dump(store) == after
             assert _recover_finds_nothing(d), f"{call} #{n} {kind}: state recover had work left"
             # and the node goes on: one more change commits and reads back
-            with store.transaction() as st:
-                st.set_claims("pod-z", [_claim("u-z", "1G")])
+            with store.transaction() as txn:
+                txn.set_claims("pod-z", [_claim("u-z", "1G")])
             assert _dump(store)["claims"]["pod-z"][0]["metadata"]["uid"] == "u-z"
     assert failures, f"no injected fault made {name} fail"
 
 
 def _recover_finds_nothing(d: Path) -> bool:
     """What ``cni-dra state recover`` would do: nothing."""
-    from cni_dra.verbs.recover import recover
+    from cni_dra.attach.recover import recover
 
     report = recover(StateStore(d), environ={}, cni_path=str(d.parent / "bin"))
     return not report.changes and not report.errors
@@ -241,8 +241,8 @@ def test_a_short_journal_write_is_completed_not_taken_for_a_commit(tmp_path: Pat
         return real(fd, bytes(data)[: max(1, len(data) // 3)], offset)
 
     monkeypatch.setattr(os, "pwrite", short_pwrite)
-    with StateStore(d).transaction() as st:
-        st.put(_att("new"))
+    with StateStore(d).transaction() as txn:
+        txn.put(_att("new"))
     monkeypatch.undo()
     assert StateStore(d).read_files().find(*_key("new")) is not None
 
@@ -254,8 +254,8 @@ def _commit_under_fsize_limit(d: str, slack: int, conn) -> None:
     end = os.path.getsize(os.path.join(d, JOURNAL_FILE))
     resource.setrlimit(resource.RLIMIT_FSIZE, (end + slack, resource.RLIM_INFINITY))
     try:
-        with StateStore(d).transaction() as st:
-            st.put(_att("new"))
+        with StateStore(d).transaction() as txn:
+            txn.put(_att("new"))
         conn.send("committed")
     except StateWriteError as exc:
         conn.send(f"failed: {exc.msg}")
@@ -268,8 +268,8 @@ def test_a_real_short_write_fails_the_commit_and_leaves_no_torn_record(tmp_path:
 
     d = tmp_path / "state"
     _seed(d)
-    with StateStore(d).transaction() as st:  # a journal to append to
-        st.set_claims("pod-z", [_claim("u-z", "1G")])
+    with StateStore(d).transaction() as txn:  # a journal to append to
+        txn.set_claims("pod-z", [_claim("u-z", "1G")])
     before = _dump(StateStore(d))
     size = os.path.getsize(d / JOURNAL_FILE)
     ctx = multiprocessing.get_context("fork")
@@ -282,8 +282,8 @@ def test_a_real_short_write_fails_the_commit_and_leaves_no_torn_record(tmp_path:
     assert "File too large" in answer
     assert os.path.getsize(d / JOURNAL_FILE) == size  # the partial record was cut off again
     assert _dump(StateStore(d)) == before
-    with StateStore(d).transaction() as st:  # and the next writer appends after the last good record
-        st.put(_att("new"))
+    with StateStore(d).transaction() as txn:  # and the next writer appends after the last good record
+        txn.put(_att("new"))
     assert StateStore(d).read_files().find(*_key("new")) is not None
 
 

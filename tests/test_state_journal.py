@@ -12,15 +12,14 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from cni_dra.errors import StateError
 from cni_dra.quantity import Quantity
-from pydantic import ValidationError
-
 from cni_dra.state import Attachment, NodeState, StateStore, ops
 from cni_dra.state import cache as state_cache
 from cni_dra.state.store import JOURNAL_FILE, encode_state
-from cni_dra.verbs.repair import repair
+from cni_dra.attach.rebuild import repair
 
 
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
@@ -42,12 +41,12 @@ def _ids(state: NodeState) -> list[str]:
 
 def test_a_commit_appends_one_record_and_leaves_the_snapshot(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
     snapshot = (tmp_path / "state.json").read_bytes()
-    with store.transaction() as s:
-        s.update(("net", "c1", "eth0"), phase="deleting")
-        s.put(_att("c2"))
+    with store.transaction() as txn:
+        txn.update(("net", "c1", "eth0"), phase="deleting")
+        txn.put(_att("c2"))
     assert (tmp_path / "state.json").read_bytes() == snapshot
     lines = (tmp_path / JOURNAL_FILE).read_bytes().splitlines()
     assert len(lines) == 1
@@ -60,41 +59,41 @@ def test_a_commit_appends_one_record_and_leaves_the_snapshot(tmp_path):
 
 def test_removal_claims_status_and_boot_id_are_journaled(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put_all([_att("c1"), _att("c2"), _att("c3")])
-        s.set_claims("pod-a", [{"metadata": {"uid": "u1"}}])
-    with store.transaction() as s:
-        s.remove("net", "c2", "eth0")
-        s.set_claims("pod-a", [*s.claims["pod-a"], {"metadata": {"uid": "u2"}}])
-        s.set_claims("pod-b", [{"metadata": {"uid": "u3"}}])
-        s.add_status_update({"claim": {"uid": "u1"}, "ready": True})
-        s.set_boot_id("boot-2")
+    with store.transaction() as txn:
+        txn.put_all([_att("c1"), _att("c2"), _att("c3")])
+        txn.set_claims("pod-a", [{"metadata": {"uid": "u1"}}])
+    with store.transaction() as txn:
+        txn.remove("net", "c2", "eth0")
+        txn.set_claims("pod-a", [*txn.claims["pod-a"], {"metadata": {"uid": "u2"}}])
+        txn.set_claims("pod-b", [{"metadata": {"uid": "u3"}}])
+        txn.add_status_update({"claim": {"uid": "u1"}, "ready": True})
+        txn.set_boot_id("boot-2")
     assert (tmp_path / JOURNAL_FILE).exists()
     got = _fresh(tmp_path)
     assert _ids(got) == ["c1", "c3"]
     assert [c["metadata"]["uid"] for c in got.claims["pod-a"]] == ["u1", "u2"]
     assert got.claims["pod-b"] == [{"metadata": {"uid": "u3"}}]
     assert got.statusUpdates == [{"claim": {"uid": "u1"}, "ready": True}] and got.bootID == "boot-2"
-    with store.transaction() as s:
-        s.set_claims("pod-a", None)
-        s.set_status_updates([])
+    with store.transaction() as txn:
+        txn.set_claims("pod-a", None)
+        txn.set_status_updates([])
     got = _fresh(tmp_path)
     assert set(got.claims) == {"pod-b"} and got.statusUpdates == []
 
 
 def test_a_torn_last_record_is_ignored_then_cut_off(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
-    with store.transaction() as s:
-        s.put(_att("c2"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c2"))
     journal = tmp_path / JOURNAL_FILE
     good = journal.read_bytes()
     with open(journal, "ab") as f:  # a writer died halfway through its append
         f.write(b'{"j":"x","seq":2,"ops":[{"put":{"netw')
     assert _ids(_fresh(tmp_path)) == ["c1", "c2"]
-    with StateStore(tmp_path).transaction() as s:
-        s.put(_att("c3"))
+    with StateStore(tmp_path).transaction() as txn:
+        txn.put(_att("c3"))
     data = journal.read_bytes()
     assert data.startswith(good) and data.count(b"\n") == 2  # the torn bytes are gone
     assert _ids(_fresh(tmp_path)) == ["c1", "c2", "c3"]
@@ -102,11 +101,11 @@ def test_a_torn_last_record_is_ignored_then_cut_off(tmp_path):
 
 def test_a_bad_record_before_good_ones_is_corruption_and_repair_keeps_the_good_prefix(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
     for cid in ("c2", "c3"):
-        with store.transaction() as s:
-            s.put(_att(cid))
+        with store.transaction() as txn:
+            txn.put(_att(cid))
     journal = tmp_path / JOURNAL_FILE
     first, second = journal.read_bytes().splitlines(keepends=True)
     journal.write_bytes(first + second.replace(b'"c3"', b'"c4"'))  # checksum no longer matches, then...
@@ -124,28 +123,28 @@ def test_a_bad_record_before_good_ones_is_corruption_and_repair_keeps_the_good_p
 
 def test_a_journal_of_another_snapshot_is_ignored(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
-    with store.transaction() as s:
-        s.put(_att("c2"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c2"))
     # someone writes a snapshot of their own (no journal reference): the journal is stale
     (tmp_path / "state.json").write_bytes(encode_state(NodeState(attachments=[_att("x")])))
     assert _ids(_fresh(tmp_path)) == ["x"]
-    with StateStore(tmp_path).transaction() as s:
-        s.put(_att("y"))
+    with StateStore(tmp_path).transaction() as txn:
+        txn.put(_att("y"))
     assert _ids(_fresh(tmp_path)) == ["x", "y"]
 
 
 def test_the_journal_is_folded_into_a_new_snapshot_past_its_limit(tmp_path):
     store = StateStore(tmp_path, journal_limit_bytes=2000)
-    with store.transaction() as s:
-        s.put(_att("c0"))
+    with store.transaction() as txn:
+        txn.put(_att("c0"))
     first = json.loads((tmp_path / "state.json").read_bytes())["journal"]["id"]
     i = 0
     while json.loads((tmp_path / "state.json").read_bytes())["journal"]["id"] == first:
         i += 1
-        with store.transaction() as s:
-            s.put(_att(f"c{i}"))
+        with store.transaction() as txn:
+            txn.put(_att(f"c{i}"))
         assert i < 50, "never compacted"
     assert not (tmp_path / JOURNAL_FILE).exists()
     snap = json.loads((tmp_path / "state.json").read_bytes())
@@ -155,16 +154,16 @@ def test_the_journal_is_folded_into_a_new_snapshot_past_its_limit(tmp_path):
 
 def _other_process_adds(path: str, cid: str) -> None:
     state_cache.CACHE.clear()
-    with StateStore(path).transaction() as s:
-        s.put(_att(cid))
+    with StateStore(path).transaction() as txn:
+        txn.put(_att(cid))
 
 
 def test_a_cached_reader_sees_what_another_process_appended(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
-    with store.transaction() as s:
-        s.put(_att("c2"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c2"))
     assert _ids(store.read()) == ["c1", "c2"]  # now cached in this process
     proc = multiprocessing.get_context("fork").Process(target=_other_process_adds, args=(str(tmp_path), "c3"))
     proc.start()
@@ -175,22 +174,22 @@ def test_a_cached_reader_sees_what_another_process_appended(tmp_path):
 
 def test_a_change_outside_a_transaction_is_refused(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
     with pytest.raises(ValidationError, match="frozen"):
         store.read().attachments[0].phase = "deleting"  # read() is read-only, and so is what it holds
-    with store.transaction() as s:
-        assert s.attachments[0].phase == "ready"
+    with store.transaction() as txn:
+        assert txn.attachments[0].phase == "ready"
 
 
 def test_failed_transaction_leaves_memory_and_disk_as_they_were(tmp_path):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
     with pytest.raises(RuntimeError):
-        with store.transaction() as s:
-            s.update(s.attachments[0], phase="deleting")
-            s.put(_att("c2"))
+        with store.transaction() as txn:
+            txn.update(txn.attachments[0], phase="deleting")
+            txn.put(_att("c2"))
             raise RuntimeError("boom")
     got = store.read()
     assert _ids(got) == ["c1"] and got.attachments[0].phase == "ready"
@@ -199,12 +198,12 @@ def test_failed_transaction_leaves_memory_and_disk_as_they_were(tmp_path):
 def test_verify_mode_catches_a_cache_that_differs_from_the_files(tmp_path, monkeypatch):
     monkeypatch.setenv("CNI_DRA_STATE_VERIFY", "1")
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
     with pytest.raises(StateError, match="does not reproduce"):
-        with store.transaction() as s:
-            ops.apply(s.state, ops.Put(_att("c2")))  # applied, not kept: the journal never sees it
-            s.set_boot_id("other")  # something kept, so a record is written
+        with store.transaction() as txn:
+            ops.apply(txn.state, ops.Put(_att("c2")))  # applied, not kept: the journal never sees it
+            txn.set_boot_id("other")  # something kept, so a record is written
 
 
 # -- property: any sequence of transactions reads back the same from scratch ---------------
@@ -229,30 +228,30 @@ _ops = st.lists(
 def test_any_sequence_of_transactions_reads_back_from_scratch(tmp_path_factory, transactions, limit):
     path = tmp_path_factory.mktemp("journal")
     store = StateStore(path, journal_limit_bytes=limit)
-    for ops in transactions:
-        fails = any(op == "fail" for op, _ in ops)
+    for txn_ops in transactions:
+        fails = any(op == "fail" for op, _ in txn_ops)
         try:
-            with store.transaction() as s:
-                for op, n in ops:
+            with store.transaction() as txn:
+                for op, n in txn_ops:
                     cid = f"c{n}"
-                    att = s.find("net", cid, "eth0")
+                    att = txn.find("net", cid, "eth0")
                     if op == "add" and att is None:
-                        s.put(_att(cid))
+                        txn.put(_att(cid))
                     elif op == "del" and att is not None:
-                        s.remove("net", cid, "eth0")
+                        txn.remove("net", cid, "eth0")
                     elif op == "phase" and att is not None:
-                        s.update(att, phase="deleting" if att.phase == "ready" else "ready")
+                        txn.update(att, phase="deleting" if att.phase == "ready" else "ready")
                     elif op == "claim":
-                        s.set_claims(f"pod{n}", [*s.claims.get(f"pod{n}", ()), {"metadata": {"uid": f"u{len(s.claims)}"}}])
+                        txn.set_claims(f"pod{n}", [*txn.claims.get(f"pod{n}", ()), {"metadata": {"uid": f"u{len(txn.claims)}"}}])
                     elif op == "unclaim":
-                        s.set_claims(f"pod{n}", None)
+                        txn.set_claims(f"pod{n}", None)
                     elif op == "status":
-                        s.add_status_update({"n": n})
+                        txn.add_status_update({"n": n})
                     elif op == "boot":
-                        s.set_boot_id(f"b{n}")
+                        txn.set_boot_id(f"b{n}")
                     elif op == "reorder" and att is not None:  # a removed key comes back last
-                        s.remove("net", cid, "eth0")
-                        s.put(att)
+                        txn.remove("net", cid, "eth0")
+                        txn.put(att)
                 if fails:
                     raise RuntimeError("rolled back")
         except RuntimeError:
@@ -266,12 +265,12 @@ def test_the_change_stamp_moves_with_a_journaled_commit(tmp_path):
     journal leaves state.json untouched, so the stamp must cover the journal too."""
     store = StateStore(tmp_path)
     assert store.change_stamp() is None
-    with store.transaction() as s:
-        s.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
     before = store.change_stamp()
     snapshot = (tmp_path / "state.json").read_bytes()
-    with store.transaction() as s:
-        s.add_status_update({"claim": {"uid": "u"}})
+    with store.transaction() as txn:
+        txn.add_status_update({"claim": {"uid": "u"}})
     assert (tmp_path / "state.json").read_bytes() == snapshot
     assert store.change_stamp() != before
 
@@ -281,8 +280,8 @@ def test_replaying_another_process_records_keeps_the_cache(tmp_path, monkeypatch
     making it look changed outside a transaction (which would force a full re-read)."""
     monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)  # verify mode re-reads on purpose
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
     store.read()  # cached here
     proc = multiprocessing.get_context("fork").Process(target=_phase_elsewhere, args=(str(tmp_path),))
     proc.start()
@@ -291,34 +290,34 @@ def test_replaying_another_process_records_keeps_the_cache(tmp_path, monkeypatch
     reads = []
     real = state_cache.decode_snapshot
     monkeypatch.setattr(state_cache, "decode_snapshot", lambda *a, **k: reads.append(1) or real(*a, **k))
-    with store.transaction() as s:  # replays the other process's record, then commits its own
-        assert s.find("net", "c1", "eth0").phase == "deleting"
-        s.set_boot_id("b")
-    with store.transaction() as s:
-        s.set_boot_id("c")
+    with store.transaction() as txn:  # replays the other process's record, then commits its own
+        assert txn.find("net", "c1", "eth0").phase == "deleting"
+        txn.set_boot_id("b")
+    with store.transaction() as txn:
+        txn.set_boot_id("c")
     assert reads == []  # the snapshot was never parsed again
 
 
 def _phase_elsewhere(path: str) -> None:
     state_cache.CACHE.clear()
-    with StateStore(path).transaction() as s:
-        s.update(("net", "c1", "eth0"), phase="deleting")
+    with StateStore(path).transaction() as txn:
+        txn.update(("net", "c1", "eth0"), phase="deleting")
 
 
 def test_a_non_durable_commit_is_appended_without_fdatasync(tmp_path, monkeypatch):
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
-    with store.transaction() as s:  # the journal file exists from here on
-        s.set_boot_id("b0")
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
+    with store.transaction() as txn:  # the journal file exists from here on
+        txn.set_boot_id("b0")
     synced = []
     real = os.fdatasync
     monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(fd) or real(fd))
-    with store.transaction(durable=False) as s:
-        s.update(("net", "c1", "eth0"), steps=["link"])
+    with store.transaction(durable=False) as txn:
+        txn.update(("net", "c1", "eth0"), steps=["link"])
     assert synced == []
-    with store.transaction() as s:
-        s.set_boot_id("b1")
+    with store.transaction() as txn:
+        txn.set_boot_id("b1")
     assert len(synced) == 1  # a durable commit syncs the file, the earlier record with it
     assert _fresh(tmp_path).find("net", "c1", "eth0").steps == ("link",)
 
@@ -329,16 +328,16 @@ def test_a_same_size_edit_of_a_read_record_is_noticed_by_a_cached_reader(tmp_pat
 
     monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
     store = StateStore(tmp_path)
-    with store.transaction() as s:
-        s.put(_att("c1"))
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
     for cid in ("c2", "c3"):
-        with store.transaction() as s:
-            s.put(_att(cid))
+        with store.transaction() as txn:
+            txn.put(_att(cid))
     store.read()  # cached, journal read to its end
     journal = tmp_path / JOURNAL_FILE
     data = journal.read_bytes()
     time.sleep(0.01)  # a later mtime for sure
     journal.write_bytes(data.replace(b'"c2"', b'"x2"', 1))  # same size, checksum now wrong
     with pytest.raises(StateError, match="journal is corrupt"):
-        with store.transaction() as s:
-            s.set_boot_id("b")
+        with store.transaction() as txn:
+            txn.set_boot_id("b")

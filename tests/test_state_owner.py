@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_dra.state.models import Owner
+from cni_dra.state.schema import Owner
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
 
 PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit()

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from cni_dra.state import Attachment, StateStore
+from cni_dra.state.ledger import node_usage
 
 
 def _att(cid: str) -> Attachment:
@@ -22,8 +23,8 @@ def _att(cid: str) -> Attachment:
 
 def test_a_state_read_stays_whole_while_other_threads_commit(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
-    with store.transaction() as st:
-        st.put_all(_att(f"seed{i}") for i in range(50))
+    with store.transaction() as txn:
+        txn.put_all(_att(f"seed{i}") for i in range(50))
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -31,10 +32,10 @@ def test_a_state_read_stays_whole_while_other_threads_commit(tmp_path: Path) -> 
         n = 0
         try:
             while not stop.is_set():
-                with store.transaction() as st:
-                    st.put(_att(f"{me}{n}"))
+                with store.transaction() as txn:
+                    txn.put(_att(f"{me}{n}"))
                     if n >= 5:
-                        st.remove("net", f"{me}{n - 5}", "eth0")
+                        txn.remove("net", f"{me}{n - 5}", "eth0")
                 n += 1
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -50,7 +51,7 @@ def test_a_state_read_stays_whole_while_other_threads_commit(tmp_path: Path) -> 
                 if i % 10 == 0:
                     time.sleep(0)  # let them run mid-iteration
             assert [a.containerID for a in state.attachments] == before  # the object did not change
-            assert state.consumed_by_device("d", "p")["nic-a"]["bandwidth"].nanos == len(before) * 10**15
+            assert node_usage(state, "d", "p").consumed["nic-a"]["bandwidth"].nanos == len(before) * 10**15
     finally:
         stop.set()
         for t in threads:
@@ -61,12 +62,12 @@ def test_a_state_read_stays_whole_while_other_threads_commit(tmp_path: Path) -> 
 
 def test_a_transaction_changes_its_own_copy_not_the_state_it_started_from(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
-    with store.transaction() as st:
-        st.put(_att("a"))
+    with store.transaction() as txn:
+        txn.put(_att("a"))
     held = store.read()
-    with store.transaction() as st:
-        assert st.state is held  # read, not yet changed: shared
-        st.put(_att("b"))
-        assert st.state is not held and len(st.attachments) == 2
+    with store.transaction() as txn:
+        assert txn.state is held  # read, not yet changed: shared
+        txn.put(_att("b"))
+        assert txn.state is not held and len(txn.attachments) == 2
     assert [a.containerID for a in held.attachments] == ["a"]
     assert [a.containerID for a in store.read().attachments] == ["a", "b"]

@@ -19,13 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cni_dra.allocator import NoFit, select_device
-from cni_dra.dra.models import Device
+from cni_dra.dra.objects import Device
 from cni_dra.errors import ClaimError, NoCapacityError
 from cni_dra.protocol.config import load_conf
 from cni_dra.protocol.env import parse_env
 from cni_dra.quantity import Quantity
-from cni_dra.state import Attachment, ClaimRef, NodeState, StateStore, Txn
-from cni_dra.verbs.common import Invocation
+from cni_dra.state import Attachment, NodeState, StateStore, Txn
+from cni_dra.state.ledger import node_usage
+from cni_dra.attach.invocation import Invocation
 
 DRIVER = "net.cni-dra.dev"
 G = Quantity.parse("1G")
@@ -100,15 +101,15 @@ def _parents(devices: list[dict[str, Any]]) -> dict[str, _Parent]:
 
 def _reserve_until_refused(tmp_path: Path, store: StateStore, devices: list[dict[str, Any]], n: int) -> list[str]:
     """Standalone ADD reservations of 1G each, committed one by one; the devices they got."""
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     got = []
     for i in range(n):
         inv = _invocation(tmp_path, devices, f"new{i}")
         try:
-            with store.transaction() as state:
-                att = plan_attachment(inv, state.state, _parents(devices))
-                state.put(att)
+            with store.transaction() as txn:
+                att = plan_attachment(inv, txn.state, _parents(devices))
+                txn.put(att)
         except NoCapacityError:
             break
         got.append(att.device)
@@ -144,19 +145,19 @@ def test_unrecorded_attachment_counted_once_in_status(tmp_path: Path) -> None:
 def test_null_consumed_capacity_in_schema_1_reads_as_unrecorded(tmp_path: Path) -> None:
     store = _schema_1(tmp_path, [_old_attachment("old", "a", consumedCapacity=None)])
     devices = {"a": Device.model_validate(_device("a"))}
-    assert store.read().consumed_by_device(DRIVER, "n", devices) == {"a": {"bandwidth": Quantity.parse("10G")}}
+    assert node_usage(store.read(), DRIVER, "n", devices).consumed == {"a": {"bandwidth": Quantity.parse("10G")}}
 
 
 def test_claim_mode_add_refuses_a_nic_held_by_an_unrecorded_attachment(tmp_path: Path) -> None:
     """The scheduler's claim may fit by its books; the node cannot tell, so it refuses (101)."""
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     devices = [_device("a")]
     store = _schema_1(tmp_path, [_old_attachment("old", "a")], {"pod-u": [_claim("u1", "a", {"bandwidth": "6G"})]})
     inv = _invocation(tmp_path, devices, "new", bw=None, pod_uid="pod-u")
     with pytest.raises(ClaimError, match="allocation no longer fits: remaining bandwidth 0 < 6G"):
-        with store.transaction() as state:
-            plan_attachment(inv, state.state, _parents(devices))
+        with store.transaction() as txn:
+            plan_attachment(inv, txn.state, _parents(devices))
 
 
 @pytest.mark.parametrize("share", ["5f0c", None], ids=["with-shareID", "record-without-shareID"])
@@ -168,7 +169,7 @@ def test_unrecorded_claim_attachment_and_its_prepared_result_count_once(share: s
         "claims": {"pod-u": [_claim("u1", "a", {"bandwidth": "6G"})], "pod-v": [_claim("u2", "b", {"bandwidth": "2G"}, "77aa")]},
         "attachments": [_old_attachment("old", "a", shareID=share, claim={"uid": "u1", "request": "eth0"})],
     })
-    assert state.consumed_by_device(DRIVER, "n", devices) == {
+    assert node_usage(state, DRIVER, "n", devices).consumed == {
         "a": {"bandwidth": Quantity.parse("10G")},
         "b": {"bandwidth": Quantity.parse("2G")},
     }
@@ -176,26 +177,26 @@ def test_unrecorded_claim_attachment_and_its_prepared_result_count_once(share: s
 
 def test_prepared_result_without_amounts_holds_the_whole_shared_nic(tmp_path: Path) -> None:
     """Unattached it reserves the whole NIC; attached, the attachment records the whole NIC."""
-    from cni_dra.verbs.add import plan_attachment
+    from cni_dra.attach.plan import plan_attachment
 
     devices = [_device("a"), _device("b")]
     by_name = {d["name"]: Device.model_validate(d) for d in devices}
     store = _schema_1(tmp_path, [], {"pod-u": [_claim("u1", "a", None)]})
-    assert store.read().consumed_by_device(DRIVER, "n", by_name) == {"a": {"bandwidth": Quantity.parse("10G")}}
+    assert node_usage(store.read(), DRIVER, "n", by_name).consumed == {"a": {"bandwidth": Quantity.parse("10G")}}
     assert _reserve_until_refused(tmp_path, store, devices, 1) == ["b"]
     inv = _invocation(tmp_path, devices, "claimed", bw=None, pod_uid="pod-u")
-    with store.transaction() as state:
-        att = plan_attachment(inv, state.state, _parents(devices))
-        state.put(att)
+    with store.transaction() as txn:
+        att = plan_attachment(inv, txn.state, _parents(devices))
+        txn.put(att)
     assert att.device == "a" and att.consumedCapacity == {"bandwidth": Quantity.parse("10G")}
-    assert store.read().consumed_by_device(DRIVER, "n", by_name)["a"] == {"bandwidth": Quantity.parse("10G")}
+    assert node_usage(store.read(), DRIVER, "n", by_name).consumed["a"] == {"bandwidth": Quantity.parse("10G")}
 
 
 def test_release_of_an_unrecorded_attachment_frees_the_nic(tmp_path: Path) -> None:
     devices = [_device("a")]
     store = _schema_1(tmp_path, [_old_attachment("old", "a")])
-    with store.transaction() as state:
-        assert state.remove("net1", "old", "eth0") is not None
+    with store.transaction() as txn:
+        assert txn.remove("net1", "old", "eth0") is not None
     assert _reserve_until_refused(tmp_path, store, devices, 11) == ["a"] * 10
 
 
@@ -234,7 +235,7 @@ def test_whatever_old_records_lack_no_later_add_over_commits(sizes, old, ops, po
     record is on it, and recorded shares plus new ones stay within the value."""
     devices = [_dev(i, s) for i, s in enumerate(sizes)]
     by_name = {d.name: d for d in devices}
-    capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes)}
+    capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes, strict=True)}
     atts: list[dict[str, Any]] = []
     claims: dict[str, Any] = {}
     recorded = {name: Quantity.ZERO for name in capacity}
@@ -253,23 +254,23 @@ def test_whatever_old_records_lack_no_later_add_over_commits(sizes, old, ops, po
             extra |= {"shareID": f"s{i}", "claim": {"uid": f"u{i}", "request": "eth0"}}
             claims[f"pod{i}"] = [_claim(f"u{i}", name, extra.get("consumedCapacity") or {"bandwidth": "1G"}, f"s{i}")]
         atts.append(_old_attachment(f"old{i}", name, **extra))
-    state = Txn(NodeState.model_validate({"claims": claims, "attachments": atts}))
+    txn = Txn(NodeState.model_validate({"claims": claims, "attachments": atts}))
     unrecorded = {a["device"] for a in atts if not a.get("consumedCapacity")}
     new: list[Attachment] = []
     for n, (op, arg) in enumerate(ops):
         if op == "del" and new:
-            state.remove(*new.pop(arg % len(new)).key)
+            txn.remove(*new.pop(arg % len(new)).key)
             continue
         if op != "add":
             continue
         want = Quantity.parse(arg * 100_000_000)
-        choice = select_device(devices, state.consumed_by_device(DRIVER, "n", by_name), {"bandwidth": want}, policy)
+        choice = select_device(devices, node_usage(txn.state, DRIVER, "n", by_name).consumed, {"bandwidth": want}, policy)
         if isinstance(choice, NoFit):
             continue
         att = Attachment(network="net1", containerID=f"new{n}", ifname="eth0", driver=DRIVER, pool="n",
                          device=choice.device.name, parent=choice.device.name,
                          consumedCapacity=dict(choice.consumed_capacity), shareID=f"n{n}")
-        state.put(att)
+        txn.put(att)
         new.append(att)
         for name in capacity:
             mine = [a.consumedCapacity["bandwidth"] for a in new if a.device == name]

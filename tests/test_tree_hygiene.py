@@ -118,3 +118,19 @@ def test_no_module_of_the_package_is_large_without_a_reason() -> None:
     large = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES and path not in LARGE_MODULES}
     assert large == {}
     assert all(sizes.get(path, 0) > MAX_MODULE_LINES for path in LARGE_MODULES)  # no stale reason
+
+
+def test_no_two_modules_of_the_package_share_a_file_name() -> None:
+    """A file name says one job: ``status.py`` is the STATUS verb and nothing else."""
+    by_name: dict[str, list[str]] = {}
+    for path in _package_modules():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in by_name.items() if len(paths) > 1} == {}
+
+
+def test_the_verbs_package_holds_the_five_verbs() -> None:
+    """cni_dra/verbs is what a runtime can ask for; what an attachment goes through on the
+    way (placement, intents, release, recovery, profile, shaping plan) is cni_dra/attach."""
+    names = sorted(p.name for p in (PACKAGE / "verbs").glob("*.py"))
+    assert names == ["__init__.py", "add.py", "check.py", "delete.py", "gc.py", "status.py"]

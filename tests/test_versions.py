@@ -41,7 +41,7 @@ def test_parse_version_rejects_junk_with_code_6(junk: object) -> None:
 
 @given(st.tuples(st.integers(0, 999), st.integers(0, 999), st.integers(0, 999)))
 def test_parse_version_inverts_formatting(parts: tuple[int, int, int]) -> None:
-    assert parse_version("%d.%d.%d" % parts) == parts
+    assert parse_version(".".join(map(str, parts))) == parts
 
 
 @given(
@@ -49,7 +49,7 @@ def test_parse_version_inverts_formatting(parts: tuple[int, int, int]) -> None:
     st.tuples(st.integers(0, 99), st.integers(0, 99), st.integers(0, 99)),
 )
 def test_version_at_least_is_numeric_not_lexical(a: tuple[int, int, int], b: tuple[int, int, int]) -> None:
-    assert version_at_least("%d.%d.%d" % a, "%d.%d.%d" % b) == (a >= b)
+    assert version_at_least(".".join(map(str, a)), ".".join(map(str, b))) == (a >= b)
 
 
 def test_version_at_least_example_where_strings_mislead() -> None:

@@ -7,7 +7,7 @@ to the claim's ``status.reservedFor`` before it binds the pod. The CNI plugin fi
 pod's allocation by pod UID in the node state, so the agent keeps that map complete: a
 daemon thread lists the ResourceClaims, then watches them, and for every claim prepared on
 this node gives each pod of ``reservedFor`` the prepared copy
-(:func:`cni_dra.state.claims.share_prepared_claim`). Claims that are not prepared here are
+(:func:`cni_dra.state.preparing.share_prepared_claim`). Claims that are not prepared here are
 ignored; pods that leave ``reservedFor`` keep their copy until the kubelet unprepares the
 claim (their DEL still finds it).
 

@@ -5,7 +5,7 @@ namespace, name and UID only, so the driver reads the ResourceClaim from the API
 checks that it is the same object (UID), that it is allocated, and that every allocation
 result of this driver names this node's pool and one of its inventory devices; then it
 stores the claim in the node state for every pod in ``status.reservedFor``, through
-:func:`cni_dra.state.claims.prepare_claim` (the path of ``cni-dra claims prepare``), which
+:func:`cni_dra.state.preparing.prepare_claim` (the path of ``cni-dra claims prepare``), which
 first validates the device profiles the claim's config asks against the node's limits
 (read at each prepare from the agent's ``--conflist`` files); a claim that fails is
 refused with nothing stored, and the kubelet shows the message as a pod event. The
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from cni_dra.errors import ClaimError
 
 if TYPE_CHECKING:
-    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.dra.objects import ResourceSlice
     from cni_dra.k8s.api import KubeApi
     from cni_dra.protocol.profile import ProfileLimits
     from cni_dra.state.prepared import PreparedClaim
@@ -79,7 +79,7 @@ class ClaimDriver:
     """Prepare/unprepare claims into the node state.
 
     ``api``: :class:`cni_dra.k8s.api.KubeApi`; ``inventory()``: the node's ResourceSlice
-    (a :class:`cni_dra.dra.models.ResourceSlice`); ``limits()``: the node's limits on device
+    (a :class:`cni_dra.dra.objects.ResourceSlice`); ``limits()``: the node's limits on device
     profiles (default: :class:`~cni_dra.protocol.profile.ProfileLimits`' defaults);
     ``observe(verb, ok, seconds)``: metrics.
     """
@@ -121,7 +121,7 @@ class ClaimDriver:
         or an unreadable conflist. A pod's claims are refused together, with ClaimError
         (101) and nothing stored for any pod, when they (with those the node already holds
         for it) would give one of its interfaces several results to choose from
-        (:func:`cni_dra.state.claims.check_pod_interfaces`).
+        (:func:`cni_dra.state.preparing.check_pod_interfaces`).
         """
         start = time.monotonic()
         try:
@@ -136,7 +136,7 @@ class ClaimDriver:
     def _prepare_claims(self, claims: Sequence[ClaimName]) -> list[list[PreparedDevice] | Exception]:
         from cni_dra.protocol.profile import ProfileLimits
         from cni_dra.state import NodeState, StateStore
-        from cni_dra.state.claims import check_pod_interfaces, prepare_claims
+        from cni_dra.state.preparing import check_pod_interfaces, prepare_claims
 
         slice_ = self.inventory()
         limits = self.limits() if self.limits is not None else ProfileLimits()
@@ -172,14 +172,14 @@ class ClaimDriver:
                 for i in keep:
                     found[i] = exc
                 continue
-            for i, did in zip(keep, changed):
+            for i, did in zip(keep, changed, strict=True):
                 if did:
                     log.info("prepared %s for pod %s", _fetched(found[i]).where, pod_uid)
         return [f.devices if isinstance(f, _Fetched) else f for f in found]
 
     def _fetch(self, namespace: str, uid: str, name: str, slice_: ResourceSlice, limits: ProfileLimits) -> _Fetched:
         """Read and check claim ``namespace/name`` (UID ``uid``) for :meth:`prepare_claims`."""
-        from cni_dra.state.claims import validate_claim
+        from cni_dra.state.preparing import validate_claim
 
         where = f"claim {namespace}/{name} ({uid})"
         claim = self.api.get_resource_claim(namespace, name)
@@ -227,7 +227,7 @@ class ClaimDriver:
         Idempotent (0 for an unknown claim). Raises StateError (5), TryAgainLaterError (11).
         """
         from cni_dra.state import StateStore
-        from cni_dra.state.claims import unprepare_claims
+        from cni_dra.state.preparing import unprepare_claims
 
         start = time.monotonic()
         ok = False

@@ -20,7 +20,7 @@ reason follows after ``debounce_s`` too, and the time the NIC turned unhealthy s
 What the agent does with it: taints in the ResourceSlice (:mod:`cni_dra.agent.publisher`;
 a ``missing`` NIC is kept, tainted, for ``keep_missing_s`` and then left out), the kubelet's
 resource health stream (:func:`health_reports`), ``Ready`` conditions in claim statuses
-(:mod:`cni_dra.agent.status`) and metrics. The tracker is used from the agent's main loop
+(:mod:`cni_dra.agent.status_writer`) and metrics. The tracker is used from the agent's main loop
 only (not thread-safe); readings come from ``link(ifName)``, a seam for tests
 (:func:`cni_dra.netlink.info.host_link` in the agent).
 """
@@ -61,7 +61,7 @@ def link_problem(info: LinkInfo | None) -> str | None:
 
 def rfc3339(wall_s: float) -> str:
     """Unix seconds as RFC 3339 UTC, whole seconds (``2026-12-01T10:00:00Z``)."""
-    return datetime.datetime.fromtimestamp(int(wall_s), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(int(wall_s), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 _WHAT = {"missing": "does not exist", "admin-down": "is administratively down", "carrier-lost": "has no carrier"}

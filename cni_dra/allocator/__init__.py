@@ -52,7 +52,7 @@ def __getattr__(name: str) -> object:
     # Whole-claim allocation is loaded on first use so the ADD path (select_device)
     # does not pay for it.
     if name in _CLAIM_NAMES:
-        from cni_dra.allocator import claims
+        from cni_dra.allocator import claim_allocator as claims
 
         return getattr(claims, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

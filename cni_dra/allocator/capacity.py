@@ -59,7 +59,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from cni_dra.dra.models import (
+from cni_dra.dra.objects import (
     CapacityRequestPolicy,
     CapacityRequestPolicyRange,
     Device,

@@ -35,7 +35,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from cni_dra.dra.models import Device, split_qualified_name
+from cni_dra.dra.objects import Device, split_qualified_name
 from cni_dra.errors import InvalidConfigError
 from cni_dra.quantity import Quantity
 

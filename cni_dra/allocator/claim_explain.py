@@ -1,4 +1,4 @@
-"""Why a claim does not fit: the diagnosis behind :class:`~cni_dra.allocator.claims.ClaimNoFit`.
+"""Why a claim does not fit: the diagnosis behind :class:`~cni_dra.allocator.claim_allocator.ClaimNoFit`.
 
 Run only when the search failed. Each request is first tried on its own against the
 node's usage (alternatives in order): one that does not fit gets each device's rejection
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from cni_dra.allocator.claim_requests import MAX_RESULTS, ClaimRequest, SearchAbort
 from cni_dra.allocator.claim_search import ClaimProblem, ClaimSearch
-from cni_dra.dra.models import Device, DeviceAttribute, lookup_device_attribute
+from cni_dra.dra.objects import Device, DeviceAttribute, lookup_device_attribute
 from cni_dra.quantity import Quantity
 
 __all__ = ["explain_no_fit"]

@@ -5,7 +5,7 @@ policy, backtracks when a later request or a constraint fails, and stops with
 :class:`~cni_dra.allocator.claim_requests.SearchAbort` after ``max_steps`` placements.
 The first complete solution is kept in :attr:`ClaimSearch.picks`. The rules it applies
 (shared and dedicated devices, consumed capacity, ``matchAttribute``/``distinctAttribute``,
-``allocationMode: All``) are described in :mod:`cni_dra.allocator.claims`.
+``allocationMode: All``) are described in :mod:`cni_dra.allocator.claim_allocator`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ from cni_dra.allocator.capacity import NoFit, RequestNotRepresentable, device_co
 from cni_dra.allocator.claim_requests import MAX_RESULTS, ClaimRequest, SearchAbort
 from cni_dra.allocator.select import Policy, policy_sort_key, rank_key
 from cni_dra.allocator.usage import NodeUsage
-from cni_dra.dra.models import Device, DeviceAttribute, DeviceConstraint, ResourceClaim, ResourceSlice, lookup_device_attribute
+from cni_dra.dra.objects import (
+    Device,
+    DeviceAttribute,
+    DeviceConstraint,
+    ResourceClaim,
+    ResourceSlice,
+    lookup_device_attribute,
+)
 from cni_dra.errors import InvalidConfigError
 from cni_dra.quantity import Quantity
 
@@ -132,6 +139,17 @@ class ClaimSearch:
                 d for d in self.devices if self.selectable(req, d) and self.static_misfit(req, d) is None
             ]
         return self._all_devices[req.name]
+
+    def set_up(self, requests: list[list[ClaimRequest]]) -> None:
+        """Pick the devices of every ``allocationMode: All`` request (firstAvailable
+        alternatives included), in claim order, before the search: upstream's allocator does
+        this while it sets the claim up, so a selector that fails to evaluate or a capacity
+        request no device's range can compute there stops the allocation
+        (:class:`SearchAbort`) even when an earlier request never fits."""
+        for alternatives in requests:
+            for req in alternatives:
+                if req.all_mode:
+                    self.all_devices(req)
 
     def in_use(self, device: Device, req: ClaimRequest) -> str | None:
         if req.admin_access:

@@ -32,7 +32,7 @@ from cni_dra.allocator.capacity import (
     device_consumption,
     resolve_capacity_name,
 )
-from cni_dra.dra.models import Device, split_qualified_name
+from cni_dra.dra.objects import Device, split_qualified_name
 from cni_dra.quantity import Quantity
 
 __all__ = ["POLICIES", "Policy", "Selection", "select_device", "rank_key", "policy_sort_key"]

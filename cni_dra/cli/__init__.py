@@ -107,7 +107,7 @@ def _link(att: dict[str, Any]) -> str:
 def _table(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
 # -- claims ------------------------------------------------------------------------------
@@ -142,10 +142,10 @@ def claims_prepare(state_dir: str, inventory: str, conflists: tuple[str, ...], p
     with the pod's prepared claims they must give each interface at most one result."""
     import os
 
-    from cni_dra.dra.claims import parse_claim_objects
+    from cni_dra.dra.claim_files import parse_claim_objects
     from cni_dra.dra.inventory import load_inventory
     from cni_dra.protocol.profile import load_limits
-    from cni_dra.state.claims import check_claim_against_inventory, prepare_claims
+    from cni_dra.state.preparing import check_claim_against_inventory, prepare_claims
 
     objs = parse_claim_objects(_read_text(file), file)
     slice_ = load_inventory(inventory) if os.path.exists(inventory) else None
@@ -155,7 +155,7 @@ def claims_prepare(state_dir: str, inventory: str, conflists: tuple[str, ...], p
         for obj in objs:
             check_claim_against_inventory(obj, slice_)
     changed = prepare_claims(state_dir, pod_uid, objs, driver=driver, limits=limits)
-    for obj, did in zip(objs, changed):
+    for obj, did in zip(objs, changed, strict=True):
         name = (obj.get("metadata") or {}).get("name")
         click.echo(f"claim {name} {'prepared' if did else 'already prepared'} for pod {pod_uid}")
 
@@ -166,7 +166,7 @@ def claims_prepare(state_dir: str, inventory: str, conflists: tuple[str, ...], p
 @click.option("--claim-uid", default=None, help="Only this claim (default: all of the pod's).")
 def claims_unprepare(state_dir: str, pod_uid: str, claim_uid: str | None) -> None:
     """Remove a pod's prepared claims (idempotent)."""
-    from cni_dra.state.claims import unprepare_claims
+    from cni_dra.state.preparing import unprepare_claims
 
     n = unprepare_claims(state_dir, pod_uid, claim_uid)
     click.echo(f"{n} claim(s) unprepared for pod {pod_uid}")

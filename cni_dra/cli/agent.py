@@ -1,10 +1,12 @@
 """``cni-dra agent``: the node agent (ResourceSlice publisher, DRA kubelet plugin, claim
-status writer, metrics, the plugin's fast path). A thin shell over :mod:`cni_dra.agent.main`;
-SIGTERM and SIGINT stop it cleanly."""
+status writer, metrics, the plugin's fast path). A thin shell over :mod:`cni_dra.agent.service`;
+SIGTERM and SIGINT stop it cleanly. Without Kubernetes (``--no-kubernetes``, or no
+kubeconfig outside a cluster) it runs the fast path, the link watch and the metrics only."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -17,9 +19,13 @@ __all__ = ["agent"]
 
 
 @click.command()
-@click.option("--node-name", required=True, envvar="NODE_NAME", help="This node's name (spec.nodeName of the slice).")
+@click.option("--node-name", default=None, envvar="NODE_NAME",
+              help="This node's name (spec.nodeName of the slice); required with Kubernetes.")
 @click.option("--kubeconfig", default=None, envvar="KUBECONFIG",
-              help="Kubeconfig file (default: the in-cluster service account).")
+              help="Kubeconfig file (default: the in-cluster service account; neither: no Kubernetes).")
+@click.option("--no-kubernetes", is_flag=True, envvar="CNI_DRA_NO_KUBERNETES", default=False,
+              help="Run without an API server (the fast path, the link watch and the metrics; no ResourceSlice, "
+                   "no kubelet plugin, no claim status), even with a kubeconfig or in a cluster.")
 @INVENTORY_OPT
 @STATE_DIR_OPT
 @CONFLIST_OPT
@@ -59,18 +65,22 @@ __all__ = ["agent"]
                    "readable), or on/off as given.")
 @click.option("--log-level", envvar="CNI_DRA_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def agent(node_name: str, kubeconfig: str | None, inventory: str, state_dir: str, conflists: tuple[str, ...],
+def agent(node_name: str | None, kubeconfig: str | None, no_kubernetes: bool, inventory: str, state_dir: str, conflists: tuple[str, ...],
           plugin_dir: str | None, registry_dir: str, metrics_address: str, resync_interval: float, cleanup: bool,
           nic_debounce: float, taint_effect: str, keep_missing: float, health_timeout: int, fastpath_socket: str,
           fastpath_processes: int, fastpath_mount_ns: str | None, fractional: str, log_level: str) -> None:
     """Run the node agent until SIGTERM/SIGINT."""
-    from cni_dra.agent.main import Agent, AgentConfig
+    from cni_dra.agent.service import Agent, AgentConfig, kubernetes_mode
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if kubeconfig:
         kubeconfig = kubeconfig.split(":")[0]
-    cfg = AgentConfig(node_name=node_name, inventory=inventory, state_dir=state_dir, conflists=conflists,
-                      kubeconfig=kubeconfig,
+    kubernetes, why = kubernetes_mode(no_kubernetes, kubeconfig, os.environ)
+    if kubernetes and not node_name:
+        raise click.UsageError(f"--node-name (NODE_NAME) is required with Kubernetes ({why})")
+    logging.getLogger("cni_dra.agent").info("%s Kubernetes: %s", "with" if kubernetes else "without", why)
+    cfg = AgentConfig(node_name=node_name or "", inventory=inventory, state_dir=state_dir, conflists=conflists,
+                      kubeconfig=kubeconfig if kubernetes else None, kubernetes=kubernetes,
                       plugin_dir=plugin_dir, registry_dir=registry_dir, metrics_address=metrics_address,
                       resync_s=resync_interval, cleanup=cleanup, fastpath_socket=fastpath_socket,
                       fastpath_processes=fastpath_processes or None, fastpath_mount_ns=fastpath_mount_ns,

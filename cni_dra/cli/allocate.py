@@ -27,7 +27,7 @@ error is printed as ``Type: message`` on stderr).
 ``--fractional-capacity-range`` (env ``CNI_DRA_FRACTIONAL_CAPACITY_RANGE``) gives the
 cluster's ``DRAFractionalCapacityRange`` gate, which decides how a stepped ``validRange``
 rounds (:mod:`cni_dra.allocator.capacity`): ``on``, ``off``, or ``auto`` (the default):
-what the agent recorded in ``--state-dir`` (:mod:`cni_dra.state.features`), else off,
+what the agent recorded in ``--state-dir`` (:mod:`cni_dra.state.cluster_features`), else off,
 the Kubernetes 1.37 default. A claim whose search stopped instead of finding nothing fits
 (a request a device's range cannot compute, a claim the API server would refuse) has
 ``"aborted": true``: the scheduler reports it as an error, not as unschedulable.
@@ -45,12 +45,12 @@ from typing import Any, TypedDict
 
 import click
 
-from cni_dra.allocator.claims import ClaimNoFit, NodeUsage, allocate_claims, claim_id
+from cni_dra.allocator.claim_allocator import ClaimNoFit, NodeUsage, allocate_claims, claim_id
 from cni_dra.allocator.select import POLICIES, Policy
 from cni_dra.cli.options import state_dir_option
-from cni_dra.dra.claims import load_claims, load_consumed
+from cni_dra.dra.claim_files import load_claims, load_consumed
 from cni_dra.dra.inventory import load_inventory
-from cni_dra.dra.models import AllocationResult, ResourceClaim, ResourceSlice, to_api
+from cni_dra.dra.objects import AllocationResult, ResourceClaim, ResourceSlice, to_api
 from cni_dra.errors import CniError
 from cni_dra.quantity import Quantity
 
@@ -85,26 +85,27 @@ class AllocateEntry(TypedDict, total=False):
 StateReader = Callable[[str, ResourceSlice], "NodeUsage | Mapping[str, Mapping[str, Quantity]]"]
 
 
-def read_node_usage(state_dir: str, slice_: ResourceSlice) -> dict[str, dict[str, Quantity]]:
+def read_node_usage(state_dir: str, slice_: ResourceSlice) -> NodeUsage:
     """What the node state in ``state_dir`` charges per device of ``slice_``'s pool.
 
     A dry run: a lock-free snapshot (``StateStore.peek``), so nothing, not even
     state.lock, is created. Raises CniError subclasses (an unreadable state).
     """
     from cni_dra.state import StateStore
+    from cni_dra.state.ledger import node_usage
 
     devices = {d.name: d for d in slice_.spec.devices}
-    return StateStore(state_dir).peek().consumed_by_device(slice_.spec.driver, slice_.spec.pool.name, devices)
+    return node_usage(StateStore(state_dir).peek(), slice_.spec.driver, slice_.spec.pool.name, devices)
 
 
 def read_fractional(state_dir: str | None) -> bool:
     """``auto``: the ``DRAFractionalCapacityRange`` gate the agent recorded in
-    ``state_dir`` (:mod:`cni_dra.state.features`), else off (Kubernetes 1.37's default).
+    ``state_dir`` (:mod:`cni_dra.state.cluster_features`), else off (Kubernetes 1.37's default).
     Raises StateError (5) for a record that cannot be read."""
     if state_dir is None:
         return False
     from cni_dra.state import StateStore
-    from cni_dra.state.features import read_features
+    from cni_dra.state.cluster_features import read_features
 
     found = read_features(StateStore(state_dir))
     return found is not None and found.fractional_capacity_range
@@ -131,7 +132,7 @@ def run_allocate(
     )
     out: list[AllocateEntry] = []
     ok = True
-    for claim, res in zip(claims, outcomes):
+    for claim, res in zip(claims, outcomes, strict=True):
         cid = claim_id(claim)
         if isinstance(res, ClaimNoFit):
             ok = False
@@ -168,6 +169,21 @@ def _dump(entries: list[AllocateEntry], output: str) -> str:
     return json.dumps(entries, indent=2) + "\n"
 
 
+# The long options of ``allocate`` (make_allocate_command), each a click decorator.
+_INVENTORY_OPTION = click.option("--inventory", "inventory", required=True, envvar="CNI_DRA_INVENTORY",
+                                 help="ResourceSlice file (YAML or JSON) listing the node's devices; checked with the "
+                                      "API server's rules only, so a slice of another driver (no ifName) is accepted.")
+_STATE_DIR_OPTION = state_dir_option(default=None, deprecated_alias="--state",
+                                     help="Node state directory: start from what is allocated there. Read-only: a "
+                                          "snapshot of state.json taken without the state lock (nothing is created, "
+                                          "not even state.lock), so a concurrent ADD/DEL may make it stale at once.")
+_FRACTIONAL_OPTION = click.option("--fractional-capacity-range", "fractional", type=click.Choice(list(FRACTIONAL_CHOICES)),
+                                  default="auto", show_default=True, envvar="CNI_DRA_FRACTIONAL_CAPACITY_RANGE",
+                                  help="The cluster's DRAFractionalCapacityRange feature gate, which decides how a stepped "
+                                       "validRange rounds: on (milli-units), off (whole units, Kubernetes 1.37's default), "
+                                       "auto (what the agent recorded in --state-dir, else off).")
+
+
 def make_allocate_command(
     state_reader: StateReader = read_node_usage,
     share_id: Callable[[], str] = new_share_id,
@@ -180,24 +196,15 @@ def make_allocate_command(
     """
 
     @click.command("allocate")
-    @click.option("--inventory", "inventory", required=True, envvar="CNI_DRA_INVENTORY",
-                  help="ResourceSlice file (YAML or JSON) listing the node's devices; checked with the "
-                       "API server's rules only, so a slice of another driver (no ifName) is accepted.")
+    @_INVENTORY_OPTION
     @click.option("--claim", "claim_paths", multiple=True, required=True, envvar="CNI_DRA_CLAIM",
                   help="ResourceClaim file; repeat to allocate several claims in order.")
-    @state_dir_option(default=None, deprecated_alias="--state",
-                      help="Node state directory: start from what is allocated there. Read-only: a "
-                           "snapshot of state.json taken without the state lock (nothing is created, "
-                           "not even state.lock), so a concurrent ADD/DEL may make it stale at once.")
+    @_STATE_DIR_OPTION
     @click.option("--consumed", "consumed", default=None, envvar="CNI_DRA_CONSUMED",
                   help='JSON/YAML file {"<device>": {"<capacity>": "<quantity>"}} of what is consumed.')
     @click.option("--policy", type=click.Choice(list(POLICIES)), default="first-fit", show_default=True,
                   envvar="CNI_DRA_POLICY", help="Order in which candidate devices are tried.")
-    @click.option("--fractional-capacity-range", "fractional", type=click.Choice(list(FRACTIONAL_CHOICES)),
-                  default="auto", show_default=True, envvar="CNI_DRA_FRACTIONAL_CAPACITY_RANGE",
-                  help="The cluster's DRAFractionalCapacityRange feature gate, which decides how a stepped "
-                       "validRange rounds: on (milli-units), off (whole units, Kubernetes 1.37's default), "
-                       "auto (what the agent recorded in --state-dir, else off).")
+    @_FRACTIONAL_OPTION
     @click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default="json", show_default=True,
                   envvar="CNI_DRA_OUTPUT")
     def allocate(
@@ -219,14 +226,20 @@ def make_allocate_command(
         except CniError as exc:
             click.echo(f"{type(exc).__name__}: {exc.msg}", err=True)
             sys.exit(2)
-        click.echo(_dump(entries, output), nl=False)
-        if not ok:
-            for e in entries:
-                if "error" in e:
-                    # One line per request (and one for the combination), not only the claim.
-                    click.echo(f"NoCapacityError: claim {e['claim']} cannot be allocated:", err=True)
-                    for req, why in e["reasons"].items():
-                        click.echo(f"  {'claim' if req == 'claim' else 'request ' + req}: {why}", err=True)
-            sys.exit(1)
+        _print(entries, ok, output)
 
     return allocate
+
+
+def _print(entries: list[AllocateEntry], ok: bool, output: str) -> None:
+    """The allocations on stdout; for each claim that does not fit, why on stderr (one line
+    per request, and one for the combination) and exit code 1."""
+    click.echo(_dump(entries, output), nl=False)
+    if ok:
+        return
+    for e in entries:
+        if "error" in e:
+            click.echo(f"NoCapacityError: claim {e['claim']} cannot be allocated:", err=True)
+            for req, why in e["reasons"].items():
+                click.echo(f"  {'claim' if req == 'claim' else 'request ' + req}: {why}", err=True)
+    sys.exit(1)

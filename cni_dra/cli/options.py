@@ -41,7 +41,7 @@ def _resolve_alias(ctx: click.Context, param: click.Parameter, value: str | None
 def state_dir_option(
     *,
     default: str | None = DEFAULT_STATE_DIR,
-    help: str = STATE_DIR_HELP,
+    help: str = STATE_DIR_HELP,  # noqa: A002 - click.option's name for it
     deprecated_alias: str | None = None,
 ) -> Callable[[F], F]:
     """``--state-dir`` (env ``CNI_DRA_STATE_DIR``) as the parameter ``state_dir``.

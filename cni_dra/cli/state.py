@@ -21,7 +21,7 @@ from cni_dra.cli.options import STATE_DIR_OPT
 from cni_dra.protocol.config import DEFAULT_INVENTORY
 
 if TYPE_CHECKING:
-    from cni_dra.verbs.recover import RecoveryReport
+    from cni_dra.attach.recover import RecoveryReport
 
 __all__ = ["state"]
 
@@ -63,7 +63,7 @@ def _cni_path(value: str) -> list[str]:
 def recover_cmd(state_dir: str, cni_path: str, as_json: bool) -> None:
     """Finish or undo interrupted ADD/DEL runs; release attachments of a previous boot whose netns is gone."""
     from cni_dra.state import StateStore
-    from cni_dra.verbs.recover import recover
+    from cni_dra.attach.recover import recover
 
     report = recover(StateStore(state_dir), environ=dict(os.environ), cni_path=_cni_path(cni_path))
     _print(report, as_json)
@@ -87,13 +87,13 @@ def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> 
     and ifb devices that shape no link any more are deleted."""
     from cni_dra.errors import CniError
     from cni_dra.state import StateStore
-    from cni_dra.verbs.repair import repair
+    from cni_dra.attach.rebuild import repair
 
     parents: list[str] = []
     slice_ = None
     try:
         from cni_dra.dra.inventory import load_inventory
-        from cni_dra.dra.models import device_attribute
+        from cni_dra.dra.objects import device_attribute
 
         slice_ = load_inventory(inventory)
         parents = [str(device_attribute(d, "ifName", slice_.spec.driver)) for d in slice_.spec.devices]

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cni_dra.dra.models import API_VERSION, Device, DeviceCapacity, ResourceSlice, device_attribute, to_api
+from cni_dra.dra.objects import API_VERSION, Device, DeviceCapacity, ResourceSlice, device_attribute, to_api
 from cni_dra.errors import InventoryError, IOFailureError
 
 __all__ = [

@@ -24,7 +24,7 @@ capacity's value) do not depend on the gate.
 
 from __future__ import annotations
 
-from cni_dra.dra.models import CapacityRequestPolicy, CapacityRequestPolicyRange
+from cni_dra.dra.objects import CapacityRequestPolicy, CapacityRequestPolicyRange
 from cni_dra.quantity import Quantity
 
 __all__ = ["MAX_VALID_VALUES", "policy_problems", "inventory_policy_problems"]
@@ -53,7 +53,7 @@ def _values_problems(default: Quantity, value: Quantity, values: list[Quantity],
     out: list[str] = []
     if len(values) > MAX_VALID_VALUES:
         return [f"requestPolicy.validValues: {len(values)} values, at most {MAX_VALID_VALUES} allowed"]
-    for a, b in zip(values, values[1:]):
+    for a, b in zip(values, values[1:], strict=False):
         if b < a:
             out.append(f"requestPolicy.validValues: {b} after {a}: values must be in ascending order")
     seen: dict[object, Quantity] = {}

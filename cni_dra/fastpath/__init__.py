@@ -10,6 +10,8 @@
   ``cni-dra agent`` as one of its services (:mod:`cni_dra.agent.fastpath`): warm imports,
   a few worker threads running :func:`cni_dra.cni.run` (network namespace switches are per
   thread; the state file lock serialises agent threads with in-process invocations).
+* :mod:`cni_dra.fastpath.activation` — the listening socket: bound by the agent, or taken
+  from systemd (socket activation, ``conf/systemd/cni-dra-agent.socket``).
 
 When the agent does not serve, the invocation runs in-process (:func:`cni_dra.main.plugin`),
 the same :func:`cni_dra.cni.run` on the same input.

@@ -15,18 +15,11 @@ A request is *declined* (the client then runs it in-process) when:
   other objects;
 * the request is malformed or larger than :data:`~cni_dra.fastpath.wire.MAX_MESSAGE_BYTES`.
 
-An agent in a container (its own mount namespace and root; the node's network and PID
-namespaces) passes ``join_mount_ns`` (``/proc/1/ns/mnt``): it then serves only from worker
-processes that joined that mount namespace before their first thread started
-(:mod:`cni_dra.fastpath.join`), and its own process, which cannot (it runs threads),
-serves nothing. A worker that cannot join logs why and declines every caller by the rule
-above.
+An agent in a container serves from worker processes only (:mod:`cni_dra.fastpath.workers`).
 
 Wire format: :mod:`cni_dra.fastpath.wire`. ``cni-dra agent`` runs it as one of its services
 (:class:`cni_dra.agent.fastpath.FastpathService`). Logging goes through the ``cni_dra`` logger of
-the hosting process (``CNI_DRA_LOG_FILE`` of a request is not honoured).
-
-Run standalone (tests, ``make bench``): ``python -m cni_dra.fastpath.server --socket PATH``
+the hosting process (``CNI_DRA_LOG_FILE`` of a request is not honoured). Run standalone (tests, ``make bench``): ``python -m cni_dra.fastpath.server --socket PATH``
 (:func:`main`, a thin click command; importing this module does not import click).
 """
 
@@ -47,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from cni_dra.fastpath.activation import bind_listener
 from cni_dra.fastpath.wire import (
     DEFAULT_SOCKET,
     MAX_MESSAGE_BYTES,
@@ -99,6 +93,7 @@ class FastpathServer:
     _spawn: Callable[[], subprocess.Popen[bytes]] | None = None  # starts one worker process
     _monitor: threading.Thread | None = None
     _owns_path: bool = True
+    _inherited: bool = False  # systemd's socket (cni_dra.fastpath.activation): never shut down
     served: int = 0
     declined: int = 0
 
@@ -107,6 +102,15 @@ class FastpathServer:
         """This process and its worker processes (counts ``served``/``declined`` are this
         process's own)."""
         return [os.getpid()] + [p.pid for p in self._children]
+
+    def drain(self) -> None:
+        """A worker process's stop: stop accepting (the socket stays open for the agent),
+        let each serving thread finish its request, at most 30 s each."""
+        self._stopped.set()
+        for _ in self._workers:
+            self._queue.put(None)
+        for worker in self._workers:
+            worker.join(timeout=30)
 
     def stop(self) -> None:
         """Stop accepting (in-flight requests finish in their threads); stop the worker
@@ -126,10 +130,11 @@ class FastpathServer:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        if not self._inherited:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self._sock.close()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -155,7 +160,17 @@ class FastpathServer:
                     self._children[i] = self._spawn()
 
     def _serve(self) -> None:
+        import select
+
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN)
         while not self._stopped.is_set():
+            # systemd's socket is never shut down: look every 0.5 s whether to stop (what
+            # arrives after that waits for the next agent, which systemd starts for it)
+            if self._inherited and not poller.poll(500):
+                continue
+            if self._stopped.is_set():
+                return
             try:
                 conn, _ = self._sock.accept()
             except OSError:
@@ -195,7 +210,7 @@ class FastpathServer:
                 conn.sendall(encode_frames(status, stdout))
             except OSError as exc:
                 log.warning("fastpath: connection failed: %s", exc)
-            except Exception:  # noqa: BLE001 - keep the worker; the client sees EOF and runs it in-process
+            except Exception:  # keep the worker; the client sees EOF and runs it in-process
                 log.exception("fastpath: internal error; the caller falls back to in-process")
 
     def _answer(self, request: bytes | None) -> tuple[bytes, bytes]:
@@ -244,24 +259,9 @@ def _recv_all(conn: socket.socket) -> bytes | None:
         chunks.append(chunk)
 
 
-def _prepare_dir(directory: str) -> None:
-    """Create ``directory`` 0700, or check an existing one: ours and not open to others."""
-    try:
-        os.mkdir(directory, 0o700)
-        return
-    except FileExistsError:
-        pass
-    st = os.stat(directory)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise PermissionError(
-            f"failed to start fastpath: directory {directory} must be owned by uid {os.geteuid()} "
-            f"and closed to group and others (mode {stat.S_IMODE(st.st_mode):o})"
-        )
-
-
 def start_fastpath(
     socket_path: str, *, warm: bool = True, workers: int = DEFAULT_WORKERS, processes: int = 1,
-    join_mount_ns: str | None = None,
+    join_mount_ns: str | None = None, listener: socket.socket | None = None,
 ) -> FastpathServer:
     """Listen on ``socket_path`` and serve plugin invocations in ``workers`` threads; returns the handle.
 
@@ -283,42 +283,33 @@ def start_fastpath(
     the socket is 0600. ``warm``: import the ADD/DEL path (pydantic, pyroute2) now
     rather than on the first request. Call ``.stop()`` on the handle to close it.
 
+    ``listener``: a listening socket bound to ``socket_path`` that systemd handed over
+    (:func:`cni_dra.fastpath.activation.take_listener`): served as it is (its file and
+    directory are systemd's, checked there), never shut down, and its file is left in
+    place at stop. The worker processes accept on it too.
+
     The serving processes must share the node's mount and network namespaces and root, and
     run with working directory ``/`` (where runtimes run plugins): requests from callers
     that differ in any of these are declined (they then run in-process).
     Raises ``OSError`` when the socket cannot be bound.
     """
     socket_path = os.path.abspath(socket_path)
-    _prepare_dir(os.path.dirname(socket_path))
-    try:
-        if stat.S_ISSOCK(os.lstat(socket_path).st_mode):
-            os.unlink(socket_path)
-    except FileNotFoundError:
-        pass
     if warm and not join_mount_ns:
-        _warm_imports()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        sock.bind(socket_path)
-    except OSError:
-        sock.close()
-        raise
-    finally:
-        os.umask(old_umask)
-    os.chmod(socket_path, 0o600)
-    sock.listen(1024)
-    server = FastpathServer(socket_path=socket_path, _sock=sock)
+        warm_imports()
+    if listener is not None:
+        server = FastpathServer(socket_path=socket_path, _sock=listener, _owns_path=False, _inherited=True)
+    else:
+        server = FastpathServer(socket_path=socket_path, _sock=bind_listener(socket_path))
     if join_mount_ns:
         _spawn_worker_processes(server, max(1, processes), workers, join_mount_ns)
         return server
     if processes > 1:
         _spawn_worker_processes(server, processes - 1, workers, "")
-    _run_threads(server, workers)
+    run_threads(server, workers)
     return server
 
 
-def _run_threads(server: FastpathServer, workers: int) -> None:
+def run_threads(server: FastpathServer, workers: int) -> None:
     for i in range(max(1, workers)):
         worker = threading.Thread(target=server._work, name=f"cni-dra-fastpath-{i}", daemon=True)
         worker.start()
@@ -328,13 +319,13 @@ def _run_threads(server: FastpathServer, workers: int) -> None:
 
 
 def _spawn_worker_processes(server: FastpathServer, count: int, workers: int, join_mount_ns: str) -> None:
-    """Start ``count`` processes accepting on ``server``'s socket (:func:`_worker_process_main`),
+    """Start ``count`` processes accepting on ``server``'s socket (:func:`cni_dra.fastpath.workers.worker_process_main`),
     each joining ``join_mount_ns`` first when it is not empty, and the thread that replaces
     one that exits."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = (
         f"import sys; sys.path.insert(0, {package_root!r}); "
-        "from cni_dra.fastpath.server import _worker_process_main as m; raise SystemExit(m(sys.argv[1:]))"
+        "from cni_dra.fastpath.workers import worker_process_main as m; raise SystemExit(m(sys.argv[1:]))"
     )
     rfd, wfd = os.pipe()  # neither inheritable (PEP 446); rfd is passed to each worker process
     listen_fd = server._sock.fileno()
@@ -367,68 +358,18 @@ def interpreter_command() -> list[str]:
     return [sys.executable]
 
 
-def _worker_process_main(argv: list[str]) -> int:
-    """A worker process: join the mount namespace ``argv[4]`` names, if any (before any
-    thread starts); accept on the inherited listening socket until the agent's pipe closes
-    (it stopped or died) or SIGTERM; in-flight requests finish first."""
-    import signal
-
-    listen_fd, lifeline, workers, path = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("cni_dra").setLevel(os.environ.get("CNI_DRA_LOG_LEVEL", "WARNING").upper())
-    _warm_imports()
-    if len(argv) > 4 and argv[4]:
-        _join(argv[4])
-    server = FastpathServer(socket_path=path, _sock=socket.socket(fileno=listen_fd), _owns_path=False)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-
-    def watch() -> None:
-        while os.read(lifeline, 64):
-            pass
-        done.set()
-
-    threading.Thread(target=watch, name="cni-dra-fastpath-lifeline", daemon=True).start()
-    _run_threads(server, workers)
-    while not done.wait(1.0):  # a timeout keeps the main thread responsive to SIGTERM
-        pass
-    server._stopped.set()  # stop accepting; the socket stays open for the agent
-    for _ in server._workers:
-        server._queue.put(None)
-    for worker in server._workers:
-        worker.join(timeout=30)
-    return 0
-
-
-def _join(target: str) -> None:
-    """Join the mount namespace ``target`` (:func:`cni_dra.fastpath.join.join_mount_namespace`),
-    or log why not: this process then declines every caller of the node (another mount
-    namespace and root than theirs)."""
-    from cni_dra.fastpath.join import join_mount_namespace
-
-    try:
-        joined = join_mount_namespace(target)
-    except OSError as exc:
-        log.error("fastpath: worker process %d cannot join the mount namespace %s, so it declines every "
-                  "caller: %s", os.getpid(), target, exc)
-        return
-    log.info("fastpath: worker process %d %s the mount namespace %s (%d libraries loaded first); serving as %s "
-             "in %s", os.getpid(), "joined" if joined.moved else "is already in", target, joined.libraries,
-             caller_identity().decode(), joined.cwd)
-
-
-def _warm_imports() -> None:
+def warm_imports() -> None:
     """Import everything an ADD/DEL touches, so the first request does not pay for it."""
-    import cni_dra.cni  # noqa: F401
-    import cni_dra.dra.inventory  # noqa: F401
-    import cni_dra.ipam  # noqa: F401
-    import cni_dra.netlink  # noqa: F401 - every netlink module (addr, info, sublink, sysctl)
-    import cni_dra.protocol.config  # noqa: F401
-    import cni_dra.verbs.add  # noqa: F401
-    import cni_dra.verbs.check  # noqa: F401
-    import cni_dra.verbs.delete  # noqa: F401
-    import cni_dra.verbs.intent  # noqa: F401
-    import cni_dra.verbs.release  # noqa: F401
+    import cni_dra.cni
+    import cni_dra.dra.inventory
+    import cni_dra.ipam
+    import cni_dra.netlink  # every netlink module (addr, info, sublink, sysctl)
+    import cni_dra.protocol.config
+    import cni_dra.verbs.add
+    import cni_dra.verbs.check
+    import cni_dra.verbs.delete
+    import cni_dra.attach.intent
+    import cni_dra.attach.release  # noqa: F401
     from cni_dra.netlink import info
 
     info.host_link("lo")  # loads pyroute2 and opens the main thread's kept socket
@@ -439,7 +380,8 @@ def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, lo
     """Serve on ``socket_path`` (default: the client's) until SIGTERM/SIGINT; returns 0.
 
     Changes to ``cwd`` first (``/`` is where a runtime usually runs plugins; requests from
-    another working directory are declined). ``join_mount_ns``: see :func:`start_fastpath`. Prints ``ready <socket> pids=<pid>,...``
+    another working directory are declined). ``join_mount_ns``: see :func:`start_fastpath`.
+    Serves on the socket systemd passed when there is one (:mod:`cni_dra.fastpath.activation`). Prints ``ready <socket> pids=<pid>,...``
     (this process, then its worker processes) on stdout once listening.
     """
     import signal
@@ -449,7 +391,10 @@ def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, lo
     logging.getLogger("cni_dra").setLevel(log_level.upper())  # not pyroute2's debug chatter
     os.chdir(cwd)
     done = threading.Event()
-    server = start_fastpath(path, workers=workers, processes=processes, join_mount_ns=join_mount_ns)
+    from cni_dra.fastpath.activation import take_listener
+
+    server = start_fastpath(path, workers=workers, processes=processes, join_mount_ns=join_mount_ns,
+                            listener=take_listener(path))
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     print(f"ready {path} pids={','.join(map(str, server.pids))}", flush=True)

@@ -69,7 +69,7 @@ def _dra_servicer(proto: str, driver: Any) -> Any:
                 answers = driver.prepare_claims([(c.namespace, c.uid, c.name) for c in claims])
             except Exception as exc:  # noqa: BLE001 - reported for every claim, kubelet retries
                 answers = [exc for _ in claims]
-            for claim, answer in zip(claims, answers):
+            for claim, answer in zip(claims, answers, strict=True):
                 out = resp.claims[claim.uid]
                 if isinstance(answer, BaseException):
                     out.error = _error_text(answer)

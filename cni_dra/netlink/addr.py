@@ -118,7 +118,7 @@ def _parse(addresses: Sequence[tuple[str, str | None]], routes: Sequence[tuple[s
     """Parse everything up front; InvalidConfigError (7) names the first bad value."""
     parsed_addrs = [_parse_cidr(cidr, "address") for cidr, _gw in addresses]
     v6_gateway = False
-    for (cidr, gw), iface in zip(addresses, parsed_addrs):
+    for (cidr, gw), iface in zip(addresses, parsed_addrs, strict=True):
         if gw is None:
             continue
         gw_ip = _parse_ip(gw, "gateway")

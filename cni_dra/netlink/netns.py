@@ -404,7 +404,7 @@ def _restore(orig_fd: int, orig_identity: NetnsIdentity, name: str) -> None:
     try:
         _setns(orig_fd)
         back = current_netns_identity()
-    except BaseException as exc:  # noqa: BLE001 - any failure here is fatal
+    except BaseException as exc:  # any failure here is fatal
         _abort_wrong_netns(f"failed to leave netns {name}: {exc}")
         raise  # only reached when _abort_wrong_netns is replaced (tests)
     if back != orig_identity:

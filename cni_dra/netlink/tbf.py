@@ -1,7 +1,7 @@
 """The token buckets cni-dra installs (tbf), and the bounds within which tbf holds what is asked.
 
 Pure: no socket, no kernel call. :mod:`cni_dra.netlink.shaping` installs what this
-describes; :mod:`cni_dra.verbs.shaping` checks a config against the same bounds first, to
+describes; :mod:`cni_dra.attach.shaping_plan` checks a config against the same bounds first, to
 name the key that asked.
 
 :class:`Tbf` is one direction's bucket (rate, burst, queue limit), with the defaults of

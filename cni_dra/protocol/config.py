@@ -142,7 +142,7 @@ class ShapingConfig(BaseModel):
     * ``ingressBurstBytes`` / ``egressBurstBytes``: the token bucket of that direction in
       bytes (default: 2 ms of the rate, at least 128 KiB); ADD checks it against the rate
       and the link's MTU (:mod:`cni_dra.netlink.tbf`), and the names against the device's
-      capacities (:mod:`cni_dra.verbs.shaping`);
+      capacities (:mod:`cni_dra.attach.shaping_plan`);
     * ``latencySeconds``: the longest a packet waits in the queue behind a full bucket (the
       queue limit; default :data:`DEFAULT_SHAPING_LATENCY_S`).
     """

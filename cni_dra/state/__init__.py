@@ -6,7 +6,7 @@ immutable: :meth:`StateStore.transaction` yields a :class:`Txn`, whose typed ope
 (:mod:`cni_dra.state.ops`) are the only way it changes, in memory and in the journal alike.
 """
 
-from cni_dra.state.models import SCHEMA_VERSION, Attachment, ClaimRef, NodeState
+from cni_dra.state.schema import SCHEMA_VERSION, Attachment, ClaimRef, NodeState
 from cni_dra.state.store import StateStore
 from cni_dra.state.txn import Txn
 

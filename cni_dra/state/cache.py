@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from cni_dra.state.codec import decode_snapshot
-from cni_dra.state.models import NodeState
+from cni_dra.state.schema import NodeState
 
 __all__ = ["Reload", "Cached", "CACHE", "ident", "decoded"]
 

@@ -2,7 +2,7 @@
 
 The CNI plugin never talks to the API server. After a claim-mode ADD it appends one
 record to ``NodeState.statusUpdates`` (in the same transaction that marks the attachment
-``ready``; on failure, after the rollback); the agent (:mod:`cni_dra.agent.status`) turns
+``ready``; on failure, after the rollback); the agent (:mod:`cni_dra.agent.status_writer`) turns
 each record into a server-side apply of the ResourceClaim's ``status.devices[]`` entry
 for (driver, pool, device, shareID) and removes it once applied (KEP-4817 networkData).
 
@@ -22,7 +22,7 @@ import logging
 import uuid
 from typing import Any
 
-from cni_dra.state.models import Attachment
+from cni_dra.state.schema import Attachment
 
 __all__ = ["claim_status_record", "record_add_failure", "network_data", "interface_data"]
 
@@ -30,7 +30,7 @@ log = logging.getLogger("cni_dra.state")
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def network_data(result: dict[str, Any], ifname: str) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def interface_data(att: Attachment) -> dict[str, Any]:
          "profile": {"linkType", "mode", "ipvlanFlag", "mtu", "mac", "shaping", "fromConfig"}}
 
     ``profile`` (what the allocation result's device profile made of the link,
-    :func:`cni_dra.verbs.profile.describe`) only when one applied."""
+    :func:`cni_dra.attach.device_profile.describe`) only when one applied."""
     from cni_dra.protocol.profile import API_VERSION  # the driver's one API group and version
     from cni_dra.state.frozen import thaw
 
@@ -107,7 +107,7 @@ def record_add_failure(store: Any, att: Attachment, error: BaseException) -> Non
     msg = getattr(error, "msg", None) or str(error) or type(error).__name__
     rec.update(ready=False, reason=type(error).__name__, message=f"CNI ADD failed with code {code}: {msg}")
     try:
-        with store.transaction() as state:
-            state.add_status_update(rec)
+        with store.transaction() as txn:
+            txn.add_status_update(rec)
     except Exception as exc:  # noqa: BLE001 - reporting must not mask the ADD error
         log.error("failed to record the ADD failure for claim %s: %s", rec["claim"], exc)

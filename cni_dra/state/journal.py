@@ -25,7 +25,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -33,12 +33,17 @@ from cni_dra.errors import StateError, StateWriteError
 from cni_dra.faults import fault_point
 from cni_dra.state import fsio, ops
 from cni_dra.state.cache import CACHE, Cached, Reload, ident
-from cni_dra.state.codec import BACKUP_FILE, STATE_FILE, apply_records, decode_record, encode_record, encode_state
-from cni_dra.state.models import NodeState
+from cni_dra.state.codec import (
+    BACKUP_FILE,
+    STATE_FILE,
+    apply_records,
+    decode_record,
+    encode_record,
+    encode_state,
+)
+from cni_dra.state.files import StateFiles
+from cni_dra.state.schema import NodeState
 from cni_dra.state.owner import boot_id
-
-if TYPE_CHECKING:
-    from cni_dra.state.store import StateStore
 
 __all__ = ["replay", "append", "write_snapshot", "write_synced"]
 
@@ -57,27 +62,27 @@ def write_synced(path: Path, data: bytes, flag: int) -> None:
 
 
 
-def corrupt_journal(store: StateStore, why: str) -> StateError:
+def corrupt_journal(files: StateFiles, why: str) -> StateError:
     return StateError(
-        f"failed to read state {store.journal_path}: journal is corrupt ({why}); it is not skipped. "
+        f"failed to read state {files.journal_path}: journal is corrupt ({why}); it is not skipped. "
         "Run `cni-dra state repair` (see README \"Failure modes\")"
     )
 
 
-def replay(store: StateStore, entry: Cached, *, strict: bool = True) -> StateError | None:
+def replay(files: StateFiles, entry: Cached, *, strict: bool = True) -> StateError | None:
     """Apply the records of ``entry.jid`` appended since ``entry.j_end`` (module docstring).
 
     ``strict``: raise StateError (5) for a corrupt journal; else apply the good records
     before the bad one and return the error."""
     try:
-        fd = os.open(store.journal_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(files.journal_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         if entry.j_end:
             raise Reload from None
         entry.j_ident, entry.j_stale, entry.j_size = None, False, 0
         return None
     except OSError as exc:
-        raise StateError(f"failed to read state {store.journal_path}: {exc.strerror}") from exc
+        raise StateError(f"failed to read state {files.journal_path}: {exc.strerror}") from exc
     try:
         st = os.fstat(fd)
         found = (st.st_dev, st.st_ino)
@@ -90,7 +95,7 @@ def replay(store: StateStore, entry: Cached, *, strict: bool = True) -> StateErr
         start = entry.j_end
         data = os.pread(fd, st.st_size - start, start) if st.st_size > start else b""
     except OSError as exc:
-        raise StateError(f"failed to read state {store.journal_path}: {exc.strerror}") from exc
+        raise StateError(f"failed to read state {files.journal_path}: {exc.strerror}") from exc
     finally:
         os.close(fd)
     records: list[list[Any]] = []
@@ -109,9 +114,9 @@ def replay(store: StateStore, entry: Cached, *, strict: bool = True) -> StateErr
             if rec is None and data.find(b"\n", nl + 1) < 0 and not data[nl + 1 :].strip(b"\0"):
                 break  # a bad last record is a torn append
             if rec is None:
-                bad = corrupt_journal(store, f"bad record at byte {start + pos}")
+                bad = corrupt_journal(files, f"bad record at byte {start + pos}")
             else:
-                bad = corrupt_journal(store, 
+                bad = corrupt_journal(files,
                     f"record at byte {start + pos} is seq {rec.get('seq')!r} of journal {rec.get('j')!r}, "
                     f"expected seq {seq + 1} of {entry.jid!r}"
                 )
@@ -128,7 +133,7 @@ def replay(store: StateStore, entry: Cached, *, strict: bool = True) -> StateErr
             apply_records(state, records)
             entry.state = state
         except (ValidationError, ValueError, TypeError, KeyError) as exc:
-            raise corrupt_journal(store, f"record does not match the schema: {exc}") from exc
+            raise corrupt_journal(files, f"record does not match the schema: {exc}") from exc
     entry.seq = seq
     entry.j_end = start + pos if not stale else 0
     entry.j_ident, entry.j_stale, entry.j_size = found, stale, st.st_size
@@ -136,7 +141,7 @@ def replay(store: StateStore, entry: Cached, *, strict: bool = True) -> StateErr
     return error
 
 
-def write_snapshot(store: StateStore, state: NodeState) -> None:
+def write_snapshot(files: StateFiles, state: NodeState) -> None:
     """Write ``state`` as a new snapshot (with a new, empty journal) atomically, and a
     second copy as ``state.json.bak``. Raises StateError (5) when it was not committed.
 
@@ -146,34 +151,34 @@ def write_snapshot(store: StateStore, state: NodeState) -> None:
     backup's rename, the directory's fsync, removing the old journal, which names
     another id now and is ignored) cannot be undone, so its failure is logged, not
     raised: the caller must not roll back a state every reader already sees."""
-    key = str(store.path)
+    key = str(files.path)
     CACHE.pop(key, None)  # re-established below once the files are in place
     if state.bootID is None:  # a new or migrated state is written in this boot
         ops.apply(state, ops.SetBootID(boot_id()))
     seq = 0  # a new journal id: its records count from 1
     jid = os.urandom(8).hex()
     data = encode_state(state, (jid, seq))
-    tmp = store.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
-    bak_tmp = store.dir / f".{BACKUP_FILE}.{os.getpid()}.tmp"
+    tmp = files.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
+    bak_tmp = files.dir / f".{BACKUP_FILE}.{os.getpid()}.tmp"
     try:
         # Writers hold the lock, so any other temp file is left by a writer that died.
-        for leftover in store.dir.glob(f".{STATE_FILE}*.tmp"):  # .state.json.bak.*.tmp too
+        for leftover in files.dir.glob(f".{STATE_FILE}*.tmp"):  # .state.json.bak.*.tmp too
             with contextlib.suppress(FileNotFoundError):
                 fsio.unlink(leftover)
         write_synced(tmp, data, os.O_EXCL)
         write_synced(bak_tmp, data, os.O_TRUNC)
         fault_point("state:tmp-written")
-        fsio.rename(tmp, store.path)
+        fsio.rename(tmp, files.path)
     except OSError as exc:
         for t in (tmp, bak_tmp):
             with contextlib.suppress(OSError):
                 os.unlink(t)
-        raise StateWriteError(f"failed to write state {store.path}: {exc.strerror}; nothing was changed") from exc
+        raise StateWriteError(f"failed to write state {files.path}: {exc.strerror}; nothing was changed") from exc
     fault_point("state:renamed")
     after: tuple[tuple[str, Callable[[], None]], ...] = (
-        ("rename the backup copy", lambda: fsio.rename(bak_tmp, store.backup_path)),
-        ("sync the state directory", lambda: fsio.fsync_dir(store.dir)),
-        ("remove the folded journal", lambda: fsio.unlink(store.journal_path)),
+        ("rename the backup copy", lambda: fsio.rename(bak_tmp, files.backup_path)),
+        ("sync the state directory", lambda: fsio.fsync_dir(files.dir)),
+        ("remove the folded journal", lambda: fsio.unlink(files.journal_path)),
     )
     for what, step in after:
         try:
@@ -181,13 +186,13 @@ def write_snapshot(store: StateStore, state: NodeState) -> None:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            _log.warning("state %s committed, but failed to %s: %s", store.path, what, exc.strerror)
+            _log.warning("state %s committed, but failed to %s: %s", files.path, what, exc.strerror)
     with contextlib.suppress(OSError):
         os.unlink(bak_tmp)
-    st = os.stat(store.path)
+    st = os.stat(files.path)
     CACHE[key] = Cached(ident(st), len(data), jid, seq, state)
 
-def append(store: StateStore, entry: Cached, ops: list[bytes], durable: bool = True) -> None:
+def append(files: StateFiles, entry: Cached, ops: list[bytes], durable: bool = True) -> None:
     """Commit ``ops`` (encoded) as the next journal record of ``entry`` (fdatasync'ed
     when ``durable``). A record is committed only when it was written whole and synced:
     on any failure it is cut off again (a truncate frees space, so it works on a full
@@ -196,9 +201,9 @@ def append(store: StateStore, entry: Cached, ops: list[bytes], durable: bool = T
     seq = entry.seq + 1
     record = encode_record(entry.jid, seq, ops)
     try:
-        fd = fsio.open_write(store.journal_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = fsio.open_write(files.journal_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise StateWriteError(f"failed to write state {store.journal_path}: {exc.strerror}; nothing was changed") from exc
+        raise StateWriteError(f"failed to write state {files.journal_path}: {exc.strerror}; nothing was changed") from exc
     end = 0
     try:
         st = os.fstat(fd)
@@ -214,14 +219,14 @@ def append(store: StateStore, entry: Cached, ops: list[bytes], durable: bool = T
         if durable or created:
             fsio.fdatasync(fd)
         if created:
-            fsio.fsync_dir(store.dir)
+            fsio.fsync_dir(files.dir)
         after = os.fstat(fd)
     except OSError as exc:
         try:  # what was written of the record is not committed: no reader may take it
             os.ftruncate(fd, end)
         except OSError as cut:
-            _log.error("failed to cut an uncommitted record off %s: %s", store.journal_path, cut.strerror)
-        raise StateWriteError(f"failed to write state {store.journal_path}: {exc.strerror}; nothing was changed") from exc
+            _log.error("failed to cut an uncommitted record off %s: %s", files.journal_path, cut.strerror)
+        raise StateWriteError(f"failed to write state {files.journal_path}: {exc.strerror}; nothing was changed") from exc
     finally:
         os.close(fd)
     entry.seq = seq

@@ -6,7 +6,9 @@ file is opened with ``O_NOFOLLOW`` (a symlink planted there is refused, never fo
 In the main thread the wait blocks in the kernel (waiters are woken on release, so none
 starves while 200 plugins queue) and a ``SIGALRM`` timer bounds it; other threads poll.
 The kernel drops the lock when its holder dies. A wait past the timeout raises
-:class:`~cni_dra.errors.TryAgainLaterError` (code 11).
+:class:`~cni_dra.errors.TryAgainLaterError` (code 11). A thread that asks again for a lock
+it holds (a transaction, read or repair of the state inside another) would wait for
+itself: it gets :class:`NestedLockError` at once instead.
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ from pathlib import Path
 
 from cni_dra.errors import StateError, TryAgainLaterError
 
-__all__ = ["thread_lock", "file_locked"]
+__all__ = ["thread_lock", "file_locked", "NestedLockError"]
 
 _THREAD_LOCKS: dict[str, threading.Lock] = {}
 _THREAD_LOCKS_GUARD = threading.Lock()
+_HOLDERS: dict[str, int] = {}  # lock file -> ident of the thread holding its in-process lock
+
+
+class NestedLockError(RuntimeError):
+    """The thread asked for a state lock it already holds: a bug in the caller, never
+    something to retry (the nested wait could only time out)."""
 
 
 class _LockWaitExpired(Exception):
@@ -76,16 +84,26 @@ def _flock(fd: int, timeout_s: float) -> bool:
 
 @contextlib.contextmanager
 def thread_lock(lock_path: Path, timeout_s: float) -> Iterator[None]:
-    """The in-process lock of the state directory whose lock file is ``lock_path``."""
+    """The in-process lock of the state directory whose lock file is ``lock_path``.
+    Raises TryAgainLaterError (11) past ``timeout_s``, NestedLockError at once when this
+    thread holds it already."""
+    key, me = str(lock_path), threading.get_ident()
+    if _HOLDERS.get(key) == me:
+        raise NestedLockError(
+            f"failed to lock state {lock_path}: this thread holds it already; a state transaction, "
+            "read or repair inside another one would wait for itself (finish the outer one first)"
+        )
     with _THREAD_LOCKS_GUARD:
-        tlock = _THREAD_LOCKS.setdefault(str(lock_path), threading.Lock())
+        tlock = _THREAD_LOCKS.setdefault(key, threading.Lock())
     if not tlock.acquire(timeout=timeout_s):
         raise TryAgainLaterError(
             f"failed to lock state {lock_path}: still held by another thread after {timeout_s:g}s"
         )
+    _HOLDERS[key] = me
     try:
         yield
     finally:
+        del _HOLDERS[key]
         tlock.release()
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
-from cni_dra.state.models import Attachment, NodeState
+from cni_dra.state.schema import Attachment, NodeState
 
 __all__ = ["Put", "Delete", "SetClaims", "SetStatusUpdates", "SetBootID", "Op", "apply", "encode", "decode"]
 
@@ -69,9 +69,9 @@ Op = Put | Delete | SetClaims | SetStatusUpdates | SetBootID
 def apply(state: NodeState, op: Op) -> None:
     """Apply ``op`` to ``state``, in place: the one writer of a :class:`NodeState`."""
     if type(op) is Put:
-        state.attachments._put(op.att)
+        state.attachments._put(op.att)  # noqa: SLF001 - this is the one writer the mutators are kept for
     elif type(op) is Delete:
-        state.attachments._drop(op.key)
+        state.attachments._drop(op.key)  # noqa: SLF001 - as above
     elif type(op) is SetClaims:  # a new mapping: a read-only value is never changed once made
         claims = dict(state.claims)
         if op.claims is None:

@@ -1,6 +1,6 @@
 """Who holds an intent: this process's identity, and whether another one still runs.
 
-An :class:`~cni_dra.state.models.Owner` names a process by pid (the thread group id: every
+An :class:`~cni_dra.state.schema.Owner` names a process by pid (the thread group id: every
 thread of a plugin or of the agent, and each of the agent's worker processes, records its
 own process), start time (clock ticks since boot, ``/proc/PID/stat`` field 22) and kernel
 boot id, so a reused pid or a reboot never passes for the process that wrote an intent
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from cni_dra.state.models import Owner
+from cni_dra.state.schema import Owner
 
 __all__ = ["BOOT_ID_PATH", "boot_id", "current_owner", "owner_alive"]
 

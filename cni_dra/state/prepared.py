@@ -1,12 +1,12 @@
 """Prepared claims as cni-dra reads them: the typed view of a stored ResourceClaim.
 
 The node state keeps each prepared claim as the API server returned it
-(``NodeState.claims``); :meth:`NodeState.prepared <cni_dra.state.models.NodeState.prepared>`
+(``NodeState.claims``); :meth:`NodeState.prepared <cni_dra.state.schema.NodeState.prepared>`
 decodes each one once into a :class:`PreparedClaim` whose :class:`PreparedResult` entries
 carry what cni-dra uses of an allocation result: the device, KEP-5075 ``consumedCapacity``
 and ``shareID``, and the result's device profile (:mod:`cni_dra.protocol.profile`), taken
 from the claim's ``status.allocation.devices.config``. Prepare refused a claim whose
-profiles do not validate or break the node's limits (:func:`cni_dra.state.claims.prepare_claim`),
+profiles do not validate or break the node's limits (:func:`cni_dra.state.preparing.prepare_claim`),
 so ADD reads the profile here, already checked and never parsed again in that process; a
 stored claim that fails anyway (prepared by a cni-dra without profiles) decodes with
 ``profileError`` saying why, and ADD refuses that result rather than ignore its config.
@@ -45,6 +45,7 @@ class PreparedResult(BaseModel):
     consumedCapacity: Annotated[dict[str, QuantityField], AfterValidator(FrozenDict)] = Field(
         default_factory=FrozenDict)
     shareID: str | None = None
+    adminAccess: bool | None = None  # holds nothing (KEP-5075), as the scheduler counts it
     profile: InterfaceProfile | None = None
     profileError: str | None = None
 
@@ -63,7 +64,7 @@ class PreparedResult(BaseModel):
 class PreparedClaim(BaseModel):
     """A prepared ResourceClaim as cni-dra reads it: its identity and its allocation
     results. The state keeps the object as the API server returned it (``NodeState.claims``);
-    :meth:`NodeState.prepared <cni_dra.state.models.NodeState.prepared>` decodes each one
+    :meth:`NodeState.prepared <cni_dra.state.schema.NodeState.prepared>` decodes each one
     once into this."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -101,7 +102,7 @@ def interface_conflicts(
     results of ``driver`` that would each serve it, for every name served by more than one.
 
     ADD picks the result of an interface by one rule
-    (:func:`cni_dra.verbs.common.claim_results_for`): the result whose request is named
+    (:func:`cni_dra.attach.invocation.claim_results_for`): the result whose request is named
     CNI_IFNAME, else the pod's only result. So a pod with a single result has no conflict
     (it serves any interface name); with several, each result serves the interface named
     after its request, and a request name that several results carry (two claims with a

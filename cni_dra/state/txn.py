@@ -7,7 +7,10 @@ to its own copy of the state (made at the first change; the state it started fro
 other threads may be reading, is never changed), so later reads in the block see it, and
 keeps it. When the block exits
 normally the kept operations are committed as one journal record (or a new snapshot);
-nothing is written when it made none, or when the block raises.
+nothing is written when it made none, or when the block raises. Once the block is over the
+handle is closed: any read or change through it raises :class:`TxnClosedError` (a change
+made then would be lost). A transaction opened inside another on the same state in the
+same thread raises :class:`~cni_dra.state.lock.NestedLockError` at once.
 
 Everything the state holds is immutable (frozen models, read-only containers), so a
 change made any other way, in place, raises instead of reaching the process's cached
@@ -22,45 +25,68 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cni_dra.errors import StateError
 from cni_dra.state import journal, ops
 from cni_dra.state.cache import CACHE
+from cni_dra.state.files import StateFiles
 from cni_dra.state.frozen import deep_freeze
-from cni_dra.state.models import Attachment, Attachments, NodeState
+from cni_dra.state.schema import Attachment, Attachments, NodeState
+from cni_dra.state.reading import read_current, read_fresh
 
-if TYPE_CHECKING:
-    from cni_dra.quantity import Quantity
-    from cni_dra.state.store import StateStore
-
-__all__ = ["VERIFY_ENV", "Txn", "transaction"]
+__all__ = ["VERIFY_ENV", "Txn", "TxnClosedError", "transaction"]
 
 VERIFY_ENV = "CNI_DRA_STATE_VERIFY"
 
 _log = logging.getLogger("cni_dra.state.store")
 
 
+class TxnClosedError(RuntimeError):
+    """A transaction's handle used after its ``with`` block: a bug in the caller."""
+
+
 class Txn:
-    """One transaction: reads of the state as changed so far, and its changes as operations.
+    """One transaction (by convention named ``txn``): reads of the state as changed so far,
+    and its changes as operations. Closed at the end of its ``with`` block (module docstring).
 
     Reads: :attr:`state` (the whole :class:`NodeState`), :meth:`find`, :attr:`attachments`,
-    :attr:`claims`, :attr:`statusUpdates`, :attr:`bootID`, :meth:`consumed_by_device`.
+    :attr:`claims`, :attr:`statusUpdates`, :attr:`bootID` (what the devices hold:
+    :func:`cni_dra.state.ledger.node_usage` of :attr:`state`).
     Changes: :meth:`put`, :meth:`update`, :meth:`remove`, :meth:`set_claims`,
     :meth:`set_status_updates`, :meth:`add_status_update`, :meth:`set_boot_id`.
+    ``where`` names the state in the error a closed handle raises.
     """
 
-    __slots__ = ("base", "state", "ops")
+    __slots__ = ("base", "_state", "ops", "_where")
 
-    def __init__(self, state: NodeState) -> None:
+    def __init__(self, state: NodeState, where: str = "") -> None:
         self.base = state  # what the transaction started from: never changed (copy on write)
-        self.state = state
+        self._state: NodeState | None = state  # None: closed
         self.ops: list[ops.Op] = []
+        self._where = where
+
+    def close(self) -> None:
+        """End the transaction: from now on every read or change raises TxnClosedError."""
+        self._state = None
+
+    @property
+    def state(self) -> NodeState:
+        """The state as changed so far (read-only). Raises TxnClosedError once closed."""
+        state = self._state
+        if state is None:
+            where = f" of {self._where}" if self._where else ""
+            raise TxnClosedError(
+                f"the state transaction{where} is over: its handle is usable only inside its with-block "
+                "(a change made after it would be lost)"
+            )
+        return state
 
     def _do(self, op: ops.Op) -> None:
-        if self.state is self.base:  # the first change: from here on, the transaction's own copy
-            self.state = self.base.changeable_copy()
-        ops.apply(self.state, op)
+        state = self.state
+        if state is self.base:  # the first change: from here on, the transaction's own copy
+            state = self._state = self.base.changeable_copy()
+        ops.apply(state, op)
         self.ops.append(op)
 
     # -- reads ---------------------------------------------------------------------------
@@ -73,21 +99,16 @@ class Txn:
         return self.state.claims
 
     @property
-    def statusUpdates(self) -> Sequence[Mapping[str, Any]]:
+    def statusUpdates(self) -> Sequence[Mapping[str, Any]]:  # noqa: N802 - named as the NodeState field
         return self.state.statusUpdates
 
     @property
-    def bootID(self) -> str | None:
+    def bootID(self) -> str | None:  # noqa: N802 - named as the NodeState field
         return self.state.bootID
 
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None."""
         return self.state.find(network, container_id, ifname)
-
-    def consumed_by_device(self, driver: str, pool: str, devices: Mapping[str, Any] | None = None, *,
-                           prepared: bool = True) -> dict[str, dict[str, Quantity]]:
-        """See :meth:`NodeState.consumed_by_device`."""
-        return self.state.consumed_by_device(driver, pool, devices, prepared=prepared)
 
     # -- changes -------------------------------------------------------------------------
     def put(self, att: Attachment) -> Attachment:
@@ -149,47 +170,50 @@ class Txn:
 
 
 @contextlib.contextmanager
-def transaction(store: StateStore, durable: bool) -> Iterator[Txn]:
+def transaction(files: StateFiles, durable: bool) -> Iterator[Txn]:
     """See :meth:`cni_dra.state.store.StateStore.transaction`."""
-    key = str(store.path)
-    with store.locked():
-        txn = Txn(store._read_unlocked())
-        yield txn  # a block that raises leaves the cached state as it was: nothing to undo
+    key = str(files.path)
+    with files.locked():
+        txn = Txn(read_current(files), where=str(files.dir))
         try:
-            _commit(store, txn, durable)
-        except BaseException:
-            CACHE.pop(key, None)
-            raise
+            yield txn  # a block that raises leaves the cached state as it was: nothing to undo
+            try:
+                _commit(files, txn, durable)
+            except BaseException:
+                CACHE.pop(key, None)
+                raise
+        finally:
+            txn.close()
 
 
-def _commit(store: StateStore, txn: Txn, durable: bool = True) -> None:
+def _commit(files: StateFiles, txn: Txn, durable: bool = True) -> None:
     if not txn.ops:
         return
     state = txn.state
-    entry = CACHE.get(str(store.path))
+    entry = CACHE.get(str(files.path))
     if (
         entry is None
         or entry.state is not txn.base
         or entry.jid is None
         or entry.snap_ident is None
-        or store.journal_limit_bytes <= 0
+        or files.journal_limit_bytes <= 0
     ):
-        journal.write_snapshot(store, state)
+        journal.write_snapshot(files, state)
     else:
-        journal.append(store, entry, [ops.encode(op) for op in txn.ops], durable)
+        journal.append(files, entry, [ops.encode(op) for op in txn.ops], durable)
         entry.state = state  # readers from now on; those holding the old state keep it whole
-        if entry.j_end > max(store.journal_limit_bytes, entry.snap_size):
+        if entry.j_end > max(files.journal_limit_bytes, entry.snap_size):
             try:  # compaction: the record above is committed whatever happens here
-                journal.write_snapshot(store, state)
+                journal.write_snapshot(files, state)
             except StateError as exc:
                 _log.warning("state compaction postponed: %s", exc)
     if os.environ.get(VERIFY_ENV) == "1":
-        _verify(store, state)
+        _verify(files, state)
 
 
-def _verify(store: StateStore, state: NodeState) -> None:
+def _verify(files: StateFiles, state: NodeState) -> None:
     """``CNI_DRA_STATE_VERIFY=1``: the files, read from scratch, must equal ``state``."""
-    if store.read_files().model_dump(mode="json") != state.model_dump(mode="json"):
+    if read_fresh(files).model_dump(mode="json") != state.model_dump(mode="json"):
         raise StateError(
-            f"failed to write state {store.path}: the journal does not reproduce the state in memory"
+            f"failed to write state {files.path}: the journal does not reproduce the state in memory"
         )

@@ -12,17 +12,17 @@ Steps (each effect registers its undo; a failure undoes them in reverse and re-r
 2. start IPAM ADD (the plugin named by ``ipam.type``) in a thread; meanwhile create the
    macvlan/ipvlan in the pod netns (under the temporary name step 1 recorded, then renamed
    to CNI_IFNAME) and shape it to the attachment's consumed capacity
-   (:mod:`cni_dra.verbs.shaping`: tbf for egress, an ifb device for ingress; traffic
+   (:mod:`cni_dra.attach.shaping_plan`: tbf for egress, an ifb device for ingress; traffic
    control does not depend on the addresses); then addresses
    and routes from IPAM's result on the link (dhcp, whose daemon configures through the
    link, runs after the link instead, in the reference order);
 3. under the lock: the attachment becomes ``ready`` with the CNI result and the shaping record.
 
 Errors: InvalidConfigError (7) for mtu above the parent's, and for shaping that tbf cannot
-hold or a shaping capacity the device lacks (:mod:`cni_dra.verbs.shaping`; both before any IPAM call),
+hold or a shaping capacity the device lacks (:mod:`cni_dra.attach.shaping_plan`; both before any IPAM call),
 NoCapacityError (100) when nothing fits, ClaimError (101) for an allocation that cannot be
 honoured (also a device profile this network's limits forbid, or whose MTU is above the
-allocated parent's: :mod:`cni_dra.verbs.profile`), NetlinkError (102; also when the kernel lacks a piece of shaping, e.g. ``kernel
+allocated parent's: :mod:`cni_dra.attach.device_profile`), NetlinkError (102; also when the kernel lacks a piece of shaping, e.g. ``kernel
 lacks ifb``, unless ``shaping`` is false, or an ifb device cni-dra did not make holds the ifb name), IpamError (the IPAM plugin's code; its catch-all 999 becomes
 103), TryAgainLaterError (11, also when the dhcp daemon's socket is absent), IncompatibleVersionError
 (1) for an L2-only 0.1.0/0.2.0 config, InvalidConfigError (7) for a MAC already used on the parent,
@@ -36,16 +36,15 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from cni_dra.faults import fault_point
 from cni_dra.errors import (
     AttachmentExistsError,
     ClaimError,
     IncompatibleVersionError,
     InvalidConfigError,
     IOFailureError,
-    InventoryError,
     TryAgainLaterError,
 )
+from cni_dra.faults import fault_point
 from cni_dra.protocol.results import (
     DNS,
     Interface,
@@ -60,27 +59,32 @@ from cni_dra.protocol.versions import version_at_least
 from cni_dra.state import Attachment, NodeState
 
 if TYPE_CHECKING:
-    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.dra.objects import ResourceSlice
     from cni_dra.netlink.info import LinkInfo
     from cni_dra.netlink.netns import NetnsIdentity
     from cni_dra.netlink.tbf import ShapeSpec
-    from cni_dra.protocol.config import NetConf
 from cni_dra.state.claim_status import record_add_failure
-from cni_dra.verbs.common import Concurrently, Invocation, ipam_codes
-from cni_dra.verbs.intent import AddIntent
-from cni_dra.verbs.placement import Asker, device_if_name, link_type_conflicts, pick_result, place
+from cni_dra.attach.invocation import Concurrently, Invocation, ipam_codes
+from cni_dra.attach.intent import AddIntent
+from cni_dra.attach.placement import device_if_name, link_type_conflicts
+from cni_dra.attach.plan import effective_invocation, plan, refuse_duplicate_mac
 from cni_dra.verbs.status import dhcp_socket_missing
 
-__all__ = ["cmd_add", "plan", "plan_attachment", "link_type_conflicts"]
+__all__ = ["cmd_add", "link_type_conflicts"]
 
 log = logging.getLogger("cni_dra.add")
 
 
-def cmd_add(inv: Invocation) -> Result:
-    """Run ADD for ``inv``; returns the CNI result (newest schema). See module docstring."""
+def cmd_add(runtime: Invocation) -> Result:
+    """Run ADD for ``runtime`` (the invocation as the runtime made it); returns the CNI
+    result (newest schema). See module docstring. The ADD reads its effective config once,
+    first (:func:`effective_invocation`: the device profile of the pod's allocation result
+    merged into the runtime's config before it is parsed), and every step after sees that
+    one object."""
     from cni_dra.netlink import addr, netns  # called through the module: the seam tests patch
-    from cni_dra.verbs.recover import recover_pending
+    from cni_dra.attach.recover import recover_pending
 
+    inv = effective_invocation(runtime, runtime.store.peek() if runtime.env.args.pod_uid else NodeState())
     _refuse_early(inv)
     recover_pending(inv)  # stale intents of crashed ADD/DEL, attachments lost in a reboot
     host_links = _host_links(inv.inventory)
@@ -93,7 +97,6 @@ def cmd_add(inv: Invocation) -> Result:
             if isinstance(reserved, Result):  # a repeated ADD: its recorded result
                 return reserved
             intent = reserved
-            inv = intent.inv  # its config is the link's: the device profile applied
             fault_point("add:reserved")
             _undo_with(undo, intent.abandon)
             spec = _shape_spec(inv, intent.att, host_links[intent.att.parent])  # code 7 before any effect
@@ -167,56 +170,14 @@ def _undo_with(undo: ExitStack, step: Callable[[], object]) -> None:
     undo.callback(safely)
 
 
-def plan_attachment(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> Attachment:
-    """The attachment this ADD would record in ``state`` (:func:`plan`'s)."""
-    return plan(inv, state, host_links)[0]
-
-
-def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> tuple[Attachment, NetConf]:
-    """The attachment this ADD would record in ``state`` (phase ``adding``, no owner yet)
-    and the network config its link is made from: the pod's allocation result's device
-    profile laid over the invocation's (:func:`cni_dra.verbs.profile.conf_for`), then the
-    placement (:func:`cni_dra.verbs.placement.place`). Pure over its arguments; raises as
-    :mod:`cni_dra.verbs.placement` and :mod:`cni_dra.verbs.profile` say, and InventoryError
-    (7) for an inventory of another driver."""
-    from cni_dra.state.models import STEP_IPAM
-    from cni_dra.verbs.profile import conf_for, describe
-
-    env = inv.env
-    slice_ = inv.inventory
-    driver, pool = slice_.spec.driver, slice_.spec.pool.name
-    if driver != inv.conf.driver:
-        raise InventoryError(
-            f"invalid inventory {inv.conf.inventory}: spec.driver {driver!r} is not the configured driver "
-            f"{inv.conf.driver!r}"
-        )
-    asker = Asker(env.args.pod_uid, env.args.pod_namespace, env.args.pod_name, env.container_id, env.ifname)
-    picked = pick_result(state, inv.conf, asker)
-    conf = conf_for(inv, picked)
-    # The cluster's rounding rules matter to a standalone allocation only (claim mode
-    # honours the scheduler's amounts), so only then is the agent's record read.
-    fractional = picked is None and inv.fractional_capacity_range
-    placement = place(state, slice_, host_links, conf, asker, picked, fractional_capacity_range=fractional)
-    att = Attachment(
-        network=conf.name, containerID=env.container_id, ifname=env.ifname, netns=env.netns or "",
-        podUID=asker.pod_uid, podNamespace=asker.pod_namespace, podName=asker.pod_name,
-        driver=driver, pool=pool, linkType=conf.linkType, ipamType=conf.ipam_type,
-        ipamConf=inv.raw.decode() if conf.ipam_type else None, phase="adding",
-        steps=(STEP_IPAM,) if conf.ipam_type else (),  # recovery runs the IPAM DEL (a no-op if none ran)
-        profile=describe(conf, picked[1] if picked else None),
-        **placement.fields(),
-    )
-    return att, conf
-
-
 def _reserve_after_recovery(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdentity) -> AddIntent | Result:
     """:func:`_reserve`; while a live recovery holds this attachment's interrupted intent,
-    wait for it (at most ``lockTimeoutSeconds``, :func:`cni_dra.verbs.intent.wait_for_recovery`)
+    wait for it (at most ``lockTimeoutSeconds``, :func:`cni_dra.attach.intent.wait_for_recovery`)
     and try again, after recovering whatever its process may have left if it died."""
     import time
 
-    from cni_dra.verbs.intent import RecoveryInProgressError, wait_for_recovery
-    from cni_dra.verbs.recover import recover_pending
+    from cni_dra.attach.intent import RecoveryInProgressError, wait_for_recovery
+    from cni_dra.attach.recover import recover_pending
 
     deadline: float | None = None
     while True:
@@ -258,22 +219,22 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdent
                 f"of the chosen parent {att.parent} (device {att.device})"
             )
         if conf.mac is not None:
-            _refuse_duplicate_mac(conf.mac, att, parent, txn.state)
+            refuse_duplicate_mac(conf.mac, att, parent, txn.state)
         # The link's temporary name, recorded before the link exists: recovery finds a link
         # left under it by a kill before the rename.
         intent = att.model_copy(update={"owner": current_owner(), "tempName": temp_name(), "netnsIdentity": ident})
-        return AddIntent(inv.with_conf(conf), txn.put(intent))
+        return AddIntent(inv, txn.put(intent))
 
 
 def _repeated(inv: Invocation, existing: Attachment, ident: NetnsIdentity) -> Result:
     """An ADD of an attachment already recorded (the runtime must not send one, CNI spec
     "ADD"): its recorded result when it is ready in the same namespace (by identity, another
     path of it is the same; a namespace made again under the recorded path is not) and its
-    link is still there on the recorded parent; :class:`~cni_dra.verbs.intent.RecoveryInProgressError`
+    link is still there on the recorded parent; :class:`~cni_dra.attach.intent.RecoveryInProgressError`
     while a recovery undoes its interrupted ADD; TryAgainLaterError (11) while another ADD
     or a DEL of it runs; else AttachmentExistsError (104): the runtime DELs it first."""
-    from cni_dra.verbs.intent import recovery_holds, recovery_in_progress
-    from cni_dra.verbs.release import names_recorded_netns
+    from cni_dra.attach.intent import recovery_holds, recovery_in_progress
+    from cni_dra.attach.release import names_recorded_netns
 
     env, conf = inv.env, inv.conf
     where = names_recorded_netns(existing, env.netns, ident)
@@ -354,10 +315,10 @@ def _create_link(inv: Invocation, att: Attachment, parent: LinkInfo, undo: ExitS
 
 def _shape_spec(inv: Invocation, att: Attachment, parent: LinkInfo) -> ShapeSpec | None:
     """What the new link is shaped to: from ``att``'s consumed capacity, the runtime's
-    bandwidth request and the config (:func:`cni_dra.verbs.shaping.shape_spec`), on the MTU
+    bandwidth request and the config (:func:`cni_dra.attach.shaping_plan.shape_spec`), on the MTU
     the link will have (the config's, else its parent's). None: not shaped. Raises
     InvalidConfigError (7) naming the key of a capacity, rate or burst tbf cannot hold."""
-    from cni_dra.verbs.shaping import shape_spec
+    from cni_dra.attach.shaping_plan import shape_spec
 
     conf = inv.conf
     return shape_spec(conf.shaping, att.consumedCapacity, conf.runtime_bandwidth, mtu=conf.mtu or parent.mtu,
@@ -369,7 +330,7 @@ def _shape(inv: Invocation, spec: ShapeSpec | None, undo: ExitStack) -> dict[str
     (the ifb device would outlive the link); returns the record for the attachment, None
     when nothing is shaped. Raises NetlinkError (102), having left nothing behind."""
     from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
-    from cni_dra.verbs.shaping import record
+    from cni_dra.attach.shaping_plan import record
 
     env = inv.env
     if spec is None:
@@ -414,23 +375,6 @@ def _result_from(inv: Invocation, link: LinkInfo, ipam_result: Result | None) ->
 
 def _result_dict(result: Result) -> dict[str, Any]:
     return result_to_dict(result, "1.1.0")
-
-
-def _refuse_duplicate_mac(mac: str, att: Attachment, parent: LinkInfo, state: NodeState) -> None:
-    """InvalidConfigError (7) when ``mac`` is the parent's own MAC or that of another
-    attachment on the same NIC (the kernel would refuse it with EADDRINUSE at link up;
-    saying which attachment holds it is clearer)."""
-    if parent.mac and parent.mac.lower() == mac:
-        raise InvalidConfigError(f"invalid MAC {mac}: it is the address of the parent NIC {att.parent} (device {att.device})")
-    for other in state.attachments:
-        if other.parent != att.parent or not other.result:
-            continue
-        for iface in other.result.get("interfaces") or []:
-            if iface.get("name") == other.ifname and str(iface.get("mac", "")).lower() == mac:
-                raise InvalidConfigError(
-                    f"invalid MAC {mac}: already used on parent {att.parent} by interface {other.ifname} of "
-                    f"container {other.containerID} (network {other.network!r})"
-                )
 
 
 def _announce(netns: str, ifname: str) -> None:

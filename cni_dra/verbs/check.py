@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import CheckFailedError, ContainerUnknownError, InvalidConfigError
 from cni_dra.protocol.results import parse_result
-from cni_dra.verbs.common import Concurrently, Invocation, ipam_codes
+from cni_dra.attach.invocation import Concurrently, Invocation, ipam_codes
 
 if TYPE_CHECKING:
     from cni_dra.state import Attachment
@@ -125,7 +125,7 @@ def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
 def _check_shaping(recorded: dict[str, Any], netns: str, ifname: str, what: str) -> None:
     """The kernel's shaping of ``ifname`` against the ``recorded`` one; CheckFailedError (105)."""
     from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
-    from cni_dra.verbs.shaping import mismatch
+    from cni_dra.attach.shaping_plan import mismatch
 
     problem = mismatch(recorded, tc.read_shaping(netns, ifname))
     if problem is not None:

@@ -5,11 +5,11 @@ attachment is already gone, when CNI_NETNS is empty or no longer exists, and (cn
 when the parent NIC is gone. Capacity is released last, so a DEL that fails halfway (the
 runtime retries it) never frees capacity whose link or IP is still held.
 
-Steps: the ``deleting`` intent (:mod:`cni_dra.verbs.intent`, after recovering stale
+Steps: the ``deleting`` intent (:mod:`cni_dra.attach.intent`, after recovering stale
 intents: an ADD killed halfway is undone there, the link it left under its temporary name
-included); the link, its ifb device and IPAM released (:func:`cni_dra.verbs.release.release`:
+included); the link, its ifb device and IPAM released (:func:`cni_dra.attach.release.release`:
 IPAM DEL beside the link deletion, ``dhcp`` first; a temporary link the record still
-names, :func:`cni_dra.verbs.release.release_temp_link`); the record dropped.
+names, :func:`cni_dra.attach.release.release_temp_link`); the record dropped.
 
 Which link, in which namespace (compared by identity, device and inode, never by path:
 ``/run/netns/x`` and ``/var/run/netns/x`` are one, :mod:`cni_dra.netlink.netns`):
@@ -20,7 +20,7 @@ Which link, in which namespace (compared by identity, device and inode, never by
 * with a record, otherwise (CNI_NETNS empty, gone, or naming another namespace, the host's
   included): the link is where the record says, so the recorded path is looked at: when it
   still names the recorded namespace and the link there is absent or sits on the recorded
-  parent NIC (:func:`cni_dra.verbs.release.recorded_link_place`), and no other
+  parent NIC (:func:`cni_dra.attach.release.recorded_link_place`), and no other
   attachment's record names it, it is deleted there (with its ifb device). A recorded path
   that names another namespace now (or nothing) is not it: the namespace with the recorded
   identity is looked for under ``/var/run/netns`` (one ``stat`` per entry). A link in another
@@ -45,7 +45,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from cni_dra.faults import fault_point
-from cni_dra.verbs.common import Invocation
+from cni_dra.attach.invocation import Invocation
 
 if TYPE_CHECKING:
     from cni_dra.netlink.netns import NetnsIdentity
@@ -59,8 +59,8 @@ log = logging.getLogger("cni_dra.del")
 def cmd_del(inv: Invocation) -> None:
     """Run DEL for ``inv`` (idempotent). See module docstring."""
     from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
-    from cni_dra.verbs.intent import begin_delete, finish_delete
-    from cni_dra.verbs.release import IpamRelease, release, release_temp_link
+    from cni_dra.attach.intent import begin_delete, finish_delete
+    from cni_dra.attach.release import IpamRelease, release, release_temp_link
 
     env, conf = inv.env, inv.conf
     given = netns_ops.netns_lookup(env.netns) if env.netns else None  # code 4 here, before any effect
@@ -85,7 +85,7 @@ def _link_to_delete(inv: Invocation, att: Attachment | None, given: NetnsIdentit
     """(the namespace path, whether CNI_IFNAME is deleted there): see the module docstring.
     ``given``: CNI_NETNS's namespace identity, None when it is empty or names nothing."""
     from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
-    from cni_dra.verbs.release import names_recorded_netns, recorded_link_place
+    from cni_dra.attach.release import names_recorded_netns, recorded_link_place
 
     env = inv.env
     key = (inv.conf.name, env.container_id, env.ifname)
@@ -124,12 +124,12 @@ def _unowned(inv: Invocation, netns: str) -> bool:
 
 def _recorded_elsewhere(inv: Invocation, netns: str) -> Attachment | None:
     """Another attachment whose record names CNI_IFNAME in ``netns`` (the same namespace by
-    identity, :func:`cni_dra.verbs.release.names_recorded_netns`), or None. An unreadable
+    identity, :func:`cni_dra.attach.release.names_recorded_netns`), or None. An unreadable
     state answers None (DEL then judges the link alone, as it did before there were
     records). Raises TryAgainLaterError (11) on lock timeout."""
     from cni_dra.errors import StateError
     from cni_dra.netlink.netns import netns_identity_or_none
-    from cni_dra.verbs.release import names_recorded_netns
+    from cni_dra.attach.release import names_recorded_netns
 
     env = inv.env
     key = (inv.conf.name, env.container_id, env.ifname)
@@ -152,7 +152,7 @@ def _ours_without_record(inv: Invocation, netns: str) -> bool:
     crash before the record): DEL then removes it. Any other link (another plugin's) is
     left alone. An unreadable inventory answers False: never delete what we cannot identify.
     """
-    from cni_dra.dra.models import device_attribute
+    from cni_dra.dra.objects import device_attribute
     from cni_dra.errors import CniError
     from cni_dra.netlink import info
 

@@ -7,7 +7,7 @@ matched as libcni's Go decoding does, in any case; an entry without both is refu
 code 7 before anything is collected: :func:`cni_dra.protocol.config.gc_attachments`). For
 each attachment of this network (``name``) in state that is not listed: delete its link
 (only in the namespace it was added in, by identity, and only when a link of its name there
-sits on its recorded NIC: :func:`cni_dra.verbs.release.recorded_link_place`), release
+sits on its recorded NIC: :func:`cni_dra.attach.release.recorded_link_place`), release
 its IPAM with the config recorded at ADD, release its capacity. Then GC is forwarded to the IPAM plugin (skipped for plugins older
 than spec 1.1.0, which have no GC). Errors are collected and GC continues past them; the
 first is raised at the end (its own CNI code), its ``details`` listing every failure.
@@ -22,7 +22,7 @@ What GC leaves alone, whatever the list says (README "Failure modes"):
   stale ones were recovered first);
 * an attachment that became ready less than :data:`GRACE_S` ago: the runtime may have
   built its list before that ADD finished;
-* ``state repair``'s placeholders (network :data:`cni_dra.verbs.repair.REPAIR_NETWORK`, also
+* ``state repair``'s placeholders (network :data:`cni_dra.attach.rebuild.REPAIR_NETWORK`, also
   when the GC names that network): they charge a live link no record tracks, and only the
   DEL of that link's pod releases them.
 
@@ -37,7 +37,7 @@ import logging
 import time
 
 from cni_dra.errors import CniError
-from cni_dra.verbs.common import Invocation, ipam_codes
+from cni_dra.attach.invocation import Invocation, ipam_codes
 
 __all__ = ["GRACE_S", "cmd_gc"]
 
@@ -74,9 +74,9 @@ def cmd_gc(inv: Invocation) -> None:
         return
 
     from cni_dra import ipam
-    from cni_dra.verbs.recover import recover_pending
-    from cni_dra.verbs.release import recorded_link_place, release_attachment
-    from cni_dra.verbs.repair import REPAIR_NETWORK
+    from cni_dra.attach.recover import recover_pending
+    from cni_dra.attach.release import recorded_link_place, release_attachment
+    from cni_dra.attach.rebuild import REPAIR_NETWORK
 
     recover_pending(inv)  # stale intents and attachments lost in a reboot, before judging the rest
     keep = {(a["containerID"], a["ifname"]) for a in valid}
@@ -101,8 +101,8 @@ def cmd_gc(inv: Invocation) -> None:
         try:
             where = recorded_link_place(att)
             release_attachment(att, inv.environ, inv.env.path, delete_link=where is not None, netns=where)
-            with inv.store.transaction() as state:
-                state.remove(*att.key)
+            with inv.store.transaction() as txn:
+                txn.remove(*att.key)
         except CniError as exc:
             log.error("GC of %s failed: %s", att.key, exc.msg)
             exc.msg = f"failed to garbage-collect attachment {att.containerID}/{att.ifname}: {exc.msg}"

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from cni_dra.errors import CniError, PluginNotAvailableError
 from cni_dra.state import StateStore
-from cni_dra.verbs.common import Invocation, ipam_codes
+from cni_dra.attach.invocation import Invocation, ipam_codes
 
 __all__ = ["cmd_status", "DHCP_DEFAULT_SOCKET", "SHAPING_PROBE_FILE", "dhcp_socket_missing", "shaping_lacks"]
 
@@ -50,7 +50,7 @@ DHCP_DEFAULT_SOCKET = "/run/cni/dhcp.sock"
 def cmd_status(inv: Invocation) -> None:
     """Run STATUS for ``inv``. Raises PluginNotAvailableError (50) or the IPAM plugin's error."""
     from cni_dra import ipam
-    from cni_dra.dra.models import device_attribute
+    from cni_dra.dra.objects import device_attribute
     from cni_dra.netlink import info  # called as info.host_link: the seam tests patch
 
     conf = inv.conf

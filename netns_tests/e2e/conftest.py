@@ -44,7 +44,7 @@ def cluster() -> Iterator[ModuleType]:
     if not reuse:
         try:
             mod.up()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever stopped the bring-up, reported with the logs
             tails = mod.tails()
             mod.down(quiet=True)
             pytest.fail(f"the cluster did not come up: {exc}\n{tails}")

@@ -30,119 +30,19 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-NS = "default"
+from netns_tests.e2e.helpers import (NS, consistently, core, delete_pods, make_pod, make_template, node_http, pod,
+                                     resource, status_entry, to_dict, wait_for, wait_running)
+
 GIB = Decimal(10) ** 9
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-def wait_for(cond, what: str, timeout_s: float = 90.0, interval_s: float = 0.5):
-    end = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < end:
-        try:
-            value = cond()
-        except ApiException as exc:
-            value, last = None, exc
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"{what}: not reached in {timeout_s:.0f}s (last error: {last})")
-
-
-def consistently(cond, what: str, duration_s: float = 10.0, interval_s: float = 1.0) -> None:
-    end = time.monotonic() + duration_s
-    while time.monotonic() < end:
-        assert cond(), f"{what}: stopped holding"
-        time.sleep(interval_s)
-
-
-def core(api) -> client.CoreV1Api:
-    return client.CoreV1Api(api)
-
-
-def resource(api) -> client.ResourceV1Api:
-    return client.ResourceV1Api(api)
-
-
-def to_dict(api, obj) -> dict[str, Any]:
-    return api.sanitize_for_serialization(obj)
-
-
-def make_template(api, name: str, bandwidth: str, *, on_nic: str | None = None) -> None:
-    """A ResourceClaimTemplate with one request ``net1`` (kept when it exists already)."""
-    exactly: dict[str, Any] = {"deviceClassName": "cni-dra-shared-nic",
-                               "capacity": {"requests": {"bandwidth": bandwidth}}}
-    if on_nic:
-        exactly["selectors"] = [{"cel": {"expression": f'device.attributes["net.cni-dra.dev"].ifName == "{on_nic}"'}}]
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "net1", "exactly": exactly}]}}}}
-    try:
-        resource(api).create_namespaced_resource_claim_template(NS, body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
 
 def make_claim(api, name: str, bandwidth: str) -> None:
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": NS},
             "spec": {"devices": {"requests": [{"name": "net1", "exactly": {
                 "deviceClassName": "cni-dra-shared-nic", "capacity": {"requests": {"bandwidth": bandwidth}}}}]}}}
     resource(api).create_namespaced_resource_claim(NS, body)
-
-
-def make_pod(api, cluster, name: str, *, template: str | None = None, claim: str | None = None,
-             templates: tuple[str, ...] = (), annotations: dict[str, str] | None = None,
-             node: str | None = None, anywhere: bool = False) -> dict:
-    """A pod of the test image; its claim from ``template`` or ``claim`` (named ``nic``), or
-    one claim per entry of ``templates`` (``nic-0``, ``nic-1``...). Pinned to ``node``
-    (default: the first node) by a nodeSelector, so the scheduler still allocates its
-    claims; ``anywhere``: no selector, the scheduler picks the node."""
-    spec: dict[str, Any] = {
-        "terminationGracePeriodSeconds": 1,
-        "containers": [{"name": "app", "image": cluster.TEST_IMAGE, "imagePullPolicy": "Never"}],
-    }
-    if not anywhere:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node or cluster.NODE}
-    refs: list[dict[str, str]] = [{"name": f"nic-{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)]
-    if template or claim:
-        ref = {"name": "nic"}
-        ref["resourceClaimTemplateName" if template else "resourceClaimName"] = template or claim
-        refs.append(ref)
-    if refs:
-        spec["resourceClaims"] = refs
-        spec["containers"][0]["resources"] = {"claims": [{"name": r["name"]} for r in refs]}
-    meta: dict[str, Any] = {"name": name, "namespace": NS}
-    if annotations:
-        meta["annotations"] = annotations
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-    return to_dict(api, core(api).create_namespaced_pod(NS, body))
-
-
-def pod(api, name: str) -> dict | None:
-    try:
-        return to_dict(api, core(api).read_namespaced_pod(name, NS))
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
-def wait_running(api, name: str, timeout_s: float = 90.0) -> dict:
-    return wait_for(lambda: (p := pod(api, name)) and p["status"].get("phase") == "Running" and p["status"].get("podIP")
-                    and p, f"pod {name} Running", timeout_s)
-
-
-def delete_pods(api, *names: str) -> None:
-    for name in names:
-        try:
-            core(api).delete_namespaced_pod(name, NS, grace_period_seconds=1)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    for name in names:
-        wait_for(lambda: pod(api, name) is None, f"pod {name} gone", 90)
 
 
 def claim_of(api, pod_obj: dict) -> dict:
@@ -248,14 +148,6 @@ def on_nic(cluster, uid: str, node: str, nic: str) -> bool:
     return eth0_parent(uid) == (node, node_ifindex(cluster, node, nic))
 
 
-def node_http(cluster, node: str, url: str) -> str:
-    """GET ``url`` from inside ``node``'s netns (its 127.0.0.1 is the node's own)."""
-    code = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
-    out = subprocess.run(["nsenter", f"--net={cluster.node(node).netns}", "python3", "-c", code, url],
-                         capture_output=True, text=True, check=True)
-    return out.stdout
-
-
 def ip_link(uid: str, ifname: str = "eth0") -> dict:
     """``ip -d -j link show`` of ``ifname`` in pod ``uid``'s netns: the kernel's own words
     on the link's kind (``linkinfo.info_kind``), mode (``linkinfo.info_data.mode``) and MTU."""
@@ -340,13 +232,6 @@ def delete_cluster_objects(api, *, classes: tuple[str, ...] = (), templates: tup
         except ApiException as exc:
             if exc.status != 404:
                 raise
-
-
-def status_entry(claim: dict, share_id: str) -> dict | None:
-    for dev in (claim.get("status") or {}).get("devices") or []:
-        if dev.get("shareID") == share_id:
-            return dev
-    return None
 
 
 def check_attached(api, cluster, name: str, bandwidth: str) -> tuple[dict, dict, dict]:
@@ -1110,36 +995,3 @@ def test_kubelet_restart_keeps_pods_and_the_slice_comes_back(api, cluster):
              "everything released after the kubelet restart", 60)
     assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
 
-
-def test_nic_that_disappears(api, cluster):
-    """A NIC removed under a running pod: the slice is published without it, the node stays
-    Ready (STATUS does not fail), the pod keeps running without its eth0 (the kernel
-    deletes a macvlan with its parent), a new pod asking for that NIC is Unschedulable,
-    and deleting the pod still releases its share. The NIC is put back afterwards."""
-    gone = sorted(cluster.NICS)[-1]
-    make_template(api, "nic-1g-gone", "1G", on_nic=gone)
-    make_pod(api, cluster, "pod-n", template="nic-1g-gone")
-    p, _, res = check_attached(api, cluster, "pod-n", "1G")
-    uid = p["metadata"]["uid"]
-    name = f"{cluster.NODE}-{cluster.DRIVER}"
-    try:
-        subprocess.run(["ip", "-n", cluster.node().name, "link", "del", gone], check=True)
-        wait_for(lambda: [d["name"] for d in to_dict(api, resource(api).read_resource_slice(name))["spec"]["devices"]]
-                 == [n for n in sorted(cluster.NICS) if n != gone], "slice published without the NIC", 30)
-        consistently(lambda: cluster.node_ready(api), "node Ready", 5)
-        assert pod(api, "pod-n")["status"]["phase"] == "Running"
-        from netns_tests.runner import link_in_netns
-
-        assert link_in_netns(pod_netns(uid), "eth0") is None
-        make_pod(api, cluster, "pod-n2", template="nic-1g-gone")
-        wait_for(lambda: any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
-                             for c in pod(api, "pod-n2")["status"].get("conditions") or []),
-                 "a pod asking for the gone NIC is Unschedulable", 60)
-        delete_pods(api, "pod-n", "pod-n2")
-        wait_for(lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
-                 "the share on the gone NIC released", 60)
-        assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
-    finally:
-        cluster.node().make_nics()
-    wait_for(lambda: len(to_dict(api, resource(api).read_resource_slice(name))["spec"]["devices"]) == len(cluster.NICS),
-             "the NIC published again", 60)

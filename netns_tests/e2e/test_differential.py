@@ -168,7 +168,7 @@ def outcome_mismatch(entry: dict[str, Any], cond: dict[str, Any], claim: dict[st
 
 def policy_refusals(slice_: dict[str, Any], gate_on: bool) -> list[str]:
     """What cni-dra's reading of the API server's requestPolicy rules refuses in ``slice_``."""
-    from cni_dra.dra.models import CapacityRequestPolicy
+    from cni_dra.dra.objects import CapacityRequestPolicy
     from cni_dra.dra.request_policy import policy_problems
     from cni_dra.quantity import Quantity
 
@@ -259,24 +259,34 @@ def run_batch(cluster, api: client.ApiClient, gate_on: bool, batch: int, workdir
             res.delete_namespaced_resource_claim(cname, diff.NAMESPACE)
 
 
+def replay_command(request: pytest.FixtureRequest, gate: str, batch: int) -> str:
+    """The one command that runs batch ``batch`` of gate ``gate`` again, with this seed."""
+    return (f"  CNI_DRA_E2E=1 CNI_DRA_DIFF_SEED={SEED} CNI_DRA_DIFF_ONLY={gate}:{batch} flock /run/cni-dra-e2e.lock "
+            f"{sys.executable} -m pytest '{request.node.nodeid}'")
+
+
 @pytest.mark.parametrize("gate_on", [False, True], ids=["gate-off", "gate-on"])
 def test_cni_dra_allocates_as_the_scheduler(request, cluster, apis, fake_nodes, tmp_path, gate_on: bool) -> None:
     gate = "on" if gate_on else "off"
     say(request, f"differential: seed {SEED} (CNI_DRA_DIFF_SEED={SEED} replays it), gate {gate}, "
                  f"{BATCHES} batches of {CLAIMS} claims")
     tally = Tally()
+    failed: list[int] = []
     for batch in range(BATCHES):
         if ONLY and ONLY != f"{gate}:{batch}":
             continue
+        before = len(tally.disagreements)
         run_batch(cluster, apis[gate_on], gate_on, batch, tmp_path, tally)
+        if len(tally.disagreements) > before:
+            failed.append(batch)
     say(request, f"differential: gate {gate}: {tally.claims} claims ran ({tally.allocated} allocated, "
                  f"{tally.unschedulable} unschedulable, {tally.errors} allocation errors), "
                  f"{len(tally.disagreements)} disagreements (allocations and slice validation); "
                  f"{tally.slices} slices published, {tally.slices_refused} drawn ones refused by the API server, "
                  f"{tally.claims_refused} claims refused")
     assert tally.disagreements == [], (
-        f"seed {SEED}: {len(tally.disagreements)} of {tally.claims} claims disagree "
-        f"(replay one with CNI_DRA_DIFF_SEED={SEED} CNI_DRA_DIFF_ONLY=<gate>:<batch>):\n" + "\n".join(tally.disagreements))
+        f"seed {SEED}: {len(tally.disagreements)} of {tally.claims} claims disagree; replay a batch with\n"
+        + "\n".join(replay_command(request, gate, b) for b in failed) + "\n" + "\n".join(tally.disagreements))
     assert tally.claims >= MIN_CLAIMS
 
 

@@ -16,9 +16,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from netns_tests.e2e.test_cluster import (NS, _clean_namespace, books, books_match, check_attached, core,  # noqa: F401
-                                          delete_pods, eth0_parent, kernel_eth0, kernel_rates, make_pod, make_template,
-                                          on_nic, pod, resource, to_dict, wait_for, wait_running)
+from netns_tests.e2e.helpers import (NS, core, delete_pods, make_pod, make_template, pod, resource,  # noqa: F401
+                                     to_dict, wait_for, wait_running)
+from netns_tests.e2e.test_cluster import (_clean_namespace, books, books_match, check_attached,  # noqa: F401
+                                          eth0_parent, kernel_eth0, kernel_rates, on_nic)
 
 AGENT_CAPS = ["NET_ADMIN", "SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"]
 

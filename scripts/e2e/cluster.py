@@ -48,14 +48,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the modules beside this script
-from cluster_node import (APISERVER_PORT, BRIDGE, CNI_BIN, CONFLIST, DRIVER, HOST_IP,  # noqa: E402,F401
+from cluster_node import (APISERVER_PORT, BRIDGE, CNI_BIN, CONFLIST, DRIVER, HOST_IP,  # noqa: F401
                           JUMBO_MTU, JUMBO_NIC, NETWORK, NICS, NODE_CNI_EXE, SERVICE_RANGE, Node,
                           delete_bridge, make_bridge)
-from cluster_pki import cert, kubeconfig, pki  # noqa: E402
-from cluster_procs import (CGROUP_ROOT, DIR, ClusterError, cgroup_hierarchies, kill_in_namespaces,  # noqa: E402,F401
+from cluster_pki import cert, kubeconfig, pki
+from cluster_procs import (CGROUP_ROOT, DIR, ClusterError, cgroup_hierarchies, kill_in_namespaces,
                            log, logfile, make_cgroup, p, remove_cgroups, run, running, start, stop, stop_all,
                            unmount_under, wait)
-from cluster_runtime import SANDBOX_IMAGE, TEST_IMAGE  # noqa: E402,F401
+from cluster_runtime import SANDBOX_IMAGE, TEST_IMAGE  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 KUBE_VERSION = os.environ.get("CNI_DRA_E2E_KUBE_VERSION", "v1.37.2")

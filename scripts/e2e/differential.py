@@ -49,7 +49,7 @@ TAINT = {"key": "cni-dra.dev/differential", "value": "true", "effect": "NoSchedu
 def _kubeconfig_on(cluster: ModuleType, src: Path, dst: Path, port: int) -> Path:
     cfg = json.loads(src.read_text())
     for c in cfg["clusters"]:
-        c["cluster"]["server"] = f"https://{cluster.HOST_IP}:{port}"  # where the bed's API servers bind
+        c["cluster"]["server"] = f"https://{cluster.HOST_IP}:{port}"
     dst.write_text(json.dumps(cfg))
     dst.chmod(0o600)
     return dst
@@ -82,7 +82,9 @@ class GateOnControlPlane:
         self.dir.mkdir(parents=True, exist_ok=True)
         saved = json.loads(c.p("pids", "kube-apiserver.cmd").read_text())
         args = [a.replace(f"--secure-port={c.APISERVER_PORT}", f"--secure-port={self.port}") for a in saved["args"]]
-        c.start(self.APISERVER, [*args, MIN_COMPAT], saved["env"])
+        # on the bed's address (where its certificate is valid), beside the bed's API server;
+        # it leaves the kubernetes Service's endpoints to that one (both advertise one address)
+        c.start(self.APISERVER, [*args, MIN_COMPAT, "--endpoint-reconciler-type=none"], saved["env"])
         _kubeconfig_on(c, c.admin_kubeconfig(), self.admin_kubeconfig, self.port)
         kc = _kubeconfig_on(c, c.p("pki", "scheduler.kubeconfig"), self.dir / "scheduler-gate-on.kubeconfig", self.port)
         c.wait(lambda: self.api_get("/readyz") == "ok", "gate-on kube-apiserver ready", 90, proc=self.APISERVER)
@@ -138,7 +140,7 @@ def component_gates(cluster: ModuleType, on: GateOnControlPlane) -> dict[str, bo
     admin = (pki / "admin.crt", pki / "admin.key")
     q = "/metrics?name[]=kubernetes_feature_enabled"
     return {
-        "kube-apiserver": gate_in(_https(f"https://{cluster.HOST_IP}:{cluster.APISERVER_PORT}{q}", cert=admin, ca=pki / "ca.crt")),
+        "kube-apiserver": gate_in(_https(f"{cluster.APISERVER_URL}{q}", cert=admin, ca=pki / "ca.crt")),
         "kube-scheduler": gate_in(_https(f"https://127.0.0.1:10359{q}", cert=admin)),
         on.APISERVER: gate_in(on.api_get(q)),
         on.SCHEDULER: gate_in(_https(f"https://127.0.0.1:{SCHEDULER_ON_PORT}{q}")),
@@ -338,7 +340,7 @@ class InputRefused(AssertionError):
     """``cni-dra allocate`` refused its input (exit 2): the slice or a claim."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def knows_the_gate(exe: str) -> bool:
     """Whether ``exe``'s ``allocate`` takes ``--fractional-capacity-range`` (a cni-dra from
     before it, run through ``CNI_DRA_DIFF_EXE`` to see what it got wrong, rounds one way)."""

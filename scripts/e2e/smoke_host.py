@@ -186,7 +186,7 @@ def ping(ip: str, timeout_s: float = 2.0) -> bool:
         while time.monotonic() < end:
             try:
                 data, addr = s.recvfrom(1500)
-            except socket.timeout:
+            except TimeoutError:
                 return False
             ihl = (data[0] & 0xF) * 4
             if addr[0] == ip and data[ihl] == 0 and struct.unpack("!H", data[ihl + 4:ihl + 6])[0] == ident:

@@ -30,8 +30,8 @@ import tempfile
 from pathlib import Path
 
 
-import oci  # noqa: E402
-import tree  # noqa: E402
+import oci
+import tree
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent

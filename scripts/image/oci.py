@@ -20,7 +20,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +145,7 @@ def _json(doc: dict[str, Any]) -> bytes:
 
 def rfc3339(epoch: int) -> str:
     """``epoch`` (seconds, UTC) as the OCI ``created`` fields write it."""
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def write_archive(out: Path, layers: list[Layer], config: dict[str, Any], name: str, tag: str,

@@ -38,8 +38,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
-import elf  # noqa: E402
-import pysource  # noqa: E402
+import elf
+import pysource
 
 __all__ = ["PACKAGES", "TREE_NAME", "LOADER", "PYTHON", "ENTRY", "build", "interpreter", "fetch_debs", "prune"]
 

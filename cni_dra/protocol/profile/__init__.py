@@ -48,7 +48,7 @@ Errors: :class:`~cni_dra.errors.InvalidConfigError` (7), and
 """
 
 from cni_dra.protocol.profile.limits import ProfileLimits, check_limits, limits_from_conflist, load_limits, strictest
-from cni_dra.protocol.profile.model import (
+from cni_dra.protocol.profile.params import (
     API_VERSION,
     KIND,
     LINK_TYPES,

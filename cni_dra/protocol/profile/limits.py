@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cni_dra.errors import InvalidConfigError, IOFailureError
-from cni_dra.protocol.profile.model import LINK_TYPES, MAX_BURST_BYTES, InterfaceProfile, validation_errors
+from cni_dra.protocol.profile.params import LINK_TYPES, MAX_BURST_BYTES, InterfaceProfile, validation_errors
 
 __all__ = ["ProfileLimits", "check_limits", "strictest", "limits_from_conflist", "load_limits"]
 

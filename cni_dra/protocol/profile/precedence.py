@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from cni_dra.errors import InvalidConfigError
 from cni_dra.protocol.profile.limits import ProfileLimits, check_limits
-from cni_dra.protocol.profile.model import LINK_FIELDS, InterfaceProfile, parse_interface_config, validation_errors
+from cni_dra.protocol.profile.params import LINK_FIELDS, InterfaceProfile, parse_interface_config, validation_errors
 
 __all__ = [
     "SOURCES",

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from cni_dra.errors import DecodeError
-from cni_dra.protocol.results.model import DNS, U32_MAX, V030, V100, Interface, IPConfig, Result, Route
+from cni_dra.protocol.results.cni_result import DNS, U32_MAX, V030, V100, Interface, IPConfig, Result, Route
 from cni_dra.protocol.versions import LATEST_VERSION, check_supported, parse_version
 
 __all__ = ["parse_result"]

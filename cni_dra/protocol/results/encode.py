@@ -12,7 +12,7 @@ Stdlib only: imported on every CNI call.
 from __future__ import annotations
 
 from cni_dra.errors import IncompatibleVersionError
-from cni_dra.protocol.results.model import DNS, V030, V100, V110, Interface, IPConfig, Result, Route
+from cni_dra.protocol.results.cni_result import DNS, V030, V100, V110, Interface, IPConfig, Result, Route
 from cni_dra.protocol.versions import check_supported, parse_version
 
 __all__ = ["JsonObject", "result_to_dict"]

@@ -3,7 +3,7 @@
 :func:`replace` holds the lock, moves an unreadable snapshot and its journal aside (as
 ``state.json.corrupt-<unix s>`` and ``state.journal.corrupt-<unix s>``) and yields a
 :class:`RepairView` of what it found; :func:`read_backup` reads the second copy of the
-snapshot. ``cni-dra state repair`` (:mod:`cni_dra.verbs.repair`) decides what to write.
+snapshot. ``cni-dra state repair`` (:mod:`cni_dra.attach.rebuild`) decides what to write.
 """
 
 from __future__ import annotations
@@ -12,21 +12,19 @@ import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cni_dra.errors import StateError
 from cni_dra.state import fsio, journal
 from cni_dra.state.cache import CACHE, decoded
 from cni_dra.state.codec import JOURNAL_FILE, STATE_FILE
-from cni_dra.state.models import NodeState
-
-if TYPE_CHECKING:
-    from cni_dra.state.store import StateStore
+from cni_dra.state.files import StateFiles
+from cni_dra.state.schema import NodeState
+from cni_dra.state.reading import read_current
 
 __all__ = ["RepairView", "replace", "read_backup"]
 
 
-def _with_good_records(store: StateStore, data: bytes, source: str) -> NodeState:
+def _with_good_records(store: StateFiles, data: bytes, source: str) -> NodeState:
     """Snapshot bytes (``state.json`` or its copy) plus the journal's records before a bad
     one (a bad one is reported by the main read). Raises StateError (5) for a bad snapshot."""
     entry = decoded(data, source)
@@ -35,7 +33,7 @@ def _with_good_records(store: StateStore, data: bytes, source: str) -> NodeState
     return entry.state
 
 
-def _read_snapshot_with_good_records(store: StateStore) -> NodeState | None:
+def _read_snapshot_with_good_records(store: StateFiles) -> NodeState | None:
     """The snapshot plus the journal's records before a bad one; None if the snapshot is bad."""
     try:
         return _with_good_records(store, store.path.read_bytes(), str(store.path))
@@ -43,7 +41,7 @@ def _read_snapshot_with_good_records(store: StateStore) -> NodeState | None:
         return None
 
 
-def read_backup_unlocked(store: StateStore) -> NodeState | None:
+def read_backup_unlocked(store: StateFiles) -> NodeState | None:
     try:
         data = store.backup_path.read_bytes()
     except FileNotFoundError:
@@ -53,7 +51,7 @@ def read_backup_unlocked(store: StateStore) -> NodeState | None:
     return _with_good_records(store, data, str(store.backup_path))
 
 
-def read_backup(store: StateStore) -> NodeState | None:
+def read_backup(store: StateFiles) -> NodeState | None:
     """The backup (the second copy of the snapshot, plus its journal's good records),
     verified; None when there is none. Raises StateError (5) when the backup is corrupt too."""
     with store.locked():
@@ -61,7 +59,7 @@ def read_backup(store: StateStore) -> NodeState | None:
 
 
 @contextlib.contextmanager
-def replace(store: StateStore) -> Iterator[RepairView]:
+def replace(store: StateFiles) -> Iterator[RepairView]:
     """Hold the lock for ``cni-dra state repair``; yields a :class:`RepairView`.
 
     An unreadable ``state.json`` is moved aside first as ``state.json.corrupt-<unix s>``
@@ -73,7 +71,7 @@ def replace(store: StateStore) -> Iterator[RepairView]:
         view = RepairView(store)
         stamp = int(time.time())  # of the files moved aside
         try:
-            view.current = store._read_unlocked()
+            view.current = read_current(store)
         except StateError as exc:
             view.error = exc
             view.current = _read_snapshot_with_good_records(store)
@@ -93,13 +91,13 @@ def replace(store: StateStore) -> Iterator[RepairView]:
 
 
 class RepairView:
-    """What :meth:`StateStore.replace` found (under the lock): ``current`` state (None when
+    """What :func:`replace` found (under the lock): ``current`` state (None when
     the snapshot is unreadable or absent; with a bad journal, the snapshot plus the records
     before the bad one), its ``error``, where the unreadable snapshot went (``aside``) and the
     journal (``journal_aside``), the verified ``backup`` (None when absent or unreadable) and
     ``backup_error``."""
 
-    def __init__(self, store: StateStore) -> None:
+    def __init__(self, store: StateFiles) -> None:
         self.store = store
         self.current: NodeState | None = None
         self.error: StateError | None = None

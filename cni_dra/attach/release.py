@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from cni_dra.errors import CniError
 from cni_dra.faults import fault_point
 from cni_dra.state import Attachment
-from cni_dra.verbs.common import Concurrently, ipam_codes
+from cni_dra.attach.invocation import Concurrently, ipam_codes
 
 __all__ = [
     "IpamRelease",

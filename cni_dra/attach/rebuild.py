@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import CniError
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state.models import Attachments
+from cni_dra.state.schema import Attachments
 from cni_dra.state.owner import boot_id, owner_alive
-from cni_dra.state.repair import RepairView
-from cni_dra.verbs.recover import RecoveryReport, describe_attachment, undo_attachment
+from cni_dra.state.salvage import RepairView
+from cni_dra.attach.recover import RecoveryReport, describe_attachment, undo_attachment
 
 if TYPE_CHECKING:
-    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.dra.objects import ResourceSlice
     from cni_dra.netlink.netns import NetnsIdentity
 
 __all__ = ["REPAIR_NETWORK", "repair"]
@@ -34,10 +34,10 @@ log = logging.getLogger("cni_dra.repair")
 
 def _live_links(state: NodeState) -> dict[tuple[str, str, str], str]:
     """Attachment key → host parent name, for each attachment whose link is alive in the
-    namespace it was added in (:func:`~cni_dra.verbs.release.recorded_netns_path`: a path
+    namespace it was added in (:func:`~cni_dra.attach.release.recorded_netns_path`: a path
     that names another namespace now does not count)."""
     from cni_dra.netlink import info
-    from cni_dra.verbs.release import recorded_netns_path
+    from cni_dra.attach.release import recorded_netns_path
 
     out = {}
     for att in state.attachments:
@@ -278,8 +278,8 @@ def _as_ready(att: Attachment, parent: str, report: RecoveryReport) -> Attachmen
     import time
 
     from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
-    from cni_dra.state.models import ready_at
-    from cni_dra.verbs.shaping import record
+    from cni_dra.state.schema import ready_at
+    from cni_dra.attach.shaping_plan import record
 
     try:
         found = tc.read_shaping(att.netns, att.ifname)
@@ -331,7 +331,7 @@ def _charge_untracked(
     out: list[Attachment] = []
     by_parent = {}
     if slice_ is not None:
-        from cni_dra.dra.models import device_attribute
+        from cni_dra.dra.objects import device_attribute
 
         by_parent = {device_attribute(d, "ifName", slice_.spec.driver): d for d in slice_.spec.devices}
     for netns, kid, kind, parent_name in found:

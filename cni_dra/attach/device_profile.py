@@ -2,7 +2,7 @@
 over the network config the runtime sent.
 
 A pod's allocation result carries the profile its DeviceClass and ResourceClaim config
-give it (:class:`~cni_dra.state.models.PreparedResult`, checked at prepare against the
+give it (:class:`~cni_dra.state.schema.PreparedResult`, checked at prepare against the
 limits of the conflists the agent was given). ADD takes it from there, never from the
 claim again, and:
 
@@ -30,8 +30,8 @@ from cni_dra.errors import ClaimError, CniError
 
 if TYPE_CHECKING:
     from cni_dra.protocol.config import NetConf
-    from cni_dra.state.models import PreparedClaim, PreparedResult
-    from cni_dra.verbs.common import Invocation
+    from cni_dra.state.schema import PreparedClaim, PreparedResult
+    from cni_dra.attach.invocation import Invocation
 
 __all__ = ["conf_for", "describe"]
 

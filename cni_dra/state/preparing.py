@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from cni_dra.protocol.config import DEFAULT_DRIVER
 
 if TYPE_CHECKING:
-    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.dra.objects import ResourceSlice
     from cni_dra.protocol.profile import ProfileLimits
     from cni_dra.state.prepared import PreparedClaim
 
@@ -70,7 +70,7 @@ def validate_claim(claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER,
     """
     from pydantic import ValidationError
 
-    from cni_dra.dra.models import ResourceClaim
+    from cni_dra.dra.objects import ResourceClaim
     from cni_dra.errors import InvalidConfigError
     from cni_dra.protocol.profile import ProfileLimits, claim_profiles
     from cni_dra.state.prepared import PreparedClaim
@@ -141,13 +141,13 @@ def prepare_claims(state_dir: str, pod_uid: str, claim_objs: Sequence[dict[str, 
     from cni_dra.state.store import StateStore
 
     adding = [validate_claim(obj, driver=driver, limits=limits) for obj in claim_objs]
-    with StateStore(state_dir).transaction() as state:  # the state keeps a read-only copy
-        held = state.state.prepared(pod_uid)
+    with StateStore(state_dir).transaction() as txn:  # the state keeps a read-only copy
+        held = txn.state.prepared(pod_uid)
         check_pod_interfaces(held, adding, driver=driver, pod=pod or pod_uid)
-        existing = list(state.claims.get(pod_uid, ()))
+        existing = list(txn.claims.get(pod_uid, ()))
         identities = [c.identity for c in held]
         changed = []
-        for claim, obj in zip(adding, claim_objs):
+        for claim, obj in zip(adding, claim_objs, strict=True):
             if claim.identity in identities:
                 i = identities.index(claim.identity)
                 changed.append(existing[i] != obj)
@@ -157,7 +157,7 @@ def prepare_claims(state_dir: str, pod_uid: str, claim_objs: Sequence[dict[str, 
                 existing.append(obj)
                 identities.append(claim.identity)
         if any(changed):
-            state.set_claims(pod_uid, existing)
+            txn.set_claims(pod_uid, existing)
         return changed
 
 
@@ -172,12 +172,12 @@ def unprepare_claims(state_dir: str, pod_uid: str, claim_uid: str | None = None)
     """Remove the prepared claims of ``pod_uid`` (only ``claim_uid`` when given). Returns how many."""
     from cni_dra.state.store import StateStore
 
-    with StateStore(state_dir).transaction() as state:
-        existing = state.claims.get(pod_uid, ())
-        keep = [raw for raw, c in zip(existing, state.state.prepared(pod_uid)) if claim_uid and c.uid != claim_uid]
+    with StateStore(state_dir).transaction() as txn:
+        existing = txn.claims.get(pod_uid, ())
+        keep = [raw for raw, c in zip(existing, txn.state.prepared(pod_uid), strict=True) if claim_uid and c.uid != claim_uid]
         removed = len(existing) - len(keep)
         if removed:
-            state.set_claims(pod_uid, keep)
+            txn.set_claims(pod_uid, keep)
         return removed
 
 
@@ -193,13 +193,13 @@ def share_prepared_claim(state_dir: str, claim_uid: str, pod_uids: set[str]) -> 
     holders = store.read().claim_pods(claim_uid)
     if not holders or not pod_uids - holders:
         return []
-    with store.transaction() as state:
-        holders = state.state.claim_pods(claim_uid)
+    with store.transaction() as txn:
+        holders = txn.state.claim_pods(claim_uid)
         if not holders:  # unprepared meanwhile
             return []
         holder = min(holders)
-        prepared = next(raw for raw, c in zip(state.claims[holder], state.state.prepared(holder)) if c.uid == claim_uid)
+        prepared = next(raw for raw, c in zip(txn.claims[holder], txn.state.prepared(holder), strict=True) if c.uid == claim_uid)
         added = sorted(pod_uids - holders)
         for pod in added:
-            state.set_claims(pod, [*state.claims.get(pod, ()), prepared])
+            txn.set_claims(pod, [*txn.claims.get(pod, ()), prepared])
         return added

@@ -8,7 +8,7 @@ with plain objects):
   honoured as the scheduler made it (device, consumedCapacity, shareID), after checking
   that it is this node's, that its NIC exists, that the NIC takes this link type and that
   the share still fits. The pods of a ResourceClaim shared by several pods use its one
-  share, charged once (:meth:`~cni_dra.state.models.Attachment.share_key`);
+  share, charged once (:meth:`~cni_dra.state.schema.Attachment.share_key`);
 * :func:`place_standalone`: no claim, so cni-dra allocates on the node as the scheduler
   would (KEP-5075 rules, :func:`cni_dra.allocator.select_device`) over the NICs that
   exist, are up and take the configured MTU.
@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 from cni_dra.errors import ClaimError, InvalidConfigError, InventoryError, NoCapacityError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
-from cni_dra.state.models import PreparedClaim, PreparedResult, whole_capacity
-from cni_dra.verbs.common import claim_results_for
+from cni_dra.state.ledger import node_usage
+from cni_dra.state.schema import PreparedClaim, PreparedResult, whole_capacity
+from cni_dra.attach.invocation import claim_results_for
 
 if TYPE_CHECKING:
-    from cni_dra.dra.models import Device, ResourceSlice
+    from cni_dra.dra.objects import Device, ResourceSlice
     from cni_dra.netlink.info import LinkInfo
     from cni_dra.protocol.config import NetConf
 
@@ -53,7 +54,7 @@ class Placement:
     claim: ClaimRef | None = None
 
     def fields(self) -> dict[str, Any]:
-        """The :class:`~cni_dra.state.models.Attachment` fields this placement sets."""
+        """The :class:`~cni_dra.state.schema.Attachment` fields this placement sets."""
         return {"device": self.device, "parent": self.parent, "consumedCapacity": dict(self.consumedCapacity),
                 "shareID": self.shareID, "claim": self.claim}
 
@@ -96,7 +97,7 @@ def link_type_conflicts(attachments: Iterable[Attachment], link_type: str, drive
 def device_if_name(device: Device, driver: str) -> str:
     """The host interface name (``ifName`` attribute) of an inventory device.
     Raises InventoryError (7) when it has none."""
-    from cni_dra.dra.models import device_attribute
+    from cni_dra.dra.objects import device_attribute
 
     value = device_attribute(device, "ifName", driver)
     if not isinstance(value, str) or not value:
@@ -106,7 +107,7 @@ def device_if_name(device: Device, driver: str) -> str:
 
 def pick_result(state: NodeState, conf: NetConf, asker: Asker) -> tuple[PreparedClaim, PreparedResult] | None:
     """The pod's prepared allocation result of ``conf.driver`` for this interface
-    (:func:`cni_dra.verbs.common.claim_results_for`), None in standalone mode."""
+    (:func:`cni_dra.attach.invocation.claim_results_for`), None in standalone mode."""
     if not asker.pod_uid:
         return None
     return claim_results_for(state.prepared(asker.pod_uid), conf.driver, asker.ifname)
@@ -175,7 +176,7 @@ def place_claim(
     if mixed:
         raise ClaimError(f"failed to honour {where} on device {name}: the NIC {mixed}")
     if not sharing:  # another pod of a shared claim already holds (and is charged) this share
-        held = state.consumed_by_device(driver, pool, devices, prepared=False).get(name, {})
+        held = node_usage(state, driver, pool, devices, prepared=False).consumed_on(name)
         reason = check_fits(device, held, consumption)
         if reason:
             raise ClaimError(f"failed to honour {where} on device {name}: allocation no longer fits: {reason}")
@@ -235,7 +236,7 @@ def place_standalone(
             f"invalid network config {conf.name!r}: mtu {conf.mtu} is above the MTU of every usable parent NIC "
             f"({'; '.join(skipped)})"
         )
-    consumed = state.consumed_by_device(driver, pool, devices)
+    consumed = node_usage(state, driver, pool, devices).consumed
     # A NIC carrying links of the other type cannot take this one (the kernel allows one per parent).
     exclude: dict[str, str] = link_type_conflicts(state.attachments, conf.linkType, driver, pool)
     if conf.distinctFrom == "pod" and asker.pod_uid:

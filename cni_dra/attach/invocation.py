@@ -7,16 +7,17 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import ClaimError, IpamError
 from cni_dra.protocol.config import NetConf
 from cni_dra.protocol.env import CniEnv
 from cni_dra.state import StateStore
-from cni_dra.state.models import PreparedClaim, PreparedResult
+from cni_dra.state.schema import PreparedClaim, PreparedResult
 
 if TYPE_CHECKING:
-    from cni_dra.dra.models import ResourceSlice
+    from cni_dra.dra.objects import ResourceSlice
 
 __all__ = ["Concurrently", "Invocation", "claim_results_for", "ipam_codes"]
 
@@ -29,6 +30,10 @@ class Invocation:
     conf: NetConf
     raw: bytes
     environ: dict[str, str] = field(default_factory=dict)
+    # ADD's effective invocation (cni_dra.attach.plan.effective_invocation): the prepared
+    # allocation result whose device profile ``conf`` carries (None: none, standalone);
+    # Ellipsis: ``conf`` is the runtime's as parsed, no profile looked for yet.
+    profile_source: tuple[PreparedClaim, PreparedResult] | None | EllipsisType = ...
 
     @cached_property
     def store(self) -> StateStore:
@@ -44,20 +49,20 @@ class Invocation:
     @cached_property
     def fractional_capacity_range(self) -> bool:
         """The cluster's ``DRAFractionalCapacityRange`` gate as the agent recorded it in the
-        state directory (:mod:`cni_dra.state.features`); off (Kubernetes 1.37's default)
+        state directory (:mod:`cni_dra.state.cluster_features`); off (Kubernetes 1.37's default)
         when nothing is recorded. Read once, by a standalone allocation only. Raises
         StateError (5) for a record that cannot be read."""
-        from cni_dra.state.features import read_features
+        from cni_dra.state.cluster_features import read_features
 
         found = read_features(self.store)
         return found is not None and found.fractional_capacity_range
 
-    def with_conf(self, conf: NetConf) -> Invocation:
-        """This invocation with ``conf`` as its config (a device profile applied), sharing
-        its state store and inventory once loaded; ``self`` when ``conf`` is its own."""
-        if conf is self.conf:
-            return self
-        other = Invocation(env=self.env, conf=conf, raw=self.raw, environ=self.environ)
+    def with_conf(
+        self, conf: NetConf, profile_source: tuple[PreparedClaim, PreparedResult] | None | EllipsisType = ...
+    ) -> Invocation:
+        """This invocation with ``conf`` as its config (a device profile applied, from the
+        result ``profile_source``), sharing its state store and inventory once loaded."""
+        other = Invocation(env=self.env, conf=conf, raw=self.raw, environ=self.environ, profile_source=profile_source)
         for name in ("store", "inventory", "fractional_capacity_range"):
             if name in self.__dict__:
                 other.__dict__[name] = self.__dict__[name]
@@ -70,7 +75,7 @@ def claim_results_for(
     """Pick the allocation result a pod's attachment ``ifname`` uses (claim mode).
 
     ``claims``: the pod's prepared ResourceClaims (:meth:`NodeState.prepared
-    <cni_dra.state.models.NodeState.prepared>`). Among the results of ``driver``, the one
+    <cni_dra.state.schema.NodeState.prepared>`). Among the results of ``driver``, the one
     whose ``request`` equals CNI_IFNAME, else the only one. Returns (claim, result) or None
     when the pod has no result from this driver. Raises ClaimError (101) when several
     results match ambiguously (prepare refuses claims that would make an interface so:

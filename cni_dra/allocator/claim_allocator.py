@@ -19,7 +19,10 @@ structured parameters, KEP-4816 prioritized list, KEP-5075 consumable capacity):
   allocation, not enough left after the node's usage and earlier requests, a
   constraint). A device that is merely full is not left out: it fails the request; one
   that breaks a constraint stops the search with an error, as upstream's
-  ``allocateDevice(must=true)`` does.
+  ``allocateDevice(must=true)`` does. These devices are picked before any request is
+  placed (upstream's ``validateDeviceRequest``), so a selector that fails to evaluate or
+  a capacity request the device's range cannot compute there is the claim's error even
+  when an earlier request never fits.
   ``firstAvailable`` tries its subrequests in order; the result names
   ``<request>/<subrequest>``.
 * Shared devices (``allowMultipleAllocations: true``) can serve several requests and
@@ -64,7 +67,7 @@ from cni_dra.allocator.claim_requests import MAX_RESULTS, SearchAbort, expand_re
 from cni_dra.allocator.claim_search import ClaimProblem, ClaimSearch
 from cni_dra.allocator.select import POLICIES, Policy
 from cni_dra.allocator.usage import NodeUsage
-from cni_dra.dra.models import (
+from cni_dra.dra.objects import (
     AllocationResult,
     DeviceAllocationResult,
     DeviceRequestAllocationResult,
@@ -142,6 +145,7 @@ def allocate_claim(
         requests = expand_requests(claim, classes)
         problem = ClaimProblem(claim, slice_, usage, policy, max_steps, fractional_capacity_range)
         search = ClaimSearch(problem)
+        search.set_up(requests)
         if not search.solve(requests, 0):
             return ClaimNoFit(cid, explain_no_fit(problem, requests, search.selectable_cache))
     except SearchAbort as exc:
@@ -188,6 +192,6 @@ def allocate_claims(
             claim, slice_, usage, share_id, policy, classes, fractional_capacity_range=fractional_capacity_range
         )
         if isinstance(res, AllocationResult):
-            usage = usage.with_results(res.devices.results)
+            usage = usage.with_results(res.devices.results, slice_.spec.devices)
         out.append(res)
     return out

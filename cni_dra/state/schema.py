@@ -24,7 +24,7 @@ while an ADD is in flight. DEL sets ``deleting`` before its first side effect.
 Intent records (crash safety): while ``phase`` is ``adding`` or ``deleting`` the attachment
 names its ``owner`` (the process doing the work, :class:`Owner`) and lists in ``steps`` the
 side effects that may have been made (:data:`STEP_IPAM`; :data:`STEP_LINK` in older records). When the owner is dead
-the intent is stale and recovery (:mod:`cni_dra.verbs.recover`) undoes it step by step.
+the intent is stale and recovery (:mod:`cni_dra.attach.recover`) undoes it step by step.
 An ``adding`` attachment also names ``tempName``, the temporary name its link is created
 under before the rename to ``ifname`` (:func:`cni_dra.netlink.sublink.temp_names`), chosen
 and recorded before the link exists, so that a link left under it is found and deleted;
@@ -36,14 +36,14 @@ namespace at ``netns`` when ADD reserved the attachment (:mod:`cni_dra.netlink.n
 namespace the link was made in. A path that names another namespace now (the namespace was
 deleted and one made again under its name, a symlink pointed elsewhere) is not it: DEL, GC,
 recovery, repair, CHECK and a repeated ADD compare identities
-(:func:`cni_dra.verbs.release.recorded_netns_path`). Records without it are judged by their
+(:func:`cni_dra.attach.release.recorded_netns_path`). Records without it are judged by their
 path, as before it existed. The kernel may give a later namespace the inode of a dead one,
 so an equal identity is backed by the link check on the recorded parent wherever a link is
 deleted without the runtime naming the namespace.
 
 ``recovering`` (optional; absent unless true) marks an intent recovery took over from a
 dead process (``owner`` is the recovering one): the attachment's own ADD or DEL waits for
-it rather than answer "still in progress" (:mod:`cni_dra.verbs.intent`).
+it rather than answer "still in progress" (:mod:`cni_dra.attach.intent`).
 
 ``readyAt`` (optional; absent in attachments written before it existed) is when ADD made
 the attachment ``ready``: GC leaves an attachment alone for a grace period after that
@@ -56,12 +56,12 @@ which the journal records; a change made in place raises.
 
 ``shaping`` (optional; absent when the attachment is not shaped, or was written before the
 field existed) is the traffic control ADD installed on the pod interface: ``{"egress": {"rateBps", "burstBytes", "limitBytes"}, "ingress": {...}, "ifb":
-"<ifb device>"}``, an unshaped direction left out (:mod:`cni_dra.verbs.shaping`); CHECK
+"<ifb device>"}``, an unshaped direction left out (:mod:`cni_dra.attach.shaping_plan`); CHECK
 compares the kernel with it.
 
 ``profile`` (optional; absent when no device profile applied: standalone mode, a result
 without DRA configuration for cni-dra, or written before the field existed) is what the
-allocation result's device profile made of the link (:func:`cni_dra.verbs.profile.describe`):
+allocation result's device profile made of the link (:func:`cni_dra.attach.device_profile.describe`):
 ``{"linkType", "mode", "ipvlanFlag" (ipvlan), "mtu" and "mac" (when set), "shaping": bool,
 "fromConfig": [fields the DRA configuration set]}``. CHECK verifies the link against it
 (the runtime's config alone would expect the conflist's link), ``cni-dra status`` shows it.
@@ -74,14 +74,15 @@ change that needs no new schema version; a change of meaning does.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Annotated, Any, Literal, overload
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, PrivateAttr, model_validator
 from pydantic_core import CoreSchema, core_schema
 
-from cni_dra.dra.models import Device
-from cni_dra.quantity import Format, Quantity, QuantityField
+from cni_dra.allocator.usage import whole_capacity
+from cni_dra.dra.objects import Device
+from cni_dra.quantity import Quantity, QuantityField
 from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
 from cni_dra.state.prepared import PreparedClaim, PreparedResult
 
@@ -106,7 +107,7 @@ SCHEMA_VERSION = 4
 
 STEP_LINK = "link"
 """Intent step: the pod's link was created in its netns (records of earlier versions; ADD
-now records none for the link, see :mod:`cni_dra.verbs.intent`)."""
+now records none for the link, see :mod:`cni_dra.attach.intent`)."""
 STEP_IPAM = "ipam"
 """Intent step: IPAM may hold addresses for the attachment. ADD records it with the
 reservation, before IPAM runs, when the network has IPAM: recovery then runs the IPAM DEL,
@@ -116,7 +117,7 @@ a no-op when ADD had not reached IPAM."""
 def ready_at(now_s: float) -> str:
     """``Attachment.readyAt`` for Unix time ``now_s``: RFC 3339 UTC to the millisecond
     (``2025-01-02T03:04:05.678Z``), the form Kubernetes timestamps take."""
-    when = datetime.datetime.fromtimestamp(now_s, datetime.timezone.utc)
+    when = datetime.datetime.fromtimestamp(now_s, datetime.UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
@@ -230,13 +231,6 @@ class Attachment(BaseModel):
 
 
 
-def whole_capacity(device: Device | None) -> dict[str, Quantity]:
-    """Every capacity of ``device`` (a resource.k8s.io/v1 Device, or None: nothing) at its full value."""
-    if device is None:
-        return {}
-    return {k: c.value for k, c in device.capacity.items()}
-
-
 class Attachments(Sequence[Attachment]):
     """``NodeState.attachments``: the attachments in the order they were first recorded,
     indexed by key; read-only. A transaction changes them through its operations
@@ -314,7 +308,7 @@ class NodeState(BaseModel):
 
     schemaVersion: int = SCHEMA_VERSION
     bootID: str | None = None
-    # prepared ResourceClaims by pod UID (cni_dra.state.claims)
+    # prepared ResourceClaims by pod UID (cni_dra.state.preparing)
     claims: Annotated[dict[str, list[dict[str, Any]]], AfterValidator(deep_freeze)] = Field(
         default_factory=FrozenDict)
     attachments: Attachments = Field(default_factory=Attachments)
@@ -332,7 +326,7 @@ class NodeState(BaseModel):
         """A copy that :mod:`cni_dra.state.ops` may change while this one stays as it is
         (copy on write: a state another thread reads is never changed under it). O(attachments)
         at C speed; the attachments and every other value are shared, being immutable."""
-        return self.model_copy(update={"attachments": self.attachments._copy()})
+        return self.model_copy(update={"attachments": self.attachments._copy()})  # noqa: SLF001 - its own copy
 
     def prepared(self, pod_uid: str) -> tuple[PreparedClaim, ...]:
         """The prepared claims of pod ``pod_uid``, typed, in ``claims`` order; each pod's
@@ -356,81 +350,6 @@ class NodeState(BaseModel):
     def claim_pods(self, claim_uid: str) -> set[str]:
         """The pod UIDs that hold a prepared copy of claim ``claim_uid``."""
         return {pod for pod, c in self.prepared_items() if c.uid == claim_uid}
-
-    def consumed_by_device(
-        self, driver: str, pool: str, devices: Mapping[str, Device] | None = None, *, prepared: bool = True
-    ) -> dict[str, dict[str, Quantity]]:
-        """Capacity charged per device of (driver, pool): device name → capacity name → amount.
-        The one place that sums the shares of a pool (ADD's placement, the status report,
-        ``allocate --state-dir``, the metrics).
-
-        Counts every attachment (``adding`` and ``ready``) plus, unless ``prepared`` is
-        False, every prepared claim result of that driver and pool that no attachment uses
-        yet (the scheduler already granted it), each exactly once; the attachments of several pods sharing one claim's share
-        (:meth:`Attachment.share_key`) count as one. ``devices`` (name → resource.k8s.io/v1 Device; the ADD path, the
-        status report and ``allocate --state-dir`` pass the inventory's) lets a record that names
-        no amount hold its device's whole capacity (:meth:`Attachment.charged`): an
-        attachment without ``consumedCapacity``, which then also covers the prepared results
-        of its claim on that device, and a claim result without ``consumedCapacity`` (on a
-        dedicated device, KEP-5075 records none). Without ``devices`` such records count
-        nothing.
-        """
-        out: dict[str, dict[str, Quantity]] = {}
-
-        def charge(device: str, consumed: dict[str, Quantity]) -> None:
-            slot = out.setdefault(device, {})
-            for name, amount in consumed.items():
-                slot[name] = slot[name] + amount if name in slot else amount
-
-        # Attachments: summed as integers (nano-units), one Quantity per device and name at the end.
-        sums: dict[str, dict[str, int]] = {}
-        formats: dict[tuple[str, str], Format] = {}
-        used_shares: set[tuple[str, str, str | None]] = set()
-        whole: set[tuple[str, str]] = set()  # (device, claim uid) held whole by an unrecorded attachment
-        with_claims = bool(self.claims)  # shares in use matter only against prepared claims
-        counted: set[tuple[str, str, str, str, str, str | None]] = set()
-        for att in self.attachments:
-            if att.driver == driver and att.pool == pool:
-                key = att.share_key()
-                if key is not None:
-                    if key in counted:  # a claim shared by pods: its share counts once
-                        continue
-                    counted.add(key)
-                slot_n = sums.get(att.device)
-                if slot_n is None:
-                    slot_n = sums[att.device] = {}
-                consumed = att.consumedCapacity
-                if not consumed:  # no amount recorded: the whole device (Attachment.charged)
-                    consumed = att.charged((devices or {}).get(att.device))
-                    if att.claim is not None:
-                        whole.add((att.device, att.claim.uid))
-                for name, amount in consumed.items():
-                    if type(amount) is not Quantity:  # assigned unvalidated (a string)
-                        amount = Quantity.parse(amount)
-                    n = slot_n.get(name, 0)
-                    if n == 0:  # as Quantity.__add__: a zero sum takes the addend's format
-                        formats[(att.device, name)] = amount.format
-                    slot_n[name] = n + amount.nanos
-                if with_claims:
-                    used_shares.add((att.device, att.claim.uid if att.claim else "", att.shareID))
-        for device, slot_n in sums.items():
-            out[device] = {name: Quantity.from_nanos(n, formats[(device, name)]) for name, n in slot_n.items()}
-        if not prepared:
-            return out
-        for _pod, claim in self.prepared_items():
-            for res in claim.results:
-                if res.driver != driver or res.pool != pool:
-                    continue
-                share = (res.device, claim.uid, res.shareID)
-                if share in used_shares or share[:2] in whole:
-                    continue
-                used_shares.add(share)  # the same claim prepared for two pods counts once
-                dev = (devices or {}).get(res.device)
-                if not res.consumedCapacity and dev is not None:  # dedicated (none recorded), or unknown: whole
-                    charge(dev.name, whole_capacity(dev))
-                    continue
-                charge(res.device, dict(res.consumedCapacity))
-        return out
 
 
 def _v1_to_v2(obj: dict[str, Any]) -> dict[str, Any]:

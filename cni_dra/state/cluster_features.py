@@ -54,7 +54,7 @@ def read_features(store: StateStore) -> ClusterFeatures | None:
     """
     path = store.dir / FEATURES_FILE
     try:
-        if not store._dir_exists():  # noqa: SLF001 - the store's own directory check
+        if not store.dir_exists():
             return None
         with open(path, encoding="utf-8") as fh:
             text = fh.read()

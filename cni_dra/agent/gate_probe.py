@@ -4,7 +4,7 @@ The plugin's standalone allocation and ``cni-dra allocate --state-dir`` must rou
 stepped ``validRange`` as the cluster's scheduler does, which depends on the control
 plane's ``DRAFractionalCapacityRange`` feature gate (:mod:`cni_dra.allocator.capacity`).
 The agent finds it out and records it beside the node state
-(:mod:`cni_dra.state.features`), at start and every ``interval``; the record is
+(:mod:`cni_dra.state.cluster_features`), at start and every ``interval``; the record is
 rewritten only when it changes.
 
 Modes (``cni-dra agent --fractional-capacity-range``, env ``CNI_DRA_FRACTIONAL_CAPACITY_RANGE``):
@@ -32,25 +32,26 @@ from typing import TYPE_CHECKING
 
 from cni_dra.errors import CniError
 from cni_dra.state import StateStore
-from cni_dra.state.features import ClusterFeatures, read_features, write_features
+from cni_dra.state.cluster_features import ClusterFeatures, read_features, write_features
 
 if TYPE_CHECKING:
     from cni_dra.k8s.api import KubeApi
 
 __all__ = ["GATE", "MODES", "FeatureSync", "learn_features"]
 
-log = logging.getLogger("cni_dra.agent.features")
+log = logging.getLogger("cni_dra.agent.gate_probe")
 
 GATE = "DRAFractionalCapacityRange"
 MODES = ("auto", "on", "off")
 _METRIC = "kubernetes_feature_enabled"
 
 
-def learn_features(api: KubeApi, mode: str) -> ClusterFeatures:
-    """The cluster's allocation semantics by ``mode`` (see the module docstring).
+def learn_features(api: KubeApi | None, mode: str) -> ClusterFeatures:
+    """The cluster's allocation semantics by ``mode`` (see the module docstring); ``api``
+    None (an agent without Kubernetes) only with ``on`` or ``off``.
 
     Raises IOFailureError (5) when the API server cannot be asked (``auto``), ValueError
-    for an unknown mode.
+    for an unknown mode or ``auto`` without ``api``.
     """
     from cni_dra.agent.metrics import feature_enabled
 
@@ -58,6 +59,8 @@ def learn_features(api: KubeApi, mode: str) -> ClusterFeatures:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
     if mode != "auto":
         return ClusterFeatures(mode == "on", f"agent configuration: --fractional-capacity-range={mode}")
+    if api is None:
+        raise ValueError("mode 'auto' needs the API server")
     text = api.get_metrics_text((_METRIC,))
     if text is None:
         return ClusterFeatures(
@@ -75,11 +78,14 @@ def learn_features(api: KubeApi, mode: str) -> ClusterFeatures:
 
 
 class FeatureSync:
-    """Learns the semantics (:func:`learn_features`) and keeps the record in ``state_dir``."""
+    """Learns the semantics (:func:`learn_features`) and keeps the record in ``state_dir``
+    (``api`` None: ``on`` or ``off`` only; ValueError otherwise)."""
 
-    def __init__(self, api: KubeApi, state_dir: str, mode: str = "auto") -> None:
+    def __init__(self, api: KubeApi | None, state_dir: str, mode: str = "auto") -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
+        if api is None and mode == "auto":
+            raise ValueError("mode 'auto' needs the API server")
         self.api = api
         self.store = StateStore(state_dir)
         self.mode = mode

@@ -11,7 +11,7 @@ Parts (each a service with ``start()``/``stop()``):
   that share a prepared claim (``status.reservedFor``) their copy in the node state;
 * the fast path (:class:`cni_dra.agent.fastpath.FastpathService`): plugin invocations served
   on ``fastpath_socket`` from the agent's warm imports;
-* the cluster's allocation semantics (:class:`cni_dra.agent.features.FeatureSync`): the
+* the cluster's allocation semantics (:class:`cni_dra.agent.gate_probe.FeatureSync`): the
   ``DRAFractionalCapacityRange`` gate, recorded for the plugin at start and every
   ``features_interval_s`` (failures retried after 30 s);
 * any extra services the caller passes.
@@ -26,6 +26,12 @@ stream a new report and re-runs the status writer (``Ready`` conditions). Everyt
 crash) loses nothing: prepared claims stay prepared and pending status records are
 written by the next agent. On exit it stops the services and, with ``cleanup``, deletes
 the node's slice.
+
+Without Kubernetes (:func:`kubernetes_mode`: ``--no-kubernetes``, or no kubeconfig outside
+a cluster) only the metrics, the link watch with the NICs' health (read at events and every
+``resync_s``) and the fast path run; ``--fractional-capacity-range on|off`` is recorded
+once. Started by systemd, the fast path serves on the socket systemd owns
+(``conf/systemd/``, :mod:`cni_dra.fastpath.activation`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -40,10 +47,16 @@ from cni_dra.errors import CniError
 from cni_dra.fastpath.wire import DEFAULT_SOCKET
 
 if TYPE_CHECKING:
+    from cni_dra.agent.claimwatch import ClaimWatch
+    from cni_dra.agent.driver import ClaimDriver
     from cni_dra.agent.nichealth import NicStatus
+    from cni_dra.agent.publisher import Publisher
+    from cni_dra.agent.status_writer import StatusWriter
     from cni_dra.k8s.api import KubeApi
+    from cni_dra.k8s.dra_health import HealthFeed
+    from cni_dra.k8s.kubelet_plugin import KubeletPlugin
 
-__all__ = ["AgentConfig", "Agent", "Service"]
+__all__ = ["AgentConfig", "Agent", "KubeParts", "Service", "kubernetes_mode"]
 
 log = logging.getLogger("cni_dra.agent")
 
@@ -64,6 +77,7 @@ class AgentConfig:
     inventory: str
     state_dir: str
     kubeconfig: str | None = None
+    kubernetes: bool = True  # False: no API server (the fast path, the link watch, the metrics; kubernetes_mode)
     conflists: tuple[str, ...] = ()  # whose cni-dra entries' 'profiles' limit device profiles at prepare
     plugin_dir: str | None = None  # default /var/lib/kubelet/plugins/<driver>
     registry_dir: str = "/var/lib/kubelet/plugins_registry"
@@ -79,24 +93,83 @@ class AgentConfig:
     fastpath_socket: str = DEFAULT_SOCKET  # where plugin invocations are served
     fastpath_processes: int | None = None  # accepting processes; None: one per CPU, at most 4
     fastpath_mount_ns: str | None = None  # in a container: the node's mount namespace, which they join
-    fractional_capacity_range: str = "auto"  # auto | on | off (cni_dra.agent.features)
+    fractional_capacity_range: str = "auto"  # auto | on | off (cni_dra.agent.gate_probe)
     features_interval_s: float = 600.0  # how often the API server is asked (auto)
     extra: list[Service] = field(default_factory=list)  # more services to run
 
 
+@dataclass
+class KubeParts:
+    """The parts of an agent that talk to Kubernetes (absent without it)."""
+
+    api: KubeApi
+    publisher: Publisher
+    driver: ClaimDriver
+    plugin: KubeletPlugin
+    health_feed: HealthFeed
+    status: StatusWriter
+    claimwatch: ClaimWatch
+
+
+def kubernetes_mode(no_kubernetes: bool, kubeconfig: str | None, environ: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether ``cni-dra agent`` talks to Kubernetes, and why: not with ``--no-kubernetes``;
+    else with a kubeconfig, or in a pod (``KUBERNETES_SERVICE_HOST``, the in-cluster
+    service account); else not (a host with containerd and nerdctl, or podman)."""
+    if no_kubernetes:
+        return False, "--no-kubernetes"
+    if kubeconfig:
+        return True, f"kubeconfig {kubeconfig}"
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        return True, "in-cluster service account"
+    return False, "no kubeconfig and not in a cluster (KUBERNETES_SERVICE_HOST unset)"
+
+
 class Agent:
-    """Wire the parts for ``cfg``; ``api`` (a :class:`cni_dra.k8s.api.KubeApi`) for tests."""
+    """Wire the parts for ``cfg``; ``api`` (a :class:`cni_dra.k8s.api.KubeApi`) for tests.
+
+    Without Kubernetes (``cfg.kubernetes`` false) it runs only the fast path, the link watch
+    with the NICs' health, and the metrics: no ResourceSlice, no kubelet plugin, no claim
+    status, and nothing of :mod:`cni_dra.k8s` is imported (no API server is ever asked).
+    """
 
     def __init__(self, cfg: AgentConfig, api: KubeApi | None = None) -> None:
-        from cni_dra.agent.claimwatch import ClaimWatch
-        from cni_dra.agent.driver import ClaimDriver
         from cni_dra.agent.fastpath import FastpathService
-        from cni_dra.agent.features import FeatureSync
+        from cni_dra.agent.gate_probe import FeatureSync
         from cni_dra.agent.linkwatch import LinkWatch
         from cni_dra.agent.metrics import AgentMetrics
         from cni_dra.agent.nichealth import NicHealth
+        from cni_dra.dra.inventory import load_inventory
+        from cni_dra.netlink.info import host_link
+
+        self.cfg = cfg
+        self.driver_name = load_inventory(cfg.inventory).spec.driver  # a bad inventory fails first
+        self.metrics = AgentMetrics(cfg.state_dir, cfg.inventory)
+        self.pool = ""
+        self.nics = NicHealth(self._inventory_nics, host_link, debounce_s=cfg.nic_debounce_s,
+                              keep_missing_s=cfg.keep_missing_s, on_transition=self._nic_transition)
+        self.kube = self._kube_parts(api) if cfg.kubernetes else None
+        self.features: FeatureSync | None = None
+        if self.kube is not None:
+            self.features = FeatureSync(self.kube.api, cfg.state_dir, cfg.fractional_capacity_range)
+        elif cfg.fractional_capacity_range != "auto":  # the operator's word, recorded once
+            self.features = FeatureSync(None, cfg.state_dir, cfg.fractional_capacity_range)
+        self.links_changed = threading.Event()
+        self.linkwatch = LinkWatch(self.links_changed.set)
+        self.fastpath = FastpathService(cfg.fastpath_socket, processes=cfg.fastpath_processes,
+                                        mount_ns=cfg.fastpath_mount_ns)
+        if self.kube is not None:
+            self.services: list[Service] = [self.kube.plugin, self.linkwatch, self.kube.claimwatch, self.fastpath,
+                                            *cfg.extra]
+        else:
+            self.services = [self.linkwatch, self.fastpath, *cfg.extra]
+        self.metrics_port: int | None = None
+        self._started: list[Service] = []
+
+    def _kube_parts(self, api: KubeApi | None) -> KubeParts:
+        from cni_dra.agent.claimwatch import ClaimWatch
+        from cni_dra.agent.driver import ClaimDriver
         from cni_dra.agent.publisher import Publisher
-        from cni_dra.agent.status import StatusWriter
+        from cni_dra.agent.status_writer import StatusWriter
         from cni_dra.dra.inventory import load_inventory, slice_to_dict
         from cni_dra.k8s.api import KubeApi
         from cni_dra.k8s.dra_health import HealthFeed
@@ -104,56 +177,78 @@ class Agent:
         from cni_dra.netlink.info import host_link
         from cni_dra.protocol.profile import load_limits
         from cni_dra.state import StateStore
-        from cni_dra.state.claims import share_prepared_claim
+        from cni_dra.state.preparing import share_prepared_claim
 
-        self.cfg = cfg
-        self.driver_name = load_inventory(cfg.inventory).spec.driver  # a bad inventory fails first
-        self.api = api if api is not None else KubeApi.from_config(cfg.kubeconfig)
-        self.metrics = AgentMetrics(cfg.state_dir, cfg.inventory)
-        self.pool = ""
-        self.nics = NicHealth(self._inventory_nics, host_link, debounce_s=cfg.nic_debounce_s,
-                              keep_missing_s=cfg.keep_missing_s, on_transition=self._nic_transition)
-        self.health_feed = HealthFeed(timeout_s=cfg.health_timeout_s)
-        self.publisher = Publisher(
-            self.api,
-            node_name=cfg.node_name,
-            inventory=lambda: slice_to_dict(load_inventory(cfg.inventory)),
-            link=host_link,
-            health=self.nics.statuses,
-            taint_effect=cfg.taint_effect,
-            on_result=self.metrics.published,
-        )
-        self.driver = ClaimDriver(
-            self.api,
+        cfg = self.cfg
+        api = api if api is not None else KubeApi.from_config(cfg.kubeconfig)
+        health_feed = HealthFeed(timeout_s=cfg.health_timeout_s)
+        driver = ClaimDriver(
+            api,
             state_dir=cfg.state_dir,
             driver_name=self.driver_name,
             inventory=lambda: load_inventory(cfg.inventory),
             limits=lambda: load_limits(cfg.conflists),
             observe=self.metrics.observe,
         )
-        self.plugin = KubeletPlugin(
-            self.driver_name, self.driver, plugin_dir=cfg.plugin_dir, registry_dir=cfg.registry_dir,
-            health=self.health_feed,
+        return KubeParts(
+            api=api,
+            publisher=Publisher(
+                api,
+                node_name=cfg.node_name,
+                inventory=lambda: slice_to_dict(load_inventory(cfg.inventory)),
+                link=host_link,
+                health=self.nics.statuses,
+                taint_effect=cfg.taint_effect,
+                on_result=self.metrics.published,
+            ),
+            driver=driver,
+            plugin=KubeletPlugin(self.driver_name, driver, plugin_dir=cfg.plugin_dir, registry_dir=cfg.registry_dir,
+                                 health=health_feed),
+            health_feed=health_feed,
+            status=StatusWriter(
+                api, StateStore(cfg.state_dir), field_manager=self.driver_name, count=self.metrics.status_update,
+                health=lambda: {(self.driver_name, self.pool, d): st for d, st in self.nics.statuses().items()},
+            ),
+            claimwatch=ClaimWatch(api, lambda uid, pods: share_prepared_claim(cfg.state_dir, uid, pods)),
         )
-        self.store = StateStore(cfg.state_dir)
-        self.features = FeatureSync(self.api, cfg.state_dir, cfg.fractional_capacity_range)
-        self.status = StatusWriter(
-            self.api, self.store, field_manager=self.driver_name, count=self.metrics.status_update,
-            health=lambda: {(self.driver_name, self.pool, d): st for d, st in self.nics.statuses().items()},
-        )
-        self.links_changed = threading.Event()
-        self.linkwatch = LinkWatch(self.links_changed.set)
-        self.fastpath = FastpathService(cfg.fastpath_socket, processes=cfg.fastpath_processes,
-                                        mount_ns=cfg.fastpath_mount_ns)
-        self.claimwatch = ClaimWatch(self.api, lambda uid, pods: share_prepared_claim(cfg.state_dir, uid, pods))
-        self.services: list[Service] = [self.plugin, self.linkwatch, self.claimwatch, self.fastpath, *cfg.extra]
-        self.metrics_port: int | None = None
-        self._started: list[Service] = []
+
+    def _k8s(self) -> KubeParts:
+        if self.kube is None:
+            raise RuntimeError("the agent runs without Kubernetes")
+        return self.kube
+
+    @property
+    def api(self) -> KubeApi:
+        return self._k8s().api
+
+    @property
+    def publisher(self) -> Publisher:
+        return self._k8s().publisher
+
+    @property
+    def driver(self) -> ClaimDriver:
+        return self._k8s().driver
+
+    @property
+    def plugin(self) -> KubeletPlugin:
+        return self._k8s().plugin
+
+    @property
+    def health_feed(self) -> HealthFeed:
+        return self._k8s().health_feed
+
+    @property
+    def status(self) -> StatusWriter:
+        return self._k8s().status
+
+    @property
+    def claimwatch(self) -> ClaimWatch:
+        return self._k8s().claimwatch
 
     def _inventory_nics(self) -> list[tuple[str, str]]:
         """(device, ifName) of every inventory device; remembers the pool name."""
         from cni_dra.dra.inventory import load_inventory
-        from cni_dra.dra.models import device_attribute
+        from cni_dra.dra.objects import device_attribute
 
         inv = load_inventory(self.cfg.inventory)
         self.pool = inv.spec.pool.name
@@ -172,7 +267,8 @@ class Agent:
         except CniError as exc:
             log.warning("failed to read NIC health: %s %s", exc.msg, exc.details)
             return False
-        self.health_feed.publish(health_reports(self.pool, self.nics.statuses()))
+        if self.kube is not None:
+            self.kube.health_feed.publish(health_reports(self.pool, self.nics.statuses()))
         return bool(changed)
 
     def start(self) -> None:
@@ -180,6 +276,9 @@ class Agent:
         if self.cfg.metrics_address:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_address)
             log.info("metrics on %s (port %d)", self.cfg.metrics_address, self.metrics_port)
+        if self.kube is None:
+            log.info("running without Kubernetes: serving the fast path on %s, the link watch and the metrics; "
+                     "no ResourceSlice, no kubelet plugin, no claim status", self.cfg.fastpath_socket)
         self.observe_nics()  # the kubelet's first health report is ready when it connects
         for svc in self.services:
             svc.start()
@@ -194,13 +293,15 @@ class Agent:
                 log.error("failed to stop %s: %s", type(svc).__name__, exc)
         self._started.clear()
         self.metrics.stop()
+        if self.kube is None:
+            return
         if self.cfg.cleanup:
             try:
-                if self.publisher.cleanup():
-                    log.info("deleted slice %s", self.publisher.name)
+                if self.kube.publisher.cleanup():
+                    log.info("deleted slice %s", self.kube.publisher.name)
             except CniError as exc:
                 log.error("failed to delete the node's slice: %s %s", exc.msg, exc.details)
-        self.api.close()
+        self.kube.api.close()
 
     def run(self, stop: threading.Event) -> None:
         """Start, loop until ``stop`` is set, shut down (always)."""
@@ -235,9 +336,11 @@ class Agent:
                     stamp = object()  # claim conditions: the status pass below
                 if changed or nic_due_now:
                     next_publish = now  # taints (or a dropped NIC) now
-            if now >= next_publish:
+            if self.kube is None and now >= next_publish:
+                next_publish = now + self.cfg.resync_s  # the NICs' health, read again then
+            elif now >= next_publish and self.kube is not None:
                 try:
-                    self.publisher.sync()
+                    self.kube.publisher.sync()
                     publish_failures = 0
                     next_publish = now + self.cfg.resync_s
                 except CniError as exc:
@@ -245,18 +348,21 @@ class Agent:
                     delay = min(0.5 * 2 ** (publish_failures - 1), 30.0)
                     log.warning("publish failed (retry in %.1fs): %s %s", delay, exc.msg, exc.details)
                     next_publish = now + delay
-            if now >= next_features:
+            if self.features is not None and now >= next_features:
                 try:
                     self.features.sync()
-                    next_features = now + self.cfg.features_interval_s
+                    next_features = now + (self.cfg.features_interval_s if self.kube is not None else float("inf"))
                 except CniError as exc:
                     log.warning("cluster features (retry in 30s): %s %s", exc.msg, exc.details)
                     next_features = now + 30.0
+            if self.kube is None:
+                stop.wait(self.cfg.poll_s)
+                continue
             new_stamp = self._state_stamp()
             if new_stamp != stamp or (status_due is not None and now >= status_due):
                 stamp = new_stamp
                 try:
-                    wait = self.status.sync()
+                    wait = self.kube.status.sync()
                     status_due = None if wait is None else time.monotonic() + wait
                 except CniError as exc:
                     log.warning("status writer: %s", exc.msg)

@@ -46,6 +46,7 @@ from typing import Any
 
 from cni_dra.allocator.capacity import resolve_capacity_key
 from cni_dra.errors import InvalidConfigError
+from cni_dra.netlink.shaping import ShapeInfo
 from cni_dra.netlink.tbf import (
     DEFAULT_MTU,
     MAX_BUCKET_US,
@@ -60,7 +61,6 @@ from cni_dra.netlink.tbf import (
     min_burst_bytes,
     min_rate_bps,
 )
-from cni_dra.netlink.shaping import ShapeInfo
 from cni_dra.protocol.config import DEFAULT_SHAPING_CAPACITY, RuntimeBandwidth, ShapingConfig
 from cni_dra.quantity import Quantity
 
@@ -159,7 +159,7 @@ def shape_spec(
     """
     if conf is None:
         return None
-    names = dict(zip(DIRECTIONS, conf.capacities))
+    names = dict(zip(DIRECTIONS, conf.capacities, strict=True))
     shape: dict[str, Any] = {}
     for direction in DIRECTIONS:
         allocated = _allocated(conf, direction, names[direction], consumed, device, driver)

@@ -2,7 +2,7 @@
 
 A claim file holds one resource.k8s.io/v1 ResourceClaim, or several as a YAML
 multi-document stream or a JSON list / ``kind: List``; only the fields the
-allocator uses are read (:mod:`cni_dra.dra.models`).
+allocator uses are read (:mod:`cni_dra.dra.objects`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from cni_dra.dra.models import ResourceClaim
+from cni_dra.dra.objects import ResourceClaim
 from cni_dra.errors import InvalidConfigError, IOFailureError
 from cni_dra.quantity import Quantity, QuantityField
 
@@ -54,7 +54,7 @@ def parse_claim_objects(text: str, source: str = "<claim>") -> list[dict[str, An
     ResourceClaim. Raises InvalidConfigError (code 7)."""
     claims = parse_claims(text, source)
     items = _items(text, source)
-    return [item for item, _ in zip(items, claims)]
+    return [item for item, _ in zip(items, claims, strict=True)]
 
 
 def _items(text: str, source: str) -> list[Any]:

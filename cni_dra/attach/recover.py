@@ -1,6 +1,6 @@
 """Crash recovery of the node state: stale intents and reboots.
 
-Intent records (:mod:`cni_dra.state.models`, :mod:`cni_dra.verbs.intent`): ADD records its
+Intent records (:mod:`cni_dra.state.schema`, :mod:`cni_dra.attach.intent`): ADD records its
 attachment as ``adding`` with its owner process, and the IPAM step when the network has
 IPAM, before the first side effect; DEL marks it ``deleting`` before its first. An intent whose owner
 process is dead is *stale*.
@@ -9,21 +9,21 @@ process is dead is *stale*.
 
 1. under the lock, take over every stale intent (owner := this process, so a concurrent
    recovery leaves it alone; marked ``recovering``, so the attachment's own ADD or DEL
-   waits for it, :mod:`cni_dra.verbs.intent`) and, when the kernel boot id differs from the recorded one
+   waits for it, :mod:`cni_dra.attach.intent`) and, when the kernel boot id differs from the recorded one
    (a reboot), every attachment of the previous boot whose netns is gone (as ``deleting``);
    prepared claims stay: the kubelet prepares them again after a reboot;
 2. outside the lock, per attachment and per step: ``adding`` is undone (the link is deleted
    when the step says it was made, or when a link of that name sits on the recorded parent
    in the namespace the attachment recorded, by identity, and so is a link still under
    the temporary name the intent records; IPAM is released when its step was reached),
-   ``deleting`` is finished (link, IPAM), both through :mod:`cni_dra.verbs.release`;
+   ``deleting`` is finished (link, IPAM), both through :mod:`cni_dra.attach.release`;
 3. under the lock, drop the attachment, releasing its capacity.
 
 The runtime never saw a result for an ``adding`` attachment, so undoing is right; it will
 retry the ADD or send DEL. Errors on one attachment are logged and give its intent back to
 the owner it had, for the next recovery; the others proceed.
 
-:mod:`cni_dra.verbs.repair` (``cni-dra state repair``) rebuilds an unreadable state file
+:mod:`cni_dra.attach.rebuild` (``cni-dra state repair``) rebuilds an unreadable state file
 from the last good backup plus the live links, and uses :func:`undo_attachment` for what it drops.
 
 Source: CNI spec 1.1.0 "DEL" (must succeed when things are already gone), "GC"; KEP-5075
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 
 from cni_dra.errors import CniError, TryAgainLaterError
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state.models import STEP_IPAM, STEP_LINK, Owner
+from cni_dra.state.schema import STEP_IPAM, STEP_LINK, Owner
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
-from cni_dra.verbs.common import Invocation
+from cni_dra.attach.invocation import Invocation
 
 __all__ = ["RecoveryReport", "describe_attachment", "recover", "recover_pending", "undo_attachment"]
 
@@ -49,7 +49,7 @@ log = logging.getLogger("cni_dra.recover")
 
 @dataclass
 class RecoveryReport:
-    """What :func:`recover` or :func:`cni_dra.verbs.repair.repair` did: one human-readable line per change in
+    """What :func:`recover` or :func:`cni_dra.attach.rebuild.repair` did: one human-readable line per change in
     ``changes``, one per failure in ``errors`` (those attachments stay for the next run)."""
 
     changes: list[str] = field(default_factory=list)
@@ -78,9 +78,9 @@ def undo_attachment(
 
     Its link goes only from the namespace it was added in (the recorded identity, wherever
     it is named now), and only when a link of its name there is absent (its ifb device, if
-    left, goes) or sits on the recorded parent (:func:`~cni_dra.verbs.release.recorded_link_place`);
+    left, goes) or sits on the recorded parent (:func:`~cni_dra.attach.release.recorded_link_place`);
     records of older versions with the link step delete it by name, as they always did."""
-    from cni_dra.verbs.release import (
+    from cni_dra.attach.release import (
         recorded_link_place,
         recorded_netns_path,
         release_attachment,
@@ -132,9 +132,9 @@ def recover(
         return report
     me = current_owner()
     work: list[tuple[Attachment, bool, Owner | None]] = []  # (copy, owner ran in an earlier boot, that owner)
-    with store.transaction() as st:
-        rebooted = st.bootID is not None and st.bootID != boot
-        for att in list(st.attachments):
+    with store.transaction() as txn:
+        rebooted = txn.bootID is not None and txn.bootID != boot
+        for att in list(txn.attachments):
             if att.phase in ("adding", "deleting"):
                 if owner_alive(att.owner):
                     continue
@@ -146,13 +146,13 @@ def recover(
             earlier = att.owner is not None and bool(att.owner.boot) and att.owner.boot != boot
             phase = "deleting" if att.phase == "ready" else att.phase
             # ``recovering``: the attachment's own ADD or DEL waits for this instead of code 11
-            taken = st.update(att, phase=phase, owner=me, recovering=True)
+            taken = txn.update(att, phase=phase, owner=me, recovering=True)
             work.append((taken, earlier, att.owner))
             report.changes.append(f"{describe_attachment(taken)}: {why}")
-        if st.bootID != boot:
+        if txn.bootID != boot:
             if rebooted:
-                report.changes.append(f"boot id changed from {st.bootID} to {boot}")
-            st.set_boot_id(boot)
+                report.changes.append(f"boot id changed from {txn.bootID} to {boot}")
+            txn.set_boot_id(boot)
     for att, earlier, was in work:
         try:
             what = undo_attachment(att, environ, cni_path, earlier_boot=earlier)
@@ -161,10 +161,10 @@ def recover(
             log.error("recovery of %s failed: %s", att.key, exc.msg)
             _give_back(store, att, me, was)
             continue
-        with store.transaction() as st:
-            cur = st.find(*att.key)
+        with store.transaction() as txn:
+            cur = txn.find(*att.key)
             if cur is not None and _same_owner(cur.owner, me):
-                st.remove(*att.key)
+                txn.remove(*att.key)
         if att.phase == "adding" and att.claim is not None:  # claim mode: the agent reports it on the claim
             from cni_dra.state.claim_status import record_add_failure
 
@@ -181,10 +181,10 @@ def _give_back(store: StateStore, att: Attachment, me: Owner, was: Owner | None)
     process, which may live on (an agent) and would hold it, and the attachment's own
     ADD or DEL, for as long as it runs."""
     try:
-        with store.transaction() as st:
-            cur = st.find(*att.key)
+        with store.transaction() as txn:
+            cur = txn.find(*att.key)
             if cur is not None and _same_owner(cur.owner, me):
-                st.update(cur, owner=was, recovering=None)
+                txn.update(cur, owner=was, recovering=None)
     except CniError as exc:  # the intent stays with this process; its death frees it
         log.error("recovery of %s: could not give the intent back: %s", att.key, exc.msg)
 

@@ -1,9 +1,9 @@
 """Intents: what an ADD or DEL in progress has recorded, so that a crash at any point is
-recoverable (:mod:`cni_dra.verbs.recover` finishes or undoes them).
+recoverable (:mod:`cni_dra.attach.recover` finishes or undoes them).
 
 ADD records its attachment as ``adding`` with its owner process before the first side
 effect, in its reserving transaction (:mod:`cni_dra.verbs.add`), which returns an
-:class:`AddIntent`; the IPAM step (:data:`~cni_dra.state.models.STEP_IPAM`) is recorded
+:class:`AddIntent`; the IPAM step (:data:`~cni_dra.state.schema.STEP_IPAM`) is recorded
 there too when the network has IPAM (recovery then runs the IPAM DEL, a no-op when the
 ADD had not reached IPAM), and the link needs no step: recovery deletes a link of that
 name only when it sits on the recorded parent NIC, never another plugin's, and likewise a
@@ -15,7 +15,7 @@ ends with :meth:`AddIntent.complete` or :meth:`AddIntent.abandon`. DEL marks it
 
 An intent of a live process stops another ADD or DEL of the same attachment with code 11
 ("still in progress"), except one that recovery took over from a dead process
-(``recovering``, :mod:`cni_dra.verbs.recover`): the attachment's own ADD or DEL (the retry
+(``recovering``, :mod:`cni_dra.attach.recover`): the attachment's own ADD or DEL (the retry
 of the interrupted invocation, typically) waits for that recovery to finish, at most
 ``lockTimeoutSeconds`` (:func:`wait_for_recovery`), then goes on; only past that bound does
 it answer code 11 (:class:`RecoveryInProgressError`).
@@ -30,9 +30,9 @@ from typing import Any
 from cni_dra.errors import StateError, StateWriteError, TryAgainLaterError
 from cni_dra.state import Attachment
 from cni_dra.state.owner import current_owner, owner_alive
-from cni_dra.verbs.common import Invocation
-from cni_dra.verbs.recover import recover_pending
-from cni_dra.verbs.repair import REPAIR_NETWORK
+from cni_dra.attach.invocation import Invocation
+from cni_dra.attach.recover import recover_pending
+from cni_dra.attach.rebuild import REPAIR_NETWORK
 
 __all__ = ["AddIntent", "RecoveryInProgressError", "begin_delete", "finish_delete", "recovery_holds",
            "wait_for_recovery"]
@@ -108,23 +108,23 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
         # Not fsync'ed (nor is finish_delete): a DEL record lost in a
         # kernel crash leaves the attachment charged until the first ADD/DEL/GC after the
         # reboot, which releases every attachment of the previous boot whose netns is gone.
-        with inv.store.transaction(durable=False) as st:
-            att = st.find(*key)
+        with inv.store.transaction(durable=False) as txn:
+            att = txn.find(*key)
             if att is None:
                 from cni_dra.netlink.netns import netns_identity_or_none
-                from cni_dra.verbs.release import names_recorded_netns
+                from cni_dra.attach.release import names_recorded_netns
 
                 # A placeholder that ``state repair`` made for this pod's untracked link (the
                 # same namespace by identity: repair names it /var/run/netns/..., the runtime
                 # may say /run/netns/...).
                 ident = None
-                for placeholder in st.attachments:
+                for placeholder in txn.attachments:
                     if placeholder.network != REPAIR_NETWORK or placeholder.ifname != inv.env.ifname \
                             or not inv.env.netns:
                         continue
                     ident = ident or netns_identity_or_none(inv.env.netns)
                     if names_recorded_netns(placeholder, inv.env.netns, ident):
-                        st.remove(*placeholder.key)
+                        txn.remove(*placeholder.key)
                         log.info("DEL %s: released the repair placeholder of %s", key, placeholder.ifname)
                         break
                 return None
@@ -135,7 +135,7 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
                     f"failed to delete {inv.env.ifname} for container {inv.env.container_id}: an ADD of "
                     "the same attachment is still in progress"
                 )
-            return st.update(att, phase="deleting", owner=current_owner(), recovering=None)
+            return txn.update(att, phase="deleting", owner=current_owner(), recovering=None)
     except StateWriteError:
         raise  # nothing written, nothing removed: the runtime retries the DEL
     except StateError as exc:
@@ -146,8 +146,8 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
 def finish_delete(inv: Invocation) -> None:
     """End of DEL: drop the attachment (its capacity is released)."""
     # Not fsync'ed (see begin_delete): a reboot releases it.
-    with inv.store.transaction(durable=False) as state:
-        state.remove(inv.conf.name, inv.env.container_id, inv.env.ifname)
+    with inv.store.transaction(durable=False) as txn:
+        txn.remove(inv.conf.name, inv.env.container_id, inv.env.ifname)
 
 
 class AddIntent:
@@ -169,23 +169,23 @@ class AddIntent:
 
     def complete(self, result: dict[str, Any], shaping: dict[str, Any] | None = None) -> None:
         """Record ``result`` (CNI 1.1.0 form) and ``shaping`` (the traffic control installed,
-        :func:`cni_dra.verbs.shaping.record`; None: none): phase ``ready``, ``readyAt`` now, no
+        :func:`cni_dra.attach.shaping_plan.record`; None: none): phase ``ready``, ``readyAt`` now, no
         owner or steps. Raises StateError (5), ClaimError (101) if the record vanished."""
         from cni_dra.errors import ClaimError
         from cni_dra.state.claim_status import claim_status_record
-        from cni_dra.state.models import ready_at
+        from cni_dra.state.schema import ready_at
 
-        with self.inv.store.transaction() as state:
-            recorded = state.find(*self.key)
+        with self.inv.store.transaction() as txn:
+            recorded = txn.find(*self.key)
             if recorded is None:  # pragma: no cover - only a concurrent GC/repair could do this
                 raise ClaimError(f"failed to complete ADD of {self.key}: the attachment vanished from state")
             extra = {"shaping": shaping} if shaping is not None else {}
-            ready = state.update(recorded, phase="ready", result=result, owner=None, steps=(), tempName=None,
+            ready = txn.update(recorded, phase="ready", result=result, owner=None, steps=(), tempName=None,
                                  recovering=None, readyAt=ready_at(time.time()), **extra)  # GC spares it for a grace period
             if ready.claim is not None:  # claim mode: the agent writes it into the claim's status
-                state.add_status_update(claim_status_record(ready))
+                txn.add_status_update(claim_status_record(ready))
 
     def abandon(self) -> None:
         """Drop the record (capacity released)."""
-        with self.inv.store.transaction() as state:
-            state.remove(*self.key)
+        with self.inv.store.transaction() as txn:
+            txn.remove(*self.key)

@@ -47,7 +47,7 @@ from cni_dra.state.claim_status import interface_data, network_data
 
 __all__ = ["StatusWriter", "claim_status_body"]
 
-log = logging.getLogger("cni_dra.agent.status")
+log = logging.getLogger("cni_dra.agent.status_writer")
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -75,7 +75,7 @@ def _ready_keys(state: Any, uid: str, health: Health | None = None) -> frozenset
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _wall(text: str | None) -> float | None:
@@ -248,8 +248,8 @@ class StatusWriter:
             else:
                 self._applied.pop(uid, None)
         if done:
-            with self.store.transaction() as st:
-                st.set_status_updates([r for r in st.statusUpdates if r.get("id") not in done])
+            with self.store.transaction() as txn:
+                txn.set_status_updates([r for r in txn.statusUpdates if r.get("id") not in done])
         return min(waits) if waits else None
 
     def _seed(self, state: Any) -> None:
