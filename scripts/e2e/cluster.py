@@ -366,6 +366,31 @@ def helm_install(*extra: str, verb: str = "install") -> None:
     helm(verb, RELEASE, str(CHART), "--namespace", RELEASE_NS, "-f", str(HELM_VALUES), *extra)
 
 
+def rolled_out(api) -> bool:
+    """The DaemonSet's every pod is of its current template, one per node, Ready."""
+    from kubernetes import client
+
+    ds = client.AppsV1Api(api).read_namespaced_daemon_set(RELEASE, RELEASE_NS)
+    st = ds.status
+    pods = [q for q in agent_pods(api) if q.metadata.deletion_timestamp is None]
+    return (ds.metadata.generation == st.observed_generation
+            and st.desired_number_scheduled == st.updated_number_scheduled == st.number_ready == len(NODES)
+            and len(pods) == len(NODES) and all(pod_ready(q) for q in pods))
+
+
+def helm_upgrade(api, *extra: str, timeout_s: float = 240) -> None:
+    """``helm upgrade`` with the bed's values and ``extra`` (``--set k=v``; none: the bed's
+    values as installed), then wait until the DaemonSet rolled out and the agents are ready."""
+    from kubernetes import client
+
+    generation = client.AppsV1Api(api).read_namespaced_daemon_set(RELEASE, RELEASE_NS).metadata.generation
+    helm_install(*extra, verb="upgrade")
+
+    wait(lambda: client.AppsV1Api(api).read_namespaced_daemon_set(RELEASE, RELEASE_NS).status.observed_generation
+         > generation or not extra, "the DaemonSet's new template seen", 30)
+    wait(lambda: rolled_out(api) and agents_ready(api), "the DaemonSet rolled out", timeout_s)
+
+
 def agent_pods(api, name: str | None = None) -> list:
     """The chart's agent pods (of node ``name``), oldest first."""
     from kubernetes import client
