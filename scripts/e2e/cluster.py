@@ -381,13 +381,8 @@ def rolled_out(api) -> bool:
 def helm_upgrade(api, *extra: str, timeout_s: float = 240) -> None:
     """``helm upgrade`` with the bed's values and ``extra`` (``--set k=v``; none: the bed's
     values as installed), then wait until the DaemonSet rolled out and the agents are ready."""
-    from kubernetes import client
-
-    generation = client.AppsV1Api(api).read_namespaced_daemon_set(RELEASE, RELEASE_NS).metadata.generation
     helm_install(*extra, verb="upgrade")
-
-    wait(lambda: client.AppsV1Api(api).read_namespaced_daemon_set(RELEASE, RELEASE_NS).status.observed_generation
-         > generation or not extra, "the DaemonSet's new template seen", 30)
+    # the DaemonSet's generation is the new one once helm returns: rolled_out waits for it
     wait(lambda: rolled_out(api) and agents_ready(api), "the DaemonSet rolled out", timeout_s)
 
 
