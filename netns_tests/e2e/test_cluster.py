@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any

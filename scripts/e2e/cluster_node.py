@@ -132,7 +132,7 @@ class Node:
     def nsenter(self) -> list[str]:
         """Into the node's namespaces; its PID namespace too once its init runs (nsenter then
         forks: what it runs is the child; ``cluster_procs.stop`` signals the process group)."""
-        pid = ["--pid=/proc/%d/ns/pid" % self.init_pid()] if self.running("init") and self.init_pid() else []
+        pid = [f"--pid=/proc/{self.init_pid()}/ns/pid"] if self.running("init") and self.init_pid() else []
         return ["nsenter", f"--mount={self.mnt}", f"--uts={self.uts}", f"--net={self.netns}", *pid, "--"]
 
     def run(self, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
