@@ -51,8 +51,8 @@ help:
 	@echo "make format   sort imports and format the Python code in place (ruff)"
 	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
 	@echo "make clean    remove build leftovers from the work tree (images in build/ too)"
-	@echo "make e2e      real two-node Kubernetes on this machine (each node its own namespaces, kubelet, containerd) + cni-dra scenarios (root)"
-	@echo "make cluster-up / cluster-down   the same cluster left running to explore (prints KUBECONFIG)"
+	@echo "make e2e      real two-node Kubernetes on this machine (each node its own namespaces, kubelet, containerd), cni-dra installed by its Helm chart, + the scenarios (root)"
+	@echo "make cluster-up / cluster-down   the same cluster with cni-dra's chart installed, left running to explore (prints KUBECONFIG)"
 	@echo "make smoke-runtimes   build (cached) and smoke-check CRI-O, Multus and Helm on this host (root; not in check)"
 
 deps:
@@ -142,12 +142,14 @@ bench: install
 
 # The real-cluster scenarios (netns_tests/e2e, collected only with CNI_DRA_E2E=1):
 # Kubernetes from the Go module proxy (scripts/e2e/build-kube), etcd/containerd/runc and
-# two local images (scripts/e2e/fetch-runtime), all cached by version under
-# CNI_DRA_E2E_CACHE, and CRI-O and Multus (scripts/e2e/build-crio, build-multus); then
-# one pytest session per runtime, each bringing the cluster up, running its scenarios and
-# tearing everything down, pass or fail: containerd runs every scenario; CRI-O, with
-# Multus as the second node's CNI, runs netns_tests/e2e/test_runtimes.py (what differs
-# between runtimes, and the Multus scenarios). Exit 5 (nothing collected) fails here.
+# two local images (scripts/e2e/fetch-runtime), Helm (scripts/e2e/build-helm), CRI-O and
+# Multus (scripts/e2e/build-crio, build-multus), all cached by version under
+# CNI_DRA_E2E_CACHE, and cni-dra's image (make image, cached by the tree's content); then
+# one pytest session per runtime, each bringing the cluster up (cni-dra installed by its
+# Helm chart), running its scenarios and tearing everything down, pass or fail: containerd
+# runs every scenario; CRI-O, with Multus as the second node's CNI, runs
+# netns_tests/e2e/test_runtimes.py (what differs between runtimes, and the Multus
+# scenarios). Exit 5 (nothing collected) fails here.
 E2E_SESSIONS = containerd:netns_tests/e2e/ cri-o:netns_tests/e2e/test_runtimes.py
 e2e: install
 	@start=$$(date +%s); \

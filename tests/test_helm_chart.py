@@ -428,3 +428,64 @@ def test_conf_k8s_is_the_chart_rendered_with_its_defaults(helm):
     rendered = helm("template", mod.RELEASE, str(CHART), "--namespace", mod.NAMESPACE).stdout
     for name, text in mod.manifests(rendered).items():
         assert (ROOT / "conf" / "k8s" / name).read_text() == text, f"conf/k8s/{name} differs: make render-manifests"
+
+
+# -- per-node IPAM, and the values the e2e bed installs with ---------------------------------
+
+BED_VALUES = ROOT / "scripts" / "e2e" / "helm-values.yaml"
+
+
+def _install_script(docs: list[dict[str, Any]]) -> str:
+    (init,) = pod_of(docs)["initContainers"]
+    return init["args"][0]
+
+
+def test_ipam_by_node_gives_each_named_node_its_own_conflist(helm, tmp_path):
+    """network.ipamByNode: one ConfigMap key per named node (<conflistName>.<node>), the same
+    conflist with that node's ipam; the init container installs its node's key when there
+    is one, the common conflist otherwise; a change of it rolls the pods."""
+    ipam = {"n1": {"type": "host-local", "ranges": [[{"subnet": "10.1.1.0/24"}]]},
+            "n2": {"type": "host-local", "ranges": [[{"subnet": "10.1.2.0/24"}]]}}
+    docs = render(helm, {"network": {"ipamByNode": ipam}}, tmp=tmp_path)
+    data = one(docs, "ConfigMap")["data"]
+    assert sorted(data) == ["10-cni-dra.conflist", "10-cni-dra.conflist.n1", "10-cni-dra.conflist.n2"]
+    common = json.loads(data["10-cni-dra.conflist"])
+    for node, want in ipam.items():
+        conf = plugin_conf(docs, f"10-cni-dra.conflist.{node}")
+        assert conf.ipam is not None and conf.ipam.model_dump(exclude_none=True)["ranges"] == want["ranges"]
+        per_node = json.loads(data[f"10-cni-dra.conflist.{node}"])
+        per_node["plugins"][0]["ipam"] = common["plugins"][0]["ipam"]
+        assert per_node == common  # only the ipam differs
+    script = _install_script(docs)
+    assert 'if [ -f "$src.$NODE_NAME" ]; then src="$src.$NODE_NAME"; fi' in script
+    assert 'cp "$src" "/host/cni/net.d/.$CONFLIST.tmp"' in script
+    base = one(render(helm, {}, tmp=tmp_path), "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    rolled = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert base["cni-dra.dev/config-sha256"] != rolled["cni-dra.dev/config-sha256"]
+
+
+def test_the_e2e_beds_values_keep_the_charts_rbac_and_give_each_node_its_subnet(helm):
+    """scripts/e2e/helm-values.yaml (what cluster.py installs with): the RBAC, admission
+    policy and DeviceClass are the default rendering's, unchanged; each of the bed's nodes
+    gets a conflist on its own pod subnet (the subnets cluster.py's NODES name), the image
+    is never pulled, the agent talks to the API server itself, discovery takes the two NICs."""
+    default = {(d["kind"], d["metadata"]["name"]): d for d in render(helm)}
+    bed = [d for d in yaml.safe_load_all(helm("template", "cni-dra", str(CHART), "--namespace", "kube-system",
+                                              "-f", str(BED_VALUES)).stdout) if d]
+    for d in bed:
+        if d["kind"] not in ("ConfigMap", "DaemonSet"):
+            assert d == default[(d["kind"], d["metadata"]["name"])], d["kind"]
+    cluster_src = (ROOT / "scripts/e2e/cluster.py").read_text()
+    subnets = dict(re.findall(r'Node\("([\w-]+)", \d+, "([\d./]+)"\)', cluster_src))
+    assert len(subnets) == 2
+    for node, subnet in subnets.items():
+        conf = plugin_conf(bed, f"10-cni-dra-e2e.conflist.{node}")
+        assert conf.name == "cni-dra-e2e"
+        assert conf.ipam is not None and conf.ipam.model_dump(exclude_none=True)["ranges"] == [[{"subnet": subnet}]]
+    pod = pod_of(bed)
+    (init,) = pod["initContainers"]
+    (agent,) = pod["containers"]
+    assert init["imagePullPolicy"] == agent["imagePullPolicy"] == "Never"
+    env = env_of(agent)
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("10.250.0.1", "16443")
+    assert env_of(init)["CNI_DRA_INTERFACES"] == "cde2e-nic0 cde2e-nic1"

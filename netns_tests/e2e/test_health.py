@@ -11,9 +11,9 @@ counter (its metrics), and a second pod whose claim only that NIC can satisfy (a
 selector on ``ifName``): the scheduler keeps it Pending with its own reason and binds it
 once the NIC is back.
 
-The scenarios use the second node (:data:`NODE`), whose agent the module restarts with a
-short debounce and keep-missing (:func:`agent_flags`) and starts again with its defaults
-at the end, so the first node's scenarios keep their bed. The node-level actions are small
+The scenarios use the second node (:data:`NODE`); the module rolls the agents out with a
+short debounce and keep-missing (:func:`agent_flags`, ``helm upgrade``) and back to the
+bed's values at the end. The node-level actions are small
 functions (:func:`set_nic`, :func:`delete_nic`, :func:`restore_nics`,
 :func:`restart_agent`) so that they follow the bed when its agents move into a DaemonSet.
 """
@@ -61,13 +61,13 @@ def restore_nics(cluster, node: str) -> None:
 
 
 def restart_agent(cluster, node: str, flags: list[str]) -> None:
-    """Restart ``node``'s agent with ``flags`` and wait until the kubelet has registered it
-    again and opened its health stream."""
+    """Roll the agents out with ``flags`` (``helm upgrade`` with these ``--set`` values;
+    none: the bed's values) and wait until ``node``'s kubelet has registered the new agent
+    and opened its health stream."""
     n = cluster.node(node)
     log = n.logfile("kubelet")
     offset = log.stat().st_size
-    n.agent_stop()
-    n.agent_start(flags)
+    cluster.helm_upgrade(cluster.api_client(), *flags)
 
     def kubelet_said(*needles: str) -> bool:
         tail = log.read_bytes()[offset:].decode(errors="replace")
@@ -80,7 +80,8 @@ def restart_agent(cluster, node: str, flags: list[str]) -> None:
 
 
 def agent_flags() -> list[str]:
-    return ["--nic-debounce", str(DEBOUNCE_S), "--keep-missing", str(KEEP_MISSING_S)]
+    """The chart's values for a short debounce and keep-missing (both nodes' agents)."""
+    return ["--set", f"nicHealth.debounce={DEBOUNCE_S:g}", "--set", f"nicHealth.keepMissing={KEEP_MISSING_S:g}"]
 
 
 # -- what the components show -----------------------------------------------------------------------

@@ -5,17 +5,22 @@ pod network and DRA driver.
 usage: cluster.py up | down | status | versions
        cluster.py exec NODE [--] CMD...          run CMD inside NODE's namespaces
        cluster.py load-image ARCHIVE             an OCI archive into every node's runtime
-       cluster.py agent-start [NODE] | agent-stop [NODE]
+       cluster.py image [VERSION]                build (cached) and print cni-dra's image archive
+       cluster.py helm ARGS...                   the bed's helm, with the admin kubeconfig
 
 ``up`` starts etcd, kube-apiserver (on the host's bridge address, 10.250.0.1),
 kube-controller-manager and kube-scheduler in the host's namespaces, then the nodes
 ``cni-dra-e2e`` and ``cni-dra-e2e-2`` (scripts/e2e/cluster_node.py): each its own network,
-mount and UTS namespaces, its own stand-in NICs (two veth pairs: one of MTU 1500, one
-jumbo), its own runtime (containerd, or CRI-O with ``CNI_DRA_E2E_RUNTIME=cri-o``), kubelet and ``cni-dra agent``, all with their
-default paths inside the node. conf/k8s/rbac.yaml, admission.yaml and deviceclass.yaml
-are applied unchanged; each agent gets a token of cni-dra's service account bound to its
-Node (as a DaemonSet pod's token is bound to its node). It waits until both Nodes are
-Ready and both slices are published, and prints the admin KUBECONFIG path on stdout.
+mount, UTS and PID namespaces, its own stand-in NICs (two veth pairs: one of MTU 1500, one
+jumbo), its own runtime (containerd, or CRI-O with
+``CNI_DRA_E2E_RUNTIME=cri-o``) and kubelet, all with their default paths inside the
+node. Then cni-dra is installed as operators install it: ``make image``'s archive (built
+once per content of the tree, cached) imported into each node's containerd, and the Helm
+chart deploy/helm/cni-dra installed by the real Helm (scripts/e2e/build-helm) with
+scripts/e2e/helm-values.yaml: its RBAC, admission policy and DeviceClass unchanged, one
+agent pod per node (the DaemonSet) with the pod's own token. It waits until both Nodes are
+Ready, both agent pods Ready and both slices published, and prints the admin KUBECONFIG
+path on stdout.
 ``down`` stops every process it started and kills what they left in the nodes'
 namespaces and cgroups, removes the cgroups, the namespaces, the bridge and its veths,
 and the directory. Both are idempotent; ``down`` also cleans up after a failed ``up``.
@@ -23,16 +28,20 @@ Everything lives under ``CNI_DRA_E2E_DIR`` (default /run/cni-dra-e2e); each comp
 logs to ``<dir>/logs/<name>.log`` (a node's: ``logs/<node>/<name>.log``); on a failure the
 tails are printed to stderr.
 
-Binaries: scripts/e2e/build-kube (Kubernetes) and scripts/e2e/fetch-runtime (etcd,
-containerd, runc, images) are run first; both answer from their cache in well under a
-second once built. The cni-dra plugin and CLI are the installed ones (``make install``:
-``CNI_BIN_DIR``/cni-dra), copied into each node's /opt/cni/bin.
+Binaries: scripts/e2e/build-kube (Kubernetes), scripts/e2e/fetch-runtime (etcd,
+containerd, runc, images) and scripts/e2e/build-helm are run first; each answers from its
+cache in well under a second once built. cni-dra's image is ``make image`` run with this
+Python's venv (the installed package), cached under ``CNI_DRA_E2E_CACHE``/cni-dra-image
+by a hash of the tree's files (tests and docs aside) and the version.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -40,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the modules beside this script
-from cluster_node import (APISERVER_PORT, BRIDGE, CNI_BIN, DRIVER, HOST_IP,  # noqa: F401
+from cluster_node import (APISERVER_PORT, BRIDGE, CNI_BIN, CONFLIST, DRIVER, HOST_IP,  # noqa: F401
                           JUMBO_MTU, JUMBO_NIC, NETWORK, NICS, NODE_CNI_EXE, SERVICE_RANGE, Node,
                           delete_bridge, make_bridge)
 import cluster_multus
@@ -64,6 +73,12 @@ FEATURE_GATES = "--feature-gates=DRAConsumableCapacity=true"
 ETCD_PORT = 23790
 APISERVER_URL = f"https://{HOST_IP}:{APISERVER_PORT}"
 CONTROL_PLANE = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
+CACHE = Path(os.environ.get("CNI_DRA_E2E_CACHE", "/var/cache/cni-dra-e2e"))
+CHART = REPO / "deploy/helm/cni-dra"
+HELM_VALUES = REPO / "scripts/e2e/helm-values.yaml"
+RELEASE, RELEASE_NS = "cni-dra", "kube-system"
+AGENT_LABELS = "app.kubernetes.io/name=cni-dra"
+IMAGE = "ghcr.io/cni-dra/cni-dra"
 
 
 def node(name: str = NODE) -> Node:
@@ -88,8 +103,8 @@ CNI_EXE = os.environ.get("CNI_DRA_TEST_EXE", f"{CNI_BIN}/cni-dra")
 
 
 def conflist(name: str = NODE) -> dict:
-    """The conflist ``make e2e`` gives node ``name``'s containerd."""
-    return node(name).conflist()
+    """The conflist the chart's init container installed on node ``name``."""
+    return json.loads(node(name).host_path(CONFLIST).read_text())
 
 
 def admin_kubeconfig() -> Path:
@@ -99,7 +114,8 @@ def admin_kubeconfig() -> Path:
 def tails(lines: int = 25) -> str:
     out = []
     files = [logfile(n) for n in CONTROL_PLANE]
-    files += [n.logfile(c) for n in NODES for c in (n.runtime.name, "kubelet", "agent")]
+    files += [n.logfile(c) for n in NODES for c in (n.runtime.name, "kubelet")]
+    files += [f for n in NODES for f in agent_logs(n)[-1:]]
     for f in files:
         if f.exists():
             text = f.read_text(errors="replace").splitlines()[-lines:]
@@ -120,7 +136,7 @@ def binaries() -> dict[str, str]:
         raise ClusterError(f"scripts/e2e/fetch-runtime failed (exit {res.returncode})")
     rt = dict(line.split("=", 1) for line in res.stdout.strip().splitlines() if "=" in line)
     bins = {"kube": kube_bin, "etcd": rt["ETCD"], "containerd_bin": rt["CONTAINERD_BIN"], "runc": rt["RUNC"],
-            "images": rt["IMAGES"]}
+            "images": rt["IMAGES"], "helm": binaries_helm()}
     if RUNTIME == "cri-o":
         bins["crio_bin"] = _built("build-crio")
     if MULTUS:
@@ -136,6 +152,56 @@ def _built(script: str) -> str:
     return res.stdout.strip().splitlines()[-1]
 
 
+def package_version() -> str:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+def _tree_key(version: str) -> str:
+    """What ``make image`` builds from: every file git knows or would add, tests and docs aside."""
+    listed = run("git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard").stdout
+    h = hashlib.sha256(version.encode())
+    for name in sorted(set(listed.split("\0"))):
+        if not name or name.startswith(("tests/", "netns_tests/", "docs/", "bench/")) or name.endswith(".md"):
+            continue
+        path = REPO / name
+        if path.is_file() and not path.is_symlink():
+            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def image_archive(version: str | None = None) -> Path:
+    """cni-dra's image ``IMAGE:version`` as ``make image`` builds it (VERSION=version: the
+    tag and the version label), from this Python's venv; built once per content of the tree."""
+    version = version or package_version()
+    out = CACHE / "cni-dra-image" / f"{_tree_key(version)}"
+    archive = out / f"cni-dra-{version}.oci.tar"
+    if archive.exists():
+        return archive
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if archive.exists():
+            return archive
+        tmp = out.parent / f".build.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        t0 = time.monotonic()
+        log(f"building cni-dra's image {IMAGE}:{version} (make image; cached afterwards)")
+        res = subprocess.run(["make", "-C", str(REPO), "--no-print-directory", "image", f"VENV={sys.prefix}",
+                              f"CNI_BIN={CNI_BIN}", f"IMAGE_DIR={tmp}", f"VERSION={version}", f"IMAGE_TAG={version}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if res.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ClusterError(f"make image VERSION={version} failed (exit {res.returncode}): {res.stdout[-2000:]}")
+        (built,) = tmp.glob("*.oci.tar")
+        out.mkdir(exist_ok=True)
+        built.rename(archive)
+        shutil.rmtree(tmp, ignore_errors=True)
+        log(f"image {archive} built in {time.monotonic() - t0:.0f}s")
+    return archive
+
+
 def versions(bins: dict[str, str]) -> dict[str, str]:
     """One line per component, from the binaries themselves."""
     def first(*args: str) -> str:
@@ -147,6 +213,7 @@ def versions(bins: dict[str, str]) -> dict[str, str]:
         "kubelet": first(f"{bins['kube']}/kubelet", "--version"),
         "etcd": first(bins["etcd"], "--version"),
         **{name: first(*args) for name, args in NODES[0].runtime.versions(bins).items()},
+        "helm": first(bins["helm"], "version", "--short"),
         "cni-dra": first(sys.executable, "-c", "import importlib.metadata as m; print('cni-dra', m.version('cni-dra'))"),
     }
     if MULTUS:
@@ -316,24 +383,122 @@ def token_client(token: str, path: Path):
     return config.new_client_from_config(config_file=str(path))
 
 
-def agent_client(n: Node, path: Path):
-    """An API client with the token node ``n``'s agent runs with."""
-    return token_client(n.agent_token(), path)
+# -- cni-dra, installed by Helm ----------------------------------------------------------------
+
+def helm(*args: str, check: bool = True, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """The bed's helm (scripts/e2e/build-helm) with the admin kubeconfig; its cache and
+    config under the cluster's directory."""
+    home = p("helm")
+    env = {**os.environ, "KUBECONFIG": str(admin_kubeconfig()),
+           **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")}}
+    res = subprocess.run([binaries_helm(), *args], capture_output=True, text=True, env=env, timeout=timeout_s)
+    if check and res.returncode != 0:
+        raise ClusterError(f"helm {' '.join(args)}: exit {res.returncode}: {res.stderr.strip()}")
+    return res
 
 
-def agent_start(name: str = NODE, extra: list[str] | None = None) -> int:
-    return node(name).agent_start(extra)
+def binaries_helm() -> str:
+    res = subprocess.run([str(REPO / "scripts/e2e/build-helm")], stdout=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        raise ClusterError(f"scripts/e2e/build-helm failed (exit {res.returncode})")
+    return res.stdout.strip().splitlines()[-1]
 
 
-def agent_stop(name: str = NODE, sig: int = 15) -> None:
-    node(name).agent_stop(sig)
+def load_image(archive: Path) -> None:
+    bins = binaries()
+    for n in NODES:
+        n.runtime.import_image(n, bins, str(archive))
+
+
+def helm_install(*extra: str, verb: str = "install") -> None:
+    """``helm install`` (or ``upgrade``) of the chart with the bed's values, as README's
+    Install says; ``extra``: more helm flags (``--set image.tag=...``)."""
+    helm(verb, RELEASE, str(CHART), "--namespace", RELEASE_NS, "-f", str(HELM_VALUES), *extra)
+
+
+def rolled_out(api) -> bool:
+    """The DaemonSet's every pod is of its current template, one per node, Ready."""
+    from kubernetes import client
+
+    ds = client.AppsV1Api(api).read_namespaced_daemon_set(RELEASE, RELEASE_NS)
+    st = ds.status
+    pods = [q for q in agent_pods(api) if q.metadata.deletion_timestamp is None]
+    return (ds.metadata.generation == st.observed_generation
+            and st.desired_number_scheduled == st.updated_number_scheduled == st.number_ready == len(NODES)
+            and len(pods) == len(NODES) and all(pod_ready(q) for q in pods))
+
+
+def helm_upgrade(api, *extra: str, timeout_s: float = 240) -> None:
+    """``helm upgrade`` with the bed's values and ``extra`` (``--set k=v``; none: the bed's
+    values as installed), then wait until the DaemonSet rolled out and the agents are ready."""
+    helm_install(*extra, verb="upgrade")
+    # the DaemonSet's generation is the new one once helm returns: rolled_out waits for it
+    wait(lambda: rolled_out(api) and agents_ready(api), "the DaemonSet rolled out", timeout_s)
+
+
+def agent_pods(api, name: str | None = None) -> list:
+    """The chart's agent pods (of node ``name``), oldest first."""
+    from kubernetes import client
+
+    pods = client.CoreV1Api(api).list_namespaced_pod(RELEASE_NS, label_selector=AGENT_LABELS).items
+    pods = [q for q in pods if name is None or q.spec.node_name == name]
+    return sorted(pods, key=lambda q: q.metadata.creation_timestamp)
+
+
+def pod_ready(pod) -> bool:
+    return pod.metadata.deletion_timestamp is None and any(
+        c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def agent_pod(api, name: str = NODE):
+    """Node ``name``'s agent pod, Ready (None when there is no Ready one)."""
+    ready = [q for q in agent_pods(api, name) if pod_ready(q)]
+    return ready[-1] if ready else None
+
+
+def agents_ready(api) -> bool:
+    """Every node has a Ready agent pod, its kubelet registered the plugin, its slice is there."""
+    from kubernetes import client
+
+    for n in NODES:
+        if agent_pod(api, n.name) is None or not n.agent_registered():
+            return False
+        client.ResourceV1Api(api).read_resource_slice(f"{n.name}-{DRIVER}")
+    return True
+
+
+def agent_logs(n: Node) -> list[Path]:
+    """The agent container's log files on node ``n`` (every pod and restart), oldest first,
+    as the kubelet keeps them (/var/log/pods/<ns>_<pod>_<uid>/agent/N.log)."""
+    root = n.host_path("/var/log/pods")
+    files = root.glob(f"{RELEASE_NS}_{RELEASE}-*_*/agent/*.log") if root.exists() else []
+    return sorted(files, key=lambda f: f.stat().st_mtime)
+
+
+def agent_log(n: Node) -> str:
+    return "".join(f.read_text(errors="replace") for f in agent_logs(n))
+
+
+def pod_token(n: Node, pod_uid: str) -> str:
+    """The projected service-account token the kubelet wrote for pod ``pod_uid`` on node
+    ``n`` (what the pod reads at /var/run/secrets/kubernetes.io/serviceaccount/token)."""
+    # the kubelet mounts the volume (a tmpfs) in the node's mount namespace: read it there
+    vols = f"/var/lib/kubelet/pods/{pod_uid}/volumes/kubernetes.io~projected"
+    return n.run("sh", "-c", f"cat {vols}/kube-api-access-*/token").stdout
+
+
+def agent_client(n: Node, path: Path, api=None):
+    """An API client with the token of node ``n``'s agent pod."""
+    api = api or api_client()
+    return token_client(pod_token(n, agent_pod(api, n.name).metadata.uid), path)
 
 
 # -- up / down / status --------------------------------------------------------------------
 
 def start_nodes(bins: dict[str, str]) -> None:
-    """Each node's runtime (the images imported into it), then its kubelet."""
+    """Each node's init (its PID namespace), runtime (the images imported into it), then its kubelet."""
     for n in NODES:
+        n.start_init()
         n.start_runtime(bins)
     for n in NODES:
         wait(lambda n=n: n.runtime.ready(n), f"{n.name}: {n.runtime.name} socket", 30, proc=n.proc(n.runtime.name))
@@ -342,17 +507,11 @@ def start_nodes(bins: dict[str, str]) -> None:
         n.start_kubelet(bins)
 
 
-def start_agents(api) -> None:
-    """A Node-bound token per node in its SA_DIR, then each node's agent."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
-    wait(lambda: core.read_namespaced_service_account("cni-dra", "kube-system"), "service account", 30)
-    for n in NODES:
-        wait(lambda n=n: core.read_node(n.name) is not None, f"Node {n.name} registered", 90, proc=n.proc("kubelet"))
-        uid = core.read_node(n.name).metadata.uid
-        n.write_service_account(agent_token(api, uid, n.name), pki() / "ca.crt")
-        n.agent_start()
+def install_cni_dra(api, bins: dict[str, str]) -> None:
+    """cni-dra's image into every node's runtime, then the chart; waits for its two agents."""
+    load_image(image_archive())
+    helm_install()
+    wait(lambda: agents_ready(api), "cni-dra's agent pods Ready, registered, slices published", 180)
 
 
 def up() -> Path:
@@ -362,6 +521,7 @@ def up() -> Path:
     down(quiet=True)
     t0 = time.monotonic()
     bins = binaries()
+    image_archive()  # built (once per tree) before anything runs: the build takes minutes
     for sub in ("logs", "pids", "nodes"):
         p(sub).mkdir(parents=True, exist_ok=True)
     (DIR / "versions.json").write_text(json.dumps(versions(bins), indent=1))
@@ -391,17 +551,14 @@ def up() -> Path:
         start_controller_manager(bins)
         start_scheduler(bins)
         start_nodes(bins)
-        for manifest in ("rbac.yaml", "admission.yaml", "deviceclass.yaml"):
-            apply_manifest(api, REPO / "conf/k8s" / manifest)
-        start_agents(api)
+        for n in NODES:
+            wait(lambda n=n: client.CoreV1Api(api).read_node(n.name), f"Node {n.name} registered", 90,
+                 proc=n.proc("kubelet"))
+        install_cni_dra(api, bins)
         if MULTUS:
             install_multus(api)
         for n in NODES:
             wait(lambda n=n: node_ready(api, n.name), f"Node {n.name} Ready", 120, proc=n.proc("kubelet"))
-            wait(n.agent_registered, f"{n.name}: the kubelet registering cni-dra's DRA plugin", 60,
-                 proc=n.proc("agent"))
-            wait(lambda n=n: client.ResourceV1Api(api).read_resource_slice(f"{n.name}-{DRIVER}"),
-                 f"{n.name}: cni-dra's ResourceSlice", 60, proc=n.proc("agent"))
         wait(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", "default"),
              "default service account", 60)
     except BaseException:
@@ -427,7 +584,8 @@ def down(quiet: bool = False) -> None:
         return
     if DIR.exists():
         runtimes = sorted({r.name for r in RUNTIMES.values()})  # whichever the bed was brought up with
-        stop_all([n.proc(c) for n in NODES for c in ("agent", "kubelet", *runtimes)])
+        stop_all([n.proc(c) for n in NODES for c in ("kubelet", *runtimes)])
+        stop_all([n.proc("init") for n in NODES])  # the rest of each node's PID namespace with it
         for name in reversed(CONTROL_PLANE):  # one by one: the API server stops slowly without etcd
             stop(name, timeout_s=10)
     # what the nodes left: shims (sessions of their own), processes of a failed up
@@ -453,7 +611,7 @@ def down(quiet: bool = False) -> None:
 def status_line() -> str:
     if not DIR.exists():
         return "down"
-    names = [*CONTROL_PLANE, *(n.proc(c) for n in NODES for c in (n.runtime.name, "kubelet", "agent"))]
+    names = [*CONTROL_PLANE, *(n.proc(c) for n in NODES for c in ("init", n.runtime.name, "kubelet"))]
     missing = [name for name in names if not running(name)]
     if missing:
         return f"degraded: not running: {', '.join(missing)} (logs in {p('logs')})"
@@ -487,12 +645,16 @@ def main(argv: list[str]) -> int:
             for n in NODES:
                 n.runtime.import_image(n, bins, str(Path(argv[2]).resolve()))
                 log(f"{n.name}: {' '.join(n.runtime.images(n, bins))}")
-        elif cmd == "agent-start":
-            print(agent_start(*argv[2:3]))
-        elif cmd == "agent-stop":
-            agent_stop(*argv[2:3])
+        elif cmd == "image" and len(argv) <= 3:
+            print(image_archive(*argv[2:3]))
+        elif cmd == "helm":
+            os.environ.update(KUBECONFIG=str(admin_kubeconfig()))
+            res = helm(*argv[2:], check=False)
+            print(res.stdout, end="")
+            print(res.stderr, end="", file=sys.stderr)
+            return res.returncode
         else:
-            print("\n".join(__doc__.strip().splitlines()[2:7]), file=sys.stderr)
+            print("\n".join(__doc__.strip().splitlines()[2:8]), file=sys.stderr)
             return 2
     except ClusterError as exc:
         log(f"error: {exc}")

@@ -1,6 +1,6 @@
-"""A node of scripts/e2e/cluster.py: its own network, mount and UTS namespaces on this
-machine, as a kind node container has, and the processes that run in them (the runtime,
-the kubelet, cni-dra's agent).
+"""A node of scripts/e2e/cluster.py: its own network, mount, UTS and PID namespaces on this
+machine, as a kind node container has, and the processes that run in them (an init, the
+runtime, the kubelet; cni-dra's agent is the chart's DaemonSet pod, run by the runtime).
 
 Network: a namespace named after the node (``/run/netns/<node>``) with ``eth0``, a veth
 to the host's bridge ``cde2e-br0`` (host 10.250.0.1/24, the node .10+i, default route via
@@ -14,18 +14,23 @@ node's links; the cgroup hierarchies moved back under it), overlays on /etc, /va
 /var/log (so mount points can be made without touching the host), node-private
 directories (``<dir>/nodes/<node>/fs/<path>``) bind-mounted over the standard paths
 (:data:`PRIVATE_PATHS` and the runtime's), the node's own /run, and ``/`` made rshared
-(as kind's entrypoint does). UTS: the node's hostname. Everything of the node is then
-started with ``nsenter`` into the three and uses its default paths, as on a real node, so
-a DaemonSet's hostPath means this node's.
+(as kind's entrypoint does). UTS: the node's hostname. PID: a namespace whose init
+(:func:`pid1`, it reaps orphans) mounts the node's /proc, so that a ``hostPID`` pod sees the
+node's processes and ``/proc/1`` is the node's init, in the node's mount namespace (what the
+chart's fast-path workers join). Everything of the node is then started with ``nsenter``
+into the four and uses its default paths, as on a real node, so a DaemonSet's hostPath means
+this node's.
 
 Run as ``cluster_node.py init ROOT HOSTNAME PATH...`` inside the new namespaces (by
-:meth:`Node.make_namespaces`)."""
+:meth:`Node.make_namespaces`), and as ``cluster_node.py pid1 PIDFILE`` as the init of the
+node's PID namespace (by :meth:`Node.start_init`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -58,9 +63,8 @@ CNI_BIN = os.environ.get("CNI_BIN_DIR", "/opt/cni/bin")
 """The installed cni-dra (client and tree) copied into each node's /opt/cni/bin."""
 NODE_CNI_EXE = "/opt/cni/bin/cni-dra"
 CONFLIST = f"/etc/cni/net.d/10-{NETWORK}.conflist"
-SA_DIR = "/run/secrets/kubernetes.io/serviceaccount"
-"""Where a pod finds its service account token; the agent's token is put there, and the
-agent uses the in-cluster config, as in a DaemonSet pod."""
+INIT_PIDFILE = "/run/cni-dra-e2e-init.pid"
+"""Where the node's init writes its pid in the host's PID namespace (a node path)."""
 PRIVATE_PATHS = ("/etc/kubernetes", "/etc/cni/net.d", "/etc/cni-dra", "/opt/cni/bin", "/var/lib/kubelet",
                  "/var/lib/cni", "/var/lib/cni-dra", "/var/log/pods", "/var/log/containers")
 """Node paths bind-mounted from the node's own directory (besides /run and the runtime's)."""
@@ -118,8 +122,18 @@ class Node:
 
     # -- running things in the node ----------------------------------------------------------
 
+    def init_pid(self) -> int | None:
+        """The host pid of the node's init (None before :meth:`start_init`)."""
+        try:
+            return int(self.host_path(INIT_PIDFILE).read_text())
+        except (OSError, ValueError):
+            return None
+
     def nsenter(self) -> list[str]:
-        return ["nsenter", f"--mount={self.mnt}", f"--uts={self.uts}", f"--net={self.netns}", "--"]
+        """Into the node's namespaces; its PID namespace too once its init runs (nsenter then
+        forks: what it runs is the child; ``cluster_procs.stop`` signals the process group)."""
+        pid = [f"--pid=/proc/{self.init_pid()}/ns/pid"] if self.running("init") and self.init_pid() else []
+        return ["nsenter", f"--mount={self.mnt}", f"--uts={self.uts}", f"--net={self.netns}", *pid, "--"]
 
     def run(self, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
         return run(*self.nsenter(), *args, check=check, **kw)
@@ -194,8 +208,28 @@ class Node:
             "--propagation", "private", sys.executable, str(HERE / "cluster_node.py"), "init", str(self.root),
             self.name, *self.private_paths())
 
+    def start_init(self) -> None:
+        """The node's PID namespace and its init (:func:`pid1`), which mounts the node's /proc;
+        everything started in the node afterwards runs in it. Stopping it ends the namespace
+        (its every process gets SIGKILL)."""
+        self.host_path(INIT_PIDFILE).unlink(missing_ok=True)
+        self.start("init", ["unshare", "--pid", "--fork", "--kill-child", sys.executable,
+                            str(HERE / "cluster_node.py"), "pid1", INIT_PIDFILE])
+        end = time.monotonic() + 10
+        while self.init_pid() is None:
+            if time.monotonic() > end or not self.running("init"):
+                raise RuntimeError(f"{self.name}: its init did not start; see {self.logfile('init')}")
+            time.sleep(0.05)
+
     def namespace_inodes(self) -> set[tuple[int, int]]:
         out = set()
+        pid = self.init_pid()
+        if pid is not None and self.running("init"):
+            try:
+                st = os.stat(f"/proc/{pid}/ns/pid")
+                out.add((st.st_dev, st.st_ino))
+            except OSError:
+                pass
         for f in (self.mnt, self.uts, Path(self.netns)):
             try:
                 st = os.stat(f)
@@ -226,54 +260,17 @@ class Node:
     # -- the node's files ------------------------------------------------------------------------
 
     def write_files(self, bins: dict[str, str]) -> None:
-        """What a node has on disk before its services start: cni-dra's conflist and
-        inventory, /opt/cni/bin, the kubelet's PKI and kubeconfig, the runtime's config."""
-        self.host_path(CONFLIST).write_text(json.dumps(self.conflist(), indent=1))
-        self.write_inventory()
+        """What a node has on disk before its services start: the reference plugins in
+        /opt/cni/bin (as a node's OS package puts them), the kubelet's PKI and kubeconfig
+        (:meth:`write_kubelet_files`), the runtime's config. cni-dra's plugin, conflist and
+        inventory are the chart's init container's to write."""
         self.populate_cni_bin()
         self.runtime.configure(self, bins)
 
-    def conflist(self) -> dict:
-        """cni-dra's network with its defaults (state /var/lib/cni-dra, inventory
-        /etc/cni-dra/resourceslice.yaml, host-local's /var/lib/cni/networks), this node's pod subnet."""
-        return {
-            "cniVersion": "1.1.0", "name": NETWORK,
-            "plugins": [{
-                "type": "cni-dra", "driver": DRIVER, "linkType": "macvlan", "mode": "bridge",
-                # as the shipped conflists: the runtime then passes a pod's bandwidth annotations
-                "capabilities": {"bandwidth": True},
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_subnet}]]},
-            }],
-        }
-
-    def write_inventory(self) -> None:
-        doc = {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{self.name}-inventory"},
-            "spec": {
-                "driver": DRIVER, "nodeName": self.name,
-                "pool": {"name": self.name, "generation": 1, "resourceSliceCount": 1},
-                "devices": [
-                    {"name": nic, "allowMultipleAllocations": True, "attributes": {"ifName": {"string": nic}},
-                     "capacity": {"bandwidth": {"value": NIC_BANDWIDTH, "requestPolicy": {
-                         "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}}}
-                    for nic in NICS
-                ],
-            },
-        }
-        self.host_path("/etc/cni-dra/resourceslice.yaml").write_text(json.dumps(doc, indent=1))
-
     def populate_cni_bin(self) -> None:
-        """The installed client and tree (the tree hard-linked when it can be: an install
-        replaces a tree by renames, never in place) and the reference plugins (symlinks to
-        /usr/lib/cni, as ``make install`` makes them)."""
+        """The reference plugins (symlinks to /usr/lib/cni, as ``make install`` makes them):
+        host-local, the IPAM of the chart's conflist on this bed."""
         dst = self.host_path("/opt/cni/bin")
-        shutil.copy2(f"{CNI_BIN}/cni-dra", dst / "cni-dra")
-        tree = dst / "cni-dra.d"
-        if not tree.exists():
-            if run("cp", "-al", f"{CNI_BIN}/cni-dra.d", str(tree), check=False).returncode != 0:
-                shutil.rmtree(tree, ignore_errors=True)
-                run("cp", "-a", f"{CNI_BIN}/cni-dra.d", str(tree))
         for src in sorted(Path("/usr/lib/cni").iterdir()):
             link = dst / src.name
             if not link.exists() and not link.is_symlink():
@@ -287,17 +284,6 @@ class Node:
         shutil.copy2(serving[1], d / "pki" / "kubelet-serving.key")
         (d / "kubelet.conf").write_text(kubeconfig_text)
         (d / "kubelet.conf").chmod(0o600)
-
-    def write_service_account(self, token: str, ca: Path) -> None:
-        d = self.host_path(SA_DIR)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "token").write_text(token)
-        (d / "token").chmod(0o600)
-        shutil.copy2(ca, d / "ca.crt")
-        (d / "namespace").write_text("kube-system")
-
-    def agent_token(self) -> str:
-        return self.host_path(f"{SA_DIR}/token").read_text()
 
     # -- services -----------------------------------------------------------------------------
 
@@ -329,19 +315,6 @@ class Node:
         self.host_path("/var/lib/kubelet/config.yaml").write_text(json.dumps(cfg, indent=1))
         self.start("kubelet", [f"{bins['kube']}/kubelet", "--config=/var/lib/kubelet/config.yaml",
                                "--kubeconfig=/etc/kubernetes/kubelet.conf", f"--node-ip={self.ip}", "--v=2"])
-
-    def agent_start(self, extra: list[str] | None = None) -> int:
-        """``cni-dra agent`` as the DaemonSet's container runs it: the node's copy, every
-        path its default (the kubelet's plugin dirs, /var/lib/cni-dra, the inventory, the
-        fast-path socket /run/cni-dra/agent.sock, metrics on :9412 of the node's netns),
-        the in-cluster config (the token in SA_DIR, the ``kubernetes`` Service's address
-        in the environment, as the kubelet gives a pod) and the node's conflist."""
-        env = {"KUBERNETES_SERVICE_HOST": KUBERNETES_SERVICE[0], "KUBERNETES_SERVICE_PORT": str(KUBERNETES_SERVICE[1])}
-        return self.start("agent", [NODE_CNI_EXE, "agent", "--node-name", self.name, "--conflist", CONFLIST,
-                                    *(extra or [])], env)
-
-    def agent_stop(self, sig: int = 15) -> None:
-        self.stop("agent", sig=sig)
 
     def agent_registered(self) -> bool:
         """The kubelet's log says it connected to the driver's DRA socket (its last word on it)."""
@@ -431,7 +404,29 @@ def init_inside(root: Path, hostname: str, private: list[str]) -> None:
     _sh("mount", "--make-rshared", "/")
 
 
+def pid1(pidfile: str) -> None:
+    """The init of a node's PID namespace (run by ``unshare --pid --fork`` in the node's
+    mount, UTS and network namespaces): mounts the node's /proc (this namespace's), writes
+    its pid in the host's namespace to ``pidfile`` (a node path), then reaps orphans (the
+    runtime's shims re-parent to it) until it is killed."""
+    status = Path("/proc/self/status").read_text()
+    host_pid = next(line.split()[1] for line in status.splitlines() if line.startswith("NSpid:"))
+    _sh("mount", "-t", "proc", "-o", "nosuid,nodev,noexec", "proc", "/proc")
+    Path(pidfile).write_text(host_pid)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0]:
+                continue
+        except ChildProcessError:
+            pass
+        time.sleep(0.5)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 4 or sys.argv[1] != "init":
-        raise SystemExit("usage: cluster_node.py init ROOT HOSTNAME PATH...")
-    init_inside(Path(sys.argv[2]), sys.argv[3], sys.argv[4:])
+    if len(sys.argv) == 3 and sys.argv[1] == "pid1":
+        pid1(sys.argv[2])
+    elif len(sys.argv) < 4 or sys.argv[1] != "init":
+        raise SystemExit("usage: cluster_node.py init ROOT HOSTNAME PATH... | pid1 PIDFILE")
+    else:
+        init_inside(Path(sys.argv[2]), sys.argv[3], sys.argv[4:])

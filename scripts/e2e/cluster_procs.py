@@ -212,24 +212,46 @@ def running(name: str) -> bool:
     return pid_of(name) is not None
 
 
+def _group(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (/proc/PID/stat field 5)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """``sig`` to the process group ``start`` made (a session of its own): the component and,
+    when it was started through ``nsenter --pid`` (which forks), the component nsenter runs."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def stop(name: str, *, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> None:
+    """Signal ``name``'s process group and wait until every process of it is gone (SIGKILL
+    after ``timeout_s``)."""
     pid = pid_of(name)
     if pid is None:
         pidfile(name).unlink(missing_ok=True)
         return
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
+    _signal_group(pid, sig)
     end = time.monotonic() + timeout_s
-    while time.monotonic() < end and pid_of(name) is not None:
+    while time.monotonic() < end and (pid_of(name) is not None or _group(pid)):
         _reap(pid)
         time.sleep(0.1)
-    if pid_of(name) is not None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    if pid_of(name) is not None or _group(pid):
+        _signal_group(pid, signal.SIGKILL)
         time.sleep(0.3)
         _reap(pid)
     proc = _PROCS.pop(name, None)
@@ -242,12 +264,9 @@ def stop_all(names: list[str], *, timeout_s: float = 15.0) -> None:
     """Stop ``names`` together: SIGTERM to each, then wait for all (SIGKILL after the timeout)."""
     pids = {name: pid for name in names if (pid := pid_of(name)) is not None}
     for pid in pids.values():
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        _signal_group(pid, signal.SIGTERM)
     end = time.monotonic() + timeout_s
-    while time.monotonic() < end and any(pid_of(name) is not None for name in pids):
+    while time.monotonic() < end and any(pid_of(name) is not None or _group(pid) for name, pid in pids.items()):
         for pid in pids.values():
             _reap(pid)
         time.sleep(0.1)
@@ -268,7 +287,7 @@ def _reap(pid: int) -> None:
 
 def kill_in_namespaces(inodes: set[tuple[int, int]]) -> list[int]:
     """SIGKILL every process that is in one of the namespaces ``inodes`` ((st_dev, st_ino)
-    of a namespace file: a node's mount, UTS or network namespace): the node's daemons and
+    of a namespace file: a node's mount, UTS, network or PID namespace): the node's daemons and
     what they left (containerd's shims run in sessions of their own). Returns the pids."""
     me, killed = os.getpid(), []
     if not inodes:
@@ -276,7 +295,7 @@ def kill_in_namespaces(inodes: set[tuple[int, int]]) -> list[int]:
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == me:
             continue
-        for ns in ("mnt", "uts", "net"):
+        for ns in ("mnt", "uts", "net", "pid"):
             try:
                 st = os.stat(d / "ns" / ns)
             except OSError:

@@ -31,9 +31,11 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{/* The plugin's entry of the conflist, keys in the order README "Config reference" lists them. */}}
+{{/* The plugin's entry of the conflist, keys in the order README "Config reference" lists them.
+The context: the root, or a dict {Values, ipam} for a node of network.ipamByNode. */}}
 {{- define "cni-dra.conflist" -}}
 {{- $n := .Values.network -}}
+{{- $ipam := (hasKey . "ipam") | ternary (get . "ipam") $n.ipam -}}
 {
   "cniVersion": {{ $n.cniVersion | toString | toJson }},
   "name": {{ $n.name | toJson }},
@@ -55,7 +57,7 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
       {{ $key | toJson }}: {{ $value | toJson }},
       {{- end }}
       "capabilities": {{ $n.capabilities | toJson }},
-      "ipam": {{ $n.ipam | toJson }}
+      "ipam": {{ $ipam | toJson }}
     }
   ]
 }
