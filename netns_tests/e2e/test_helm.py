@@ -5,7 +5,7 @@ node (the DaemonSet). What its life cycle does to the pods that run: the agent p
 ``helm upgrade`` to a second image, ``helm uninstall`` and a later ``helm install``.
 
 Runs after test_cluster.py (file order); each scenario leaves the chart installed and its
-two agents Ready, and removes its pods and claims (test_cluster's ``_clean_namespace``).
+two agents Ready, and removes its pods and claims (test_cluster's ``clean_namespace``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from netns_tests.e2e.helpers import (NS, core, delete_pods, make_pod, make_template, pod, resource,  # noqa: F401
                                      to_dict, wait_for, wait_running)
-from netns_tests.e2e.test_cluster import (_clean_namespace, books, books_match, check_attached,  # noqa: F401
+from netns_tests.e2e.helpers import (clean_namespace, books, books_match, check_attached,  # noqa: F401
                                           eth0_parent, kernel_eth0, kernel_rates, on_nic)
 
 AGENT_CAPS = ["NET_ADMIN", "SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"]

@@ -24,7 +24,7 @@ from decimal import Decimal
 import pytest
 from kubernetes.utils import parse_quantity
 
-from netns_tests.e2e.test_cluster import (GIB, NS, _clean_namespace, booked, books, books_match,  # noqa: F401
+from netns_tests.e2e.helpers import (GIB, NS, clean_namespace, booked, books, books_match,  # noqa: F401
                                           check_attached, claim_of, core, delete_pods, ip_json, kernel_rates,
                                           make_pod, make_template, nothing_held, pod, pod_events, resource,
                                           scheduled, to_dict, wait_event, wait_for, wait_running)
