@@ -72,7 +72,9 @@ class Proc:
 
     def __init__(self, exe: str, env: dict[str, str], stdin: bytes, errlog: Any) -> None:
         self.t0 = time.perf_counter()
-        self.p = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog, env=env, cwd="/")
+        self.p = subprocess.Popen(
+            [exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog, env=env, cwd="/"
+        )
         assert self.p.stdin is not None
         self.p.stdin.write(stdin)
         self.p.stdin.close()
@@ -91,7 +93,9 @@ class Proc:
 class Agent:
     """``python -m cni_dra.fastpath.server`` as a child; CPU read from /proc (ticks)."""
 
-    def __init__(self, python: str, socket_path: str, errlog: Any, pythonpath: str = "", workers: int = 0) -> None:
+    def __init__(
+        self, python: str, socket_path: str, errlog: Any, pythonpath: str = "", workers: int = 0
+    ) -> None:
         self.socket_path = socket_path
         env = dict(os.environ)
         if pythonpath:
@@ -99,7 +103,10 @@ class Agent:
         self.p = subprocess.Popen(
             [python, "-m", "cni_dra.fastpath.server", "--socket", socket_path, "--cwd", "/"]
             + (["--workers", str(workers)] if workers else []),
-            stdout=subprocess.PIPE, stderr=errlog, cwd="/", env=env,
+            stdout=subprocess.PIPE,
+            stderr=errlog,
+            cwd="/",
+            env=env,
         )
         assert self.p.stdout is not None
         line = self.p.stdout.readline().decode()
@@ -172,16 +179,33 @@ class Bench:
     # -- configs -----------------------------------------------------------------
     def ref_conf(self) -> dict[str, Any]:
         return {
-            "cniVersion": "1.0.0", "name": "bench-ref", "type": "macvlan", "master": PARENT, "mode": "bridge",
-            "ipam": {"type": "host-local", "dataDir": str(self.work / "ipam-ref"), "ranges": [[{"subnet": "10.240.0.0/16"}]]},
+            "cniVersion": "1.0.0",
+            "name": "bench-ref",
+            "type": "macvlan",
+            "master": PARENT,
+            "mode": "bridge",
+            "ipam": {
+                "type": "host-local",
+                "dataDir": str(self.work / "ipam-ref"),
+                "ranges": [[{"subnet": "10.240.0.0/16"}]],
+            },
         }
 
     def dra_conf(self, state: str = "state", shaping: bool = True) -> dict[str, Any]:
         return {
-            "cniVersion": "1.0.0", "name": "bench-dra", "type": "cni-dra", "mode": "bridge",
-            "stateDir": str(self.work / state), "inventory": str(self.work / "slice.yaml"),
-            "capacity": {"requests": {"bandwidth": "1M"}}, "shaping": shaping,
-            "ipam": {"type": "host-local", "dataDir": str(self.work / f"ipam-{state}"), "ranges": [[{"subnet": "10.241.0.0/16"}]]},
+            "cniVersion": "1.0.0",
+            "name": "bench-dra",
+            "type": "cni-dra",
+            "mode": "bridge",
+            "stateDir": str(self.work / state),
+            "inventory": str(self.work / "slice.yaml"),
+            "capacity": {"requests": {"bandwidth": "1M"}},
+            "shaping": shaping,
+            "ipam": {
+                "type": "host-local",
+                "dataDir": str(self.work / f"ipam-{state}"),
+                "ranges": [[{"subnet": "10.241.0.0/16"}]],
+            },
         }
 
     def conf_of(self, who: str) -> dict[str, Any]:
@@ -191,8 +215,12 @@ class Bench:
 
     def env(self, command: str, cid: str, ns: int, mode: str) -> dict[str, str]:
         env = {
-            "PATH": PATH_ENV, "CNI_COMMAND": command, "CNI_CONTAINERID": cid,
-            "CNI_NETNS": f"/var/run/netns/{NS_PREFIX}{ns}", "CNI_IFNAME": "eth0", "CNI_PATH": REF_DIR,
+            "PATH": PATH_ENV,
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": cid,
+            "CNI_NETNS": f"/var/run/netns/{NS_PREFIX}{ns}",
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": REF_DIR,
             "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p-{cid};K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={cid}",
         }
         if mode == "agent":
@@ -204,7 +232,9 @@ class Bench:
 
     def start(self, who: str, command: str, cid: str, ns: int, conf: dict[str, Any]) -> Proc:
         if who == "reference":
-            return Proc(f"{REF_DIR}/macvlan", self.env(command, cid, ns, "-"), json.dumps(conf).encode(), self.errlog)
+            return Proc(
+                f"{REF_DIR}/macvlan", self.env(command, cid, ns, "-"), json.dumps(conf).encode(), self.errlog
+            )
         mode = "local" if who == "cni-dra-local" else "agent"
         return Proc(self.args.exe, self.env(command, cid, ns, mode), json.dumps(conf).encode(), self.errlog)
 
@@ -223,15 +253,23 @@ class Bench:
     def check_exe_is_thin_client(self) -> None:
         """``CNI_DRA_AGENT=require`` with no agent must fail with code 11; an executable that
         answers instead is not the fast-path client (an older install)."""
-        env = {"PATH": PATH_ENV, "CNI_COMMAND": "VERSION", "CNI_DRA_AGENT": "require",
-               "CNI_DRA_AGENT_SOCKET": str(self.work / "no-agent.sock")}
-        proc = subprocess.run([self.args.exe], input=b'{"cniVersion": "1.0.0"}', env=env, capture_output=True, cwd="/")
+        env = {
+            "PATH": PATH_ENV,
+            "CNI_COMMAND": "VERSION",
+            "CNI_DRA_AGENT": "require",
+            "CNI_DRA_AGENT_SOCKET": str(self.work / "no-agent.sock"),
+        }
+        proc = subprocess.run(
+            [self.args.exe], input=b'{"cniVersion": "1.0.0"}', env=env, capture_output=True, cwd="/"
+        )
         try:
             code = json.loads(proc.stdout).get("code")
         except ValueError:
             code = None
         if code != 11:
-            raise RuntimeError(f"{self.args.exe} is not the cni-dra fast-path client (make install from this tree)")
+            raise RuntimeError(
+                f"{self.args.exe} is not the cni-dra fast-path client (make install from this tree)"
+            )
 
     def setup(self) -> None:
         self.check_exe_is_thin_client()
@@ -245,16 +283,44 @@ class Bench:
             sh("ip", "netns", "add", f"{NS_PREFIX}{i}")
         import yaml  # the documented inventory format (conf/resourceslice.yaml)
 
-        (self.work / "slice.yaml").write_text(yaml.safe_dump({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "bench"},
-            "spec": {"driver": DRIVER, "nodeName": "bench", "pool": {"name": "bench", "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": "nic-a", "allowMultipleAllocations": True,
-                                  "attributes": {"ifName": {"string": PARENT}},
-                                  "capacity": {"bandwidth": {"value": "1000T", "requestPolicy": {
-                                      "default": "1M", "validRange": {"min": "1M", "step": "1M"}}}}}]},
-        }))
+        (self.work / "slice.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    "metadata": {"name": "bench"},
+                    "spec": {
+                        "driver": DRIVER,
+                        "nodeName": "bench",
+                        "pool": {"name": "bench", "generation": 1, "resourceSliceCount": 1},
+                        "devices": [
+                            {
+                                "name": "nic-a",
+                                "allowMultipleAllocations": True,
+                                "attributes": {"ifName": {"string": PARENT}},
+                                "capacity": {
+                                    "bandwidth": {
+                                        "value": "1000T",
+                                        "requestPolicy": {
+                                            "default": "1M",
+                                            "validRange": {"min": "1M", "step": "1M"},
+                                        },
+                                    }
+                                },
+                            }
+                        ],
+                    },
+                }
+            )
+        )
         agent_dir = self.work / "agent"
-        self.agent = Agent(self.args.python, str(agent_dir / "agent.sock"), self.errlog, self.args.pythonpath, self.args.agent_workers)
+        self.agent = Agent(
+            self.args.python,
+            str(agent_dir / "agent.sock"),
+            self.errlog,
+            self.args.pythonpath,
+            self.args.agent_workers,
+        )
 
     def teardown(self) -> None:
         if self.agent is not None:
@@ -272,15 +338,42 @@ class Bench:
         atts = []
         for i in range(count):
             cid = f"seed{i:06d}"
-            atts.append(Attachment(
-                network="bench-dra", containerID=cid, ifname="eth0", netns=f"/var/run/netns/seed-{i}",
-                podUID=str(uuid.UUID(int=i)), podNamespace="bench", podName=f"seed-{i}", driver=DRIVER, pool="bench",
-                device="nic-a", parent=PARENT, consumedCapacity={"bandwidth": "1M"}, shareID=str(uuid.UUID(int=i + 1)),
-                phase="ready", ipamType="host-local", ipamConf=conf,
-                result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01",
-                        "sandbox": f"/var/run/netns/seed-{i}"}],
-                        "ips": [{"interface": 0, "address": f"10.{100 + i // 65536}.{i // 256 % 256}.{i % 256}/16"}]},
-            ))
+            atts.append(
+                Attachment(
+                    network="bench-dra",
+                    containerID=cid,
+                    ifname="eth0",
+                    netns=f"/var/run/netns/seed-{i}",
+                    podUID=str(uuid.UUID(int=i)),
+                    podNamespace="bench",
+                    podName=f"seed-{i}",
+                    driver=DRIVER,
+                    pool="bench",
+                    device="nic-a",
+                    parent=PARENT,
+                    consumedCapacity={"bandwidth": "1M"},
+                    shareID=str(uuid.UUID(int=i + 1)),
+                    phase="ready",
+                    ipamType="host-local",
+                    ipamConf=conf,
+                    result={
+                        "cniVersion": "1.1.0",
+                        "interfaces": [
+                            {
+                                "name": "eth0",
+                                "mac": "02:00:00:00:00:01",
+                                "sandbox": f"/var/run/netns/seed-{i}",
+                            }
+                        ],
+                        "ips": [
+                            {
+                                "interface": 0,
+                                "address": f"10.{100 + i // 65536}.{i // 256 % 256}.{i % 256}/16",
+                            }
+                        ],
+                    },
+                )
+            )
         with StateStore(self.work / state).transaction() as txn:
             txn.put_all(atts)
 
@@ -297,9 +390,14 @@ class Bench:
             dels.append(d)
             pairs.append(a + d)
         cpu = children_cpu_s() + (self.agent.cpu_s() if who == "cni-dra" else 0.0) - cpu0
-        return {"n": n, "add_del_median_s": statistics.median(pairs), "add_del_p95_s": pct(pairs, 0.95),
-                "add_median_s": statistics.median(adds), "del_median_s": statistics.median(dels),
-                "cpu_per_add_del_s": cpu / n}
+        return {
+            "n": n,
+            "add_del_median_s": statistics.median(pairs),
+            "add_del_p95_s": pct(pairs, 0.95),
+            "add_median_s": statistics.median(adds),
+            "del_median_s": statistics.median(dels),
+            "cpu_per_add_del_s": cpu / n,
+        }
 
     def _cpu(self, who: str) -> float:
         return children_cpu_s() + (self.agent.cpu_s() if who in ("cni-dra", "cni-dra-unshaped") else 0.0)
@@ -320,9 +418,15 @@ class Bench:
         out = {}
         for w, x in acc.items():
             pairs = [a + d for a, d in zip(x["adds"], x["dels"], strict=True)]
-            out[w] = {"n": n, "median_s": statistics.median(pairs), "p95_s": pct(pairs, 0.95),
-                      "add_median_s": statistics.median(x["adds"]), "del_median_s": statistics.median(x["dels"]),
-                      "cpu_s": x["cpu"] / n, "pairs_s": pairs}
+            out[w] = {
+                "n": n,
+                "median_s": statistics.median(pairs),
+                "p95_s": pct(pairs, 0.95),
+                "add_median_s": statistics.median(x["adds"]),
+                "del_median_s": statistics.median(x["dels"]),
+                "cpu_s": x["cpu"] / n,
+                "pairs_s": pairs,
+            }
         return out
 
     def interleaved_check(self, whos: list[str], n: int) -> dict[str, dict[str, Any]]:
@@ -341,13 +445,15 @@ class Bench:
                     walls[w].append(self.once(w, "CHECK", f"ck{w[:3]}", 1 + whos.index(w), confs[w][1])[0])
         for w in whos:
             self.once(w, "DEL", f"ck{w[:3]}", 1 + whos.index(w), confs[w][0])
-        return {w: {"n": len(v), "median_s": statistics.median(v) if v else float("nan"), "p95_s": pct(v, 0.95)}
-                for w, v in walls.items()}
+        return {
+            w: {"n": len(v), "median_s": statistics.median(v) if v else float("nan"), "p95_s": pct(v, 0.95)}
+            for w, v in walls.items()
+        }
 
     def alternate(self, fn, whos: list[str], rounds: int, **kw: Any) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {w: [] for w in whos}
         for r in range(rounds):
-            for w in (whos if r % 2 == 0 else list(reversed(whos))):
+            for w in whos if r % 2 == 0 else list(reversed(whos)):
                 out[w].append(fn(w, tag=str(r), **kw))
         return out
 
@@ -364,8 +470,14 @@ class Bench:
             cid = f"mem{who[:3]}{who[-3:]}{i}"
             for command in ("ADD", "DEL"):
                 env = self.env(command, cid, 2, mode)
-                proc = subprocess.run([self.args.python, "-IS", "-c", _LAUNCHER, exe], input=json.dumps(conf).encode(),
-                                      env=env, capture_output=True, cwd="/", check=False)
+                proc = subprocess.run(
+                    [self.args.python, "-IS", "-c", _LAUNCHER, exe],
+                    input=json.dumps(conf).encode(),
+                    env=env,
+                    capture_output=True,
+                    cwd="/",
+                    check=False,
+                )
                 if proc.returncode != 0:
                     self.failures.append(f"{who} {command} (memory): {proc.stdout[-300:]!r}")
                     continue
@@ -400,15 +512,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--exe", default=DRA_EXE)
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the agent")
-    parser.add_argument("--pythonpath", default="", help="PYTHONPATH of the agent (a work tree instead of the install)")
-    parser.add_argument("--agent-workers", type=int, default=0, help="worker threads of the agent (0: its default)")
+    parser.add_argument(
+        "--pythonpath", default="", help="PYTHONPATH of the agent (a work tree instead of the install)"
+    )
+    parser.add_argument(
+        "--agent-workers", type=int, default=0, help="worker threads of the agent (0: its default)"
+    )
     parser.add_argument("--pairs", type=int, default=100, help="ADD+DEL pairs per plugin")
     parser.add_argument("--checks", type=int, default=30)
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the concurrent batch per plugin")
     parser.add_argument("--scale", default="10,1000,10000", help="attachments pre-seeded in the state")
     parser.add_argument("--scale-pairs", type=int, default=15)
-    parser.add_argument("--local-pairs", type=int, default=5, help="ADD+DEL pairs without the agent (0: skip)")
+    parser.add_argument(
+        "--local-pairs", type=int, default=5, help="ADD+DEL pairs without the agent (0: skip)"
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target ratio is not met")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results.json"))
     args = parser.parse_args(argv)
@@ -438,9 +556,14 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: add_del done", file=sys.stderr)
         results["check"] = bench.interleaved_check(whos, args.checks)
         print("bench: check done", file=sys.stderr)
-        cc = bench.alternate(lambda w, tag: bench.concurrent(w, tag=tag), ["reference", "cni-dra"], args.rounds)
-        results["concurrent"] = {w: {k: summarize(r, k) for k in ("wall_s", "cpu_s", "add_wall_s", "del_wall_s")} | {"pods": args.concurrency, "runs": r}
-                                 for w, r in cc.items()}
+        cc = bench.alternate(
+            lambda w, tag: bench.concurrent(w, tag=tag), ["reference", "cni-dra"], args.rounds
+        )
+        results["concurrent"] = {
+            w: {k: summarize(r, k) for k in ("wall_s", "cpu_s", "add_wall_s", "del_wall_s")}
+            | {"pods": args.concurrency, "runs": r}
+            for w, r in cc.items()
+        }
         print("bench: concurrent done", file=sys.stderr)
         agent_rss_steady = bench.agent.rss_kib()  # before the 10,000-attachment states pass through it
         counts = [int(x) for x in args.scale.split(",") if x]
@@ -453,11 +576,14 @@ def main(argv: list[str] | None = None) -> int:
             for count in counts if i % 2 == 0 else counts[::-1]:
                 runs[count].append(bench.add_del("cni-dra", 1, state=f"state-{count}", tag=f"s{count}-{i}"))
         results["scale"] = {
-            str(c): {"n": len(r), "add_del_median_s": statistics.median(x["add_del_median_s"] for x in r),
-                     "add_del_p95_s": pct([x["add_del_median_s"] for x in r], 0.95),
-                     "add_median_s": statistics.median(x["add_median_s"] for x in r),
-                     "del_median_s": statistics.median(x["del_median_s"] for x in r),
-                     "cpu_per_add_del_s": statistics.mean(x["cpu_per_add_del_s"] for x in r)}
+            str(c): {
+                "n": len(r),
+                "add_del_median_s": statistics.median(x["add_del_median_s"] for x in r),
+                "add_del_p95_s": pct([x["add_del_median_s"] for x in r], 0.95),
+                "add_median_s": statistics.median(x["add_median_s"] for x in r),
+                "del_median_s": statistics.median(x["del_median_s"] for x in r),
+                "cpu_per_add_del_s": statistics.mean(x["cpu_per_add_del_s"] for x in r),
+            }
             for c, r in runs.items()
         }
         print("bench: scale done", file=sys.stderr)
@@ -472,27 +598,42 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         if getattr(bench, "fingerprint", None) and bench.exe_fingerprint() != bench.fingerprint:
-            bench.failures.insert(0, f"{args.exe} was replaced during the run (another install?): results are not valid")
+            bench.failures.insert(
+                0, f"{args.exe} was replaced during the run (another install?): results are not valid"
+            )
         bench.teardown()
         shutil.rmtree(work, ignore_errors=True)
     results["failures"] = bench.failures
     results["elapsed_s"] = time.perf_counter() - started
-    results["machine"] = {"nproc": os.cpu_count(), "kernel": os.uname().release, "python": sys.version.split()[0],
-                          "load_avg_1m": os.getloadavg()[0], "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    results["machine"] = {
+        "nproc": os.cpu_count(),
+        "kernel": os.uname().release,
+        "python": sys.version.split()[0],
+        "load_avg_1m": os.getloadavg()[0],
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     ratios = {
         "add_del": results["add_del"]["cni-dra"]["median_s"] / results["add_del"]["reference"]["median_s"],
         "check": results["check"]["cni-dra"]["median_s"] / results["check"]["reference"]["median_s"],
-        "concurrent_wall": results["concurrent"]["cni-dra"]["wall_s"] / results["concurrent"]["reference"]["wall_s"],
-        "concurrent_cpu": results["concurrent"]["cni-dra"]["cpu_s"] / results["concurrent"]["reference"]["cpu_s"],
+        "concurrent_wall": results["concurrent"]["cni-dra"]["wall_s"]
+        / results["concurrent"]["reference"]["wall_s"],
+        "concurrent_cpu": results["concurrent"]["cni-dra"]["cpu_s"]
+        / results["concurrent"]["reference"]["cpu_s"],
     }
     counts = sorted(int(c) for c in results["scale"])
     if len(counts) >= 2:
-        ratios["scale_max_vs_min"] = results["scale"][str(counts[-1])]["add_del_median_s"] / results["scale"][str(counts[0])]["add_del_median_s"]
+        ratios["scale_max_vs_min"] = (
+            results["scale"][str(counts[-1])]["add_del_median_s"]
+            / results["scale"][str(counts[0])]["add_del_median_s"]
+        )
     results["ratios"] = ratios
     results["acceptance"] = {
         "add_del <= 1.5x": ratios["add_del"] <= 1.5,
         "concurrent wall <= 2x": ratios["concurrent_wall"] <= 2.0,
-        f"scale {counts[-1] if counts else '?'} <= 2x {counts[0] if counts else '?'}": ratios.get("scale_max_vs_min", float("inf")) <= 2.0,
+        f"scale {counts[-1] if counts else '?'} <= 2x {counts[0] if counts else '?'}": ratios.get(
+            "scale_max_vs_min", float("inf")
+        )
+        <= 2.0,
         "no failed invocation": not bench.failures,
     }
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -511,54 +652,147 @@ def table(r: dict[str, Any]) -> str:
     ad, ck, cc, ratios = r["add_del"], r["check"], r["concurrent"], r["ratios"]
     rows = [
         ("", "reference", "cni-dra", "ratio"),
-        ("ADD+DEL median", ms(ad["reference"]["median_s"]), ms(ad["cni-dra"]["median_s"]), f"{ratios['add_del']:.2f}x"),
-        ("ADD+DEL p95", ms(ad["reference"]["p95_s"]), ms(ad["cni-dra"]["p95_s"]), f"{ad['cni-dra']['p95_s'] / ad['reference']['p95_s']:.2f}x"),
-        ("ADD+DEL CPU", ms(ad["reference"]["cpu_s"]), ms(ad["cni-dra"]["cpu_s"]), f"{ad['cni-dra']['cpu_s'] / ad['reference']['cpu_s']:.2f}x"),
+        (
+            "ADD+DEL median",
+            ms(ad["reference"]["median_s"]),
+            ms(ad["cni-dra"]["median_s"]),
+            f"{ratios['add_del']:.2f}x",
+        ),
+        (
+            "ADD+DEL p95",
+            ms(ad["reference"]["p95_s"]),
+            ms(ad["cni-dra"]["p95_s"]),
+            f"{ad['cni-dra']['p95_s'] / ad['reference']['p95_s']:.2f}x",
+        ),
+        (
+            "ADD+DEL CPU",
+            ms(ad["reference"]["cpu_s"]),
+            ms(ad["cni-dra"]["cpu_s"]),
+            f"{ad['cni-dra']['cpu_s'] / ad['reference']['cpu_s']:.2f}x",
+        ),
     ]
     if "cni-dra-unshaped" in ad:
         un = ad["cni-dra-unshaped"]
         rows += [
-            ("  cni-dra with shaping off: ADD+DEL", "", f"{ms(un['median_s'])} ({ms(un['add_median_s'])} / {ms(un['del_median_s'])})",
-             f"{un['median_s'] / ad['reference']['median_s']:.2f}x"),
-            ("  what shaping adds: ADD / DEL", "",
-             f"{ms(ad['cni-dra']['add_median_s'] - un['add_median_s'])} / {ms(ad['cni-dra']['del_median_s'] - un['del_median_s'])}", ""),
+            (
+                "  cni-dra with shaping off: ADD+DEL",
+                "",
+                f"{ms(un['median_s'])} ({ms(un['add_median_s'])} / {ms(un['del_median_s'])})",
+                f"{un['median_s'] / ad['reference']['median_s']:.2f}x",
+            ),
+            (
+                "  what shaping adds: ADD / DEL",
+                "",
+                f"{ms(ad['cni-dra']['add_median_s'] - un['add_median_s'])} / {ms(ad['cni-dra']['del_median_s'] - un['del_median_s'])}",
+                "",
+            ),
         ]
     rows += [
-        ("CHECK median", ms(ck["reference"]["median_s"]), ms(ck["cni-dra"]["median_s"]), f"{ratios['check']:.2f}x"),
-        ("CHECK p95", ms(ck["reference"]["p95_s"]), ms(ck["cni-dra"]["p95_s"]), f"{ck['cni-dra']['p95_s'] / ck['reference']['p95_s']:.2f}x"),
-        (f"{cc['reference']['pods']} concurrent ADDs wall", f"{cc['reference']['add_wall_s']:.2f} s", f"{cc['cni-dra']['add_wall_s']:.2f} s",
-         f"{cc['cni-dra']['add_wall_s'] / cc['reference']['add_wall_s']:.2f}x"),
-        (f"{cc['reference']['pods']} concurrent DELs wall", f"{cc['reference']['del_wall_s']:.2f} s", f"{cc['cni-dra']['del_wall_s']:.2f} s",
-         f"{cc['cni-dra']['del_wall_s'] / cc['reference']['del_wall_s']:.2f}x"),
-        ("  ADDs+DELs wall", f"{cc['reference']['wall_s']:.2f} s", f"{cc['cni-dra']['wall_s']:.2f} s", f"{ratios['concurrent_wall']:.2f}x"),
-        ("  ADDs+DELs CPU", f"{cc['reference']['cpu_s']:.2f} s", f"{cc['cni-dra']['cpu_s']:.2f} s", f"{ratios['concurrent_cpu']:.2f}x"),
+        (
+            "CHECK median",
+            ms(ck["reference"]["median_s"]),
+            ms(ck["cni-dra"]["median_s"]),
+            f"{ratios['check']:.2f}x",
+        ),
+        (
+            "CHECK p95",
+            ms(ck["reference"]["p95_s"]),
+            ms(ck["cni-dra"]["p95_s"]),
+            f"{ck['cni-dra']['p95_s'] / ck['reference']['p95_s']:.2f}x",
+        ),
+        (
+            f"{cc['reference']['pods']} concurrent ADDs wall",
+            f"{cc['reference']['add_wall_s']:.2f} s",
+            f"{cc['cni-dra']['add_wall_s']:.2f} s",
+            f"{cc['cni-dra']['add_wall_s'] / cc['reference']['add_wall_s']:.2f}x",
+        ),
+        (
+            f"{cc['reference']['pods']} concurrent DELs wall",
+            f"{cc['reference']['del_wall_s']:.2f} s",
+            f"{cc['cni-dra']['del_wall_s']:.2f} s",
+            f"{cc['cni-dra']['del_wall_s'] / cc['reference']['del_wall_s']:.2f}x",
+        ),
+        (
+            "  ADDs+DELs wall",
+            f"{cc['reference']['wall_s']:.2f} s",
+            f"{cc['cni-dra']['wall_s']:.2f} s",
+            f"{ratios['concurrent_wall']:.2f}x",
+        ),
+        (
+            "  ADDs+DELs CPU",
+            f"{cc['reference']['cpu_s']:.2f} s",
+            f"{cc['cni-dra']['cpu_s']:.2f} s",
+            f"{ratios['concurrent_cpu']:.2f}x",
+        ),
     ]
     scale = r["scale"]
     counts = sorted(int(c) for c in scale)
     for c in counts:
         s = scale[str(c)]
-        rows.append((f"cni-dra ADD+DEL, {c} in state", "", f"{ms(s['add_del_median_s'])} (p95 {ms(s['add_del_p95_s'])})",
-                     f"{s['add_del_median_s'] / scale[str(counts[0])]['add_del_median_s']:.2f}x of {counts[0]}"))
+        rows.append(
+            (
+                f"cni-dra ADD+DEL, {c} in state",
+                "",
+                f"{ms(s['add_del_median_s'])} (p95 {ms(s['add_del_p95_s'])})",
+                f"{s['add_del_median_s'] / scale[str(counts[0])]['add_del_median_s']:.2f}x of {counts[0]}",
+            )
+        )
     if "local" in r:
-        rows.append(("cni-dra ADD+DEL, no agent", "", ms(r["local"]["add_del_median_s"]),
-                     f"{r['local']['add_del_median_s'] / ad['reference']['median_s']:.2f}x"))
+        rows.append(
+            (
+                "cni-dra ADD+DEL, no agent",
+                "",
+                ms(r["local"]["add_del_median_s"]),
+                f"{r['local']['add_del_median_s'] / ad['reference']['median_s']:.2f}x",
+            )
+        )
     mem = r["memory_kib"]
     peak = mem["plugin_peak_rss"]
-    rows.append(("peak RSS of one plugin process", f"{peak.get('reference', 0) / 1024:.1f} MiB", f"{peak.get('cni-dra', 0) / 1024:.1f} MiB", ""))
+    rows.append(
+        (
+            "peak RSS of one plugin process",
+            f"{peak.get('reference', 0) / 1024:.1f} MiB",
+            f"{peak.get('cni-dra', 0) / 1024:.1f} MiB",
+            "",
+        )
+    )
     if "cni-dra-local" in peak:
         rows.append(("  same, no agent (in-process)", "", f"{peak['cni-dra-local'] / 1024:.1f} MiB", ""))
     after = mem["agent_after_scale"]
-    rows.append(("agent RSS after the scale runs (peak)", "", f"{after['VmRSS'] / 1024:.1f} MiB ({after['VmHWM'] / 1024:.1f} MiB)", ""))
-    rows.insert(len(rows) - 1, ("agent RSS before the scale runs (peak)", "", f"{mem['agent'].get('VmRSS', 0) / 1024:.1f} MiB ({mem['agent'].get('VmHWM', 0) / 1024:.1f} MiB)", ""))
+    rows.append(
+        (
+            "agent RSS after the scale runs (peak)",
+            "",
+            f"{after['VmRSS'] / 1024:.1f} MiB ({after['VmHWM'] / 1024:.1f} MiB)",
+            "",
+        )
+    )
+    rows.insert(
+        len(rows) - 1,
+        (
+            "agent RSS before the scale runs (peak)",
+            "",
+            f"{mem['agent'].get('VmRSS', 0) / 1024:.1f} MiB ({mem['agent'].get('VmHWM', 0) / 1024:.1f} MiB)",
+            "",
+        ),
+    )
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)) for row in rows]
+    lines = [
+        "  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
+        for row in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     lines.append("")
-    lines.append("targets (on the medians above): " + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in r["acceptance"].items()))
+    lines.append(
+        "targets (on the medians above): "
+        + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in r["acceptance"].items())
+    )
     if r["failures"]:
         lines.append(f"{len(r['failures'])} failed invocations, first: {r['failures'][0]}")
-    lines.append(f"elapsed {r['elapsed_s']:.0f} s on {r['machine']['nproc']} CPUs, load {r['machine']['load_avg_1m']:.2f}. "
-                 "Absolute times vary by machine and load; the ratios (same run, alternating) are the claim.")
+    lines.append(
+        f"elapsed {r['elapsed_s']:.0f} s on {r['machine']['nproc']} CPUs, load {r['machine']['load_avg_1m']:.2f}. "
+        "Absolute times vary by machine and load; the ratios (same run, alternating) are the claim."
+    )
     return "\n".join(lines)
 
 

@@ -29,7 +29,9 @@ def _setup_logging(environ: Mapping[str, str]) -> None:
         return
     path = environ.get("CNI_DRA_LOG_FILE")
     handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s cni-dra[%(process)d] %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s cni-dra[%(process)d] %(levelname)s %(name)s: %(message)s")
+    )
     log.addHandler(handler)
     log.setLevel(environ.get("CNI_DRA_LOG_LEVEL", "WARNING").upper())
     log.propagate = False
@@ -81,7 +83,10 @@ def run(environ: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
         return 1
     except Exception as exc:  # the one boundary that turns bugs into code 999
         log.exception("internal error")
-        json.dump({"cniVersion": version, "code": 999, "msg": f"internal error: {type(exc).__name__}: {exc}"}, stdout)
+        json.dump(
+            {"cniVersion": version, "code": 999, "msg": f"internal error: {type(exc).__name__}: {exc}"},
+            stdout,
+        )
         return 1
 
 

@@ -57,8 +57,9 @@ def device_name_for(ifname: str) -> str:
     return (name or "nic")[:63]
 
 
-def _device(name: str, ifname: str, link: LinkInfo | None, value: Quantity,
-            policy: Mapping[str, Any] | None) -> dict[str, Any]:
+def _device(
+    name: str, ifname: str, link: LinkInfo | None, value: Quantity, policy: Mapping[str, Any] | None
+) -> dict[str, Any]:
     attributes: dict[str, Any] = {"ifName": {"string": ifname}}
     if link is not None:
         if link.mac:
@@ -74,9 +75,17 @@ def _device(name: str, ifname: str, link: LinkInfo | None, value: Quantity,
     }
 
 
-def build_slice(links: Iterable[LinkInfo], speed_bps: Callable[[str], int | None], *, interfaces: list[str],
-                default_bandwidth: str, driver: str, node: str, request_policy: Mapping[str, Any] | None = None,
-                devices: list[NicSpec] | None = None) -> dict[str, Any]:
+def build_slice(
+    links: Iterable[LinkInfo],
+    speed_bps: Callable[[str], int | None],
+    *,
+    interfaces: list[str],
+    default_bandwidth: str,
+    driver: str,
+    node: str,
+    request_policy: Mapping[str, Any] | None = None,
+    devices: list[NicSpec] | None = None,
+) -> dict[str, Any]:
     """The ResourceSlice document for ``links`` (the host's), ``speed_bps`` giving a link's
     speed (None: unknown): module docstring. Raises ValueError for a bad quantity."""
     default_bps = Quantity.parse(default_bandwidth)
@@ -89,19 +98,28 @@ def build_slice(links: Iterable[LinkInfo], speed_bps: Callable[[str], int | None
         return Quantity.parse(speed) if speed else default_bps
 
     if devices:
-        out = [_device(d.name or device_name_for(d.if_name), d.if_name, by_name.get(d.if_name),
-                       value(d.if_name, d.bandwidth),
-                       d.request_policy if d.request_policy is not None else request_policy)
-               for d in devices]
+        out = [
+            _device(
+                d.name or device_name_for(d.if_name),
+                d.if_name,
+                by_name.get(d.if_name),
+                value(d.if_name, d.bandwidth),
+                d.request_policy if d.request_policy is not None else request_policy,
+            )
+            for d in devices
+        ]
     else:
+
         def wanted(link: LinkInfo) -> bool:
             if interfaces:
                 return link.name in interfaces
             return link.name != "lo" and link.kind in _ELIGIBLE_KINDS
 
         chosen = [link for _, link in sorted(by_name.items()) if wanted(link)]
-        out = [_device(device_name_for(link.name), link.name, link, value(link.name, None), request_policy)
-               for link in chosen]
+        out = [
+            _device(device_name_for(link.name), link.name, link, value(link.name, None), request_policy)
+            for link in chosen
+        ]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -115,13 +133,26 @@ def build_slice(links: Iterable[LinkInfo], speed_bps: Callable[[str], int | None
     }
 
 
-def discover_slice(*, interfaces: list[str], default_bandwidth: str, driver: str, node_name: str | None,
-                   request_policy: Mapping[str, Any] | None = None,
-                   devices: list[NicSpec] | None = None) -> dict[str, Any]:
+def discover_slice(
+    *,
+    interfaces: list[str],
+    default_bandwidth: str,
+    driver: str,
+    node_name: str | None,
+    request_policy: Mapping[str, Any] | None = None,
+    devices: list[NicSpec] | None = None,
+) -> dict[str, Any]:
     """Return the ResourceSlice document (a dict) for this host's NICs (:func:`build_slice`
     over the host's links; ``node_name`` default: the host name)."""
     from cni_dra.netlink.info import link_speed_bps, list_host_links
 
-    return build_slice(list_host_links(), link_speed_bps, interfaces=interfaces, default_bandwidth=default_bandwidth,
-                       driver=driver, node=node_name or socket.gethostname(), request_policy=request_policy,
-                       devices=devices)
+    return build_slice(
+        list_host_links(),
+        link_speed_bps,
+        interfaces=interfaces,
+        default_bandwidth=default_bandwidth,
+        driver=driver,
+        node=node_name or socket.gethostname(),
+        request_policy=request_policy,
+        devices=devices,
+    )

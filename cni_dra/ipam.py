@@ -58,7 +58,14 @@ __all__ = [
 DEFAULT_IPAM_TIMEOUT_S = 60.0
 """How long an IPAM call may take, in seconds (dhcp waits for a lease; host-local takes ms)."""
 
-_VERBS = {"ADD": "add", "DEL": "delete", "CHECK": "check", "STATUS": "get status of", "GC": "garbage-collect", "VERSION": "query version of"}
+_VERBS = {
+    "ADD": "add",
+    "DEL": "delete",
+    "CHECK": "check",
+    "STATUS": "get status of",
+    "GC": "garbage-collect",
+    "VERSION": "query version of",
+}
 _TXTBSY_RETRIES = 5
 
 
@@ -75,7 +82,9 @@ def find_plugin(name: str, cni_path: Sequence[str]) -> str:
             the directories searched.
     """
     if not name or name in (".", "..") or "/" in name or "\0" in name:
-        raise InvalidConfigError(f"invalid IPAM plugin name {name!r}", "a plugin type is a file name, without '/'")
+        raise InvalidConfigError(
+            f"invalid IPAM plugin name {name!r}", "a plugin type is a file name, without '/'"
+        )
     for directory in cni_path:
         if not directory:
             continue
@@ -88,7 +97,9 @@ def find_plugin(name: str, cni_path: Sequence[str]) -> str:
     )
 
 
-def _run(path: str, stdin: bytes, env: Mapping[str, str], timeout_s: float, what: str) -> tuple[int, bytes, bytes]:
+def _run(
+    path: str, stdin: bytes, env: Mapping[str, str], timeout_s: float, what: str
+) -> tuple[int, bytes, bytes]:
     """Run ``path`` once; returns (exit code, stdout, stderr). Kills its process group on timeout."""
     for attempt in range(_TXTBSY_RETRIES + 1):
         try:
@@ -146,7 +157,11 @@ def _error_from(what: str, rc: int, out: bytes, err: bytes) -> IpamError:
     if isinstance(obj, dict) and isinstance(obj.get("code"), int) and not isinstance(obj.get("code"), bool):
         msg = obj.get("msg") if isinstance(obj.get("msg"), str) else ""
         details = obj.get("details") if isinstance(obj.get("details"), str) else ""
-        return IpamError(f"failed to {what}: {msg or 'error code ' + str(obj['code'])}", details or stderr, code=obj["code"])
+        return IpamError(
+            f"failed to {what}: {msg or 'error code ' + str(obj['code'])}",
+            details or stderr,
+            code=obj["code"],
+        )
     return IpamError(f"failed to {what}: exit status {rc}", stderr or out.decode("utf-8", "replace").strip())
 
 
@@ -194,12 +209,17 @@ def plugin_versions(
     except ValueError as exc:
         raise DecodeError(f"failed to decode the VERSION answer of IPAM {ipam_type}", str(exc)) from exc
     if not isinstance(obj, dict):
-        raise DecodeError(f"failed to decode the VERSION answer of IPAM {ipam_type}", "expected a JSON object")
+        raise DecodeError(
+            f"failed to decode the VERSION answer of IPAM {ipam_type}", "expected a JSON object"
+        )
     versions = obj.get("supportedVersions")
     if versions is None and obj.get("cniVersion") in ("0.1.0", "0.2.0"):
         return ("0.1.0", "0.2.0")
     if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
-        raise DecodeError(f"failed to decode the VERSION answer of IPAM {ipam_type}", "supportedVersions must be a list of strings")
+        raise DecodeError(
+            f"failed to decode the VERSION answer of IPAM {ipam_type}",
+            "supportedVersions must be a list of strings",
+        )
     return tuple(versions)
 
 
@@ -365,7 +385,9 @@ def ipam_check(
     ipam_exec("CHECK", ipam_type, netconf, env, cni_path, timeout_s=timeout_s)
 
 
-def _supports_v11(ipam_type: str, env: Mapping[str, str], cni_path: Sequence[str] | None, timeout_s: float) -> bool:
+def _supports_v11(
+    ipam_type: str, env: Mapping[str, str], cni_path: Sequence[str] | None, timeout_s: float
+) -> bool:
     versions = plugin_versions(ipam_type, env, cni_path, cni_version="1.1.0", timeout_s=timeout_s)
     good = []
     for v in versions:

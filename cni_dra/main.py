@@ -131,10 +131,15 @@ def _agent_required_error(stdin: bytes, path: str, why: str) -> int:
         version = json.loads(stdin).get("cniVersion", "1.1.0")
     except Exception:  # noqa: BLE001 - any undecodable input
         version = "1.1.0"
-    _write_fd(1, json.dumps({
-        "cniVersion": version,
-        "code": 11,
-        "msg": f"failed to reach cni-dra agent at {path}: {why or 'absent, declined or no answer'} "
-        "(CNI_DRA_AGENT=require forbids running in-process)",
-    }).encode())
+    _write_fd(
+        1,
+        json.dumps(
+            {
+                "cniVersion": version,
+                "code": 11,
+                "msg": f"failed to reach cni-dra agent at {path}: {why or 'absent, declined or no answer'} "
+                "(CNI_DRA_AGENT=require forbids running in-process)",
+            }
+        ).encode(),
+    )
     return 1

@@ -45,7 +45,16 @@ _MAX_EXPONENT = 1000
 
 # Suffix → (base, exponent). DecimalSI exponents are powers of ten, BinarySI powers of two.
 _DECIMAL_SUFFIXES: dict[str, int] = {
-    "n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
+    "n": -9,
+    "u": -6,
+    "m": -3,
+    "": 0,
+    "k": 3,
+    "M": 6,
+    "G": 9,
+    "T": 12,
+    "P": 15,
+    "E": 18,
 }
 _BINARY_SUFFIXES: dict[str, int] = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL_BY_EXP = {exp: suf for suf, exp in _DECIMAL_SUFFIXES.items()}
@@ -243,7 +252,9 @@ class Quantity:
 
         return core_schema.no_info_plain_validator_function(
             cls.parse,
-            serialization=core_schema.plain_serializer_function_ser_schema(str, return_schema=core_schema.str_schema()),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                str, return_schema=core_schema.str_schema()
+            ),
         )
 
     @classmethod

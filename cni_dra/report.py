@@ -77,9 +77,17 @@ def status_report(state_dir: str, inventory: str) -> dict[str, Any]:
                 "profile": thaw(a.profile) if a.profile is not None else None,
             }
         )
-    claims = [{"podUID": pod, "namespace": c.namespace or None, "name": c.name or None, "uid": c.uid or None}
-              for pod, c in sorted(state.prepared_items(), key=lambda pc: pc[0])]
-    return {"driver": driver, "pool": pool, "devices": devices, "attachments": attachments, "preparedClaims": claims}
+    claims = [
+        {"podUID": pod, "namespace": c.namespace or None, "name": c.name or None, "uid": c.uid or None}
+        for pod, c in sorted(state.prepared_items(), key=lambda pc: pc[0])
+    ]
+    return {
+        "driver": driver,
+        "pool": pool,
+        "devices": devices,
+        "attachments": attachments,
+        "preparedClaims": claims,
+    }
 
 
 def _shaping(recorded: dict[str, Any] | None) -> dict[str, Any] | None:

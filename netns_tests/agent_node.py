@@ -41,8 +41,15 @@ class Node:
     """The node bed (eth-a, eth-b on pool ``node-1``) with the agent's processes and sockets."""
 
     def __init__(self, make_netns, make_parent_nic, tmp_path: Path, server: FakeApiServer) -> None:
-        self.bed = NodeBed(tmp_path, [make_parent_nic(), make_parent_nic()], devices=["eth-a", "eth-b"], pool=NODE,
-                           network="dra-net", version="1.1.0", make_netns=make_netns)
+        self.bed = NodeBed(
+            tmp_path,
+            [make_parent_nic(), make_parent_nic()],
+            devices=["eth-a", "eth-b"],
+            pool=NODE,
+            network="dra-net",
+            version="1.1.0",
+            make_netns=make_netns,
+        )
         self.nics = self.bed.parents
         self.make_netns = make_netns
         self.server = server
@@ -55,18 +62,43 @@ class Node:
 
     def start_agent(self, *extra: str) -> subprocess.Popen:
         self.metrics_port = free_port()
-        args = [CNI_EXE, "agent", "--node-name", NODE, "--kubeconfig", self.kubeconfig,
-                "--inventory", str(self.inventory), "--state-dir", str(self.state_dir),
-                "--plugin-dir", f"{self.short}/plugins", "--registry-dir", f"{self.short}/registry",
-                "--metrics-address", f"127.0.0.1:{self.metrics_port}", "--resync-interval", "3600", *extra]
+        args = [
+            CNI_EXE,
+            "agent",
+            "--node-name",
+            NODE,
+            "--kubeconfig",
+            self.kubeconfig,
+            "--inventory",
+            str(self.inventory),
+            "--state-dir",
+            str(self.state_dir),
+            "--plugin-dir",
+            f"{self.short}/plugins",
+            "--registry-dir",
+            f"{self.short}/registry",
+            "--metrics-address",
+            f"127.0.0.1:{self.metrics_port}",
+            "--resync-interval",
+            "3600",
+            *extra,
+        ]
         with open(self.log, "a") as log:
             # the fast-path socket in this test's directory, never the node's /run/cni-dra one
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-                                         "CNI_DRA_AGENT_SOCKET": f"{self.short}/fastpath/agent.sock"})
+            proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={
+                    "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                    "CNI_DRA_AGENT_SOCKET": f"{self.short}/fastpath/agent.sock",
+                },
+            )
         self.procs.append(proc)
-        wait_for(lambda: Path(f"{self.short}/registry/{DRIVER}-reg.sock").is_socket() or proc.poll() is not None,
-                 what="agent sockets")
+        wait_for(
+            lambda: Path(f"{self.short}/registry/{DRIVER}-reg.sock").is_socket() or proc.poll() is not None,
+            what="agent sockets",
+        )
         assert proc.poll() is None, self.log.read_text()
         return proc
 
@@ -75,17 +107,31 @@ class Node:
         return f"unix://{self.short}/plugins/dra.sock"
 
     def conf(self, **kw) -> dict:
-        conf = {"cniVersion": "1.1.0", "name": "dra-net", "type": "cni-dra", "driver": DRIVER,
-                "stateDir": str(self.state_dir), "inventory": str(self.inventory),
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": SUBNET}]],
-                         "dataDir": str(self.state_dir.parent / "ipam")}}
+        conf = {
+            "cniVersion": "1.1.0",
+            "name": "dra-net",
+            "type": "cni-dra",
+            "driver": DRIVER,
+            "stateDir": str(self.state_dir),
+            "inventory": str(self.inventory),
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": SUBNET}]],
+                "dataDir": str(self.state_dir.parent / "ipam"),
+            },
+        }
         conf.update(kw)
         return conf
 
     def cni(self, command: str, netns: str, conf: dict | None = None):
-        return run_plugin(command, conf or self.conf(), container_id="ctr-1", netns=netns, ifname="net1",
-                          cni_args=k8s_cni_args(namespace="default", name="pod-0", uid=POD_UID,
-                                                infra_container_id="ctr-1"))
+        return run_plugin(
+            command,
+            conf or self.conf(),
+            container_id="ctr-1",
+            netns=netns,
+            ifname="net1",
+            cni_args=k8s_cni_args(namespace="default", name="pod-0", uid=POD_UID, infra_container_id="ctr-1"),
+        )
 
     def state(self) -> dict:
         return self.bed.state_doc()  # snapshot + journal
@@ -100,8 +146,9 @@ class Node:
 
 def dra(node: Node, method: str, claim: dict):
     pb2, services = load("dra_v1")
-    ref = pb2.Claim(namespace=claim["metadata"]["namespace"], uid=claim["metadata"]["uid"],
-                    name=claim["metadata"]["name"])
+    ref = pb2.Claim(
+        namespace=claim["metadata"]["namespace"], uid=claim["metadata"]["uid"], name=claim["metadata"]["name"]
+    )
     with grpc.insecure_channel(node.dra_socket) as ch:
         stub = services.DRAPluginStub(ch)
         if method == "prepare":

@@ -28,7 +28,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from netns_tests.runner import CNI_EXE, CNI_PATH, cni_dra_cli, cni_dra_status, run_plugin, write_shared_nic_inventory
+from netns_tests.runner import (
+    CNI_EXE,
+    CNI_PATH,
+    cni_dra_cli,
+    cni_dra_status,
+    run_plugin,
+    write_shared_nic_inventory,
+)
 
 __all__ = [
     "DRIVER",
@@ -64,7 +71,12 @@ V6_SUBNET = "2001:db8:4::/64"  # documentation prefix
 DEMO_POLICY = {"default": "1G", "validRange": {"min": "100M", "step": "100M"}}
 """The demo's requestPolicy; :data:`PLAIN_POLICY` has only the default."""
 PLAIN_POLICY = {"default": "1G"}
-SPEC_NODE: dict[str, Any] = {"numbered": True, "request_policy": PLAIN_POLICY, "network": "confnet", "version": "1.1.0"}
+SPEC_NODE: dict[str, Any] = {
+    "numbered": True,
+    "request_policy": PLAIN_POLICY,
+    "network": "confnet",
+    "version": "1.1.0",
+}
 """:class:`NodeBed` options of the spec-conformance tests (``make_node(nics=N, **SPEC_NODE)``)."""
 
 
@@ -96,11 +108,22 @@ class NodeBed:
     ``path``/``agent_socket`` pick how :meth:`run` reaches the plugin.
     """
 
-    def __init__(self, tmp_path: Path, nics: list[str], *, devices: list[str] | None = None,
-                 bandwidth: str = "10G", request_policy: Mapping[str, Any] | None = None,
-                 network: str = "testnet", version: str = "1.0.0", path: str | None = None,
-                 agent_socket: str | None = None, make_netns: Any = None, numbered: bool = False,
-                 pool: str = "n") -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        nics: list[str],
+        *,
+        devices: list[str] | None = None,
+        bandwidth: str = "10G",
+        request_policy: Mapping[str, Any] | None = None,
+        network: str = "testnet",
+        version: str = "1.0.0",
+        path: str | None = None,
+        agent_socket: str | None = None,
+        make_netns: Any = None,
+        numbered: bool = False,
+        pool: str = "n",
+    ) -> None:
         from cni_dra.quantity import Quantity
 
         if devices is None and numbered:
@@ -122,8 +145,14 @@ class NodeBed:
         self.socket = agent_socket
         self.make_netns = make_netns
         self.pool = pool
-        write_shared_nic_inventory(self.inventory, self.parents, bandwidth, DRIVER,
-                                   request_policy=dict(request_policy or DEMO_POLICY), pool=pool)
+        write_shared_nic_inventory(
+            self.inventory,
+            self.parents,
+            bandwidth,
+            DRIVER,
+            request_policy=dict(request_policy or DEMO_POLICY),
+            pool=pool,
+        )
 
     # -- configs -------------------------------------------------------------------------
     def ipam(self, kind: str) -> dict[str, Any]:
@@ -135,25 +164,48 @@ class NodeBed:
         if kind == "host-local":
             return {"type": "host-local", "dataDir": data, "ranges": [[{"subnet": V4_SUBNET}]]}
         if kind == "host-local-v4":
-            return {"type": "host-local", "dataDir": data, "ranges": [[{"subnet": V4_SUBNET}]],
-                    "routes": [{"dst": "203.0.113.0/24"}]}
+            return {
+                "type": "host-local",
+                "dataDir": data,
+                "ranges": [[{"subnet": V4_SUBNET}]],
+                "routes": [{"dst": "203.0.113.0/24"}],
+            }
         if kind == "host-local-v6":
-            return {"type": "host-local", "dataDir": data, "ranges": [[{"subnet": V6_SUBNET, "gateway": "2001:db8:4::1"}]]}
+            return {
+                "type": "host-local",
+                "dataDir": data,
+                "ranges": [[{"subnet": V6_SUBNET, "gateway": "2001:db8:4::1"}]],
+            }
         if kind == "host-local-dual":
-            return {"type": "host-local", "dataDir": data,
-                    "ranges": [[{"subnet": V4_SUBNET}], [{"subnet": V6_SUBNET}]]}
+            return {
+                "type": "host-local",
+                "dataDir": data,
+                "ranges": [[{"subnet": V4_SUBNET}], [{"subnet": V6_SUBNET}]],
+            }
         if kind == "static":
-            return {"type": "static", "addresses": [{"address": "198.51.100.77/24", "gateway": "198.51.100.1"}],
-                    "routes": [{"dst": "203.0.113.0/24", "gw": "198.51.100.1"}]}
+            return {
+                "type": "static",
+                "addresses": [{"address": "198.51.100.77/24", "gateway": "198.51.100.1"}],
+                "routes": [{"dst": "203.0.113.0/24", "gw": "198.51.100.1"}],
+            }
         if kind == "static-rc":
             return {"type": "static"}
         raise ValueError(kind)
 
-    def _conf(self, version: str, ipam: str | dict[str, Any], name: str, bandwidth: str | None,
-              kw: Mapping[str, Any]) -> dict[str, Any]:
+    def _conf(
+        self,
+        version: str,
+        ipam: str | dict[str, Any],
+        name: str,
+        bandwidth: str | None,
+        kw: Mapping[str, Any],
+    ) -> dict[str, Any]:
         c: dict[str, Any] = {
-            "cniVersion": version, "name": name, "type": "cni-dra",
-            "stateDir": str(self.state_dir), "inventory": str(self.inventory),
+            "cniVersion": version,
+            "name": name,
+            "type": "cni-dra",
+            "stateDir": str(self.state_dir),
+            "inventory": str(self.inventory),
         }
         ipam_obj = ipam if isinstance(ipam, dict) else self.ipam(ipam)
         if ipam_obj:
@@ -167,8 +219,13 @@ class NodeBed:
         """The node's network (one host-local v4 range) asking ``bandwidth`` (None: no request)."""
         return self._conf(version or self.version, "host-local", self.network, bandwidth, kw)
 
-    def spec_conf(self, version: str = "1.1.0", ipam: str | dict[str, Any] = "host-local-v4", name: str | None = None,
-                  **kw: Any) -> dict[str, Any]:
+    def spec_conf(
+        self,
+        version: str = "1.1.0",
+        ipam: str | dict[str, Any] = "host-local-v4",
+        name: str | None = None,
+        **kw: Any,
+    ) -> dict[str, Any]:
         """A config of spec ``version`` with IPAM ``ipam`` (a kind of :meth:`ipam`, or the object), asking 1G."""
         return self._conf(version, ipam, name or self.network, "1G", kw)
 
@@ -177,33 +234,75 @@ class NodeBed:
         """The variables that send an invocation down ``path`` (default: the bed's)."""
         return _path_env(path or self.path, self.socket)
 
-    def run(self, command: str, conf: dict[str, Any] | None = None, netns: str = "", cid: str = "",
-            ifname: str = "eth0", cni_args: str | None = None, *, path: str | None = None,
-            extra_env: Mapping[str, str] | None = None, **kw: Any) -> tuple[int, dict[str, Any] | None, str]:
+    def run(
+        self,
+        command: str,
+        conf: dict[str, Any] | None = None,
+        netns: str = "",
+        cid: str = "",
+        ifname: str = "eth0",
+        cni_args: str | None = None,
+        *,
+        path: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        **kw: Any,
+    ) -> tuple[int, dict[str, Any] | None, str]:
         """One verb as a runtime runs it (``conf`` default :meth:`conf`, ``cid`` default random,
         CNI_ARGS default a pod whose UID is the container ID); returns ``(code, json, stderr)``."""
         cid = cid or uuid.uuid4().hex[:12]
-        args = cni_args if cni_args is not None else f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID={cid}"
+        args = (
+            cni_args
+            if cni_args is not None
+            else f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID={cid}"
+        )
         env = {**self.env(path), **(extra_env or {})}
-        return run_plugin(command, conf if conf is not None else self.conf(), container_id=cid, netns=netns,
-                          ifname=ifname, cni_args=args, extra_env=env or None, **kw)
+        return run_plugin(
+            command,
+            conf if conf is not None else self.conf(),
+            container_id=cid,
+            netns=netns,
+            ifname=ifname,
+            cni_args=args,
+            extra_env=env or None,
+            **kw,
+        )
 
-    def add(self, netns: str, cid: str, conf: dict[str, Any] | None = None, ifname: str = "eth0",
-            fault: str | None = None) -> tuple[int, dict[str, Any] | None, str]:
+    def add(
+        self,
+        netns: str,
+        cid: str,
+        conf: dict[str, Any] | None = None,
+        ifname: str = "eth0",
+        fault: str | None = None,
+    ) -> tuple[int, dict[str, Any] | None, str]:
         """ADD for pod ``cid`` (:func:`pod_args`); ``fault`` kills the in-process plugin at that step."""
         return self._verb("ADD", netns, cid, conf, ifname, fault)
 
-    def delete(self, netns: str, cid: str, conf: dict[str, Any] | None = None, ifname: str = "eth0",
-               fault: str | None = None) -> tuple[int, dict[str, Any] | None, str]:
+    def delete(
+        self,
+        netns: str,
+        cid: str,
+        conf: dict[str, Any] | None = None,
+        ifname: str = "eth0",
+        fault: str | None = None,
+    ) -> tuple[int, dict[str, Any] | None, str]:
         """DEL for pod ``cid`` (:func:`pod_args`); ``fault`` as for :meth:`add`."""
         return self._verb("DEL", netns, cid, conf, ifname, fault)
 
-    def _verb(self, command: str, netns: str, cid: str, conf: dict[str, Any] | None, ifname: str,
-              fault: str | None) -> tuple[int, dict[str, Any] | None, str]:
+    def _verb(
+        self, command: str, netns: str, cid: str, conf: dict[str, Any] | None, ifname: str, fault: str | None
+    ) -> tuple[int, dict[str, Any] | None, str]:
         # In-process (not in a resident agent): the fault must kill the plugin process itself.
         env = {"CNI_DRA_FAULT": fault, "CNI_DRA_AGENT": "off"} if fault else None
-        return run_plugin(command, conf or self.conf(), container_id=cid, netns=netns, ifname=ifname,
-                          cni_args=pod_args(cid), extra_env=env)
+        return run_plugin(
+            command,
+            conf or self.conf(),
+            container_id=cid,
+            netns=netns,
+            ifname=ifname,
+            cni_args=pod_args(cid),
+            extra_env=env,
+        )
 
     # -- independent views ---------------------------------------------------------------
     def state(self) -> Any:
@@ -284,15 +383,26 @@ class NodeBed:
 
 def recover(node: NodeBed) -> tuple[int, dict[str, Any]]:
     """``cni-dra state recover --json`` on the node's state: (exit code, report)."""
-    proc = cni_dra_cli("state", "recover", "--state-dir", str(node.state_dir), "--cni-path", CNI_PATH, "--json")
+    proc = cni_dra_cli(
+        "state", "recover", "--state-dir", str(node.state_dir), "--cni-path", CNI_PATH, "--json"
+    )
     return proc.returncode, json.loads(proc.stdout or "{}")
 
 
 def repair(node: NodeBed, *extra: str) -> tuple[int, str, str]:
     """``cni-dra state repair`` on the node's state and inventory (``extra``: more options,
     e.g. ``--json``): (exit code, stdout, stderr)."""
-    proc = cni_dra_cli("state", "repair", "--state-dir", str(node.state_dir), "--inventory", str(node.inventory),
-                       "--cni-path", CNI_PATH, *extra)
+    proc = cni_dra_cli(
+        "state",
+        "repair",
+        "--state-dir",
+        str(node.state_dir),
+        "--inventory",
+        str(node.inventory),
+        "--cni-path",
+        CNI_PATH,
+        *extra,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -313,11 +423,17 @@ def tree_python() -> list[str]:
     its loader with its libraries, then its interpreter; the tree is ``cni-dra.d`` beside the
     real file of CNI_EXE, where the compiled client finds it."""
     tree = Path(CNI_EXE).resolve().parent / "cni-dra.d"
-    return [str(tree / "lib" / "ld-linux-x86-64.so.2"), "--library-path", str(tree / "lib"), str(tree / "bin" / "python3")]
+    return [
+        str(tree / "lib" / "ld-linux-x86-64.so.2"),
+        "--library-path",
+        str(tree / "lib"),
+        str(tree / "bin" / "python3"),
+    ]
 
 
-def start_fastpath_agent(sock: str, *extra: str, env: Mapping[str, str] | None = None,
-                         launcher: str | None = None) -> subprocess.Popen[bytes]:
+def start_fastpath_agent(
+    sock: str, *extra: str, env: Mapping[str, str] | None = None, launcher: str | None = None
+) -> subprocess.Popen[bytes]:
     """``python -I -m cni_dra.fastpath.server --socket SOCK`` with the installed tree's Python
     (:func:`tree_python`), once it printed ``ready``; ``extra`` are more server options, ``env``
     more variables, ``launcher`` runs instead of the tree's loader with the same arguments
@@ -327,7 +443,9 @@ def start_fastpath_agent(sock: str, *extra: str, env: Mapping[str, str] | None =
         argv[0] = launcher
     proc = subprocess.Popen(
         [*argv, "-I", "-m", "cni_dra.fastpath.server", "--socket", sock, "--cwd", os.getcwd(), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd="/",
         env={**os.environ, **env} if env is not None else None,
     )
     assert proc.stdout is not None
@@ -365,7 +483,9 @@ def links_named(netns: str | None = None) -> list[tuple[str, str | None]]:
         out = []
         for msg in ipr.link("dump"):
             info = msg.get_attr("IFLA_LINKINFO")
-            out.append((msg.get_attr("IFLA_IFNAME"), info.get_attr("IFLA_INFO_KIND") if info is not None else None))
+            out.append(
+                (msg.get_attr("IFLA_IFNAME"), info.get_attr("IFLA_INFO_KIND") if info is not None else None)
+            )
     return out
 
 
@@ -433,7 +553,7 @@ def without_host_python(tmp_path: Path, exe: str) -> Path:
     wrapper = tmp_path / f"masked-{os.path.basename(exe)}"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f"exec unshare --mount --propagation private /bin/sh -ec {shlex.quote(script)} {shlex.quote(exe)} \"$@\"\n"
+        f'exec unshare --mount --propagation private /bin/sh -ec {shlex.quote(script)} {shlex.quote(exe)} "$@"\n'
     )
     wrapper.chmod(0o755)
     return wrapper

@@ -146,9 +146,7 @@ def leftovers() -> tuple[list[str], list[str]]:
         netns = []
     with _iproute() as ipr:
         links = sorted(
-            name
-            for msg in ipr.link("dump")
-            if (name := msg.get_attr("IFLA_IFNAME") or "").startswith(mine)
+            name for msg in ipr.link("dump") if (name := msg.get_attr("IFLA_IFNAME") or "").startswith(mine)
         )
     return links, netns
 
@@ -173,8 +171,9 @@ def make_node(tmp_path, make_parent_nic, make_netns) -> Callable[..., NodeBed]:
     stand-in NICs (``mtu`` each), under ``tmp_path``; ``options`` go to :class:`NodeBed`."""
 
     def make(nics: int = 2, mtu: int | None = None, **options: object) -> NodeBed:
-        return NodeBed(tmp_path, [make_parent_nic(mtu=mtu) for _ in range(nics)], make_netns=make_netns,
-                       **options)  # type: ignore[arg-type]
+        return NodeBed(
+            tmp_path, [make_parent_nic(mtu=mtu) for _ in range(nics)], make_netns=make_netns, **options
+        )  # type: ignore[arg-type]
 
     return make
 

@@ -17,8 +17,16 @@ import pytest
 from netns_tests.bed import PLAIN_POLICY, NodeBed
 from netns_tests.runner import CNI_PATH, K8S_CNI_ARGS, host_ifindex, link_in_netns
 
-__all__ = ["CONTAINER_ID", "IFNAME", "SPEC_VERSIONS", "Setup", "assert_added", "assert_deleted",
-           "build_libcni_client", "run_client"]
+__all__ = [
+    "CONTAINER_ID",
+    "IFNAME",
+    "SPEC_VERSIONS",
+    "Setup",
+    "assert_added",
+    "assert_deleted",
+    "build_libcni_client",
+    "run_client",
+]
 
 GOPATH = "/usr/share/gocode"
 LIBCNI_SRC = Path(GOPATH, "src/github.com/containernetworking/cni/libcni")
@@ -26,6 +34,7 @@ CLIENT_SRC = Path(__file__).resolve().parent.parent / "scripts" / "libcni-client
 IFNAME = "net1"
 CONTAINER_ID = "c"
 SPEC_VERSIONS = ["0.4.0", "1.0.0"]
+
 
 def build_libcni_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Path of the libcni client, built now into a temp dir (no binary is committed);
@@ -66,13 +75,20 @@ def run_client(
     proc = subprocess.run(
         [
             str(client),
-            "-conflist", str(conflist),
-            "-netns", netns,
-            "-id", CONTAINER_ID,
-            "-ifname", IFNAME,
-            "-args", cni_args,
-            "-path", CNI_PATH,
-            "-cache-dir", str(cache_dir),
+            "-conflist",
+            str(conflist),
+            "-netns",
+            netns,
+            "-id",
+            CONTAINER_ID,
+            "-ifname",
+            IFNAME,
+            "-args",
+            cni_args,
+            "-path",
+            CNI_PATH,
+            "-cache-dir",
+            str(cache_dir),
             command,
         ],
         capture_output=True,
@@ -91,8 +107,9 @@ class Setup:
         self.netns = make_netns()
         self.parent = make_parent_nic()
         self.tmp = tmp_path
-        self.node = NodeBed(tmp_path, [self.parent], devices=["nic0"], request_policy=PLAIN_POLICY,
-                            network="dra-libcni")
+        self.node = NodeBed(
+            tmp_path, [self.parent], devices=["nic0"], request_policy=PLAIN_POLICY, network="dra-libcni"
+        )
         self.state_dir = self.node.state_dir
         self.ipam_dir = self.node.ipam_dir
         self.inventory = self.node.inventory

@@ -47,7 +47,10 @@ K8S_CNI_ARGS = (
 # nothing from the test process (PYTHONPATH, a venv) leaks into the plugin.
 # CNI_DRA_STATE_VERIFY=1: every state commit of the plugin is re-read from scratch and
 # compared with memory (cni_dra.state.store), so a change the journal missed fails the test.
-_BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "CNI_DRA_STATE_VERIFY": "1"}
+_BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "CNI_DRA_STATE_VERIFY": "1",
+}
 _TIMEOUT_S = 60
 
 
@@ -142,7 +145,9 @@ def cni_dra_cli(
     )
 
 
-def cni_dra_status(state_dir: str | os.PathLike[str], inventory: str | os.PathLike[str], *, exe: str = CNI_EXE) -> dict[str, Any]:
+def cni_dra_status(
+    state_dir: str | os.PathLike[str], inventory: str | os.PathLike[str], *, exe: str = CNI_EXE
+) -> dict[str, Any]:
     """``cni-dra status --state-dir DIR --inventory FILE --json``, parsed.
 
     Shape (README "Architecture", ``status --json``): ``{"devices": [{"name", "ifName", "capacity",
@@ -152,7 +157,12 @@ def cni_dra_status(state_dir: str | os.PathLike[str], inventory: str | os.PathLi
     exits non-zero or prints no JSON, since nothing can be judged then.
     """
     proc = cni_dra_cli(
-        "status", "--state-dir", os.fspath(state_dir), "--inventory", os.fspath(inventory), "--json",
+        "status",
+        "--state-dir",
+        os.fspath(state_dir),
+        "--inventory",
+        os.fspath(inventory),
+        "--json",
         exe=exe,
     )
     if proc.returncode != 0:
@@ -210,26 +220,46 @@ def link_in_netns(netns: str, ifname: str) -> dict[str, Any] | None:
     }
 
 
-def write_shared_nic_inventory(path: Path, parents: dict[str, str], bandwidth: str = "10G",
-                               driver: str = "net.cni-dra.dev", *,
-                               request_policy: dict[str, Any] | None = None, pool: str = "n") -> Path:
+def write_shared_nic_inventory(
+    path: Path,
+    parents: dict[str, str],
+    bandwidth: str = "10G",
+    driver: str = "net.cni-dra.dev",
+    *,
+    request_policy: dict[str, Any] | None = None,
+    pool: str = "n",
+) -> Path:
     """Write a resource.k8s.io/v1 ResourceSlice (pool and node ``pool``) to ``path``: one shared
     device per ``parents`` entry (device name → host ifName), ``bandwidth`` each, with
     ``request_policy`` (default: the demo's, default 1G, validRange min 100M step 100M).
     Returns ``path``."""
-    policy = request_policy if request_policy is not None else {
-        "default": "1G", "validRange": {"min": "100M", "step": "100M"}}
+    policy = (
+        request_policy
+        if request_policy is not None
+        else {"default": "1G", "validRange": {"min": "100M", "step": "100M"}}
+    )
     devices = [
         {
-            "name": dev, "allowMultipleAllocations": True,
+            "name": dev,
+            "allowMultipleAllocations": True,
             "attributes": {"ifName": {"string": ifname}},
             "capacity": {"bandwidth": {"value": bandwidth, "requestPolicy": policy}},
         }
         for dev, ifname in parents.items()
     ]
-    path.write_text(json.dumps({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": pool},
-        "spec": {"driver": driver, "nodeName": pool, "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
-                 "devices": devices},
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": pool},
+                "spec": {
+                    "driver": driver,
+                    "nodeName": pool,
+                    "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devices,
+                },
+            }
+        )
+    )
     return path

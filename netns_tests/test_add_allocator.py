@@ -20,26 +20,45 @@ def make_tiered_node(tmp_path, make_parent_nic):
     """Factory over ``[(device, shared, bandwidth, tier)]``: NICs whose devices carry a ``tier``
     attribute and may be dedicated, which the shared-NIC inventory of conftest's ``make_node``
     does not describe. Returns ``(parents, conf(**kw), status())``."""
+
     def make(devices_spec):
         nics = sorted(make_parent_nic() for _ in devices_spec)
         devices = []
         for (name, shared, speed, tier), nic in zip(devices_spec, nics, strict=True):
-            d = {"name": name, "attributes": {"ifName": {"string": nic}, "tier": {"string": tier}},
-                 "capacity": {"bandwidth": {"value": speed}}}
+            d = {
+                "name": name,
+                "attributes": {"ifName": {"string": nic}, "tier": {"string": tier}},
+                "capacity": {"bandwidth": {"value": speed}},
+            }
             if shared:
                 d["allowMultipleAllocations"] = True
             devices.append(d)
         inv = tmp_path / "slice.json"
-        inv.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                                   "metadata": {"name": "n"},
-                                   "spec": {"driver": DRIVER, "nodeName": "n",
-                                            "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
-                                            "devices": devices}}))
+        inv.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    "metadata": {"name": "n"},
+                    "spec": {
+                        "driver": DRIVER,
+                        "nodeName": "n",
+                        "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                        "devices": devices,
+                    },
+                }
+            )
+        )
         parents = {spec[0]: nic for spec, nic in zip(devices_spec, nics, strict=True)}
 
         def conf(**kw):
-            c = {"cniVersion": "1.0.0", "name": "net3", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
-                 "inventory": str(inv)}
+            c = {
+                "cniVersion": "1.0.0",
+                "name": "net3",
+                "type": "cni-dra",
+                "stateDir": str(tmp_path / "state"),
+                "inventory": str(inv),
+            }
             c.update(kw)
             return c
 
@@ -57,15 +76,23 @@ def _parent(ns, ifname="eth0"):
 
 
 def _add(conf, ns, pod_uid, ifname="eth0", cid=None):
-    return run_plugin("ADD", conf, container_id=cid or uuid.uuid4().hex, netns=ns, ifname=ifname,
-                      cni_args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID={pod_uid}")
+    return run_plugin(
+        "ADD",
+        conf,
+        container_id=cid or uuid.uuid4().hex,
+        netns=ns,
+        ifname=ifname,
+        cni_args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID={pod_uid}",
+    )
 
 
 def test_cel_selector_in_config_restricts_devices(make_tiered_node, make_netns):
     parents, conf, _ = make_tiered_node([("a", True, "10G", "gold"), ("b", True, "10G", "silver")])
     ns = make_netns()
-    c = conf(capacity={"requests": {"bandwidth": "1G"}},
-             selectors=[{"cel": {"expression": 'device.attributes["net.cni-dra.dev"].tier == "silver"'}}])
+    c = conf(
+        capacity={"requests": {"bandwidth": "1G"}},
+        selectors=[{"cel": {"expression": 'device.attributes["net.cni-dra.dev"].tier == "silver"'}}],
+    )
     code, out, err = _add(c, ns, str(uuid.uuid4()))
     assert code == 0, (out, err)
     assert _parent(ns) == parents["b"]  # best-fit tie would pick "a" without the selector
@@ -107,16 +134,25 @@ def test_dedicated_device_is_held_whole_and_has_no_share_id(make_tiered_node, ma
 def test_prepared_dedicated_claim_blocks_standalone_and_lands(make_tiered_node, make_netns, tmp_path):
     parents, conf, status = make_tiered_node([("solo", False, "10G", "x")])
     pod = str(uuid.uuid4())
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": "c", "namespace": "ns", "uid": str(uuid.uuid4())},
-             "spec": {"devices": {"requests": [{"name": "net", "exactly": {"deviceClassName": "x"}}]}},
-             "status": {"allocation": {"devices": {"results": [
-                 {"request": "net", "driver": DRIVER, "pool": "n", "device": "solo"}]}}}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": str(uuid.uuid4())},
+        "spec": {"devices": {"requests": [{"name": "net", "exactly": {"deviceClassName": "x"}}]}},
+        "status": {
+            "allocation": {
+                "devices": {"results": [{"request": "net", "driver": DRIVER, "pool": "n", "device": "solo"}]}
+            }
+        },
+    }
     f = tmp_path / "claim.json"
     f.write_text(json.dumps(claim))
     state_dir = conf()["stateDir"]
-    subprocess.run([CNI_EXE, "claims", "prepare", "--state-dir", state_dir, "--pod-uid", pod, str(f)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [CNI_EXE, "claims", "prepare", "--state-dir", state_dir, "--pod-uid", pod, str(f)],
+        check=True,
+        capture_output=True,
+    )
     code, out, _ = _add(conf(), make_netns(), str(uuid.uuid4()))
     assert code != 0 and out["code"] == 100  # the prepared dedicated claim holds the device
     ns = make_netns()

@@ -16,7 +16,6 @@ the test's own inputs, never from cni-dra.
 from __future__ import annotations
 
 import functools
-
 import os
 import signal
 import uuid
@@ -87,8 +86,11 @@ def test_agent_end_to_end(node):
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, f"{node.short}/plugins/dra.sock")
     assert "v1.DRAPlugin" in info.supported_versions
     # -- prepare over gRPC -------------------------------------------------------------------
-    claim = server.add_claim(allocated_claim("pod-0-net", pool=NODE, device="eth-b", bandwidth="3G",
-                                             share_id=SHARE, pod_uids=[POD_UID]))
+    claim = server.add_claim(
+        allocated_claim(
+            "pod-0-net", pool=NODE, device="eth-b", bandwidth="3G", share_id=SHARE, pod_uids=[POD_UID]
+        )
+    )
     uid = claim["metadata"]["uid"]
     resp = dra(node, "prepare", claim).claims[uid]
     assert resp.error == ""
@@ -104,17 +106,31 @@ def test_agent_end_to_end(node):
     assert link["parent_ifindex"] == host_ifindex(node.nics["eth-b"])  # the kernel: on eth-b
     (att,) = cni_dra_status(node.state_dir, node.inventory)["attachments"]
     assert (att["device"], att["shareID"], att["consumedCapacity"]) == ("eth-b", SHARE, {"bandwidth": "3G"})
-    consumed = {d["name"]: d["consumed"]["bandwidth"] for d in cni_dra_status(node.state_dir, node.inventory)["devices"]}
+    consumed = {
+        d["name"]: d["consumed"]["bandwidth"]
+        for d in cni_dra_status(node.state_dir, node.inventory)["devices"]
+    }
     assert consumed == {"eth-a": "0", "eth-b": "3G"}
     (pending,) = node.state()["statusUpdates"]  # ADD left its record; nobody wrote the claim yet
     assert pending["claim"]["uid"] == uid
     assert "devices" not in (server.claims[("default", "pod-0-net")].get("status") or {})
     # -- a new agent writes the claim status -------------------------------------------------
     agent = node.start_agent("--cleanup")
-    entry = wait_for(lambda: (server.claims[("default", "pod-0-net")]["status"].get("devices") or [None])[0],
-                     what="claim status written")
-    assert (entry["driver"], entry["pool"], entry["device"], entry["shareID"]) == (DRIVER, NODE, "eth-b", SHARE)
-    assert entry["networkData"] == {"interfaceName": "net1", "ips": link["ipv4"], "hardwareAddress": link["mac"]}
+    entry = wait_for(
+        lambda: (server.claims[("default", "pod-0-net")]["status"].get("devices") or [None])[0],
+        what="claim status written",
+    )
+    assert (entry["driver"], entry["pool"], entry["device"], entry["shareID"]) == (
+        DRIVER,
+        NODE,
+        "eth-b",
+        SHARE,
+    )
+    assert entry["networkData"] == {
+        "interfaceName": "net1",
+        "ips": link["ipv4"],
+        "hardwareAddress": link["mac"],
+    }
     assert [ip.split("/")[1] for ip in link["ipv4"]] == ["24"]
     assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
     patches = server.requests_for("PATCH", r".*/resourceclaims/pod-0-net/status")
@@ -127,8 +143,10 @@ def test_agent_end_to_end(node):
     # -- teardown as the kubelet and the runtime do it ----------------------------------------
     code, out, err = node.cni("DEL", netns)
     assert code == 0, (out, err)
-    wait_for(lambda: server.claims[("default", "pod-0-net")]["status"]["devices"] == [],
-             what="the DEL'd share's entry removed from the claim status")
+    wait_for(
+        lambda: server.claims[("default", "pod-0-net")]["status"]["devices"] == [],
+        what="the DEL'd share's entry removed from the claim status",
+    )
     assert dra(node, "unprepare", claim).claims[uid].error == ""
     state = node.state()
     assert (state["claims"], state["attachments"], state.get("statusUpdates", [])) == ({}, [], [])
@@ -154,14 +172,19 @@ def test_failed_add_is_reported_on_the_claim(node):
     node.start_agent()
     wait_for(lambda: server.slices.get(SLICE), what="slice published")
     share = str(uuid.uuid4())
-    claim = server.add_claim(allocated_claim("pod-0-net", pool=NODE, device="eth-a", bandwidth="1G",
-                                             share_id=share, pod_uids=[POD_UID]))
+    claim = server.add_claim(
+        allocated_claim(
+            "pod-0-net", pool=NODE, device="eth-a", bandwidth="1G", share_id=share, pod_uids=[POD_UID]
+        )
+    )
     assert dra(node, "prepare", claim).claims[claim["metadata"]["uid"]].error == ""
     netns = node.make_netns()
     code, out, _ = node.cni("ADD", netns, node.conf(ipam={"type": "no-such-ipam-plugin"}))
     assert code != 0 and out["code"] != 0
-    entry = wait_for(lambda: (server.claims[("default", "pod-0-net")]["status"].get("devices") or [None])[0],
-                     what="failure written")
+    entry = wait_for(
+        lambda: (server.claims[("default", "pod-0-net")]["status"].get("devices") or [None])[0],
+        what="failure written",
+    )
     assert (entry["device"], entry["shareID"]) == ("eth-a", share)
     (cond,) = entry["conditions"]
     assert (cond["type"], cond["status"]) == ("Ready", "False")

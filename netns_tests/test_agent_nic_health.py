@@ -22,8 +22,8 @@ import pytest
 from pyroute2 import IPRoute
 
 from cni_dra.k8s.protos import load
-from netns_tests.conftest import delete_host_link
 from netns_tests.agent_node import NODE, POD_UID, SLICE, Node, dra
+from netns_tests.conftest import delete_host_link
 from tests import builders
 from tests.k8s_apiserver import DRIVER, FakeApiServer, allocated_claim
 
@@ -54,7 +54,9 @@ class HealthStream:
         pb2, services = load("dra_health_v1")
         self.pb2 = pb2
         self.channel = grpc.insecure_channel(socket)
-        self.call = services.DRAResourceHealthStub(self.channel).NodeWatchResources(pb2.NodeWatchResourcesRequest())
+        self.call = services.DRAResourceHealthStub(self.channel).NodeWatchResources(
+            pb2.NodeWatchResourcesRequest()
+        )
         self.reports: queue.Queue = queue.Queue()
         self.all: list[tuple[float, dict]] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -62,9 +64,15 @@ class HealthStream:
     def _read(self) -> None:
         try:
             for msg in self.call:
-                report = {d.device.device_name: (self.pb2.HealthStatus.Name(d.health), d.message,
-                                                 d.device.pool_name, d.health_check_timeout_seconds)
-                          for d in msg.devices}
+                report = {
+                    d.device.device_name: (
+                        self.pb2.HealthStatus.Name(d.health),
+                        d.message,
+                        d.device.pool_name,
+                        d.health_check_timeout_seconds,
+                    )
+                    for d in msg.devices
+                }
                 self.all.append((time.monotonic(), report))
         except grpc.RpcError:
             pass
@@ -112,7 +120,9 @@ def ready(node: Node) -> tuple[str, str, dict]:
 
 
 def eth_b_log_lines(node: Node) -> list[str]:
-    return [line for line in node.log.read_text().splitlines() if "cni_dra.agent.nichealth: device eth-b:" in line]
+    return [
+        line for line in node.log.read_text().splitlines() if "cni_dra.agent.nichealth: device eth-b:" in line
+    ]
 
 
 def test_nic_down_up_flap_carrier_and_gone_are_seen_by_slice_kubelet_and_claim(node):
@@ -125,8 +135,11 @@ def test_nic_down_up_flap_carrier_and_gone_are_seen_by_slice_kubelet_and_claim(n
         wait_for(lambda: stream.eth_b()[0] == "HEALTHY", what="first health report")
         assert stream.latest()["eth-a"] == ("HEALTHY", f"host NIC {node.nics['eth-a']} is up", NODE, 60)
         # a pod on eth-b: prepared claim, CNI ADD, its claim status Ready
-        claim = server.add_claim(allocated_claim("pod-0-net", pool=NODE, device="eth-b", bandwidth="2G",
-                                                 share_id=SHARE, pod_uids=[POD_UID]))
+        claim = server.add_claim(
+            allocated_claim(
+                "pod-0-net", pool=NODE, device="eth-b", bandwidth="2G", share_id=SHARE, pod_uids=[POD_UID]
+            )
+        )
         assert dra(node, "prepare", claim).claims[claim["metadata"]["uid"]].error == ""
         netns = node.make_netns()
         code, result, err = node.cni("ADD", netns)
@@ -173,8 +186,10 @@ def test_nic_down_up_flap_carrier_and_gone_are_seen_by_slice_kubelet_and_claim(n
         delete_host_link(eth_b)
         t_gone = time.monotonic()
         wait_for(lambda: taints(node) == [(KEY, "missing", "NoSchedule")], what="missing taint")
-        wait_for(lambda: stream.eth_b()[0] == "UNHEALTHY" and "does not exist" in stream.eth_b()[1],
-                 what="missing report")
+        wait_for(
+            lambda: stream.eth_b()[0] == "UNHEALTHY" and "does not exist" in stream.eth_b()[1],
+            what="missing report",
+        )
         wait_for(lambda: ready(node)[1] == "LinkMissing", what="LinkMissing")
         wait_for(lambda: taints(node) is None, what="dropped from the slice")
         assert time.monotonic() - t_gone >= KEEP_MISSING_S
@@ -188,8 +203,14 @@ def test_nic_down_up_flap_carrier_and_gone_are_seen_by_slice_kubelet_and_claim(n
         # one log line per transition, none for the flap
         lines = eth_b_log_lines(node)
         assert len(lines) == 6, lines
-        assert ["administratively down" in lines[0], "up again" in lines[1], "no carrier" in lines[2],
-                "up again" in lines[3], "does not exist" in lines[4], "up again" in lines[5]] == [True] * 6
+        assert [
+            "administratively down" in lines[0],
+            "up again" in lines[1],
+            "no carrier" in lines[2],
+            "up again" in lines[3],
+            "does not exist" in lines[4],
+            "up again" in lines[5],
+        ] == [True] * 6
         with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=10) as r:
             text = r.read().decode()
         labels = f'device="eth-b",ifname="{eth_b}"'

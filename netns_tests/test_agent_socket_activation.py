@@ -27,14 +27,19 @@ SERVICE = REPO / "conf" / "systemd" / "cni-dra-agent.service"
 ACTIVATE = shutil.which("systemd-socket-activate")
 CAPS = {"CAP_NET_ADMIN": 12, "CAP_SYS_ADMIN": 21}
 
-pytestmark = pytest.mark.skipif(ACTIVATE is None and not os.environ.get("CI"),
-                                reason="systemd-socket-activate not installed (apt install systemd)")
+pytestmark = pytest.mark.skipif(
+    ACTIVATE is None and not os.environ.get("CI"),
+    reason="systemd-socket-activate not installed (apt install systemd)",
+)
 
 
 def service_directive(key: str) -> str:
     """One ``Key=value`` of the service unit (the last one)."""
-    values = [line.partition("=")[2].strip() for line in SERVICE.read_text().splitlines()
-              if line.startswith(f"{key}=")]
+    values = [
+        line.partition("=")[2].strip()
+        for line in SERVICE.read_text().splitlines()
+        if line.startswith(f"{key}=")
+    ]
     assert values, key
     return values[-1]
 
@@ -65,13 +70,37 @@ def test_first_invocation_starts_the_agent_and_is_served_by_it(make_node, make_n
     assert service_directive("NoNewPrivileges") == "yes" and set(caps) <= set(CAPS)
     bounding = "-all," + ",".join("+" + c.removeprefix("CAP_").lower() for c in caps)
     log = node.tmp / "agent.log"
-    argv = [ACTIVATE or "systemd-socket-activate", "--listen", sock, "--fdname=fastpath", "-E", "PATH",
-            "setpriv", f"--bounding-set={bounding}", "--no-new-privs", "--",  # as the unit confines it
-            CNI_EXE, "agent", "--no-kubernetes", "--inventory", str(node.inventory), "--state-dir",
-            str(node.state_dir), "--fastpath-socket", sock, "--fastpath-processes", "2", "--metrics-address", "",
-            "--log-level", "info"]
+    argv = [
+        ACTIVATE or "systemd-socket-activate",
+        "--listen",
+        sock,
+        "--fdname=fastpath",
+        "-E",
+        "PATH",
+        "setpriv",
+        f"--bounding-set={bounding}",
+        "--no-new-privs",
+        "--",  # as the unit confines it
+        CNI_EXE,
+        "agent",
+        "--no-kubernetes",
+        "--inventory",
+        str(node.inventory),
+        "--state-dir",
+        str(node.state_dir),
+        "--fastpath-socket",
+        sock,
+        "--fastpath-processes",
+        "2",
+        "--metrics-address",
+        "",
+        "--log-level",
+        "info",
+    ]
     with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True
+        )
     try:
         wait_for(lambda: os.path.exists(sock) or proc.poll() is not None, what="the socket")
         time.sleep(1.0)
@@ -94,9 +123,13 @@ def test_first_invocation_starts_the_agent_and_is_served_by_it(make_node, make_n
         inherited = os.readlink(f"/proc/{proc.pid}/fd/3")
         workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
         assert inherited.startswith("socket:") and len(workers) == 1, (inherited, workers)
-        assert inherited in {os.readlink(f"/proc/{workers[0]}/fd/{fd}") for fd in os.listdir(f"/proc/{workers[0]}/fd")}
+        assert inherited in {
+            os.readlink(f"/proc/{workers[0]}/fd/{fd}") for fd in os.listdir(f"/proc/{workers[0]}/fd")
+        }
         text = log.read_text()
-        assert "serving on the socket systemd passed" in text and "without Kubernetes: --no-kubernetes" in text, text
+        assert (
+            "serving on the socket systemd passed" in text and "without Kubernetes: --no-kubernetes" in text
+        ), text
 
         code, out, err = node.run("DEL", netns=ns, cid=cid)
         assert code == 0, (out, err, log.read_text())
@@ -128,9 +161,20 @@ def test_install_writes_units_that_verify(tmp_path):
     service = (tmp_path / "cni-dra-agent.service").read_text()
     assert f"\nExecStart={CNI_EXE} agent --no-kubernetes\n" in service
     assert {oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()} == {"0o644"}
-    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", str(tmp_path / "cni-dra-agent.socket"),
-                           str(tmp_path / "cni-dra-agent.service")], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            "systemd-analyze",
+            "verify",
+            "--man=no",
+            str(tmp_path / "cni-dra-agent.socket"),
+            str(tmp_path / "cni-dra-agent.service"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stderr == "", proc
-    again = subprocess.run([str(REPO / "scripts" / "install.sh"), "units"], env=env, check=True,
-                           capture_output=True, text=True)
+    again = subprocess.run(
+        [str(REPO / "scripts" / "install.sh"), "units"], env=env, check=True, capture_output=True, text=True
+    )
     assert again.stderr == ""

@@ -14,7 +14,6 @@ import subprocess
 
 import pytest
 
-from netns_tests.runner import host_ifindex, link_in_netns
 from netns_tests.bed import (
     CHECK_VERSIONS,
     IPAM_KINDS,
@@ -28,6 +27,7 @@ from netns_tests.bed import (
     links_named,
     sysctl_in_netns,
 )
+from netns_tests.runner import host_ifindex, link_in_netns
 
 IFA_F_TENTATIVE = 0x40
 IFA_F_NODAD = 0x02
@@ -145,13 +145,20 @@ def test_old_versions_use_the_ip4_ip6_shape(bed: NodeBed, version: str, ipam: st
     link = link_in_netns(netns, "eth0")
     assert link is not None and link["kind"] == "macvlan"
     assert res.pop("dns", {}) == {}  # optional; nothing configured
-    families = {"host-local-v4": {"ip4"}, "host-local-v6": {"ip6"}, "host-local-dual": {"ip4", "ip6"},
-                "static": {"ip4"}}[ipam]
+    families = {
+        "host-local-v4": {"ip4"},
+        "host-local-v6": {"ip6"},
+        "host-local-dual": {"ip4", "ip6"},
+        "static": {"ip4"},
+    }[ipam]
     assert set(res) == {"cniVersion"} | families
     assert res["cniVersion"] == version
     if ipam == "static":
-        assert res["ip4"] == {"ip": "198.51.100.77/24", "gateway": "198.51.100.1",
-                              "routes": [{"dst": "203.0.113.0/24", "gw": "198.51.100.1"}]}
+        assert res["ip4"] == {
+            "ip": "198.51.100.77/24",
+            "gateway": "198.51.100.1",
+            "routes": [{"dst": "203.0.113.0/24", "gw": "198.51.100.1"}],
+        }
     elif ipam == "host-local-v4":
         assert set(res["ip4"]) == {"ip", "gateway", "routes"} and _in(res["ip4"]["ip"], V4_SUBNET)
         assert res["ip4"]["gateway"] == "198.51.100.1"
@@ -201,7 +208,14 @@ def test_del_without_prior_add_succeeds(bed: NodeBed, version: str) -> None:
 
 @pytest.mark.parametrize(
     "command,version",
-    [("STATUS", "0.4.0"), ("STATUS", "1.0.0"), ("GC", "0.4.0"), ("GC", "1.0.0"), ("CHECK", "0.3.1"), ("CHECK", "0.2.0")],
+    [
+        ("STATUS", "0.4.0"),
+        ("STATUS", "1.0.0"),
+        ("GC", "0.4.0"),
+        ("GC", "1.0.0"),
+        ("CHECK", "0.3.1"),
+        ("CHECK", "0.2.0"),
+    ],
 )
 def test_verbs_gated_by_version_give_code_1(bed: NodeBed, command: str, version: str) -> None:
     netns = bed.make_netns()
@@ -326,8 +340,10 @@ def test_disable_gc_in_the_plugin_config_is_accepted_and_gc_does_nothing(bed: No
 
 def test_add_when_ifname_exists_fails_and_leaves_nothing(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    subprocess.run(["ip", "-n", netns.rsplit("/", 1)[1], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"],
-                   check=True)
+    subprocess.run(
+        ["ip", "-n", netns.rsplit("/", 1)[1], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"],
+        check=True,
+    )
     before_ns = sorted(links_named(netns))
     code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "host-local-v4"), netns, cid="c1")
     assert code == 1 and out["code"] == 4, (out, err)
@@ -350,7 +366,9 @@ def test_mac_from_cni_args_with_ignore_unknown_true(bed: NodeBed) -> None:
 
 def test_unknown_cni_args_key_without_ignore_unknown_is_refused(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "l2"), netns, cid="c1", cni_args="MAC=c2:11:22:33:44:55;FOO=1")
+    code, out, err = bed.run(
+        "ADD", bed.spec_conf("1.1.0", "l2"), netns, cid="c1", cni_args="MAC=c2:11:22:33:44:55;FOO=1"
+    )
     assert code == 1 and out["code"] == 2 and "FOO" in out["msg"], (out, err)
     assert link_in_netns(netns, "eth0") is None
 
@@ -395,8 +413,13 @@ def test_mac_precedence(bed: NodeBed, conf_mac, args_mac, rc_mac, capability, wa
 
 @pytest.mark.parametrize(
     "where,mac",
-    [("conf", "01:00:5e:00:00:01"), ("conf", "c2:11:22:33:44"), ("args", "33:33:00:00:00:01"), ("args", "zz:11:22:33:44:55"),
-     ("runtime", "ff:ff:ff:ff:ff:ff")],
+    [
+        ("conf", "01:00:5e:00:00:01"),
+        ("conf", "c2:11:22:33:44"),
+        ("args", "33:33:00:00:00:01"),
+        ("args", "zz:11:22:33:44:55"),
+        ("runtime", "ff:ff:ff:ff:ff:ff"),
+    ],
 )
 def test_bad_mac_is_code_7_before_ipam(bed: NodeBed, where: str, mac: str) -> None:
     netns = bed.make_netns()
@@ -408,7 +431,9 @@ def test_bad_mac_is_code_7_before_ipam(bed: NodeBed, where: str, mac: str) -> No
         args += f";MAC={mac}"
     else:
         extra.update(runtimeConfig={"mac": mac}, capabilities={"mac": True})
-    code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "host-local-v4", **extra), netns, cid="c1", cni_args=args)
+    code, out, err = bed.run(
+        "ADD", bed.spec_conf("1.1.0", "host-local-v4", **extra), netns, cid="c1", cni_args=args
+    )
     assert code == 1 and out["code"] == 7, (out, err)
     assert mac in out["msg"]
     assert link_in_netns(netns, "eth0") is None
@@ -441,12 +466,29 @@ def test_duplicate_mac_outside_our_state_is_refused_by_the_kernel(bed: NodeBed) 
     from netns_tests.conftest import delete_host_link, unique_name
 
     other = unique_name()
-    subprocess.run(["ip", "link", "add", other, "link", bed.nics[0], "address", "c2:11:22:33:44:77",
-                    "type", "macvlan", "mode", "bridge"], check=True)
+    subprocess.run(
+        [
+            "ip",
+            "link",
+            "add",
+            other,
+            "link",
+            bed.nics[0],
+            "address",
+            "c2:11:22:33:44:77",
+            "type",
+            "macvlan",
+            "mode",
+            "bridge",
+        ],
+        check=True,
+    )
     try:
         subprocess.run(["ip", "link", "set", other, "up"], check=True)
         netns = bed.make_netns()
-        code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "l2", mac="c2:11:22:33:44:77"), netns, cid="c1")
+        code, out, err = bed.run(
+            "ADD", bed.spec_conf("1.1.0", "l2", mac="c2:11:22:33:44:77"), netns, cid="c1"
+        )
         assert code == 1 and out["code"] == 7, (out, err)
         assert "c2:11:22:33:44:77" in out["msg"] and "already in use" in out["msg"]
         assert [n for n, _ in links_named(netns)] == ["lo"]
@@ -504,8 +546,12 @@ def test_nodad_adds_ipv6_without_dad(bed: NodeBed) -> None:
 
 def test_static_ips_from_runtime_config_with_capability(bed: NodeBed) -> None:
     netns = bed.make_netns()
-    conf = bed.spec_conf("1.1.0", "static-rc", capabilities={"ips": True},
-                    runtimeConfig={"ips": ["198.51.100.88/24", "2001:db8:4::88/64"]})
+    conf = bed.spec_conf(
+        "1.1.0",
+        "static-rc",
+        capabilities={"ips": True},
+        runtimeConfig={"ips": ["198.51.100.88/24", "2001:db8:4::88/64"]},
+    )
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     assert sorted(ip["address"] for ip in res["ips"]) == ["198.51.100.88/24", "2001:db8:4::88/64"]
@@ -552,7 +598,9 @@ def test_chained_add_keeps_earlier_results(bed: NodeBed, version: str) -> None:
     assert res["ips"][0] == old_ip
     assert [ip["interface"] for ip in res["ips"]] == [1, 2]
     assert res["routes"][0] == {"dst": "192.0.2.0/24"}
-    code, out, err = bed.run("CHECK" if version in CHECK_VERSIONS else "DEL", {**conf, "prevResult": res}, netns, cid="c1")
+    code, out, err = bed.run(
+        "CHECK" if version in CHECK_VERSIONS else "DEL", {**conf, "prevResult": res}, netns, cid="c1"
+    )
     assert code == 0, (out, err)
     assert bed.run("DEL", {**conf, "prevResult": res}, netns, cid="c1")[0] == 0
 
@@ -565,8 +613,10 @@ def test_check_tolerates_later_plugins_and_compares_netns_by_identity(bed: NodeB
     name = netns.rsplit("/", 1)[1]
     # what tuning would do: another MTU and a sysctl
     subprocess.run(["ip", "-n", name, "link", "set", "eth0", "mtu", "1400"], check=True)
-    subprocess.run(["ip", "netns", "exec", name, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/conf/eth0/arp_ignore"],
-                   check=True)
+    subprocess.run(
+        ["ip", "netns", "exec", name, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/conf/eth0/arp_ignore"],
+        check=True,
+    )
     assert netns.startswith("/var/run/netns/")
     same_ns_other_path = "/run/netns/" + name
     code, out, err = bed.run("CHECK", {**conf, "prevResult": res}, same_ns_other_path, cid="c1")
@@ -622,9 +672,19 @@ def test_error_codes_each_path(bed: NodeBed, tmp_path) -> None:
     # 6: not JSON
     from netns_tests.runner import CNI_EXE, CNI_PATH
 
-    proc = subprocess.run([CNI_EXE], input=b"{not json", capture_output=True, check=False,
-                          env={"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
-                               "CNI_PATH": CNI_PATH})
+    proc = subprocess.run(
+        [CNI_EXE],
+        input=b"{not json",
+        capture_output=True,
+        check=False,
+        env={
+            "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": "c",
+            "CNI_NETNS": netns,
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": CNI_PATH,
+        },
+    )
     assert b'"code": 6' in proc.stdout
     # 7: unsupported linkType
     assert bed.run("ADD", {**conf, "linkType": "vlan"}, netns)[1]["code"] == 7

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from netns_tests.runner import CNI_PATH, link_in_netns
 from netns_tests.bed import SPEC_NODE, NodeBed, links_named
+from netns_tests.runner import CNI_PATH, link_in_netns
 
 
 @pytest.fixture
@@ -35,9 +35,12 @@ _VERSION_REPLY = 'if [ "$CNI_COMMAND" = VERSION ]; then echo \'{"cniVersion":"1.
 
 
 def test_ipam_catch_all_999_becomes_103_and_rolls_back(bed: NodeBed, tmp_path: Path) -> None:
-    path = _fake_ipam(tmp_path, _VERSION_REPLY + 'cat >/dev/null\n'
-                      'if [ "$CNI_COMMAND" = DEL ]; then exit 0; fi\n'
-                      'echo \'{"cniVersion":"1.0.0","code":999,"msg":"pool exploded"}\'; exit 1\n')
+    path = _fake_ipam(
+        tmp_path,
+        _VERSION_REPLY + "cat >/dev/null\n"
+        'if [ "$CNI_COMMAND" = DEL ]; then exit 0; fi\n'
+        'echo \'{"cniVersion":"1.0.0","code":999,"msg":"pool exploded"}\'; exit 1\n',
+    )
     netns = bed.make_netns()
     conf = bed.spec_conf("1.0.0", {"type": "fake-ipam"})
     code, out, err = bed.run("ADD", conf, netns, cid="c1", cni_path=path)
@@ -49,11 +52,14 @@ def test_ipam_catch_all_999_becomes_103_and_rolls_back(bed: NodeBed, tmp_path: P
 
 def test_ipam_catch_all_on_del_is_103_and_del_can_be_retried(bed: NodeBed, tmp_path: Path) -> None:
     fail_flag = tmp_path / "fail-del"
-    path = _fake_ipam(tmp_path, _VERSION_REPLY + 'cat >/dev/null\n'
-                      f'if [ "$CNI_COMMAND" = DEL ] && [ -e {fail_flag} ]; then '
-                      'echo \'{"cniVersion":"1.0.0","code":999,"msg":"db locked"}\'; exit 1; fi\n'
-                      'if [ "$CNI_COMMAND" = ADD ]; then echo \'{"cniVersion":"1.0.0","ips":[{"address":"198.51.100.5/24"}]}\'; fi\n'
-                      'exit 0\n')
+    path = _fake_ipam(
+        tmp_path,
+        _VERSION_REPLY + "cat >/dev/null\n"
+        f'if [ "$CNI_COMMAND" = DEL ] && [ -e {fail_flag} ]; then '
+        'echo \'{"cniVersion":"1.0.0","code":999,"msg":"db locked"}\'; exit 1; fi\n'
+        'if [ "$CNI_COMMAND" = ADD ]; then echo \'{"cniVersion":"1.0.0","ips":[{"address":"198.51.100.5/24"}]}\'; fi\n'
+        "exit 0\n",
+    )
     netns = bed.make_netns()
     conf = bed.spec_conf("1.0.0", {"type": "fake-ipam"})
     assert bed.run("ADD", conf, netns, cid="c1", cni_path=path)[0] == 0
@@ -67,10 +73,15 @@ def test_ipam_catch_all_on_del_is_103_and_del_can_be_retried(bed: NodeBed, tmp_p
 
 
 def test_ipam_result_without_ips_is_103(bed: NodeBed, tmp_path: Path) -> None:
-    path = _fake_ipam(tmp_path, _VERSION_REPLY + 'cat >/dev/null\n'
-                      'if [ "$CNI_COMMAND" = ADD ]; then echo \'{"cniVersion":"1.0.0"}\'; fi\nexit 0\n')
+    path = _fake_ipam(
+        tmp_path,
+        _VERSION_REPLY + "cat >/dev/null\n"
+        'if [ "$CNI_COMMAND" = ADD ]; then echo \'{"cniVersion":"1.0.0"}\'; fi\nexit 0\n',
+    )
     netns = bed.make_netns()
-    code, out, err = bed.run("ADD", bed.spec_conf("1.0.0", {"type": "fake-ipam"}), netns, cid="c1", cni_path=path)
+    code, out, err = bed.run(
+        "ADD", bed.spec_conf("1.0.0", {"type": "fake-ipam"}), netns, cid="c1", cni_path=path
+    )
     assert code == 1 and out["code"] == 103 and "no IP address" in out["msg"], (out, err)
     assert link_in_netns(netns, "eth0") is None and bed.attachments() == []
 
@@ -85,13 +96,16 @@ def test_ipam_plugin_missing_is_code_7(bed: NodeBed) -> None:
 def test_gc_continues_past_a_failing_release_and_reports_it(bed: NodeBed, tmp_path: Path) -> None:
     """IPAM DEL fails for c2 only: GC still releases c1 and c3, keeps c2 (its release
     failed, so it must be retried), and answers with the failure's code."""
-    path = _fake_ipam(tmp_path, _VERSION_REPLY + 'cat >/dev/null\n'
-                      'case "$CNI_COMMAND" in\n'
-                      ' ADD) n=$(printf %s "$CNI_CONTAINERID" | tr -dc 0-9); '
-                      'echo "{\\"cniVersion\\":\\"1.0.0\\",\\"ips\\":[{\\"address\\":\\"198.51.100.$n/24\\"}]}";;\n'
-                      ' DEL) if [ "$CNI_CONTAINERID" = c2 ]; then '
-                      'echo \'{"cniVersion":"1.0.0","code":11,"msg":"store busy"}\'; exit 1; fi;;\n'
-                      'esac\nexit 0\n')
+    path = _fake_ipam(
+        tmp_path,
+        _VERSION_REPLY + "cat >/dev/null\n"
+        'case "$CNI_COMMAND" in\n'
+        ' ADD) n=$(printf %s "$CNI_CONTAINERID" | tr -dc 0-9); '
+        'echo "{\\"cniVersion\\":\\"1.0.0\\",\\"ips\\":[{\\"address\\":\\"198.51.100.$n/24\\"}]}";;\n'
+        ' DEL) if [ "$CNI_CONTAINERID" = c2 ]; then '
+        'echo \'{"cniVersion":"1.0.0","code":11,"msg":"store busy"}\'; exit 1; fi;;\n'
+        "esac\nexit 0\n",
+    )
     conf = bed.spec_conf("1.1.0", {"type": "fake-ipam"})
     nss = {cid: bed.make_netns() for cid in ("c1", "c2", "c3")}
     for cid, ns in nss.items():
@@ -129,8 +143,10 @@ def test_ipv6_dad_wait_is_bounded_and_rolls_back(bed: NodeBed) -> None:
     tentative address, and releases link, IP and capacity."""
     netns = bed.make_netns()
     name = netns.rsplit("/", 1)[1]
-    subprocess.run(["ip", "netns", "exec", name, "sh", "-c",
-                    "echo 30 > /proc/sys/net/ipv6/conf/default/dad_transmits"], check=True)
+    subprocess.run(
+        ["ip", "netns", "exec", name, "sh", "-c", "echo 30 > /proc/sys/net/ipv6/conf/default/dad_transmits"],
+        check=True,
+    )
     conf = bed.spec_conf("1.1.0", "host-local-v6", dadTimeoutSeconds=1)
     code, out, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 1 and out["code"] == 102, (out, err)
@@ -145,7 +161,9 @@ def test_ipvlan_on_a_kernel_without_it_is_102_and_leaves_nothing(bed: NodeBed) -
     if link_kind_supported("ipvlan"):
         pytest.skip("this kernel has ipvlan (test_ipvlan.py covers it)")
     netns = bed.make_netns()
-    code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "host-local-v4", linkType="ipvlan"), netns, cid="c1")
+    code, out, err = bed.run(
+        "ADD", bed.spec_conf("1.1.0", "host-local-v4", linkType="ipvlan"), netns, cid="c1"
+    )
     assert code == 1 and out["code"] == 102, (out, err)
     assert "does not support link kind ipvlan" in out["msg"]
     assert [n for n, _ in links_named(netns)] == ["lo"]
@@ -159,20 +177,28 @@ _V11_REPLY = 'if [ "$CNI_COMMAND" = VERSION ]; then echo \'{"cniVersion":"1.1.0"
 
 
 def test_status_forwards_the_ipam_plugins_answer(bed: NodeBed, tmp_path: Path) -> None:
-    path = _fake_ipam(tmp_path, _V11_REPLY + 'cat >/dev/null\n'
-                      'if [ "$CNI_COMMAND" = STATUS ]; then '
-                      'echo \'{"cniVersion":"1.1.0","code":51,"msg":"pool nearly empty"}\'; exit 1; fi\nexit 0\n')
+    path = _fake_ipam(
+        tmp_path,
+        _V11_REPLY + "cat >/dev/null\n"
+        'if [ "$CNI_COMMAND" = STATUS ]; then '
+        'echo \'{"cniVersion":"1.1.0","code":51,"msg":"pool nearly empty"}\'; exit 1; fi\nexit 0\n',
+    )
     code, out, err = bed.run("STATUS", bed.spec_conf("1.1.0", {"type": "fake-ipam"}), cni_path=path)
     assert code == 1 and out["code"] == 51 and "pool nearly empty" in out["msg"], (out, err)
 
 
 def test_gc_is_forwarded_to_ipam_with_the_valid_list(bed: NodeBed, tmp_path: Path) -> None:
     seen = tmp_path / "gc-stdin.json"
-    path = _fake_ipam(tmp_path, _V11_REPLY + f'if [ "$CNI_COMMAND" = GC ]; then cat > {seen}; else cat >/dev/null; fi\n'
-                      'exit 0\n')
+    path = _fake_ipam(
+        tmp_path,
+        _V11_REPLY + f'if [ "$CNI_COMMAND" = GC ]; then cat > {seen}; else cat >/dev/null; fi\nexit 0\n',
+    )
     valid = [{"containerID": "keep", "ifname": "eth0"}]
-    code, out, err = bed.run("GC", {**bed.spec_conf("1.1.0", {"type": "fake-ipam"}), "cni.dev/valid-attachments": valid},
-                             cni_path=path)
+    code, out, err = bed.run(
+        "GC",
+        {**bed.spec_conf("1.1.0", {"type": "fake-ipam"}), "cni.dev/valid-attachments": valid},
+        cni_path=path,
+    )
     assert code == 0, (out, err)
     assert json.loads(seen.read_text())["cni.dev/valid-attachments"] == valid
 
@@ -192,7 +218,9 @@ def test_gc_is_forwarded_to_ipam_with_the_valid_list(bed: NodeBed, tmp_path: Pat
 )
 def test_bad_cni_args_codes(bed: NodeBed, args: bytes, code: int) -> None:
     netns = bed.make_netns()
-    rc, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "l2"), netns, cid="c1", cni_args=None, extra_env={"CNI_ARGS": args})
+    rc, out, err = bed.run(
+        "ADD", bed.spec_conf("1.1.0", "l2"), netns, cid="c1", cni_args=None, extra_env={"CNI_ARGS": args}
+    )
     assert rc == 1 and out["code"] == code, (out, err)
     if code == 2:
         assert "NOT_KNOWN" in out["msg"]

@@ -21,8 +21,9 @@ def setup(libcni_setup: Setup) -> Setup:
 
 
 def _sysctl(netns: str, key: str) -> str:
-    proc = subprocess.run(["nsenter", f"--net={netns}", "cat", f"/proc/sys/{key}"], capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run(
+        ["nsenter", f"--net={netns}", "cat", f"/proc/sys/{key}"], capture_output=True, text=True, check=True
+    )
     return proc.stdout.strip()
 
 

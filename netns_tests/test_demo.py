@@ -45,10 +45,23 @@ def _pod_uid(n: int) -> str:
 def _claim(pod_uid: str, device: str, bandwidth: str, share_id: str) -> dict[str, Any]:
     """A resource.k8s.io/v1 ResourceClaim as the API server returns it once allocated."""
     return resource_claim(
-        allocation_result(device, request=IFNAME, pool=POOL, consumed={"bandwidth": bandwidth}, share_id=share_id),
-        uid="5c1a1e00-0000-4000-8000-000000000005", name="pod5-net", namespace="demo",
-        requests=[{"name": IFNAME, "exactly": {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
-                                               "capacity": {"requests": {"bandwidth": bandwidth}}}}],
+        allocation_result(
+            device, request=IFNAME, pool=POOL, consumed={"bandwidth": bandwidth}, share_id=share_id
+        ),
+        uid="5c1a1e00-0000-4000-8000-000000000005",
+        name="pod5-net",
+        namespace="demo",
+        requests=[
+            {
+                "name": IFNAME,
+                "exactly": {
+                    "deviceClassName": DRIVER,
+                    "allocationMode": "ExactCount",
+                    "count": 1,
+                    "capacity": {"requests": {"bandwidth": bandwidth}},
+                },
+            }
+        ],
         reserved_for=[{"resource": "pods", "name": "pod5", "uid": pod_uid}],
     )
 
@@ -70,16 +83,27 @@ class Demo:
 
     def __init__(self, make_netns, make_parent_nic, tmp_path: Path) -> None:
         self.make_netns = make_netns
-        self.node = NodeBed(tmp_path, [make_parent_nic(), make_parent_nic()], devices=["eth-a", "eth-b"],
-                            pool=POOL, network="cni-dra-demo", version="1.1.0")
+        self.node = NodeBed(
+            tmp_path,
+            [make_parent_nic(), make_parent_nic()],
+            devices=["eth-a", "eth-b"],
+            pool=POOL,
+            network="cni-dra-demo",
+            version="1.1.0",
+        )
         self.nics = self.node.parents
         self.state_dir = self.node.state_dir
         self.ipam_dir = self.node.ipam_dir
         self.inventory = self.node.inventory
         self.netns: dict[str, str] = {}
 
-    def conf(self, bandwidth: str | None, policy: str = "best-fit", state_dir: Path | None = None,
-             ipam_dir: Path | None = None) -> dict[str, Any]:
+    def conf(
+        self,
+        bandwidth: str | None,
+        policy: str = "best-fit",
+        state_dir: Path | None = None,
+        ipam_dir: Path | None = None,
+    ) -> dict[str, Any]:
         conf: dict[str, Any] = {
             "cniVersion": "1.1.0",
             "name": "cni-dra-demo",

@@ -17,16 +17,28 @@ NAMES = ("eth-a", "eth-a-peer", "eth-b", "eth-b-peer")
 
 def _leftovers() -> list[str]:
     links = [n for n in NAMES if os.path.exists(f"/sys/class/net/{n}")]
-    netns = [n for n in (os.listdir("/var/run/netns") if os.path.isdir("/var/run/netns") else [])
-             if n.startswith("cni-dra-demo")]
+    netns = [
+        n
+        for n in (os.listdir("/var/run/netns") if os.path.isdir("/var/run/netns") else [])
+        if n.startswith("cni-dra-demo")
+    ]
     return links + netns
 
 
 def _demo() -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "CNI_DRA_EXE": CNI_EXE,
-           "CNI_PATH": CNI_PATH}
-    return subprocess.run(["bash", str(ROOT / "scripts/demo.sh")], env=env, capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "CNI_DRA_EXE": CNI_EXE,
+        "CNI_PATH": CNI_PATH,
+    }
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts/demo.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_demo_script_runs_and_cleans_up():

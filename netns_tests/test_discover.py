@@ -14,8 +14,23 @@ from netns_tests.runner import CNI_EXE
 def test_discover_writes_a_valid_slice_for_the_named_nic(make_parent_nic, tmp_path):
     nic = make_parent_nic()
     out = tmp_path / "slice.yaml"
-    r = subprocess.run([CNI_EXE, "inventory", "discover", "-i", nic, "--node-name", "node-x",
-                        "--default-bandwidth", "25G", "-o", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            CNI_EXE,
+            "inventory",
+            "discover",
+            "-i",
+            nic,
+            "--node-name",
+            "node-x",
+            "--default-bandwidth",
+            "25G",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     slice_ = load_inventory(str(out))
     assert slice_.spec.node_name == "node-x" and slice_.spec.pool.name == "node-x"
@@ -35,12 +50,34 @@ def test_discover_with_a_devices_list_keeps_each_nics_settings(make_parent_nic, 
 
     fast, plain = make_parent_nic(), make_parent_nic(mtu=9000)
     devices = tmp_path / "devices.yaml"
-    devices.write_text(yaml.safe_dump([{"ifName": fast, "bandwidth": "40G", "requestPolicy": {"default": "4G"}},
-                                       {"ifName": plain, "name": "jumbo"}]))
+    devices.write_text(
+        yaml.safe_dump(
+            [
+                {"ifName": fast, "bandwidth": "40G", "requestPolicy": {"default": "4G"}},
+                {"ifName": plain, "name": "jumbo"},
+            ]
+        )
+    )
     out = tmp_path / "slice.yaml"
-    r = subprocess.run([CNI_EXE, "inventory", "discover", "--devices", str(devices), "--node-name", "node-x",
-                        "--default-bandwidth", "25G", "--request-policy", '{"default": "1G", "validRange": {"min": "100M"}}',
-                        "-o", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            CNI_EXE,
+            "inventory",
+            "discover",
+            "--devices",
+            str(devices),
+            "--node-name",
+            "node-x",
+            "--default-bandwidth",
+            "25G",
+            "--request-policy",
+            '{"default": "1G", "validRange": {"min": "100M"}}',
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     slice_ = load_inventory(str(out))
     first, second = slice_.spec.devices

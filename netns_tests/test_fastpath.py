@@ -35,7 +35,9 @@ def node(make_node, fastpath_agent) -> NodeBed:
 def _plugin(node, path, command, conf, netns, cid, ifname="eth0"):
     pod = str(uuid.uuid5(uuid.NAMESPACE_URL, cid))
     args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p-{cid[:6]};K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={pod}"
-    return run_plugin(command, conf, container_id=cid, netns=netns, ifname=ifname, cni_args=args, extra_env=node.env(path))
+    return run_plugin(
+        command, conf, container_id=cid, netns=netns, ifname=ifname, cni_args=args, extra_env=node.env(path)
+    )
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -100,7 +102,11 @@ def test_relative_netns_is_refused_and_del_leaves_the_pod_intact(node, make_netn
     assert not os.path.isabs(here) and os.path.samefile(here, ns)
     code, out, err = _plugin(node, path, "ADD", conf, here, cid)
     assert code == 1 and out["code"] == 4 and "CNI_NETNS" in out["msg"], (out, err)
-    assert link_in_netns(ns, "eth0") is None and node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
+    assert (
+        link_in_netns(ns, "eth0") is None
+        and node.state_doc()["attachments"] == []
+        and node.ipam_reservations() == []
+    )
 
     code, out, err = _plugin(node, path, "ADD", conf, ns, cid)
     assert code == 0, (out, err)
@@ -113,7 +119,11 @@ def test_relative_netns_is_refused_and_del_leaves_the_pod_intact(node, make_netn
         assert node.ipam_reservations() == [ip.split("/")[0]]
     code, out, err = _plugin(node, path, "DEL", conf, ns, cid)
     assert code == 0, (out, err)
-    assert link_in_netns(ns, "eth0") is None and node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
+    assert (
+        link_in_netns(ns, "eth0") is None
+        and node.state_doc()["attachments"] == []
+        and node.ipam_reservations() == []
+    )
 
 
 def _set_link(ifname: str, up: bool, netns: str | None = None) -> None:
@@ -160,8 +170,14 @@ def test_check_fails_while_the_link_cannot_pass_traffic(node, make_netns, path):
         return _plugin(node, path, "CHECK", check_conf, ns, cid)
 
     cases = [
-        (lambda up: _set_link(nic + "p", up), f"{what}: its parent NIC {nic} (device nic-a) has no carrier (NO-CARRIER)"),
-        (lambda up: _set_link(nic, up), f"{what}: its parent NIC {nic} (device nic-a) is administratively down"),
+        (
+            lambda up: _set_link(nic + "p", up),
+            f"{what}: its parent NIC {nic} (device nic-a) has no carrier (NO-CARRIER)",
+        ),
+        (
+            lambda up: _set_link(nic, up),
+            f"{what}: its parent NIC {nic} (device nic-a) is administratively down",
+        ),
         (lambda up: _set_link("eth0", up, ns), f"{what}: the link is administratively down in netns {ns}"),
     ]
     try:
@@ -225,10 +241,24 @@ def test_killed_agent_falls_back_to_in_process(node, make_netns, tmp_path):
 def test_agent_from_another_mount_namespace_is_declined(node, make_netns):
     """A plugin in another mount namespace (unshare -m) is declined: require fails with 11."""
     ns, cid = make_netns(), uuid.uuid4().hex
-    env = {**os.environ, "CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": ns, "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/opt/cni/bin", "CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": node.socket}
-    proc = subprocess.run(["unshare", "-m", CNI_EXE], input=json.dumps(node.conf()).encode(), env=env,
-                          capture_output=True, timeout=60, check=False)
+    env = {
+        **os.environ,
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": cid,
+        "CNI_NETNS": ns,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        "CNI_DRA_AGENT": "require",
+        "CNI_DRA_AGENT_SOCKET": node.socket,
+    }
+    proc = subprocess.run(
+        ["unshare", "-m", CNI_EXE],
+        input=json.dumps(node.conf()).encode(),
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     out = json.loads(proc.stdout)
     assert proc.returncode == 1 and out["code"] == 11, (out, proc.stderr)
     assert node.state_doc()["attachments"] == [] and link_in_netns(ns, "eth0") is None
@@ -237,7 +267,9 @@ def test_agent_from_another_mount_namespace_is_declined(node, make_netns):
 @pytest.fixture
 def declining_agent(tmp_path):
     """A fake agent (:func:`tests.builders.fake_agent`) that declines every request."""
-    with builders.fake_agent(tmp_path / "declining", lambda frames: encode_frames(b"declined test agent", b"")) as agent:
+    with builders.fake_agent(
+        tmp_path / "declining", lambda frames: encode_frames(b"declined test agent", b"")
+    ) as agent:
         yield agent
 
 
@@ -271,7 +303,8 @@ def _temp_links(netns: str) -> list[str]:
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_agent_killed_mid_add_records_the_temporary_link_and_recovery_removes_it(
-        make_node, make_netns, faults_on, tmp_path, processes):
+    make_node, make_netns, faults_on, tmp_path, processes
+):
     """The agent (or its worker process) dies between making the link under its temporary
     name and renaming it: the intent it wrote names that link (as an in-process ADD's does),
     and ``state recover`` deletes it, the dead process still unreaped (a zombie counts as dead)."""
@@ -290,13 +323,17 @@ def test_agent_killed_mid_add_records_the_temporary_link_and_recovery_removes_it
         assert link_in_netns(ns, "eth0") is None
         code, report = recover(node)
         assert code == 0 and report["errors"] == [], report
-        assert _temp_links(ns) == [] and node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
+        assert (
+            _temp_links(ns) == [] and node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
+        )
     finally:
         agent.kill()
         stop_process(agent)
 
 
-def test_a_burst_of_adds_falls_back_without_code_11_when_the_agent_dies(make_node, make_netns, faults_on, tmp_path):
+def test_a_burst_of_adds_falls_back_without_code_11_when_the_agent_dies(
+    make_node, make_netns, faults_on, tmp_path
+):
     """The agent dies with several ADDs in flight (the first to reach the fault point kills
     it); every client falls back to in-process work at once. Each fallback recovers the dead
     intents it finds, so one pod's interrupted ADD may be under another pod's recovery when its
@@ -309,17 +346,37 @@ def test_a_burst_of_adds_falls_back_without_code_11_when_the_agent_dies(make_nod
     env = {"CNI_DRA_AGENT_SOCKET": sock}
     try:
         with ThreadPoolExecutor(len(pods)) as pool:
-            results = list(pool.map(lambda p: run_plugin("ADD", node.conf("100M"), container_id=p[1], netns=p[0],
-                                                         ifname="eth0", extra_env=env, timeout_s=180), pods))
-        assert [(code, (out or {}).get("code")) for code, out, _ in results] == [(0, None)] * len(pods), results
+            results = list(
+                pool.map(
+                    lambda p: run_plugin(
+                        "ADD",
+                        node.conf("100M"),
+                        container_id=p[1],
+                        netns=p[0],
+                        ifname="eth0",
+                        extra_env=env,
+                        timeout_s=180,
+                    ),
+                    pods,
+                )
+            )
+        assert [(code, (out or {}).get("code")) for code, out, _ in results] == [(0, None)] * len(pods), (
+            results
+        )
         assert sorted(a["phase"] for a in node.state_doc()["attachments"]) == ["ready"] * len(pods)
         assert all(_temp_links(ns) == [] for ns, _ in pods)
     finally:
         agent.kill()
         stop_process(agent)
     for ns, cid in pods:
-        code, _, err = run_plugin("DEL", node.conf("100M"), container_id=cid, netns=ns, ifname="eth0",
-                                  extra_env={"CNI_DRA_AGENT": "off"})
+        code, _, err = run_plugin(
+            "DEL",
+            node.conf("100M"),
+            container_id=cid,
+            netns=ns,
+            ifname="eth0",
+            extra_env={"CNI_DRA_AGENT": "off"},
+        )
         assert code == 0, err
     assert node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
 
@@ -337,13 +394,16 @@ def test_add_falls_back_when_the_agent_dies_mid_add(make_node, make_netns, fault
     try:
         ns, cid = make_netns(), uuid.uuid4().hex
         env = {"CNI_DRA_AGENT_SOCKET": sock}  # the default mode: the agent, else in-process
-        code, out, err = run_plugin("ADD", node.conf(), container_id=cid, netns=ns, ifname="eth0", extra_env=env)
+        code, out, err = run_plugin(
+            "ADD", node.conf(), container_id=cid, netns=ns, ifname="eth0", extra_env=env
+        )
         assert code == 0, (out, err)
         assert _temp_links(ns) == [] and link_in_netns(ns, "eth0") is not None
         (att,) = node.state_doc()["attachments"]
         assert (att["containerID"], att["phase"]) == (cid, "ready")
-        code, _, err = run_plugin("DEL", node.conf(), container_id=cid, netns=ns, ifname="eth0",
-                                  extra_env={"CNI_DRA_AGENT": "off"})
+        code, _, err = run_plugin(
+            "DEL", node.conf(), container_id=cid, netns=ns, ifname="eth0", extra_env={"CNI_DRA_AGENT": "off"}
+        )
         assert code == 0, err
         assert node.state_doc()["attachments"] == [] and node.ipam_reservations() == []
     finally:

@@ -37,9 +37,24 @@ def _contained(image: Path, hidden: Path | None, argv: list[str], prefix: tuple[
     of its own where the installed tree is bind-mounted over ``image`` (an empty directory in
     the caller's view) and ``hidden``, if given, is an empty tmpfs."""
     tree = Path(tree_python()[3]).parents[1]
-    steps = 'mount --bind "$1" "$2"; ' + ('mount -t tmpfs -o size=1m,mode=0700 hidden "$3"; ' if hidden else "")
-    return [*prefix, "unshare", "--mount", "--propagation", "private", "/bin/sh", "-ec", steps + 'shift 3; exec "$@"',
-            "sh", str(tree), str(image), str(hidden or ""), *argv]
+    steps = 'mount --bind "$1" "$2"; ' + (
+        'mount -t tmpfs -o size=1m,mode=0700 hidden "$3"; ' if hidden else ""
+    )
+    return [
+        *prefix,
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-ec",
+        steps + 'shift 3; exec "$@"',
+        "sh",
+        str(tree),
+        str(image),
+        str(hidden or ""),
+        *argv,
+    ]
 
 
 def _image_python(image: Path) -> list[str]:
@@ -57,12 +72,24 @@ class ContainedAgent:
         self.image = work / "image-tree"  # empty in the node's view
         self.image.mkdir()
         self.log = work / "agent.log"
-        server = [*_image_python(self.image), "-m", "cni_dra.fastpath.server", "--socket", self.socket,
-                  "--processes", "2", "--log-level", "info", "--cwd", os.getcwd(),
-                  *(["--join-mount-ns", join] if join else [])]
+        server = [
+            *_image_python(self.image),
+            "-m",
+            "cni_dra.fastpath.server",
+            "--socket",
+            self.socket,
+            "--processes",
+            "2",
+            "--log-level",
+            "info",
+            "--cwd",
+            os.getcwd(),
+            *(["--join-mount-ns", join] if join else []),
+        ]
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(_contained(self.image, hidden, server, prefix),
-                                         stdout=subprocess.PIPE, stderr=log, cwd="/")
+            self.proc = subprocess.Popen(
+                _contained(self.image, hidden, server, prefix), stdout=subprocess.PIPE, stderr=log, cwd="/"
+            )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()
         if not line.startswith("ready"):
@@ -107,11 +134,20 @@ def node_dir(tmp_path) -> Path:
 
 def _run(node: NodeBed, agent: ContainedAgent, command: str, conf: dict, netns: str, cid: str, mode: str):
     args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={cid}"
-    return run_plugin(command, conf, container_id=cid, netns=netns, ifname="eth0", cni_args=args,
-                      extra_env={"CNI_DRA_AGENT": mode, "CNI_DRA_AGENT_SOCKET": agent.socket})
+    return run_plugin(
+        command,
+        conf,
+        container_id=cid,
+        netns=netns,
+        ifname="eth0",
+        cni_args=args,
+        extra_env={"CNI_DRA_AGENT": mode, "CNI_DRA_AGENT_SOCKET": agent.socket},
+    )
 
 
-def test_an_agent_in_its_own_mount_namespace_serves_the_node_after_joining_it(make_node, make_netns, contained):
+def test_an_agent_in_its_own_mount_namespace_serves_the_node_after_joining_it(
+    make_node, make_netns, contained
+):
     """Every verb with ``CNI_DRA_AGENT=require`` (a success proves the agent served it): the
     link, the books and the IPAM reservation are where the caller sees them; STATUS and GC
     import modules the worker had not loaded (they come from its own tree, which the node's
@@ -155,7 +191,9 @@ def test_an_agent_in_its_own_mount_namespace_serves_the_node_after_joining_it(ma
 
 
 @pytest.mark.parametrize("case", ["no join", "join without CAP_SYS_PTRACE"])
-def test_an_agent_that_does_not_see_the_nodes_mount_namespace_declines(make_node, make_netns, contained, case):
+def test_an_agent_that_does_not_see_the_nodes_mount_namespace_declines(
+    make_node, make_netns, contained, case
+):
     """Without joining, or when the join fails (opening the node's namespace of a process
     with more capabilities needs CAP_SYS_PTRACE), the agent resolves paths in its own view:
     it declines (``require`` fails with code 11 saying why) and the plugin's own run does the
@@ -163,7 +201,9 @@ def test_an_agent_that_does_not_see_the_nodes_mount_namespace_declines(make_node
     if case == "no join":
         agent = contained(join=None)
     else:
-        agent = contained(join=f"/proc/{os.getpid()}/ns/mnt", prefix=("setpriv", "--bounding-set=-sys_ptrace"))
+        agent = contained(
+            join=f"/proc/{os.getpid()}/ns/mnt", prefix=("setpriv", "--bounding-set=-sys_ptrace")
+        )
         log = agent.wait_for_log("cannot join the mount namespace", 2)
         assert "Permission denied" in log
     node = make_node(network="ctrnet")
@@ -204,18 +244,37 @@ def test_code_imported_after_joining_comes_from_the_agents_own_tree(tmp_path):
 
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
-    masks = [f"mount -t tmpfs -o size=64k masked '{p}'" if os.path.isdir(p) else f"mount --bind '{empty}' '{p}'"
-             for p in masked_paths()]
-    node = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-ec",
-                             "; ".join([*masks, "echo ready", "exec cat"])],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    masks = [
+        f"mount -t tmpfs -o size=64k masked '{p}'" if os.path.isdir(p) else f"mount --bind '{empty}' '{p}'"
+        for p in masked_paths()
+    ]
+    node = subprocess.Popen(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            "-ec",
+            "; ".join([*masks, "echo ready", "exec cat"]),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert node.stdout is not None and node.stdout.readline() == b"ready\n"
         image = tmp_path / "image-tree"
         image.mkdir()
-        res = subprocess.run(_contained(image, None, [*_image_python(image), "-c", JOIN_AND_IMPORT,
-                                                      f"/proc/{node.pid}/ns/mnt"]),
-                             capture_output=True, text=True, timeout=60, check=False, cwd="/")
+        res = subprocess.run(
+            _contained(
+                image, None, [*_image_python(image), "-c", JOIN_AND_IMPORT, f"/proc/{node.pid}/ns/mnt"]
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd="/",
+        )
         assert res.returncode == 0, res.stderr
         got = json.loads(res.stdout)
         assert got["moved"] is True and got["libraries"] >= 10 and got["cwd"] == "/"
@@ -233,18 +292,25 @@ def test_an_intent_names_its_process_as_the_nodes_proc_does():
     that started in a container and joined the node's mount namespace) records its owner by
     the pid the node's readers see, not by its pid in its own namespace (1 here, the node's
     init): recovery on the node then judges the right process alive, then gone."""
-    from cni_dra.state.schema import Owner
     from cni_dra.state.owner import owner_alive
+    from cni_dra.state.schema import Owner
 
-    code = ("import sys; from cni_dra.state.owner import current_owner; "
-            "print(current_owner().model_dump_json(), flush=True); sys.stdin.read()")
-    proc = subprocess.Popen(["unshare", "--pid", "--fork", *tree_python(), "-I", "-c", code],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    code = (
+        "import sys; from cni_dra.state.owner import current_owner; "
+        "print(current_owner().model_dump_json(), flush=True); sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", *tree_python(), "-I", "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None and proc.stdin is not None
         owner = Owner.model_validate(json.loads(proc.stdout.readline()))
         (child,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        nspid = [ln for ln in Path(f"/proc/{child}/status").read_text().splitlines() if ln.startswith("NSpid:")]
+        nspid = [
+            ln for ln in Path(f"/proc/{child}/status").read_text().splitlines() if ln.startswith("NSpid:")
+        ]
         assert nspid == [f"NSpid:\t{child}\t1"]  # pid 1 in its own namespace
         assert owner.pid == int(child)
         assert owner_alive(owner)

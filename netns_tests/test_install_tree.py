@@ -22,7 +22,14 @@ import uuid
 import pytest
 
 from cni_dra.netlink.info import host_link, link_in_netns
-from netns_tests.bed import masked_paths, pod_args, start_fastpath_agent, stop_process, tree_python, without_host_python
+from netns_tests.bed import (
+    masked_paths,
+    pod_args,
+    start_fastpath_agent,
+    stop_process,
+    tree_python,
+    without_host_python,
+)
 from netns_tests.runner import CNI_EXE, cni_dra_status
 
 PROBE = "print('ran')"
@@ -56,8 +63,9 @@ def test_add_check_del_in_process_without_host_python(make_node, make_netns, tmp
     assert link is not None and link.parent_index == host_link(node.parents["nic-a"]).index
     assert out["ips"][0]["address"] in link.addresses
 
-    code, out2, err = node.run("CHECK", {**conf, "prevResult": out}, netns=ns, cid=cid, cni_args=pod_args(cid),
-                               exe=exe)
+    code, out2, err = node.run(
+        "CHECK", {**conf, "prevResult": out}, netns=ns, cid=cid, cni_args=pod_args(cid), exe=exe
+    )
     assert (code, out2) == (0, None), err
     code, out3, err = node.run("DEL", conf, netns=ns, cid=cid, cni_args=pod_args(cid), exe=exe)
     assert code == 0, (out3, err)
@@ -68,9 +76,14 @@ def test_add_check_del_in_process_without_host_python(make_node, make_netns, tmp
 @pytest.mark.parametrize("args", [("--version",), ("status", "--json")])
 def test_operator_cli_without_host_python(node, tmp_path, args):
     exe = str(without_host_python(tmp_path, CNI_EXE))
-    extra = ("--state-dir", str(node.state_dir), "--inventory", str(node.inventory)) if args[0] == "status" else ()
-    proc = subprocess.run([exe, *args, *extra], capture_output=True, text=True, timeout=60, check=False,
-                          env={"PATH": PATH})
+    extra = (
+        ("--state-dir", str(node.state_dir), "--inventory", str(node.inventory))
+        if args[0] == "status"
+        else ()
+    )
+    proc = subprocess.run(
+        [exe, *args, *extra], capture_output=True, text=True, timeout=60, check=False, env={"PATH": PATH}
+    )
     assert proc.returncode == 0, proc.stderr
     if args[0] == "status":
         assert json.loads(proc.stdout) == cni_dra_status(node.state_dir, node.inventory)
@@ -91,8 +104,12 @@ def test_agent_worker_processes_start_from_the_tree_without_host_python(tmp_path
     command that started the agent (the tree's loader and libraries), not the interpreter
     file alone, which would need the host's loader to find libraries the host lacks."""
     loader = tree_python()[0]
-    agent = start_fastpath_agent(str(tmp_path / "agent" / "agent.sock"), "--processes", "3",
-                                 launcher=str(without_host_python(tmp_path, loader)))
+    agent = start_fastpath_agent(
+        str(tmp_path / "agent" / "agent.sock"),
+        "--processes",
+        "3",
+        launcher=str(without_host_python(tmp_path, loader)),
+    )
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -78,8 +78,16 @@ class Bed:
             extra = None
         else:
             extra = fault_env
-        return self.node.run(command, self.node.conf(), netns, cid, "eth0", cni_args=pod_args(cid), path=self.path,
-                             extra_env=extra)
+        return self.node.run(
+            command,
+            self.node.conf(),
+            netns,
+            cid,
+            "eth0",
+            cni_args=pod_args(cid),
+            path=self.path,
+            extra_env=extra,
+        )
 
     # -- invariants ------------------------------------------------------------------------
     def holds(self, cid: str, netns: str, ip: str | None = None) -> None:
@@ -102,7 +110,9 @@ class Bed:
         self.holds("keeper", self.keeper_ns, self.keeper_ip)
         assert parent_of(self.keeper_ns) == self.keeper_parent
         state = self.node.state()
-        assert all(a.phase == "ready" for a in state.attachments), [(a.containerID, a.phase) for a in state.attachments]
+        assert all(a.phase == "ready" for a in state.attachments), [
+            (a.containerID, a.phase) for a in state.attachments
+        ]
         total = sum((q["bandwidth"] for q in self.node.consumed().values()), Quantity.parse("0"))
         assert total == Quantity.parse(f"{len(state.attachments)}G")
         code, report = recover(self.node)
@@ -119,8 +129,11 @@ def _calls(bed: Bed, command: str, netns: str, cid: str) -> list[str]:
 
 
 def _faults(calls: list[str]) -> list[tuple[int, str]]:
-    return [(n, kind) for n, call in enumerate(calls, 1)
-            for kind in (("ENOSPC", "EIO", "short") if call == "write" else ("ENOSPC", "EIO"))]
+    return [
+        (n, kind)
+        for n, call in enumerate(calls, 1)
+        for kind in (("ENOSPC", "EIO", "short") if call == "write" else ("ENOSPC", "EIO"))
+    ]
 
 
 @pytest.fixture
@@ -265,7 +278,9 @@ def test_full_ipam_disk_fails_add_cleanly(small_ipam_dir, make_bed, make_netns, 
     filler = _fill(small_ipam_dir, 0)
     ns = make_netns()
     code, out, err = b.run("ADD", ns, "pod")
-    assert code != 0 and out is not None and "space" in out["msg"].lower() + str(out.get("details", "")).lower(), (out, err)
+    assert (
+        code != 0 and out is not None and "space" in out["msg"].lower() + str(out.get("details", "")).lower()
+    ), (out, err)
     assert "Traceback" not in err
     b.absent("pod", ns)
     b.intact()

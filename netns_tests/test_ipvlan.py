@@ -15,7 +15,6 @@ import os
 
 import pytest
 
-from netns_tests.runner import host_ifindex, link_in_netns
 from netns_tests.bed import (
     CHECK_VERSIONS,
     IPAM_KINDS,
@@ -27,6 +26,7 @@ from netns_tests.bed import (
     addr_flags,
     links_named,
 )
+from netns_tests.runner import host_ifindex, link_in_netns
 
 REQUIRED_ENV = "CNI_DRA_IPVLAN_REQUIRED"
 SKIP_REASON = (
@@ -41,8 +41,10 @@ def _needs_ipvlan() -> None:
 
     if not link_kind_supported("ipvlan"):
         if os.environ.get(REQUIRED_ENV) == "1":
-            pytest.fail(f"cni-dra's probe says this kernel has no ipvlan, but {REQUIRED_ENV}=1: it has "
-                        "(scripts/ipvlan-probe, or the user-mode-linux lane)")
+            pytest.fail(
+                f"cni-dra's probe says this kernel has no ipvlan, but {REQUIRED_ENV}=1: it has "
+                "(scripts/ipvlan-probe, or the user-mode-linux lane)"
+            )
         pytest.skip(SKIP_REASON)
 
 
@@ -77,7 +79,11 @@ def _grid() -> list[tuple[str, str, str]]:
     pairs miss: mode, version and IPAM kind are handled by independent parts of cni_dra
     (link creation, result conversion, IPAM).
     """
-    return [(v, k, MODES[(i + j) % len(MODES)]) for i, v in enumerate(RICH_VERSIONS) for j, k in enumerate(IPAM_KINDS)]
+    return [
+        (v, k, MODES[(i + j) % len(MODES)])
+        for i, v in enumerate(RICH_VERSIONS)
+        for j, k in enumerate(IPAM_KINDS)
+    ]
 
 
 def _check_addresses(ipam: str, res_ips: list[dict], link: dict) -> None:
@@ -85,8 +91,13 @@ def _check_addresses(ipam: str, res_ips: list[dict], link: dict) -> None:
     addrs = [ipaddress.ip_interface(ip["address"]) for ip in res_ips]
     v4 = [a for a in addrs if a.version == 4]
     v6 = [a for a in addrs if a.version == 6]
-    want = {"l2": (0, 0), "host-local-v4": (1, 0), "host-local-v6": (0, 1), "host-local-dual": (1, 1),
-            "static": (1, 0)}[ipam]
+    want = {
+        "l2": (0, 0),
+        "host-local-v4": (1, 0),
+        "host-local-v6": (0, 1),
+        "host-local-dual": (1, 1),
+        "static": (1, 0),
+    }[ipam]
     assert (len(v4), len(v6)) == want, res_ips
     if ipam == "static":
         assert [str(a) for a in v4] == ["198.51.100.77/24"]
@@ -145,13 +156,17 @@ def test_ipvlan_add_check_status_gc_del(bed: NodeBed, version: str, ipam: str, m
     code, out, err = bed.run("STATUS", conf)
     if version == "1.1.0":
         assert (code, out) == (0, None), (out, err)
-        code, out, err = bed.run("GC", {**conf, "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}]})
+        code, out, err = bed.run(
+            "GC", {**conf, "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}]}
+        )
         assert (code, out) == (0, None), (out, err)
         assert link_in_netns(netns, "eth0") is not None and bed.attachments() == [("c1", "eth0")]
         bed.age_attachments()  # GC spares an attachment for a while after its ADD
         code, out, err = bed.run("GC", {**conf, "cni.dev/valid-attachments": []})
         assert (code, out) == (0, None), (out, err)
-        assert link_in_netns(netns, "eth0") is None and bed.attachments() == [] and bed.ipam_reservations() == []
+        assert (
+            link_in_netns(netns, "eth0") is None and bed.attachments() == [] and bed.ipam_reservations() == []
+        )
     else:
         assert code == 1 and out["code"] == 1, (out, err)
     for _ in range(2):  # DEL, then DEL again: both succeed
@@ -194,7 +209,9 @@ def test_ipvlan_goes_to_the_nic_without_macvlan_and_the_reverse(bed2: NodeBed) -
     parents = {d["name"]: d for d in bed2.status()["devices"]}
     by_cid = {a["containerID"]: a["device"] for a in bed2.status()["attachments"]}
     assert by_cid["c1"] != by_cid["c2"], parents
-    assert link_in_netns(ns2, "eth0")["parent_ifindex"] == host_ifindex(bed2.nics[bed2.devices.index(by_cid["c2"])])
+    assert link_in_netns(ns2, "eth0")["parent_ifindex"] == host_ifindex(
+        bed2.nics[bed2.devices.index(by_cid["c2"])]
+    )
     # both NICs now carry one type each: a third macvlan goes next to the first
     code, res, err = bed2.run("ADD", macvlan, ns3, cid="c3")
     assert code == 0, (res, err)
@@ -213,7 +230,9 @@ def test_kernel_refusal_of_mixed_types_is_reported(bed: NodeBed) -> None:
     subprocess.run(["ip", "link", "add", other, "link", bed.nics[0], "type", "macvlan"], check=True)
     try:
         netns = bed.make_netns()
-        code, out, err = bed.run("ADD", bed.spec_conf("1.1.0", "host-local-v4", linkType="ipvlan"), netns, cid="c1")
+        code, out, err = bed.run(
+            "ADD", bed.spec_conf("1.1.0", "host-local-v4", linkType="ipvlan"), netns, cid="c1"
+        )
         assert code == 1 and out["code"] == 102, (out, err)
         assert "macvlan and ipvlan cannot share a parent" in out["msg"]
         assert link_in_netns(netns, "eth0") is None
@@ -230,7 +249,10 @@ def test_an_ipvlan_is_shaped_to_its_share_and_checked(bed: NodeBed) -> None:
     from cni_dra.netlink.shaping import Tbf, read_shaping
 
     netns = bed.make_netns()
-    conf = {**bed.spec_conf("1.1.0", "host-local-v4", linkType="ipvlan"), "capacity": {"requests": {"bandwidth": "300M"}}}
+    conf = {
+        **bed.spec_conf("1.1.0", "host-local-v4", linkType="ipvlan"),
+        "capacity": {"requests": {"bandwidth": "300M"}},
+    }
     code, res, err = bed.run("ADD", conf, netns, cid="c1")
     assert code == 0, (res, err)
     info = read_shaping(netns, "eth0")
@@ -261,12 +283,24 @@ def test_a_device_class_profile_makes_an_ipvlan_l3_on_a_macvlan_network(bed: Nod
     pod = str(uuid.uuid4())
     doc = resource_claim(
         allocation_result("nic-0", request="net1", consumed={"bandwidth": "1G"}, share_id=str(uuid.uuid4())),
-        uid=str(uuid.uuid4()), name="routed", namespace="prod",
-        config=[profile_config("FromClass", linkType="ipvlan", mode="l3")])
+        uid=str(uuid.uuid4()),
+        name="routed",
+        namespace="prod",
+        config=[profile_config("FromClass", linkType="ipvlan", mode="l3")],
+    )
     claim_file = tmp_path / "claim.json"
     claim_file.write_text(json.dumps(doc))
-    r = cni_dra_cli("claims", "prepare", "--state-dir", str(bed.state_dir), "--inventory", str(bed.inventory),
-                    "--pod-uid", pod, str(claim_file))
+    r = cni_dra_cli(
+        "claims",
+        "prepare",
+        "--state-dir",
+        str(bed.state_dir),
+        "--inventory",
+        str(bed.inventory),
+        "--pod-uid",
+        pod,
+        str(claim_file),
+    )
     assert r.returncode == 0, r.stderr
     netns = bed.make_netns()
     conf = bed.spec_conf("1.1.0", "l2")  # linkType macvlan (the default), mode bridge
@@ -277,6 +311,8 @@ def test_a_device_class_profile_makes_an_ipvlan_l3_on_a_macvlan_network(bed: Nod
     assert (link.kind, link.mode, link.ipvlan_flag) == ("ipvlan", "l3", "bridge")
     (att,) = bed.status()["attachments"]
     assert att["linkType"] == "ipvlan" and att["profile"]["fromConfig"] == ["linkType", "mode"]
-    assert bed.run("CHECK", {**conf, "prevResult": res}, netns, cid="c1", ifname="net1", cni_args=args)[0] == 0
+    assert (
+        bed.run("CHECK", {**conf, "prevResult": res}, netns, cid="c1", ifname="net1", cni_args=args)[0] == 0
+    )
     assert bed.run("DEL", conf, netns, cid="c1", ifname="net1", cni_args=args)[0] == 0
     assert nl_link(netns, "net1") is None

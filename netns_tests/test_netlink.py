@@ -20,13 +20,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from cni_dra import iface
 from cni_dra.errors import (
     ContainerUnknownError,
     InvalidConfigError,
     InvalidEnvironmentError,
     NetlinkError,
 )
-from cni_dra import iface
 from cni_dra.netlink import addr, netns, sublink, sysctl
 from cni_dra.netlink import info as linkinfo
 from netns_tests.conftest import delete_host_link, remove_netns
@@ -80,7 +80,9 @@ def host_sublinks(parent: str) -> list[str]:
     seen = host_links()
     pidx = seen[parent]["index"]
     return sorted(
-        name for name, m in seen.items() if m.get_attr("IFLA_LINK") == pidx and kind_of(m) in ("macvlan", "ipvlan")
+        name
+        for name, m in seen.items()
+        if m.get_attr("IFLA_LINK") == pidx and kind_of(m) in ("macvlan", "ipvlan")
     )
 
 
@@ -454,9 +456,7 @@ def test_configure_interface_adds_exactly_what_is_given(make_netns, make_parent_
             (m.get_attr("RTA_DST") or "default", m["dst_len"], m.get_attr("RTA_GATEWAY"), m["scope"])
             for m in ipr.route("dump", family=socket.AF_INET, table=254)
         }
-        v6_defaults = [
-            m for m in ipr.route("dump", family=socket.AF_INET6, table=254) if m["dst_len"] == 0
-        ]
+        v6_defaults = [m for m in ipr.route("dump", family=socket.AF_INET6, table=254) if m["dst_len"] == 0]
         up = ipr.link("get", index=idx)[0]["flags"] & 1
     assert addrs == {"10.22.0.5/24", "fd00:22::5/64"}
     assert v4 == {
@@ -543,9 +543,7 @@ def test_link_in_netns_reports_addresses(make_netns, make_parent_nic) -> None:
 # --------------------------------------------------------------------------- sysctl
 
 
-@pytest.mark.parametrize(
-    "key", ["net/ipv4/conf/{if}/arp_notify", "net/ipv6/conf/{if}/ndisc_notify"]
-)
+@pytest.mark.parametrize("key", ["net/ipv4/conf/{if}/arp_notify", "net/ipv6/conf/{if}/ndisc_notify"])
 def test_sysctl_written_in_the_netns_not_the_host(make_netns, key: str) -> None:
     path = make_netns()
     k = key.format(**{"if": "lo"})
@@ -598,7 +596,9 @@ def test_create_ipvlan_unsupported_cleans_up(make_netns, make_parent_nic) -> Non
 
 NAME_ALPHABET = st.one_of(
     st.characters(codec="ascii"),
-    st.sampled_from(["%", "d", "à", "é", "\xa0", "\x85", "\u2003", "ü", "€", "/", ":", ".", "-", "\x00", "\x1f"]),
+    st.sampled_from(
+        ["%", "d", "à", "é", "\xa0", "\x85", "\u2003", "ü", "€", "/", ":", ".", "-", "\x00", "\x1f"]
+    ),
 )
 
 

@@ -133,7 +133,9 @@ def test_a_forked_child_does_not_use_the_parents_socket(make_parent_nic, opened)
     assert sockets._held.socket is kept  # the parent keeps using its own
 
 
-def test_create_with_parent_link_does_not_look_the_parent_up(make_netns, make_parent_nic, monkeypatch) -> None:
+def test_create_with_parent_link_does_not_look_the_parent_up(
+    make_netns, make_parent_nic, monkeypatch
+) -> None:
     parent = make_parent_nic()
     path = make_netns()
     known = linkinfo.host_link(parent)
@@ -162,7 +164,9 @@ def test_configure_interface_without_describe_applies_and_returns_none(make_netn
     assert got is None
     with IPRoute(netns=path) as ipr:
         (idx,) = ipr.link_lookup(ifname="eth0")
-        addrs = {f"{m.get_attr('IFA_ADDRESS')}/{m['prefixlen']}" for m in ipr.addr("dump", index=idx, family=2)}
+        addrs = {
+            f"{m.get_attr('IFA_ADDRESS')}/{m['prefixlen']}" for m in ipr.addr("dump", index=idx, family=2)
+        }
         dsts = {f"{m.get_attr('RTA_DST')}/{m['dst_len']}" for m in ipr.route("dump", family=2, oif=idx)}
     assert addrs == {"10.23.0.5/24"}
     assert "192.168.51.0/24" in dsts
@@ -195,17 +199,29 @@ DEL_REQUESTS = {"socket": 1, "link del": 1}
 # the egress tbf, the ifb device (made up, with its MTU; its index looked up) and its tbf,
 # the ingress qdisc and its filter; DEL deletes the link and the ifb device as one batch:
 # one link dump, both moved to a free netdev group, one deletion of the group.
-SHAPED_ADD_REQUESTS = {**ADD_REQUESTS, "socket": 4, "link get": 5, "link add": 2, "tc replace": 2, "tc add": 1,
-                       "tc add-filter": 1}
+SHAPED_ADD_REQUESTS = {
+    **ADD_REQUESTS,
+    "socket": 4,
+    "link get": 5,
+    "link add": 2,
+    "tc replace": 2,
+    "tc add": 1,
+    "tc add-filter": 1,
+}
 SHAPED_DEL_REQUESTS = {"socket": 1, "link dump": 1, "link set": 2, "link del": 1}
 
 
-@pytest.mark.parametrize(("shaping", "add", "delete"), [
-    (False, ADD_REQUESTS, DEL_REQUESTS),
-    (True, SHAPED_ADD_REQUESTS, SHAPED_DEL_REQUESTS),
-], ids=["unshaped", "shaped"])
-def test_add_and_del_send_no_more_netlink_requests_than_before(make_node, make_netns, monkeypatch, shaping, add,
-                                                                delete) -> None:
+@pytest.mark.parametrize(
+    ("shaping", "add", "delete"),
+    [
+        (False, ADD_REQUESTS, DEL_REQUESTS),
+        (True, SHAPED_ADD_REQUESTS, SHAPED_DEL_REQUESTS),
+    ],
+    ids=["unshaped", "shaped"],
+)
+def test_add_and_del_send_no_more_netlink_requests_than_before(
+    make_node, make_netns, monkeypatch, shaping, add, delete
+) -> None:
     from cni_dra.cni import run
 
     real = _pyroute2.load()
@@ -217,8 +233,13 @@ def test_add_and_del_send_no_more_netlink_requests_than_before(make_node, make_n
 
     node, ns = make_node(nics=1), make_netns()
     conf = json.dumps(node.spec_conf(version="1.0.0", ipam="host-local-v4", shaping=shaping)).encode()
-    env = {"CNI_CONTAINERID": unique_name(), "CNI_NETNS": ns, "CNI_IFNAME": "eth0", "CNI_PATH": CNI_PATH,
-           "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    env = {
+        "CNI_CONTAINERID": unique_name(),
+        "CNI_NETNS": ns,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": CNI_PATH,
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+    }
     sockets.drop_held()  # the main thread's kept socket is opened (and counted) by the ADD
     fake = SimpleNamespace(IPRoute=counting_iproute, NetlinkError=real.NetlinkError)
     monkeypatch.setattr(_pyroute2, "load", lambda: fake)

@@ -223,8 +223,12 @@ def test_del_with_an_unusable_netns_path_never_answers_an_internal_error(node, m
     then removes its link and frees everything."""
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
-    path = {"not-a-directory": "/etc/passwd/x", "loop": str(loop), "too-long": "/" + "x" * 300,
-            "pid1": "/proc/1/ns/net"}[kind]
+    path = {
+        "not-a-directory": "/etc/passwd/x",
+        "loop": str(loop),
+        "too-long": "/" + "x" * 300,
+        "pid1": "/proc/1/ns/net",
+    }[kind]
     ns = make_netns()
     assert node.add(ns, "pod-b")[0] == 0
     code, out, err = node.delete(path, "pod-b")

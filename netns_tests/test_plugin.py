@@ -27,7 +27,9 @@ def _args(pod_uid: str) -> str:
 def _add(node, netns, conf, cid=None, pod_uid=None, ifname="eth0"):
     cid = cid or uuid.uuid4().hex
     pod_uid = pod_uid or str(uuid.uuid4())
-    code, out, err = run_plugin("ADD", conf, container_id=cid, netns=netns, ifname=ifname, cni_args=_args(pod_uid))
+    code, out, err = run_plugin(
+        "ADD", conf, container_id=cid, netns=netns, ifname=ifname, cni_args=_args(pod_uid)
+    )
     return cid, code, out, err
 
 
@@ -72,9 +74,17 @@ def test_no_room_error_names_request_and_remaining(node, make_netns):
 def _claim_doc(device: str, bw: str, share: str, pod_uid: str) -> dict:
     return resource_claim(
         allocation_result(device, consumed={"bandwidth": bw}, share_id=share),
-        uid=str(uuid.uuid4()), name="net-claim",
-        requests=[{"name": "net", "exactly": {"deviceClassName": "cni-dra-shared-nic",
-                                              "capacity": {"requests": {"bandwidth": bw}}}}],
+        uid=str(uuid.uuid4()),
+        name="net-claim",
+        requests=[
+            {
+                "name": "net",
+                "exactly": {
+                    "deviceClassName": "cni-dra-shared-nic",
+                    "capacity": {"requests": {"bandwidth": bw}},
+                },
+            }
+        ],
         reserved_for=[{"resource": "pods", "name": "p", "uid": pod_uid}],
     )
 
@@ -84,8 +94,12 @@ def _prepare(node, tmp_path, doc, pod_uid):
 
     f = tmp_path / f"claim-{uuid.uuid4().hex[:6]}.json"
     f.write_text(json.dumps(doc))
-    subprocess.run([CNI_EXE, "claims", "prepare", "--state-dir", str(node.state_dir),
-                    "--pod-uid", pod_uid, str(f)], check=True, capture_output=True, env={"PATH": os.environ["PATH"]})
+    subprocess.run(
+        [CNI_EXE, "claims", "prepare", "--state-dir", str(node.state_dir), "--pod-uid", pod_uid, str(f)],
+        check=True,
+        capture_output=True,
+        env={"PATH": os.environ["PATH"]},
+    )
 
 
 def test_claim_mode_uses_the_allocated_device(node, make_netns, tmp_path):
@@ -136,7 +150,9 @@ def test_del_twice_and_capacity_returns(node, make_netns):
 
 
 def test_del_without_prior_add_succeeds(node, make_netns):
-    code, out, err = run_plugin("DEL", node.conf(), container_id="never-added", netns=make_netns(), ifname="eth0")
+    code, out, err = run_plugin(
+        "DEL", node.conf(), container_id="never-added", netns=make_netns(), ifname="eth0"
+    )
     assert code == 0, (out, err)
 
 
@@ -189,13 +205,14 @@ def test_mtu_above_parent_refused_before_ipam(node, make_netns, tmp_path):
     plugdir = tmp_path / "plugins"
     plugdir.mkdir()
     rec = plugdir / "recording-ipam"
-    rec.write_text(f"#!/bin/sh\necho \"$CNI_COMMAND\" >> {calls}\nexec /usr/lib/cni/host-local\n")
+    rec.write_text(f'#!/bin/sh\necho "$CNI_COMMAND" >> {calls}\nexec /usr/lib/cni/host-local\n')
     rec.chmod(0o755)
     conf = node.conf("1G", mtu=9000)
     conf["ipam"]["type"] = "recording-ipam"
     ns = make_netns()
-    code, out, _ = run_plugin("ADD", conf, container_id="c-mtu", netns=ns, ifname="eth0",
-                              cni_path=f"{plugdir}:{CNI_PATH}")
+    code, out, _ = run_plugin(
+        "ADD", conf, container_id="c-mtu", netns=ns, ifname="eth0", cni_path=f"{plugdir}:{CNI_PATH}"
+    )
     assert code != 0 and out["code"] == 7
     assert "mtu 9000" in out["msg"]
     assert not calls.exists()
@@ -249,8 +266,9 @@ def test_claim_shared_by_two_pods_is_one_share_charged_once(node, make_netns, tm
     assert sorted(a["podUID"] for a in atts) == sorted([pod1, pod2])
     assert {a["shareID"] for a in atts} == {share}
     assert node.reported_consumed() == {"nic-a": "0", "nic-b": "2G"}
-    code, out, err = run_plugin("DEL", node.conf(None), container_id=cid1, netns=ns1, ifname="eth0",
-                                cni_args=_args(pod1))
+    code, out, err = run_plugin(
+        "DEL", node.conf(None), container_id=cid1, netns=ns1, ifname="eth0", cni_args=_args(pod1)
+    )
     assert code == 0, (out, err)
     assert link_in_netns(ns1, "eth0") is None and link_in_netns(ns2, "eth0") is not None
     assert [a["podUID"] for a in node.status()["attachments"]] == [pod2]
@@ -263,7 +281,9 @@ def test_del_leaves_a_foreign_link_alone(node, make_netns):
 
     name = Path(ns).name
     peer = f"{name[:10]}f"
-    subprocess.run(["ip", "link", "add", peer, "type", "veth", "peer", "name", "net3", "netns", name], check=True)
+    subprocess.run(
+        ["ip", "link", "add", peer, "type", "veth", "peer", "name", "net3", "netns", name], check=True
+    )
     try:
         _, code, out, _ = _add(node, ns, node.conf("1G"), ifname="net3")
         assert code != 0 and out["code"] == 4  # the name is taken in the pod
@@ -289,31 +309,75 @@ def test_del_without_record_removes_a_macvlan_on_an_inventory_nic(node, make_net
 
 def test_selection_skips_nics_whose_mtu_is_too_small(tmp_path, make_parent_nic, make_netns):
     small, big = make_parent_nic(mtu=1400), make_parent_nic(mtu=1500)
-    devices = [{"name": n, "allowMultipleAllocations": True, "attributes": {"ifName": {"string": i}},
-                "capacity": {"bandwidth": {"value": "10G"}}} for n, i in (("a-small", small), ("b-big", big))]
+    devices = [
+        {
+            "name": n,
+            "allowMultipleAllocations": True,
+            "attributes": {"ifName": {"string": i}},
+            "capacity": {"bandwidth": {"value": "10G"}},
+        }
+        for n, i in (("a-small", small), ("b-big", big))
+    ]
     inv = tmp_path / "slice.json"
-    inv.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
-                               "spec": {"driver": DRIVER, "nodeName": "n", "devices": devices,
-                                        "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1}}}))
-    conf = {"cniVersion": "1.0.0", "name": "mtunet", "type": "cni-dra", "stateDir": str(tmp_path / "st"),
-            "inventory": str(inv), "mtu": 1500, "capacity": {"requests": {"bandwidth": "1G"}}}
+    inv.write_text(
+        json.dumps(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": "n"},
+                "spec": {
+                    "driver": DRIVER,
+                    "nodeName": "n",
+                    "devices": devices,
+                    "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                },
+            }
+        )
+    )
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "mtunet",
+        "type": "cni-dra",
+        "stateDir": str(tmp_path / "st"),
+        "inventory": str(inv),
+        "mtu": 1500,
+        "capacity": {"requests": {"bandwidth": "1G"}},
+    }
     ns = make_netns()
     code, out, err = run_plugin("ADD", conf, container_id="cm1", netns=ns, ifname="eth0")
     assert code == 0, (out, err)
     assert parent_of(ns) == big
-    code, out, _ = run_plugin("ADD", dict(conf, mtu=9000), container_id="cm2", netns=make_netns(), ifname="eth0")
+    code, out, _ = run_plugin(
+        "ADD", dict(conf, mtu=9000), container_id="cm2", netns=make_netns(), ifname="eth0"
+    )
     assert code != 0 and out["code"] == 7 and "mtu 9000" in out["msg"]
 
 
 def test_prepare_refuses_unknown_device_and_bad_share_id(node, tmp_path):
     import subprocess
 
-    for doc in (_claim_doc("nic-z", "1G", str(uuid.uuid4()), "p"), _claim_doc("nic-a", "1G", "NOT-A-UUID", "p")):
+    for doc in (
+        _claim_doc("nic-z", "1G", str(uuid.uuid4()), "p"),
+        _claim_doc("nic-a", "1G", "NOT-A-UUID", "p"),
+    ):
         f = tmp_path / f"bad-{uuid.uuid4().hex[:6]}.json"
         f.write_text(json.dumps(doc))
-        r = subprocess.run([CNI_EXE, "claims", "prepare", "--state-dir", str(node.state_dir),
-                            "--inventory", node.conf()["inventory"], "--pod-uid", "p", str(f)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                CNI_EXE,
+                "claims",
+                "prepare",
+                "--state-dir",
+                str(node.state_dir),
+                "--inventory",
+                node.conf()["inventory"],
+                "--pod-uid",
+                "p",
+                str(f),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 1 and r.stderr.startswith("InvalidConfigError: ")
     assert node.status()["preparedClaims"] == []
 
@@ -351,7 +415,9 @@ def test_any_printable_ascii_interface_name_is_added_and_deleted(node, make_netn
     assert code == 0, (out, err)
     assert sysctl_in_netns(ns, f"net/ipv4/conf/{ifname}/arp_notify") == "1"
     assert ("ifb-" + ifname, "ifb") in links_named(ns)
-    code, out, err = run_plugin("DEL", node.conf("300M"), container_id=cid, netns=ns, ifname=ifname, cni_args=_args(cid))
+    code, out, err = run_plugin(
+        "DEL", node.conf("300M"), container_id=cid, netns=ns, ifname=ifname, cni_args=_args(cid)
+    )
     assert (code, out) == (0, None), err
     assert [name for name, _ in links_named(ns)] == ["lo"]
 
@@ -361,6 +427,8 @@ def test_an_interface_name_outside_printable_ascii_is_code_4_before_anything(nod
     ns = make_netns()
     _, code, out, err = _add(node, ns, node.conf("300M"), ifname=ifname)
     assert code == 1 and out is not None and out["code"] == 4, (out, err)
-    assert out["msg"] == (f"invalid CNI_IFNAME {ifname!r}: interface name contains a character that is not "
-                          "printable ASCII (cni-dra takes '!' to '~' only)")
+    assert out["msg"] == (
+        f"invalid CNI_IFNAME {ifname!r}: interface name contains a character that is not "
+        "printable ASCII (cni-dra takes '!' to '~' only)"
+    )
     assert node.status()["attachments"] == [] and node.reported_consumed() == {"nic-a": "0", "nic-b": "0"}

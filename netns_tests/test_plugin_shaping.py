@@ -19,7 +19,16 @@ import pytest
 from cni_dra.netlink.shaping import Tbf, ifb_name, read_shaping
 from netns_tests.bed import NodeBed, links_named, pod_args, repair
 from netns_tests.runner import cni_dra_cli, run_plugin
-from netns_tests.traffic import IPERF3, TOLERANCE, Client, IperfServer, M, concurrent_median_bps, median_bps, remote_end
+from netns_tests.traffic import (
+    IPERF3,
+    TOLERANCE,
+    Client,
+    IperfServer,
+    M,
+    concurrent_median_bps,
+    median_bps,
+    remote_end,
+)
 
 NET = "shapenet"
 REMOTE_IP = "198.51.100.254"  # the NIC's peer; host-local hands pods .2, .3, ... of the same /24
@@ -46,11 +55,16 @@ def _ifbs(netns: str) -> list[str]:
 def _near(got: Tbf | None, rate_bps: int) -> bool:
     """The kernel holds ``rate_bps`` with the default bucket (burst within tick rounding)."""
     want = Tbf.for_rate(rate_bps)
-    return (got is not None and got.rate_bps == want.rate_bps and got.limit_bytes == want.limit_bytes
-            and abs(got.burst_bytes - want.burst_bytes) <= max(16, want.burst_bytes // 1000))
+    return (
+        got is not None
+        and got.rate_bps == want.rate_bps
+        and got.limit_bytes == want.limit_bytes
+        and abs(got.burst_bytes - want.burst_bytes) <= max(16, want.burst_bytes // 1000)
+    )
 
 
 # -- ADD -------------------------------------------------------------------------------------
+
 
 def test_add_shapes_the_pod_interface_to_its_share(node, make_netns) -> None:
     ns = make_netns()
@@ -88,8 +102,14 @@ def test_runtime_bandwidth_lowers_the_rate_never_raises_it(node, make_netns) -> 
     ``egress-bandwidth: 2G`` on a pod that holds 300M: ingress 100M, egress stays 300M;
     the runtime's 2**32-1 bit bursts ("no preference") leave the default buckets."""
     ns = make_netns()
-    rc = {"bandwidth": {"ingressRate": 100 * M, "ingressBurst": MAX_U32, "egressRate": 2000 * M,
-                        "egressBurst": MAX_U32}}
+    rc = {
+        "bandwidth": {
+            "ingressRate": 100 * M,
+            "ingressBurst": MAX_U32,
+            "egressRate": 2000 * M,
+            "egressBurst": MAX_U32,
+        }
+    }
     _add(node, ns, "pod-a", "300M", capabilities={"bandwidth": True}, runtimeConfig=rc)
     info = read_shaping(ns, "eth0")
     assert info is not None and _near(info.ingress, 100 * M) and _near(info.egress, 300 * M)
@@ -115,7 +135,10 @@ def test_a_shaping_failure_fails_the_add_with_code_102_and_undoes_it(node, make_
         ipr.link("add", ifname="ifb-eth0", kind="veth", peer="ifb-eth0p")
     code, out, err = node.add(ns, "pod-a", conf=node.conf("300M"))
     assert code == 1 and out is not None and out["code"] == 102, (out, err)
-    assert out["msg"] == f"failed to create ifb device ifb-eth0 in netns {ns}: ifb-eth0 exists and is not an ifb device"
+    assert (
+        out["msg"]
+        == f"failed to create ifb device ifb-eth0 in netns {ns}: ifb-eth0 exists and is not an ifb device"
+    )
     assert sorted(links_named(ns)) == [("ifb-eth0", "veth"), ("ifb-eth0p", "veth"), ("lo", None)]
     assert node.status()["attachments"] == [] and node.reported_consumed() == {"nic-a": "0"}
     # shaping off: the same pod comes up (unshaped)
@@ -123,24 +146,43 @@ def test_a_shaping_failure_fails_the_add_with_code_102_and_undoes_it(node, make_
 
 
 def _leaves_the_pod_as_it_was(node: NodeBed, ns: str, err: str) -> bool:
-    return ("Traceback" not in err and [name for name, _ in links_named(ns)] == ["lo"]
-            and node.status()["attachments"] == [] and node.reported_consumed() == {"nic-a": "0"})
+    return (
+        "Traceback" not in err
+        and [name for name, _ in links_named(ns)] == ["lo"]
+        and node.status()["attachments"] == []
+        and node.reported_consumed() == {"nic-a": "0"}
+    )
 
 
-@pytest.mark.parametrize(("conf", "says"), [
-    # what containerd sends for kubernetes.io/ingress-bandwidth: 1k (an ADD that crashed with 999 before)
-    ({"capabilities": {"bandwidth": True}, "runtimeConfig": {"bandwidth": {"ingressRate": 1000, "ingressBurst": MAX_U32}}},
-     "invalid shaping: ingress rate 1kbit/s (runtimeConfig.bandwidth.ingressRate) is below 2824bit/s, the lowest at "
-     "which tbf passes a full frame on an interface of MTU 1500 (1514 bytes in 4.29 s of the rate)"),
-    # a tiny burst (the kernel's 'Invalid argument', code 102, before)
-    ({"capabilities": {"bandwidth": True}, "runtimeConfig": {"bandwidth": {"ingressRate": 100 * M, "ingressBurst": 80}}},
-     "invalid shaping: runtimeConfig.bandwidth.ingressBurst 80 bits (10 bytes) is below 1539 bytes, the smallest "
-     "bucket at 100Mbit/s on an interface of MTU 1500"),
-    # a capacity no device has (silently unshaped before)
-    ({"shaping": {"capacity": "egressBW"}},
-     "invalid shaping: shaping.capacity names capacity 'egressBW', which device nic-a does not have (its "
-     "capacities: bandwidth)"),
-])
+@pytest.mark.parametrize(
+    ("conf", "says"),
+    [
+        # what containerd sends for kubernetes.io/ingress-bandwidth: 1k (an ADD that crashed with 999 before)
+        (
+            {
+                "capabilities": {"bandwidth": True},
+                "runtimeConfig": {"bandwidth": {"ingressRate": 1000, "ingressBurst": MAX_U32}},
+            },
+            "invalid shaping: ingress rate 1kbit/s (runtimeConfig.bandwidth.ingressRate) is below 2824bit/s, the lowest at "
+            "which tbf passes a full frame on an interface of MTU 1500 (1514 bytes in 4.29 s of the rate)",
+        ),
+        # a tiny burst (the kernel's 'Invalid argument', code 102, before)
+        (
+            {
+                "capabilities": {"bandwidth": True},
+                "runtimeConfig": {"bandwidth": {"ingressRate": 100 * M, "ingressBurst": 80}},
+            },
+            "invalid shaping: runtimeConfig.bandwidth.ingressBurst 80 bits (10 bytes) is below 1539 bytes, the smallest "
+            "bucket at 100Mbit/s on an interface of MTU 1500",
+        ),
+        # a capacity no device has (silently unshaped before)
+        (
+            {"shaping": {"capacity": "egressBW"}},
+            "invalid shaping: shaping.capacity names capacity 'egressBW', which device nic-a does not have (its "
+            "capacities: bandwidth)",
+        ),
+    ],
+)
 def test_shaping_the_kernel_cannot_hold_fails_the_add_with_code_7(node, make_netns, conf, says) -> None:
     ns = make_netns()
     code, out, err = node.add(ns, "pod-a", conf=node.conf("300M", **conf))
@@ -158,8 +200,14 @@ def test_a_burst_at_its_documented_maximum_is_installed(node, make_netns) -> Non
     info = read_shaping(ns, "eth0")
     assert info is not None and info.egress is not None
     assert info.egress.limit_bytes == MAX_U32 and abs(info.egress.burst_bytes - MAX_U32) <= 100
-    code, out, err = run_plugin("CHECK", dict(conf, prevResult=res), container_id="pod-a", netns=ns, ifname="eth0",
-                                cni_args=pod_args("pod-a"))
+    code, out, err = run_plugin(
+        "CHECK",
+        dict(conf, prevResult=res),
+        container_id="pod-a",
+        netns=ns,
+        ifname="eth0",
+        cni_args=pod_args("pod-a"),
+    )
     assert (code, out) == (0, None), (out, err)
 
 
@@ -174,9 +222,11 @@ def test_a_foreign_ifb_device_of_the_same_name_is_refused_and_never_deleted(node
         ipr.link("add", ifname="ifb-net1", kind="ifb")
     code, out, err = node.add(ns, "pod-a", conf=node.conf("300M"), ifname="net1")
     assert code == 1 and out is not None and out["code"] == 102, (out, err)
-    assert out["msg"] == (f"failed to create ifb device ifb-net1 in netns {ns}: ifb-net1 exists and cni-dra did not "
-                          "make it (not in cni-dra's netdev group 0x7cd31fb0); it is left alone: remove it, or use "
-                          "another interface name")
+    assert out["msg"] == (
+        f"failed to create ifb device ifb-net1 in netns {ns}: ifb-net1 exists and cni-dra did not "
+        "make it (not in cni-dra's netdev group 0x7cd31fb0); it is left alone: remove it, or use "
+        "another interface name"
+    )
     assert sorted(links_named(ns)) == [("ifb-net1", "ifb"), ("lo", None)]
     assert node.delete(ns, "pod-a", ifname="net1")[:2] == (0, None)  # a DEL without a record
     assert sorted(links_named(ns)) == [("ifb-net1", "ifb"), ("lo", None)]
@@ -188,6 +238,7 @@ def test_a_foreign_ifb_device_of_the_same_name_is_refused_and_never_deleted(node
 
 
 # -- DEL, CHECK, GC, repair ------------------------------------------------------------------
+
 
 def test_del_removes_the_ifb_when_the_netns_outlives_the_pod(node, make_netns) -> None:
     ns = make_netns()
@@ -212,32 +263,53 @@ def _tamper(ns: str, how: str) -> None:
         elif how == "ifb down":  # mirred to a device that is down drops every packet
             ipr.link("set", index=ipr.link_lookup(ifname="ifb-eth0")[0], state="down")
         elif how == "egress rate changed":
-            ipr.tc("replace", "tbf", eth0, 0x10000, parent=0xFFFFFFFF, rate=100 * M // 8, burst=131072,
-                   limit=443572)
+            ipr.tc(
+                "replace",
+                "tbf",
+                eth0,
+                0x10000,
+                parent=0xFFFFFFFF,
+                rate=100 * M // 8,
+                burst=131072,
+                limit=443572,
+            )
         else:
             raise ValueError(how)
 
 
-@pytest.mark.parametrize(("how", "says"), [
-    ("egress tbf deleted", "egress is not shaped (the root tbf qdisc is missing), expected 300Mbit/s"),
-    ("ingress qdisc deleted", "ingress is not shaped (the ingress redirect to ifb-eth0 and its tbf is missing)"),
-    ("ifb deleted", "ingress is not shaped"),
-    ("egress rate changed", "egress rate is 100Mbit/s, expected 300Mbit/s"),
-    ("ifb down", "ingress goes through ifb device ifb-eth0, which is down (it drops every packet the pod receives)"),
-])
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("egress tbf deleted", "egress is not shaped (the root tbf qdisc is missing), expected 300Mbit/s"),
+        (
+            "ingress qdisc deleted",
+            "ingress is not shaped (the ingress redirect to ifb-eth0 and its tbf is missing)",
+        ),
+        ("ifb deleted", "ingress is not shaped"),
+        ("egress rate changed", "egress rate is 100Mbit/s, expected 300Mbit/s"),
+        (
+            "ifb down",
+            "ingress goes through ifb device ifb-eth0, which is down (it drops every packet the pod receives)",
+        ),
+    ],
+)
 def test_check_fails_when_the_shaping_is_not_as_added(node, make_netns, how, says) -> None:
     ns = make_netns()
     conf = node.conf("300M")
     res = _add(node, ns, "pod-a")
     checked = dict(conf, prevResult=res)
-    code, out, err = run_plugin("CHECK", checked, container_id="pod-a", netns=ns, ifname="eth0",
-                                cni_args=pod_args("pod-a"))
+    code, out, err = run_plugin(
+        "CHECK", checked, container_id="pod-a", netns=ns, ifname="eth0", cni_args=pod_args("pod-a")
+    )
     assert (code, out) == (0, None), (out, err)
     _tamper(ns, how)
-    code, out, err = run_plugin("CHECK", checked, container_id="pod-a", netns=ns, ifname="eth0",
-                                cni_args=pod_args("pod-a"))
+    code, out, err = run_plugin(
+        "CHECK", checked, container_id="pod-a", netns=ns, ifname="eth0", cni_args=pod_args("pod-a")
+    )
     assert code == 1 and out is not None and out["code"] == 105, (out, err)
-    assert out["msg"].startswith("failed to check interface eth0 of container pod-a: ") and says in out["msg"], out
+    assert (
+        out["msg"].startswith("failed to check interface eth0 of container pod-a: ") and says in out["msg"]
+    ), out
 
 
 def test_gc_removes_the_ifb_of_a_stale_attachment(node, make_netns) -> None:
@@ -262,7 +334,9 @@ def test_state_repair_removes_a_leaked_ifb(node, make_netns) -> None:
     code, out, err = repair(node, "--json")
     assert code == 0, err
     changes = json.loads(out)["changes"]
-    assert any("link not live" in c and f"shaping of eth0 (ifb-eth0) removed in {ns}" in c for c in changes), changes
+    assert any(
+        "link not live" in c and f"shaping of eth0 (ifb-eth0) removed in {ns}" in c for c in changes
+    ), changes
     assert [name for name, _ in links_named(ns)] == ["lo"] and node.status()["attachments"] == []
 
 
@@ -282,18 +356,25 @@ def remote(node, make_netns) -> str:
 @pytest.fixture
 def servers(remote, tmp_path) -> Iterator[list[int]]:
     """Two iperf3 servers in the remote netns; their ports."""
-    with IperfServer(remote, REMOTE_IP, tmp_path, port=5201), IperfServer(remote, REMOTE_IP, tmp_path, port=5202):
+    with (
+        IperfServer(remote, REMOTE_IP, tmp_path, port=5201),
+        IperfServer(remote, REMOTE_IP, tmp_path, port=5202),
+    ):
         yield [5201, 5202]
 
 
 def _report(capsys, label: str, rate_bps: int, direction: str, bps: float) -> None:
     with capsys.disabled():
-        print(f"\nshaping throughput (plugin): {label} allocated {rate_bps // M}M {direction}: "
-              f"median {bps / M:.1f} Mbit/s, deviation {(bps / rate_bps - 1) * 100:+.1f} %")
+        print(
+            f"\nshaping throughput (plugin): {label} allocated {rate_bps // M}M {direction}: "
+            f"median {bps / M:.1f} Mbit/s, deviation {(bps / rate_bps - 1) * 100:+.1f} %"
+        )
 
 
 @needs_iperf3
-def test_a_pod_sending_or_receiving_more_than_its_share_is_held_to_it(node, make_netns, servers, capsys) -> None:
+def test_a_pod_sending_or_receiving_more_than_its_share_is_held_to_it(
+    node, make_netns, servers, capsys
+) -> None:
     ns = make_netns()
     _add(node, ns, "pod-a", "300M")
     for direction in ("egress", "ingress"):
@@ -310,10 +391,14 @@ def test_two_pods_sharing_a_nic_each_get_their_own_rate_at_once(node, make_netns
         _add(node, netns[cid], cid, f"{rate // M}M")
     assert node.reported_consumed() == {"nic-a": "1G"}
     for direction in ("egress", "ingress"):
-        clients = [Client(netns[cid], REMOTE_IP, reverse=direction == "ingress", port=port)
-                   for cid, port in zip(shares, servers, strict=True)]
+        clients = [
+            Client(netns[cid], REMOTE_IP, reverse=direction == "ingress", port=port)
+            for cid, port in zip(shares, servers, strict=True)
+        ]
         measured = concurrent_median_bps(clients)
         for (cid, rate), bps in zip(shares.items(), measured, strict=True):
             _report(capsys, f"two pods at once, {cid}", rate, direction, bps)
         for (cid, rate), bps in zip(shares.items(), measured, strict=True):
-            assert abs(bps / rate - 1) <= TOLERANCE, f"{cid} {direction}: {bps / M:.1f} Mbit/s for {rate // M}M"
+            assert abs(bps / rate - 1) <= TOLERANCE, (
+                f"{cid} {direction}: {bps / M:.1f} Mbit/s for {rate // M}M"
+            )

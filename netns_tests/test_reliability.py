@@ -31,7 +31,10 @@ from netns_tests.runner import CNI_EXE, CNI_PATH, run_plugin
 
 NET = "relnet"
 KILLED = -signal.SIGKILL
-_PLUGIN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "CNI_DRA_STATE_VERIFY": "1"}
+_PLUGIN_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "CNI_DRA_STATE_VERIFY": "1",
+}
 
 
 @pytest.fixture
@@ -41,8 +44,14 @@ def node(make_node) -> NodeBed:
 
 
 # -- 1. kill at every step ------------------------------------------------------------------
-ADD_STEPS_UNDONE = ["add:reserved", "add:link-temp", "add:link-renamed", "add:link-created", "add:shaped",
-                    "add:ipam-done"]
+ADD_STEPS_UNDONE = [
+    "add:reserved",
+    "add:link-temp",
+    "add:link-renamed",
+    "add:link-created",
+    "add:shaped",
+    "add:ipam-done",
+]
 
 
 @pytest.mark.parametrize("step", ADD_STEPS_UNDONE + ["add:ready", "state:tmp-written", "state:renamed"])
@@ -111,8 +120,13 @@ def test_add_killed_before_the_rename_leaves_no_temporary_link(node, make_netns,
     if cleaner == "del":
         code, out, err = node.delete(ns_b, "pod-b")
     elif cleaner == "gc":
-        gc_conf = node.conf() | {"cniVersion": "1.1.0", "cni.dev/valid-attachments": [
-            {"containerID": "pod-a", "ifname": "eth0"}, {"containerID": "pod-b", "ifname": "eth0"}]}
+        gc_conf = node.conf() | {
+            "cniVersion": "1.1.0",
+            "cni.dev/valid-attachments": [
+                {"containerID": "pod-a", "ifname": "eth0"},
+                {"containerID": "pod-b", "ifname": "eth0"},
+            ],
+        }
         code, out, err = run_plugin("GC", gc_conf, container_id="", netns="", ifname="", cni_args=None)
     elif cleaner == "next-add":
         code, out, err = node.add(ns_c, "pod-c")
@@ -275,11 +289,28 @@ def test_corrupt_state_fails_closed_and_repair_rebuilds(node, make_netns, how):
 def test_old_schema_state_is_migrated(node, make_netns):
     ns = make_netns()
     node.state_dir.mkdir(mode=0o700)
-    claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "status": {"allocation": {"devices": {
-        "results": [{"request": "net", "driver": DRIVER, "pool": "n", "device": "nic-b",
-                     "consumedCapacity": {"bandwidth": "3G"}, "shareID": "4a5b"}]}}}}
-    (node.state_dir / "state.json").write_text(json.dumps({"schemaVersion": 1, "claims": {"other": [claim]},
-                                                           "attachments": []}))
+    claim = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "cu"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "net",
+                            "driver": DRIVER,
+                            "pool": "n",
+                            "device": "nic-b",
+                            "consumedCapacity": {"bandwidth": "3G"},
+                            "shareID": "4a5b",
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    (node.state_dir / "state.json").write_text(
+        json.dumps({"schemaVersion": 1, "claims": {"other": [claim]}, "attachments": []})
+    )
     code, out, err = node.add(ns, "pod-a")
     assert code == 0, (out, err)
     st = node.state()
@@ -289,15 +320,26 @@ def test_old_schema_state_is_migrated(node, make_netns):
     assert node.delete(ns, "pod-a")[0] == 0
 
 
-
 def test_old_schema_attachment_without_amounts_holds_its_whole_nic(node, make_netns):
     """A schema-1 record without consumedCapacity is charged its NIC's whole capacity until
     its DEL: later ADDs cannot put 11G on a 10G NIC."""
     ns_old, ns_x, ns_y = make_netns(), make_netns(), make_netns()
     node.state_dir.mkdir(mode=0o700)
-    old = {"network": NET, "containerID": "pod-old", "ifname": "eth0", "netns": ns_old, "podUID": "uid-pod-old",
-           "driver": DRIVER, "pool": "n", "device": "nic-a", "ifName": node.parents["nic-a"], "phase": "ready"}
-    (node.state_dir / "state.json").write_text(json.dumps({"schemaVersion": 1, "claims": {}, "attachments": [old]}))
+    old = {
+        "network": NET,
+        "containerID": "pod-old",
+        "ifname": "eth0",
+        "netns": ns_old,
+        "podUID": "uid-pod-old",
+        "driver": DRIVER,
+        "pool": "n",
+        "device": "nic-a",
+        "ifName": node.parents["nic-a"],
+        "phase": "ready",
+    }
+    (node.state_dir / "state.json").write_text(
+        json.dumps({"schemaVersion": 1, "claims": {}, "attachments": [old]})
+    )
     code, out, err = node.add(ns_x, "pod-x", conf=node.conf("6G"))
     assert code == 0, (out, err)
     assert parent_of(ns_x) == node.parents["nic-b"]
@@ -313,6 +355,7 @@ def test_old_schema_attachment_without_amounts_holds_its_whole_nic(node, make_ne
         assert node.delete(ns, cid)[0] == 0
     assert node.phases() == {} and node.ip_holders() == {}
 
+
 # -- 3. reboots -----------------------------------------------------------------------------
 def test_reboot_releases_attachments_whose_netns_is_gone(node, make_netns):
     ns_a, ns_b, ns_c = make_netns(), make_netns(), make_netns()
@@ -320,9 +363,25 @@ def test_reboot_releases_attachments_whose_netns_is_gone(node, make_netns):
         code, out, err = node.add(ns, cid)
         assert code == 0, (out, err)
     st = node.state()
-    claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "status": {"allocation": {"devices": {
-        "results": [{"request": "net", "driver": DRIVER, "pool": "n", "device": "nic-b",
-                     "consumedCapacity": {"bandwidth": "3G"}, "shareID": "4a5b"}]}}}}
+    claim = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "cu"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "net",
+                            "driver": DRIVER,
+                            "pool": "n",
+                            "device": "nic-b",
+                            "consumedCapacity": {"bandwidth": "3G"},
+                            "shareID": "4a5b",
+                        }
+                    ]
+                }
+            }
+        },
+    }
     txn = Txn(st)  # on a copy of the state read
     txn.set_claims("prepared-pod", [claim])
     txn.set_boot_id("00000000-0000-0000-0000-000000000000")  # the state was last reconciled in another boot
@@ -337,8 +396,10 @@ def test_reboot_releases_attachments_whose_netns_is_gone(node, make_netns):
     assert st.bootID == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert sorted(node.ip_holders().values()) == ["pod-b", "pod-c"]  # pod-a's address released
     # pod-a's 1G is free again; best-fit put pod-c next to the prepared claim on nic-b
-    assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("1G")},
-                               "nic-b": {"bandwidth": Quantity.parse("4G")}}
+    assert node.consumed() == {
+        "nic-a": {"bandwidth": Quantity.parse("1G")},
+        "nic-b": {"bandwidth": Quantity.parse("4G")},
+    }
     for ns, cid in ((ns_b, "pod-b"), (ns_c, "pod-c")):
         assert node.delete(ns, cid)[0] == 0
 
@@ -495,7 +556,11 @@ def test_temporary_links_are_deleted_only_when_they_are_ours(make_netns, make_pa
 
     ns, parent, other = make_netns(), make_parent_nic(), make_parent_nic()
     first = sublink.temp_name()
-    ours, on_other, unrelated = sublink.temp_names(first)[1], sublink.temp_names(first)[2], sublink.temp_name()
+    ours, on_other, unrelated = (
+        sublink.temp_names(first)[1],
+        sublink.temp_names(first)[2],
+        sublink.temp_name(),
+    )
     with IPRoute(netns=ns) as ipr:
         ipr.link("add", ifname=first, kind="veth", peer="sq-peer")  # a squatter
     with IPRoute() as ipr:
@@ -507,7 +572,9 @@ def test_temporary_links_are_deleted_only_when_they_are_ours(make_netns, make_pa
         finally:
             os.close(fd)
     assert sublink.delete_temp_links(ns, first, parent) == [ours]
-    assert sorted(name for name, _ in links_named(ns)) == sorted(["lo", first, "sq-peer", on_other, unrelated])
+    assert sorted(name for name, _ in links_named(ns)) == sorted(
+        ["lo", first, "sq-peer", on_other, unrelated]
+    )
     assert sublink.delete_temp_links(ns, first, parent) == []  # idempotent
 
 
@@ -518,8 +585,13 @@ def test_gc_recovers_a_crashed_add(node, make_netns, faults_on):
     assert code == KILLED, (code, out, err)
     assert node.phases() == {"pod-a": "ready", "pod-b": "adding"}
     assert dict(links_named(ns_b)).get("ifb-eth0") == "ifb"  # shaped before the crash
-    gc_conf = node.conf() | {"cniVersion": "1.1.0", "cni.dev/valid-attachments": [
-        {"containerID": "pod-a", "ifname": "eth0"}, {"containerID": "pod-b", "ifname": "eth0"}]}
+    gc_conf = node.conf() | {
+        "cniVersion": "1.1.0",
+        "cni.dev/valid-attachments": [
+            {"containerID": "pod-a", "ifname": "eth0"},
+            {"containerID": "pod-b", "ifname": "eth0"},
+        ],
+    }
     code, out, err = run_plugin("GC", gc_conf, container_id="", netns="", ifname="", cni_args=None)
     assert code == 0, (out, err)
     assert node.phases() == {"pod-a": "ready"}  # pod-b is "valid" but its ADD died: undone
@@ -547,11 +619,15 @@ def test_repair_charges_links_no_attachment_names(node, make_netns):
     code, out, err = repair(node, "--json")
     assert code == 0, err
     changes = json.loads(out)["changes"]
-    assert any(c.startswith(f"untracked link stray0 in {ns_x} on {node.parents['nic-b']}: charged the whole")
-               for c in changes), changes
+    assert any(
+        c.startswith(f"untracked link stray0 in {ns_x} on {node.parents['nic-b']}: charged the whole")
+        for c in changes
+    ), changes
     assert not any("untracked link eth0" in c for c in changes)  # pod-a's link is tracked
-    assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("1G")},
-                               "nic-b": {"bandwidth": Quantity.parse("10G")}}
+    assert node.consumed() == {
+        "nic-a": {"bandwidth": Quantity.parse("1G")},
+        "nic-b": {"bandwidth": Quantity.parse("10G")},
+    }
     # nic-b is full until the stray link's pod is deleted: a new 1G pod goes to nic-a
     ns_c = make_netns()
     assert node.add(ns_c, "pod-c")[0] == 0
@@ -573,14 +649,25 @@ def _stopped_add(node: NodeBed, ns: str, cid: str, tmp_path: Path) -> tuple[subp
     slow = tmp_path / "slow-ipam"
     slow.mkdir(exist_ok=True)
     (slow / "host-local").write_text(
-        f'#!/bin/sh\n[ "$CNI_COMMAND" = ADD ] && sleep 2\nexec {CNI_PATH}/host-local "$@"\n')
+        f'#!/bin/sh\n[ "$CNI_COMMAND" = ADD ] && sleep 2\nexec {CNI_PATH}/host-local "$@"\n'
+    )
     (slow / "host-local").chmod(0o755)
-    env = {**_PLUGIN_ENV, "CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": ns, "CNI_IFNAME": "eth0",
-           "CNI_PATH": f"{slow}:{CNI_PATH}", "CNI_ARGS": pod_args(cid), "CNI_DRA_AGENT": "off"}
+    env = {
+        **_PLUGIN_ENV,
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": cid,
+        "CNI_NETNS": ns,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": f"{slow}:{CNI_PATH}",
+        "CNI_ARGS": pod_args(cid),
+        "CNI_DRA_AGENT": "off",
+    }
     conf = tmp_path / f"{cid}.json"
     conf.write_text(json.dumps(node.conf()))
     with conf.open("rb") as stdin:
-        proc = subprocess.Popen([CNI_EXE], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(
+            [CNI_EXE], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if "ifb-eth0" in dict(links_named(ns)):
@@ -627,7 +714,9 @@ def test_repair_undoes_an_add_killed_halfway_with_its_ifb_device(node, make_netn
     proc.communicate(timeout=60)
     code, out, err = repair(node, "--json")
     assert code == 0, err
-    assert any(line.startswith("dropped attachment relnet/pod-k/eth0") for line in json.loads(out)["changes"]), out
+    assert any(
+        line.startswith("dropped attachment relnet/pod-k/eth0") for line in json.loads(out)["changes"]
+    ), out
     assert [name for name, _ in links_named(ns)] == ["lo"]
     assert node.phases() == {} and node.consumed() == {} and node.ip_holders() == {}
 
@@ -641,10 +730,18 @@ def test_two_dels_of_one_attachment_at_once_both_succeed(node, make_netns):
         assert node.add(ns, cid)[0] == 0
         procs = []
         for path in (ns, "/run/netns/" + os.path.basename(ns)):
-            env = {**_PLUGIN_ENV, "CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": path,
-                   "CNI_IFNAME": "eth0", "CNI_PATH": CNI_PATH, "CNI_ARGS": pod_args(cid)}
-            proc = subprocess.Popen([CNI_EXE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=env)
+            env = {
+                **_PLUGIN_ENV,
+                "CNI_COMMAND": "DEL",
+                "CNI_CONTAINERID": cid,
+                "CNI_NETNS": path,
+                "CNI_IFNAME": "eth0",
+                "CNI_PATH": CNI_PATH,
+                "CNI_ARGS": pod_args(cid),
+            }
+            proc = subprocess.Popen(
+                [CNI_EXE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+            )
             procs.append(proc)
         for proc in procs:
             stdout, stderr = proc.communicate(json.dumps(node.conf()).encode(), timeout=60)

@@ -79,18 +79,26 @@ def kernel_view(netns: str) -> dict[str, object]:
 
     with IPRoute(netns=netns) as ipr:
         names = {m["index"]: m.get_attr("IFLA_IFNAME") for m in ipr.link("dump")}
-        qdiscs = sorted((names[m["index"]], m.get_attr("TCA_KIND"), m["parent"]) for m in ipr.get_qdiscs()
-                        if m["index"] in names and m.get_attr("TCA_KIND") in ("tbf", "ingress"))
+        qdiscs = sorted(
+            (names[m["index"]], m.get_attr("TCA_KIND"), m["parent"])
+            for m in ipr.get_qdiscs()
+            if m["index"] in names and m.get_attr("TCA_KIND") in ("tbf", "ingress")
+        )
     return {"links": dict(links_named(netns)), "qdiscs": qdiscs}
 
 
 def near(got: Tbf | None, want: Tbf) -> bool:
     """Rate and limit exact; burst within a few bytes (tbf stores it as time in scheduler ticks)."""
-    return (got is not None and got.rate_bps == want.rate_bps and got.limit_bytes == want.limit_bytes
-            and abs(got.burst_bytes - want.burst_bytes) <= max(16, want.burst_bytes // 1000))
+    return (
+        got is not None
+        and got.rate_bps == want.rate_bps
+        and got.limit_bytes == want.limit_bytes
+        and abs(got.burst_bytes - want.burst_bytes) <= max(16, want.burst_bytes // 1000)
+    )
 
 
 # -- the kernel state -----------------------------------------------------------------------
+
 
 def test_apply_installs_tbf_and_ifb_and_reads_back_the_rates(world) -> None:
     from pyroute2 import IPRoute
@@ -132,7 +140,10 @@ def test_reapply_replaces_and_a_direction_left_out_is_removed(world) -> None:
     assert "ifb-eth0" not in dict(links_named(world.pod))
     ingress_only = apply_shaping(world.pod, IFNAME, ShapeSpec(ingress_rate_bps=50 * M))
     assert ingress_only.egress is None and ingress_only.ifb == "ifb-eth0"
-    assert kernel_view(world.pod)["qdiscs"] == [("eth0", "ingress", 0xFFFFFFF1), ("ifb-eth0", "tbf", 0xFFFFFFFF)]
+    assert kernel_view(world.pod)["qdiscs"] == [
+        ("eth0", "ingress", 0xFFFFFFF1),
+        ("ifb-eth0", "tbf", 0xFFFFFFFF),
+    ]
 
 
 def test_remove_leaves_nothing_and_is_idempotent(world, make_netns) -> None:
@@ -240,7 +251,10 @@ def test_an_ifb_device_someone_else_made_is_never_taken_nor_deleted(world) -> No
         with pytest.raises(NetlinkError, match="ifb-eth0 exists and cni-dra did not make it") as err:
             apply_shaping(world.pod, IFNAME, ShapeSpec.symmetric(100 * M), new_link=new_link)
         assert err.value.code == 102
-        assert kernel_view(world.pod) == {"links": {"lo": None, "eth0": "macvlan", "ifb-eth0": "ifb"}, "qdiscs": []}
+        assert kernel_view(world.pod) == {
+            "links": {"lo": None, "eth0": "macvlan", "ifb-eth0": "ifb"},
+            "qdiscs": [],
+        }
     apply_shaping(world.pod, IFNAME, ShapeSpec(egress_rate_bps=100 * M))  # needs no ifb device
     assert remove_shaping(world.pod, IFNAME) is True  # (the egress tbf)
     assert delete_shaped_link(world.pod, IFNAME) == (True, False)
@@ -275,7 +289,9 @@ def test_a_bucket_the_kernel_cannot_hold_is_refused_before_any_change(world) -> 
     """The spec is checked against the interface's own MTU (here 1500) before anything is
     installed: code 7 naming the bound, not the kernel's 'Invalid argument'."""
     spec = ShapeSpec(egress_rate_bps=300 * M, egress_burst_bytes=1500, mtu=1000)  # fits MTU 1000, not 1500
-    with pytest.raises(InvalidConfigError, match=r"burst 1500 bytes is below 1589 bytes, .* MTU 1500 .* in netns") as err:
+    with pytest.raises(
+        InvalidConfigError, match=r"burst 1500 bytes is below 1589 bytes, .* MTU 1500 .* in netns"
+    ) as err:
         apply_shaping(world.pod, IFNAME, spec, new_link=True)
     assert err.value.code == 7
     assert kernel_view(world.pod) == {"links": {"lo": None, "eth0": "macvlan"}, "qdiscs": []}
@@ -290,12 +306,20 @@ def test_every_bucket_it_takes_the_kernel_holds_as_asked(world) -> None:
     from cni_dra.attach.shaping_plan import mismatch, record
 
     @settings(max_examples=40, deadline=None)
-    @given(rate=st.integers(min_value=1, max_value=2**36) | st.integers(min_value=2000, max_value=5000),
-           burst=st.none() | st.integers(min_value=1, max_value=2**32 - 1) | st.integers(min_value=1000, max_value=9000))
+    @given(
+        rate=st.integers(min_value=1, max_value=2**36) | st.integers(min_value=2000, max_value=5000),
+        burst=st.none()
+        | st.integers(min_value=1, max_value=2**32 - 1)
+        | st.integers(min_value=1000, max_value=9000),
+    )
     def check(rate: int, burst: int | None) -> None:
         try:
-            spec = ShapeSpec(egress_rate_bps=rate, egress_burst_bytes=burst, ingress_rate_bps=rate,
-                             ingress_burst_bytes=burst)
+            spec = ShapeSpec(
+                egress_rate_bps=rate,
+                egress_burst_bytes=burst,
+                ingress_rate_bps=rate,
+                ingress_burst_bytes=burst,
+            )
         except InvalidConfigError as exc:
             assert exc.code == 7
             return
@@ -327,19 +351,24 @@ def iperf_server(world, tmp_path) -> Iterator[None]:
 
 
 @needs_iperf3
-@pytest.mark.parametrize("rate_bps", [None, 100 * M, 300 * M, 1000 * M], ids=["unshaped", "100M", "300M", "1G"])
+@pytest.mark.parametrize(
+    "rate_bps", [None, 100 * M, 300 * M, 1000 * M], ids=["unshaped", "100M", "300M", "1G"]
+)
 def test_tcp_throughput_follows_the_rate_both_ways(world, iperf_server, rate_bps, capsys) -> None:
     if rate_bps is not None:
         apply_shaping(world.pod, IFNAME, ShapeSpec.symmetric(rate_bps))
-    measured = {d: median_bps(Client(world.pod, REMOTE_IP, reverse=d == "ingress")) for d in ("egress", "ingress")}
+    measured = {
+        d: median_bps(Client(world.pod, REMOTE_IP, reverse=d == "ingress")) for d in ("egress", "ingress")
+    }
     with capsys.disabled():
         for d, bps in measured.items():
             dev = f"{(bps / rate_bps - 1) * 100:+.1f} %" if rate_bps else "-"
             label = f"{rate_bps // M}M" if rate_bps else "unshaped"
-            print(f"\nshaping throughput: rate {label} {d}: "
-                  f"median {bps / M:.1f} Mbit/s, deviation {dev}")
+            print(f"\nshaping throughput: rate {label} {d}: median {bps / M:.1f} Mbit/s, deviation {dev}")
     for d, bps in measured.items():
         if rate_bps is None:  # the NIC must carry well above every shaped rate, or the test proves nothing
             assert bps > 2 * 1000 * M, f"{d}: unshaped only {bps / M:.0f} Mbit/s"
         else:
-            assert abs(bps / rate_bps - 1) <= TOLERANCE, f"{d}: {bps / M:.1f} Mbit/s for a {rate_bps // M}M rate"
+            assert abs(bps / rate_bps - 1) <= TOLERANCE, (
+                f"{d}: {bps / M:.1f} Mbit/s for a {rate_bps // M}M rate"
+            )

@@ -52,8 +52,12 @@ def _add_ifb(netns: str, name: str) -> None:
 
 def test_repair_removes_ifb_devices_whose_link_and_record_are_gone(node, make_netns) -> None:
     ns_a, ns_b, ns_c, ns_d = (make_netns() for _ in range(4))
-    for ns, cid, ifname in ((ns_a, "pod-a", "eth0"), (ns_b, "pod-b", "eth0"), (ns_c, "pod-c", LONG_IFNAME),
-                            (ns_d, "pod-d", "eth0")):
+    for ns, cid, ifname in (
+        (ns_a, "pod-a", "eth0"),
+        (ns_b, "pod-b", "eth0"),
+        (ns_c, "pod-c", LONG_IFNAME),
+        (ns_d, "pod-d", "eth0"),
+    ):
         code, out, err = node.add(ns, cid, ifname=ifname)
         assert code == 0, (out, err)
         assert _links(ns)[ifb_name(ifname)] == "ifb"
@@ -73,8 +77,9 @@ def test_repair_removes_ifb_devices_whose_link_and_record_are_gone(node, make_ne
     assert code == 0, (out, err)
     changes = json.loads(out)["changes"]
     leaked = sorted(c for c in changes if c.startswith("removed leaked ifb device"))
-    assert leaked == sorted([f"removed leaked ifb device ifb-eth0 in {ns_b}",
-                             f"removed leaked ifb device {hashed} in {ns_c}"]), changes
+    assert leaked == sorted(
+        [f"removed leaked ifb device ifb-eth0 in {ns_b}", f"removed leaked ifb device {hashed} in {ns_c}"]
+    ), changes
     assert any(c.startswith(f"untracked link eth0 in {ns_d}") for c in changes), changes
     assert _links(ns_a) == {"lo": None, "eth0": "macvlan", "ifb-eth0": "ifb"}  # tracked: untouched
     assert _links(ns_b) == {"lo": None, "myifb0": "ifb", "ifb-net1": "ifb"}  # not cni-dra's: left alone

@@ -76,18 +76,28 @@ def test_200_concurrent_add_then_del(make_node, make_netns):
     checker.start()
     t0 = time.monotonic()
     try:
+
         def add(pod):
             cid, ns, size = pod
             conf = node.conf(size, lockTimeoutSeconds=120)
-            return run_plugin("ADD", conf, container_id=cid, netns=ns, ifname="eth0", cni_args=pod_args(cid),
-                              timeout_s=TIMEOUT_S)
+            return run_plugin(
+                "ADD",
+                conf,
+                container_id=cid,
+                netns=ns,
+                ifname="eth0",
+                cni_args=pod_args(cid),
+                timeout_s=TIMEOUT_S,
+            )
 
         with ThreadPoolExecutor(max_workers=N) as pool:
             added = list(pool.map(add, pods))
         t_add = time.monotonic() - t0
 
         ok = [(pod, out) for pod, (code, out, _) in zip(pods, added, strict=True) if code == 0]
-        failed = [(pod, code, out, err) for pod, (code, out, err) in zip(pods, added, strict=True) if code != 0]
+        failed = [
+            (pod, code, out, err) for pod, (code, out, err) in zip(pods, added, strict=True) if code != 0
+        ]
         assert all(out and out.get("code") == 100 for _, _, out, _ in failed), failed[:3]
         assert len(ok) >= 100, f"only {len(ok)} of {N} ADDs succeeded"
 
@@ -119,8 +129,15 @@ def test_200_concurrent_add_then_del(make_node, make_netns):
 
         def delete(pod):
             cid, ns, size = pod
-            return run_plugin("DEL", node.conf(size, lockTimeoutSeconds=120), container_id=cid, netns=ns,
-                              ifname="eth0", cni_args=pod_args(cid), timeout_s=TIMEOUT_S)
+            return run_plugin(
+                "DEL",
+                node.conf(size, lockTimeoutSeconds=120),
+                container_id=cid,
+                netns=ns,
+                ifname="eth0",
+                cni_args=pod_args(cid),
+                timeout_s=TIMEOUT_S,
+            )
 
         t1 = time.monotonic()
         with ThreadPoolExecutor(max_workers=N) as pool:
@@ -137,6 +154,8 @@ def test_200_concurrent_add_then_del(make_node, make_netns):
     assert node.ip_holders() == {}
     for cid, ns, _ in pods:
         assert link_in_netns(ns, "eth0") is None, cid
-    print(f"\nstress: {len(ok)} ADD ok, {len(failed)} refused (code 100) in {t_add:.1f}s; "
-          f"{N} DEL in {t_del:.1f}s; checker read the state {checker.reads} times, max per NIC "
-          + ", ".join(f"{d}={q}" for d, q in sorted(checker.max_seen.items())))
+    print(
+        f"\nstress: {len(ok)} ADD ok, {len(failed)} refused (code 100) in {t_add:.1f}s; "
+        f"{N} DEL in {t_del:.1f}s; checker read the state {checker.reads} times, max per NIC "
+        + ", ".join(f"{d}={q}" for d, q in sorted(checker.max_seen.items()))
+    )

@@ -78,8 +78,20 @@ class IperfServer:
             raise RuntimeError("iperf3 not installed (make deps installs it)")
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                ["nsenter", f"--net={self.netns}", IPERF3, "-s", "-B", self.address, "-p", str(self.port),
-                 "--forceflush"], stdout=out, stderr=subprocess.STDOUT)
+                [
+                    "nsenter",
+                    f"--net={self.netns}",
+                    IPERF3,
+                    "-s",
+                    "-B",
+                    self.address,
+                    "-p",
+                    str(self.port),
+                    "--forceflush",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 10
         while "Server listening" not in self.log.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -88,7 +100,9 @@ class IperfServer:
             time.sleep(0.05)
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._stop()
 
     def _stop(self) -> None:
@@ -110,8 +124,19 @@ class Client:
 
     def command(self, seconds: int) -> list[str]:
         assert IPERF3 is not None
-        return ["nsenter", f"--net={self.netns}", IPERF3, "-c", self.server, "-p", str(self.port),
-                "-t", str(seconds), "-J", *(["-R"] if self.reverse else [])]
+        return [
+            "nsenter",
+            f"--net={self.netns}",
+            IPERF3,
+            "-c",
+            self.server,
+            "-p",
+            str(self.port),
+            "-t",
+            str(seconds),
+            "-J",
+            *(["-R"] if self.reverse else []),
+        ]
 
 
 def _received_bps(stdout: str, stderr: str, returncode: int) -> float | None:
@@ -138,7 +163,9 @@ def iperf_bps(client: Client, seconds: int = SECONDS) -> float:
         if bps is not None:
             return bps
         if time.monotonic() > deadline:
-            raise RuntimeError(f"iperf3 server {client.server}:{client.port} kept refusing: {proc.stdout[-2000:]}")
+            raise RuntimeError(
+                f"iperf3 server {client.server}:{client.port} kept refusing: {proc.stdout[-2000:]}"
+            )
         time.sleep(0.2)
 
 
@@ -152,8 +179,10 @@ def _together(clients: Sequence[Client], seconds: int) -> list[float]:
     whole round is repeated when a server refused one of them."""
     deadline = time.monotonic() + _REFUSED_RETRY_S
     while True:
-        procs = [subprocess.Popen(c.command(seconds), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for c in clients]
+        procs = [
+            subprocess.Popen(c.command(seconds), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for c in clients
+        ]
         results = []
         for proc in procs:
             out, err = proc.communicate(timeout=seconds + 20)

@@ -18,7 +18,9 @@ import os
 import sys
 
 sys.dont_write_bytecode = True
-SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib", "python3", "dist-packages")
+SITE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib", "python3", "dist-packages"
+)
 sys.path.append(SITE)
 
 
@@ -29,12 +31,16 @@ def cannot_load(exc, stdin):
         version = json.loads(stdin).get("cniVersion", "1.1.0")
     except Exception:  # noqa: BLE001 - any undecodable input: answer in the newest version
         version = "1.1.0"
-    print(json.dumps({
-        "cniVersion": version,
-        "code": 999,
-        "msg": "failed to load cni-dra from " + SITE + ": " + type(exc).__name__,
-        "details": str(exc),
-    }))
+    print(
+        json.dumps(
+            {
+                "cniVersion": version,
+                "code": 999,
+                "msg": "failed to load cni-dra from " + SITE + ": " + type(exc).__name__,
+                "details": str(exc),
+            }
+        )
+    )
     sys.exit(1)
 
 

@@ -60,13 +60,25 @@ def every_path_a_netns(monkeypatch: Any) -> None:
 
 
 # -- the runtime's side ------------------------------------------------------------------------
-def cni_env(command: str = "ADD", *, container_id: str = "c1", netns: str = "/var/run/netns/x",
-            ifname: str = "eth0", path: str = "/opt/cni/bin", args: str | None = None,
-            **extra: str) -> dict[str, str]:
+def cni_env(
+    command: str = "ADD",
+    *,
+    container_id: str = "c1",
+    netns: str = "/var/run/netns/x",
+    ifname: str = "eth0",
+    path: str = "/opt/cni/bin",
+    args: str | None = None,
+    **extra: str,
+) -> dict[str, str]:
     """The CNI_* variables a runtime sets for ``command``; ``args`` sets CNI_ARGS (unset if
     None or empty), ``extra`` adds or overrides variables by name."""
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": ifname,
-           "CNI_PATH": path}
+    env = {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": container_id,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": ifname,
+        "CNI_PATH": path,
+    }
     if args:
         env["CNI_ARGS"] = args
     env.update(extra)
@@ -86,16 +98,25 @@ def netconf_bytes(version: str = "1.1.0", name: str = "net1", **kw: Any) -> byte
 
 
 # -- ResourceSlice (the inventory) -----------------------------------------------------------
-def device(name: str, ifname: str | None = None, bandwidth: str | None = "10G", *, shared: bool = True,
-           request_policy: Mapping[str, Any] | None = None,
-           attributes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def device(
+    name: str,
+    ifname: str | None = None,
+    bandwidth: str | None = "10G",
+    *,
+    shared: bool = True,
+    request_policy: Mapping[str, Any] | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """One ResourceSlice device: attribute ``ifName`` (default ``if-<name>``; ``attributes``
     adds more), capacity ``bandwidth`` (None: no capacity) with ``request_policy`` if given,
     ``allowMultipleAllocations`` when ``shared``."""
     dev: dict[str, Any] = {"name": name}
     if shared:
         dev["allowMultipleAllocations"] = True
-    dev["attributes"] = {"ifName": {"string": ifname if ifname is not None else f"if-{name}"}, **(attributes or {})}
+    dev["attributes"] = {
+        "ifName": {"string": ifname if ifname is not None else f"if-{name}"},
+        **(attributes or {}),
+    }
     if bandwidth is not None:
         cap: dict[str, Any] = {"value": bandwidth}
         if request_policy is not None:
@@ -104,14 +125,26 @@ def device(name: str, ifname: str | None = None, bandwidth: str | None = "10G", 
     return dev
 
 
-def resource_slice(devices: list[dict[str, Any]], *, driver: str = DRIVER, pool: str = "n",
-                   node: str | None = None, name: str | None = None) -> dict[str, Any]:
+def resource_slice(
+    devices: list[dict[str, Any]],
+    *,
+    driver: str = DRIVER,
+    pool: str = "n",
+    node: str | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
     """A resource.k8s.io/v1 ResourceSlice of ``devices`` (see :func:`device`) for pool
     ``pool`` on node ``node`` (default: the pool's name), named ``name`` (default: the pool's)."""
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name or pool},
-        "spec": {"driver": driver, "nodeName": node or pool,
-                 "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name or pool},
+        "spec": {
+            "driver": driver,
+            "nodeName": node or pool,
+            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
     }
 
 
@@ -122,8 +155,15 @@ def write_slice(path: Path, devices: list[dict[str, Any]], **kw: Any) -> Path:
 
 
 # -- ResourceClaim ----------------------------------------------------------------------------
-def allocation_result(device: str, *, request: str = "net", driver: str = DRIVER, pool: str = "n",
-                      consumed: Mapping[str, str] | None = None, share_id: str | None = None) -> dict[str, Any]:
+def allocation_result(
+    device: str,
+    *,
+    request: str = "net",
+    driver: str = DRIVER,
+    pool: str = "n",
+    consumed: Mapping[str, str] | None = None,
+    share_id: str | None = None,
+) -> dict[str, Any]:
     """One ``status.allocation.devices.results`` entry; ``consumed`` becomes
     ``consumedCapacity`` and ``share_id`` ``shareID`` (each left out when None)."""
     result: dict[str, Any] = {"request": request, "driver": driver, "pool": pool, "device": device}
@@ -134,28 +174,43 @@ def allocation_result(device: str, *, request: str = "net", driver: str = DRIVER
     return result
 
 
-def profile_config(source: str = "FromClaim", *, requests: list[str] | None = None, driver: str = DRIVER,
-                   **fields: Any) -> dict[str, Any]:
+def profile_config(
+    source: str = "FromClaim", *, requests: list[str] | None = None, driver: str = DRIVER, **fields: Any
+) -> dict[str, Any]:
     """One ``status.allocation.devices.config`` entry carrying an ``InterfaceConfig`` of
     ``fields`` (``linkType="ipvlan", mtu=9000``) for ``driver``; ``requests`` when given."""
-    entry: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": {
-        "apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceConfig", **fields}}}
+    entry: dict[str, Any] = {
+        "source": source,
+        "opaque": {
+            "driver": driver,
+            "parameters": {"apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceConfig", **fields},
+        },
+    }
     if requests is not None:
         entry["requests"] = list(requests)
     return entry
 
 
-def resource_claim(*results: dict[str, Any], uid: str = "u", name: str = "c", namespace: str = "ns",
-                   requests: list[dict[str, Any]] | None = None,
-                   reserved_for: list[dict[str, Any]] | None = None,
-                   config: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def resource_claim(
+    *results: dict[str, Any],
+    uid: str = "u",
+    name: str = "c",
+    namespace: str = "ns",
+    requests: list[dict[str, Any]] | None = None,
+    reserved_for: list[dict[str, Any]] | None = None,
+    config: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """An allocated ResourceClaim with ``results`` (see :func:`allocation_result`); ``requests``
     fills ``spec.devices.requests``, ``reserved_for`` ``status.reservedFor`` and ``config``
     ``status.allocation.devices.config`` (see :func:`profile_config`) when given."""
     claim: dict[str, Any] = {"metadata": {"name": name, "namespace": namespace, "uid": uid}}
     if requests is not None:
-        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **claim,
-                 "spec": {"devices": {"requests": requests}}}
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            **claim,
+            "spec": {"devices": {"requests": requests}},
+        }
     claim["status"] = {"allocation": {"devices": {"results": list(results)}}}
     if config is not None:
         claim["status"]["allocation"]["devices"]["config"] = list(config)
@@ -165,16 +220,34 @@ def resource_claim(*results: dict[str, Any], uid: str = "u", name: str = "c", na
 
 
 # -- state ------------------------------------------------------------------------------------
-def attachment(cid: str = "c", device: str = "nic-a", *, network: str = "net1", ifname: str = "eth0",
-               driver: str = DRIVER, pool: str = "n", parent: str | None = None, phase: str = "ready",
-               **kw: Any) -> Any:
+def attachment(
+    cid: str = "c",
+    device: str = "nic-a",
+    *,
+    network: str = "net1",
+    ifname: str = "eth0",
+    driver: str = DRIVER,
+    pool: str = "n",
+    parent: str | None = None,
+    phase: str = "ready",
+    **kw: Any,
+) -> Any:
     """A state :class:`~cni_dra.state.schema.Attachment` of container ``cid`` on ``device``
     (parent NIC ``parent``, default ``if-<device>``), ``phase`` ready unless told; ``kw``
     sets any other field (``consumedCapacity``, ``linkType``, ``shareID``, ...)."""
     from cni_dra.state.schema import Attachment
 
-    return Attachment(network=network, containerID=cid, ifname=ifname, driver=driver, pool=pool, device=device,
-                      parent=parent if parent is not None else f"if-{device}", phase=phase, **kw)
+    return Attachment(
+        network=network,
+        containerID=cid,
+        ifname=ifname,
+        driver=driver,
+        pool=pool,
+        device=device,
+        parent=parent if parent is not None else f"if-{device}",
+        phase=phase,
+        **kw,
+    )
 
 
 # -- the agent's fast path ------------------------------------------------------------------

@@ -19,20 +19,34 @@ os.environ["CNI_DRA_STATE_VERIFY"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
 # What the test runners themselves keep in the tree (not written by a test).
-RUNNER_CACHES = ("__pycache__/", ".pytest_cache/", ".hypothesis/", ".mypy_cache/", ".ruff_cache/",
-                 ".import_linter_cache/")
+RUNNER_CACHES = (
+    "__pycache__/",
+    ".pytest_cache/",
+    ".hypothesis/",
+    ".mypy_cache/",
+    ".ruff_cache/",
+    ".import_linter_cache/",
+)
 
 
 def tree_extras() -> set[str] | None:
     """Paths in the work tree that git does not track (untracked or ignored), runner caches
     left out; None outside a git checkout."""
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=normal"], cwd=REPO,
-                             capture_output=True, text=True, timeout=60, check=True).stdout
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--ignored", "--untracked-files=normal"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     paths = {line[3:] for line in out.splitlines() if line[:2] in ("??", "!!")}
-    return {p for p in paths if not any(p == c or p.endswith("/" + c) or p.startswith(c) for c in RUNNER_CACHES)}
+    return {
+        p for p in paths if not any(p == c or p.endswith("/" + c) or p.startswith(c) for c in RUNNER_CACHES)
+    }
 
 
 @pytest.fixture(scope="session", autouse=True)

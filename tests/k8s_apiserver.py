@@ -63,7 +63,9 @@ class FakeApiServer:
     failures: list[list[Any]] = field(default_factory=list)  # [method, path regex, status, count]
     owned: dict[tuple[str, str, str], set[tuple[Any, ...]]] = field(default_factory=dict)  # SSA ownership
     lock: threading.RLock = field(default_factory=threading.RLock)
-    events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # claim changes (rv, type, obj)
+    events: list[tuple[int, str, dict[str, Any]]] = field(
+        default_factory=list
+    )  # claim changes (rv, type, obj)
     metrics: str | None = None  # the /metrics text; None: 403
     closing: threading.Event = field(default_factory=threading.Event)
     _rv: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -78,8 +80,11 @@ class FakeApiServer:
 
             def _do(self) -> None:
                 parts = urlsplit(self.path)
-                if self.command == "GET" and parts.path == f"{_V1}/resourceclaims" and \
-                        parse_qs(parts.query).get("watch") == ["true"]:
+                if (
+                    self.command == "GET"
+                    and parts.path == f"{_V1}/resourceclaims"
+                    and parse_qs(parts.query).get("watch") == ["true"]
+                ):
                     server.watch(self, parse_qs(parts.query))
                     return
                 if self.command == "GET" and parts.path == "/metrics":
@@ -87,7 +92,9 @@ class FakeApiServer:
                     return
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                status, doc = server.handle(self.command, self.path, self.headers.get("Content-Type", ""), raw)
+                status, doc = server.handle(
+                    self.command, self.path, self.headers.get("Content-Type", ""), raw
+                )
                 data = json.dumps(doc).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -99,7 +106,9 @@ class FakeApiServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
         return self
 
@@ -116,8 +125,11 @@ class FakeApiServer:
 
     # -- test helpers ----------------------------------------------------------------------
     def add_node(self, name: str) -> dict[str, Any]:
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": str(uuid.uuid4()),
-                                                                 "resourceVersion": str(next(self._rv))}}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "uid": str(uuid.uuid4()), "resourceVersion": str(next(self._rv))},
+        }
         with self.lock:
             self.nodes[name] = node
         return node
@@ -174,7 +186,12 @@ class FakeApiServer:
 
         try:
             if failed is not None:
-                send(json.dumps({"type": "ERROR", "object": _status(failed, "too old resource version")}).encode() + b"\n")
+                send(
+                    json.dumps(
+                        {"type": "ERROR", "object": _status(failed, "too old resource version")}
+                    ).encode()
+                    + b"\n"
+                )
             else:
                 end = time.monotonic() + timeout_s
                 while time.monotonic() < end and not self.closing.is_set():
@@ -197,9 +214,17 @@ class FakeApiServer:
             data = json.dumps(_status(403, 'forbidden: User cannot get path "/metrics"')).encode()
         else:
             names = set(query.get("name[]") or [])
-            lines = [ln for ln in text.splitlines(keepends=True)
-                     if not names or (ln.split()[2] if ln.startswith("#") and len(ln.split()) > 2
-                                      else ln.split("{")[0].split()[0]) in names]
+            lines = [
+                ln
+                for ln in text.splitlines(keepends=True)
+                if not names
+                or (
+                    ln.split()[2]
+                    if ln.startswith("#") and len(ln.split()) > 2
+                    else ln.split("{")[0].split()[0]
+                )
+                in names
+            ]
             data = "".join(lines).encode()
         handler.send_response(status)
         handler.send_header("Content-Type", ctype)
@@ -233,10 +258,16 @@ class FakeApiServer:
                 self.invalid.append((method, path, str(exc)))
                 return 422, _status(422, str(exc))
 
-    def _route(self, method: str, path: str, query: dict[str, list[str]], ctype: str, body: Any) -> tuple[int, Any]:
+    def _route(
+        self, method: str, path: str, query: dict[str, list[str]], ctype: str, body: Any
+    ) -> tuple[int, Any]:
         if path == f"{_V1}/resourceclaims" and method == "GET":
-            return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
-                         "metadata": {"resourceVersion": str(next(self._rv))}, "items": list(self.claims.values())}
+            return 200, {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimList",
+                "metadata": {"resourceVersion": str(next(self._rv))},
+                "items": list(self.claims.values()),
+            }
         if m := re.fullmatch(r"/api/v1/nodes/([^/]+)", path):
             node = self.nodes.get(m[1])
             return (200, node) if node and method == "GET" else (404, _status(404, "node not found"))
@@ -248,15 +279,21 @@ class FakeApiServer:
                         k, _, v = sel.partition("=")
                         key = {"spec.nodeName": "nodeName", "spec.driver": "driver"}[k]
                         items = [s for s in items if s["spec"].get(key) == v]
-                return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
-                             "metadata": {"resourceVersion": str(next(self._rv))}, "items": items}
+                return 200, {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSliceList",
+                    "metadata": {"resourceVersion": str(next(self._rv))},
+                    "items": items,
+                }
             if method == "POST":
                 _validate_slice(body)
                 name = body["metadata"]["name"]
                 if name in self.slices:
                     return 409, _status(409, f"resourceslices {name} already exists")
                 obj = copy.deepcopy(body)
-                obj["metadata"].update(uid=str(uuid.uuid4()), resourceVersion=str(next(self._rv)), generation=1)
+                obj["metadata"].update(
+                    uid=str(uuid.uuid4()), resourceVersion=str(next(self._rv)), generation=1
+                )
                 self.slices[name] = obj
                 return 201, obj
         if m := re.fullmatch(rf"{_V1}/resourceslices/([^/]+)", path):
@@ -272,8 +309,11 @@ class FakeApiServer:
                 if body["metadata"].get("resourceVersion") != cur["metadata"]["resourceVersion"]:
                     return 409, _status(409, "the object has been modified")
                 obj = copy.deepcopy(body)
-                obj["metadata"].update(uid=cur["metadata"]["uid"], resourceVersion=str(next(self._rv)),
-                                       generation=cur["metadata"].get("generation", 1) + 1)
+                obj["metadata"].update(
+                    uid=cur["metadata"]["uid"],
+                    resourceVersion=str(next(self._rv)),
+                    generation=cur["metadata"].get("generation", 1) + 1,
+                )
                 self.slices[name] = obj
                 return 200, obj
         if m := re.fullmatch(rf"{_V1}/namespaces/([^/]+)/resourceclaims/([^/]+)(/status)?", path):
@@ -386,7 +426,9 @@ def write_kubeconfig(path: str, url: str) -> str:
 DRIVER = "net.cni-dra.dev"
 
 
-def inventory_doc(node: str, nics: dict[str, str], *, driver: str = DRIVER, bandwidth: str = "10G") -> dict[str, Any]:
+def inventory_doc(
+    node: str, nics: dict[str, str], *, driver: str = DRIVER, bandwidth: str = "10G"
+) -> dict[str, Any]:
     """An inventory (ResourceSlice dict) with one shared device per ``{device: ifName}``."""
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -401,8 +443,12 @@ def inventory_doc(node: str, nics: dict[str, str], *, driver: str = DRIVER, band
                     "name": dev,
                     "allowMultipleAllocations": True,
                     "attributes": {"ifName": {"string": ifname}},
-                    "capacity": {"bandwidth": {"value": bandwidth, "requestPolicy": {
-                        "default": "1G", "validRange": {"min": "100M", "step": "100M"}}}},
+                    "capacity": {
+                        "bandwidth": {
+                            "value": bandwidth,
+                            "requestPolicy": {"default": "1G", "validRange": {"min": "100M", "step": "100M"}},
+                        }
+                    },
                 }
                 for dev, ifname in nics.items()
             ],
@@ -428,12 +474,36 @@ def allocated_claim(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": request, "exactly": {
-            "deviceClassName": "cni-dra-shared-nic", "capacity": {"requests": {"bandwidth": bandwidth}}}}]}},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": request,
+                        "exactly": {
+                            "deviceClassName": "cni-dra-shared-nic",
+                            "capacity": {"requests": {"bandwidth": bandwidth}},
+                        },
+                    }
+                ]
+            }
+        },
         "status": {
-            "allocation": {"devices": {"results": [{
-                "request": request, "driver": driver, "pool": pool, "device": device,
-                "consumedCapacity": {"bandwidth": bandwidth}, "shareID": share_id}]}},
-            "reservedFor": [{"resource": "pods", "name": f"pod-{i}", "uid": uid} for i, uid in enumerate(pod_uids)],
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": request,
+                            "driver": driver,
+                            "pool": pool,
+                            "device": device,
+                            "consumedCapacity": {"bandwidth": bandwidth},
+                            "shareID": share_id,
+                        }
+                    ]
+                }
+            },
+            "reservedFor": [
+                {"resource": "pods", "name": f"pod-{i}", "uid": uid} for i, uid in enumerate(pod_uids)
+            ],
         },
     }

@@ -43,8 +43,13 @@ def as_the_kernel_holds_it(tbf: Tbf) -> Held:
     msg.decode()
     parms = msg.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")
     rate, buffer_ns = parms["rate"], parms["buffer"] * TICK_NS
-    return Held(rate_Bps=rate, limit_bytes=parms["limit"], buffer_ns=buffer_ns,
-                burst_bytes=buffer_ns * rate / 1e9, max_packet_bytes=min(buffer_ns, 2**32 - 1) * rate // 10**9)
+    return Held(
+        rate_Bps=rate,
+        limit_bytes=parms["limit"],
+        buffer_ns=buffer_ns,
+        burst_bytes=buffer_ns * rate / 1e9,
+        max_packet_bytes=min(buffer_ns, 2**32 - 1) * rate // 10**9,
+    )
 
 
 def holds_as_asked(tbf: Tbf, mtu: int) -> bool:
@@ -53,6 +58,9 @@ def holds_as_asked(tbf: Tbf, mtu: int) -> bool:
     (MTU + 14 bytes of Ethernet header)."""
     held = as_the_kernel_holds_it(tbf)
     rate_Bps = tbf.rate_bps // 8  # noqa: N806
-    return (held.rate_Bps == rate_Bps and held.limit_bytes == tbf.limit_bytes
-            and abs(held.burst_bytes - tbf.burst_bytes) <= rate_Bps * 2 / 1e6 + 1
-            and held.max_packet_bytes >= mtu + 14)
+    return (
+        held.rate_Bps == rate_Bps
+        and held.limit_bytes == tbf.limit_bytes
+        and abs(held.burst_bytes - tbf.burst_bytes) <= rate_Bps * 2 / 1e6 + 1
+        and held.max_packet_bytes >= mtu + 14
+    )

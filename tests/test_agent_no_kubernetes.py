@@ -23,13 +23,17 @@ from tests.builders import wait_for
 from tests.k8s_apiserver import inventory_doc, write_kubeconfig
 
 
-@pytest.mark.parametrize("flag, kubeconfig, environ, want", [
-    (False, None, {}, False),
-    (False, "/k", {}, True),
-    (False, None, {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, True),
-    (True, "/k", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, False),
-    (False, "", {"KUBERNETES_SERVICE_HOST": ""}, False),
-], ids=["nothing", "kubeconfig", "in-cluster", "flag-wins", "empty"])
+@pytest.mark.parametrize(
+    "flag, kubeconfig, environ, want",
+    [
+        (False, None, {}, False),
+        (False, "/k", {}, True),
+        (False, None, {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, True),
+        (True, "/k", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, False),
+        (False, "", {"KUBERNETES_SERVICE_HOST": ""}, False),
+    ],
+    ids=["nothing", "kubeconfig", "in-cluster", "flag-wins", "empty"],
+)
 def test_kubernetes_mode(flag, kubeconfig, environ, want):
     got, why = kubernetes_mode(flag, kubeconfig, environ)
     assert got is want and why
@@ -78,10 +82,29 @@ def _run_agent(d: str, *args: str, env: dict[str, str]) -> tuple[subprocess.Pope
     log = f"{d}/agent.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from cni_dra.main import main; main()", "agent",
-             "--inventory", f"{d}/inv.yaml", "--state-dir", f"{d}/state", "--fastpath-socket", f"{d}/fp/agent.sock",
-             "--fastpath-processes", "1", "--metrics-address", "127.0.0.1:0", "--log-level", "info", *args],
-            stdout=fh, stderr=subprocess.STDOUT, text=True, cwd=os.getcwd(),
+            [
+                sys.executable,
+                "-c",
+                "from cni_dra.main import main; main()",
+                "agent",
+                "--inventory",
+                f"{d}/inv.yaml",
+                "--state-dir",
+                f"{d}/state",
+                "--fastpath-socket",
+                f"{d}/fp/agent.sock",
+                "--fastpath-processes",
+                "1",
+                "--metrics-address",
+                "127.0.0.1:0",
+                "--log-level",
+                "info",
+                *args,
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=os.getcwd(),
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.getcwd(), **env},
         )
     return proc, log
@@ -132,7 +155,9 @@ def test_agent_without_kubernetes_serves_and_never_asks_an_api_server(short, cas
             assert b"cni_dra_" in resp.read()
         time.sleep(1.0)  # a loop or two: still nobody asked
         assert api.connections == 0
-        assert not os.path.exists(f"{d}/state/cluster-features.json")  # auto: nothing to learn, nothing written
+        assert not os.path.exists(
+            f"{d}/state/cluster-features.json"
+        )  # auto: nothing to learn, nothing written
     finally:
         _stop(proc)
     assert proc.returncode == 0, _read(log)
@@ -147,8 +172,18 @@ def test_with_a_kubeconfig_the_agent_is_the_kubernetes_agent(short):
     proc, log = _run_agent(d, "--kubeconfig", kubeconfig, env={})
     assert proc.wait(60) == 2, _read(log)
     assert "--node-name (NODE_NAME) is required with Kubernetes (kubeconfig" in _read(log)
-    proc, log = _run_agent(d, "--kubeconfig", kubeconfig, "--node-name", "node-1",
-                           "--plugin-dir", f"{d}/plugins", "--registry-dir", f"{d}/reg", env={})
+    proc, log = _run_agent(
+        d,
+        "--kubeconfig",
+        kubeconfig,
+        "--node-name",
+        "node-1",
+        "--plugin-dir",
+        f"{d}/plugins",
+        "--registry-dir",
+        f"{d}/reg",
+        env={},
+    )
     try:
         wait_for(lambda: api.connections > 0 or proc.poll() is not None, timeout_s=60, what="a connection")
         assert api.connections > 0, _read(log)
@@ -162,19 +197,34 @@ def test_agent_without_kubernetes_records_the_operators_fractional_range(short):
     from cni_dra.state.cluster_features import read_features
 
     d, _api = short
-    cfg = AgentConfig(node_name="", inventory=f"{d}/inv.yaml", state_dir=f"{d}/state", kubernetes=False,
-                      metrics_address="", poll_s=0.05, fastpath_socket=f"{d}/fp/agent.sock", fastpath_processes=1,
-                      fractional_capacity_range="on")
+    cfg = AgentConfig(
+        node_name="",
+        inventory=f"{d}/inv.yaml",
+        state_dir=f"{d}/state",
+        kubernetes=False,
+        metrics_address="",
+        poll_s=0.05,
+        fastpath_socket=f"{d}/fp/agent.sock",
+        fastpath_processes=1,
+        fractional_capacity_range="on",
+    )
     agent = Agent(cfg)
-    assert agent.kube is None and [type(s).__name__ for s in agent.services] == ["LinkWatch", "FastpathService"]
+    assert agent.kube is None and [type(s).__name__ for s in agent.services] == [
+        "LinkWatch",
+        "FastpathService",
+    ]
     with pytest.raises(RuntimeError, match="without Kubernetes"):
         agent.publisher  # noqa: B018
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        features = wait_for(lambda: os.path.exists(f"{d}/state/cluster-features.json")
-                            and read_features(StateStore(f"{d}/state")), what="the record")
+        features = wait_for(
+            lambda: (
+                os.path.exists(f"{d}/state/cluster-features.json") and read_features(StateStore(f"{d}/state"))
+            ),
+            what="the record",
+        )
         assert features.fractional_capacity_range is True
     finally:
         stop.set()

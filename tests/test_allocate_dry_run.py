@@ -24,14 +24,25 @@ DRV = "gpu.example.com"  # another driver: its devices have no ifName attribute
 
 
 def _slice(devices: list[dict[str, Any]], driver: str = DRV) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
-            "spec": {"driver": driver, "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
-                     "devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "n"},
+        "spec": {
+            "driver": driver,
+            "nodeName": "n",
+            "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
 
 
 def _dev(name: str, bw: str, shared: bool = True, **attrs: Any) -> dict[str, Any]:
-    d: dict[str, Any] = {"name": name, "attributes": {k: {"string": v} for k, v in attrs.items()},
-                         "capacity": {"bw": {"value": bw}}}
+    d: dict[str, Any] = {
+        "name": name,
+        "attributes": {k: {"string": v} for k, v in attrs.items()},
+        "capacity": {"bw": {"value": bw}},
+    }
     if shared:
         d["allowMultipleAllocations"] = True
     return d
@@ -41,8 +52,12 @@ def _claim(*requests: dict[str, Any], constraints: list[dict[str, Any]] | None =
     devices: dict[str, Any] = {"requests": list(requests)}
     if constraints:
         devices["constraints"] = constraints
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": "ns"}, "spec": {"devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {"devices": devices},
+    }
 
 
 def _req(name: str, bw: str | None = None, sel: str | None = None) -> dict[str, Any]:
@@ -74,7 +89,9 @@ def test_api_rules_only_still_enforced_without_plugin_rules() -> None:
     bad = _dev("gpu-0", "10G", shared=False)
     bad["capacity"]["bw"]["requestPolicy"] = {"default": "1G"}
     text = json.dumps(_slice([bad]))
-    with pytest.raises(InventoryError, match="requestPolicy: allowed only when allowMultipleAllocations is true"):
+    with pytest.raises(
+        InventoryError, match="requestPolicy: allowed only when allowMultipleAllocations is true"
+    ):
         parse_inventory(text, source="s.json", plugin_rules=False)
 
 
@@ -113,9 +130,20 @@ def test_cli_allocate_accepts_a_slice_of_another_driver(tmp_path: Path) -> None:
 def _hold_7g(state: Path) -> None:
     """A state in ``state`` where one ready attachment holds 7G of gpu-0."""
     with StateStore(state).transaction() as txn:
-        txn.put(Attachment(
-            network="n1", containerID="c1", ifname="eth0", driver=DRV, pool="n", device="gpu-0",
-            parent="x", consumedCapacity={"bw": Quantity.parse("7G")}, shareID="s1", phase="ready"))
+        txn.put(
+            Attachment(
+                network="n1",
+                containerID="c1",
+                ifname="eth0",
+                driver=DRV,
+                pool="n",
+                device="gpu-0",
+                parent="x",
+                consumedCapacity={"bw": Quantity.parse("7G")},
+                shareID="s1",
+                phase="ready",
+            )
+        )
 
 
 def test_cli_allocate_state_with_a_slice_of_another_driver(tmp_path: Path) -> None:
@@ -123,7 +151,9 @@ def test_cli_allocate_state_with_a_slice_of_another_driver(tmp_path: Path) -> No
     _hold_7g(state)
     inv = _write(tmp_path, "slice.json", _slice([_dev("gpu-0", "10G")]))
     c = _write(tmp_path, "c.json", _claim(_req("g", "4G")))
-    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={})
+    r = CliRunner().invoke(
+        cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={}
+    )
     assert r.exit_code == 1, r.output
     assert json.loads(r.stdout)[0]["reasons"] == {"g": "gpu-0: remaining bw 3G < 4G"}
 
@@ -136,7 +166,9 @@ def test_cli_allocate_state_creates_nothing(tmp_path: Path) -> None:
     state.mkdir()
     inv = _write(tmp_path, "slice.json", _slice([_dev("gpu-0", "10G")]))
     c = _write(tmp_path, "c.json", _claim(_req("g", "4G")))
-    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={})
+    r = CliRunner().invoke(
+        cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={}
+    )
     assert r.exit_code == 0, r.output
     assert os.listdir(state) == []
 
@@ -145,7 +177,9 @@ def test_cli_allocate_state_missing_dir_is_not_created(tmp_path: Path) -> None:
     state = tmp_path / "nope"
     inv = _write(tmp_path, "slice.json", _slice([_dev("gpu-0", "10G")]))
     c = _write(tmp_path, "c.json", _claim(_req("g", "4G")))
-    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={})
+    r = CliRunner().invoke(
+        cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={}
+    )
     assert r.exit_code == 0, r.output
     assert not state.exists()
 
@@ -162,7 +196,9 @@ def test_cli_allocate_state_does_not_wait_for_the_lock(tmp_path: Path) -> None:
     fd = os.open(state / "state.lock", os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={})
+        r = CliRunner().invoke(
+            cli, ["allocate", "--inventory", inv, "--claim", c, "--state-dir", str(state)], env={}
+        )
     finally:
         os.close(fd)
     assert r.exit_code == 0, r.output
@@ -174,22 +210,31 @@ def test_cli_allocate_state_does_not_wait_for_the_lock(tmp_path: Path) -> None:
 # -- a reason per request -----------------------------------------------------------------
 
 
-def _alloc(devices: list[dict[str, Any]], claim: dict[str, Any], consumed: dict[str, dict[str, str]] | None = None) -> Any:
+def _alloc(
+    devices: list[dict[str, Any]], claim: dict[str, Any], consumed: dict[str, dict[str, str]] | None = None
+) -> Any:
     from cni_dra.allocator import NodeUsage, allocate_claim
     from cni_dra.dra.objects import ResourceClaim
 
     sl = ResourceSlice.model_validate(_slice(devices))
     usage = NodeUsage.from_consumed(
-        {d: {k: Quantity.parse(v) for k, v in caps.items()} for d, caps in (consumed or {}).items()}, sl.spec.devices)
+        {d: {k: Quantity.parse(v) for k, v in caps.items()} for d, caps in (consumed or {}).items()},
+        sl.spec.devices,
+    )
     n = iter(range(1, 1000))
-    return allocate_claim(ResourceClaim.model_validate(claim), sl, usage, lambda: f"00000000-0000-4000-8000-{next(n):012d}")
+    return allocate_claim(
+        ResourceClaim.model_validate(claim), sl, usage, lambda: f"00000000-0000-4000-8000-{next(n):012d}"
+    )
 
 
 def test_each_request_gets_its_device_rejections() -> None:
     from cni_dra.allocator import ClaimNoFit
 
-    devs = [_dev("eth-a", "10G", numa="0"), _dev("eth-b", "10G", shared=False, numa="1"),
-            _dev("eth-c", "10G", shared=False, numa="2")]
+    devs = [
+        _dev("eth-a", "10G", numa="0"),
+        _dev("eth-b", "10G", shared=False, numa="1"),
+        _dev("eth-c", "10G", shared=False, numa="2"),
+    ]
     claim = _claim(_req("a", "12G"), _req("b", "4G", sel='device.attributes["gpu.example.com"].numa == "1"'))
     got = _alloc(devs, claim, consumed={"eth-b": {"bw": "1"}})
     assert isinstance(got, ClaimNoFit)
@@ -202,7 +247,9 @@ def test_each_request_gets_its_device_rejections() -> None:
 def test_combined_shared_capacity_is_named() -> None:
     from cni_dra.allocator import ClaimNoFit
 
-    got = _alloc([_dev("eth-a", "10G")], _claim(_req("a", "5G"), _req("b", "5G")), consumed={"eth-a": {"bw": "2G"}})
+    got = _alloc(
+        [_dev("eth-a", "10G")], _claim(_req("a", "5G"), _req("b", "5G")), consumed={"eth-a": {"bw": "2G"}}
+    )
     assert isinstance(got, ClaimNoFit)
     assert got.reasons == {
         "a": "fits alone on eth-a",
@@ -215,15 +262,17 @@ def test_distinct_attribute_is_named_and_a_bystander_request_is_left_out() -> No
     from cni_dra.allocator import ClaimNoFit
 
     devs = [_dev("eth-a", "10G", numa="0"), _dev("eth-b", "10G", numa="0"), _dev("eth-c", "10G", numa="1")]
-    claim = _claim(_req("a", "1G", sel='device.attributes["gpu.example.com"].numa == "0"'),
-                   _req("b", "1G", sel='device.attributes["gpu.example.com"].numa == "0"'),
-                   _req("c", "1G"),
-                   constraints=[{"requests": ["a", "b"], "distinctAttribute": "gpu.example.com/numa"}])
+    claim = _claim(
+        _req("a", "1G", sel='device.attributes["gpu.example.com"].numa == "0"'),
+        _req("b", "1G", sel='device.attributes["gpu.example.com"].numa == "0"'),
+        _req("c", "1G"),
+        constraints=[{"requests": ["a", "b"], "distinctAttribute": "gpu.example.com/numa"}],
+    )
     got = _alloc(devs, claim)
     assert isinstance(got, ClaimNoFit)
     assert got.reasons["c"] == "fits alone on eth-a, eth-b, eth-c"
     assert got.reasons["claim"] == (
-        'requests a and b fit alone but not together: distinctAttribute gpu.example.com/numa '
+        "requests a and b fit alone but not together: distinctAttribute gpu.example.com/numa "
         '(a can use eth-a="0", eth-b="0"; b can use eth-a="0", eth-b="0")'
     )
 
@@ -239,25 +288,35 @@ def test_cli_stderr_has_a_line_per_request(tmp_path: Path) -> None:
         "  request b: fits alone on eth-a",
         "  claim: requests a and b fit alone but not together: combined bw 12G > 10G on eth-a (a 6G + b 6G)",
     ]
-    assert json.loads(r.stdout)[0]["reasons"]["claim"].startswith("requests a and b fit alone but not together")
+    assert json.loads(r.stdout)[0]["reasons"]["claim"].startswith(
+        "requests a and b fit alone but not together"
+    )
 
 
 @st.composite
 def _cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     n = draw(st.integers(min_value=1, max_value=3))
-    devices = [_dev(f"d{i}", str(draw(st.integers(1, 8))), shared=draw(st.booleans()), grp=draw(st.sampled_from("xy")))
-               for i in range(n)]
+    devices = [
+        _dev(
+            f"d{i}", str(draw(st.integers(1, 8))), shared=draw(st.booleans()), grp=draw(st.sampled_from("xy"))
+        )
+        for i in range(n)
+    ]
     k = draw(st.integers(min_value=2, max_value=3))
     requests = [_req(f"r{i}", str(draw(st.integers(1, 6)))) for i in range(k)]
     constraints = []
     if draw(st.booleans()):
-        constraints.append({draw(st.sampled_from(["matchAttribute", "distinctAttribute"])): "gpu.example.com/grp"})
+        constraints.append(
+            {draw(st.sampled_from(["matchAttribute", "distinctAttribute"])): "gpu.example.com/grp"}
+        )
     return devices, _claim(*requests, constraints=constraints)
 
 
 @settings(max_examples=150, deadline=None)
 @given(_cases())
-def test_reasons_cover_every_request_and_name_a_failing_subset(case: tuple[list[dict[str, Any]], dict[str, Any]]) -> None:
+def test_reasons_cover_every_request_and_name_a_failing_subset(
+    case: tuple[list[dict[str, Any]], dict[str, Any]],
+) -> None:
     """Every request gets an entry; "fits alone" exactly when its one-request claim fits;
     when all fit alone, the requests named together fail as a claim of their own."""
     import re
@@ -270,7 +329,10 @@ def test_reasons_cover_every_request_and_name_a_failing_subset(case: tuple[list[
         return
     requests = claim["spec"]["devices"]["requests"]
     constraints = claim["spec"]["devices"].get("constraints")
-    alone = {r["name"]: not isinstance(_alloc(devices, _claim(r, constraints=constraints)), ClaimNoFit) for r in requests}
+    alone = {
+        r["name"]: not isinstance(_alloc(devices, _claim(r, constraints=constraints)), ClaimNoFit)
+        for r in requests
+    }
     for r in requests:
         assert r["name"] in got.reasons
         assert got.reasons[r["name"]].startswith("fits alone") == alone[r["name"]]

@@ -66,7 +66,13 @@ CONSUMED_CASES: list[tuple[str, str | int, dict[str, Any] | None, str | None, st
     ("bandwidth-between-steps", "10G", BW_POLICY, "1000009", "1000016"),
     ("bandwidth-unnamed-default", "10G", BW_POLICY, None, "1M"),
     ("milli-values", "2", {"default": "500m", "validValues": ["500m", "1500m"]}, "600m", "1500m"),
-    ("binary-step", "4Gi", {"default": "1Gi", "validRange": {"min": "1Gi", "step": "512Mi"}}, "1.2Gi", "1536Mi"),
+    (
+        "binary-step",
+        "4Gi",
+        {"default": "1Gi", "validRange": {"min": "1Gi", "step": "512Mi"}},
+        "1.2Gi",
+        "1536Mi",
+    ),
     ("binary-request-decimal-policy", "10G", {"default": "1G", "validRange": {"min": "1G"}}, "1Gi", "1Gi"),
 ]
 
@@ -76,7 +82,9 @@ CONSUMED_CASES: list[tuple[str, str | int, dict[str, Any] | None, str | None, st
     [c[1:] for c in CONSUMED_CASES],
     ids=[c[0] for c in CONSUMED_CASES],
 )
-def test_consumed_amount(value: str | int, policy: dict[str, Any] | None, requested: str | None, expected: str | None) -> None:
+def test_consumed_amount(
+    value: str | int, policy: dict[str, Any] | None, requested: str | None, expected: str | None
+) -> None:
     got = consumed_amount(cap(value, policy), None if requested is None else Q(requested))
     if expected is None:
         assert got is None
@@ -99,7 +107,12 @@ def test_step_result_keeps_step_format() -> None:
 
 
 def test_device_consumption_covers_every_capacity() -> None:
-    d = dev("eth-a", bandwidth=cap("10G", BW_POLICY), queues=cap(8, {"default": 1, "validRange": {"min": 1}}), vfs=cap(4))
+    d = dev(
+        "eth-a",
+        bandwidth=cap("10G", BW_POLICY),
+        queues=cap(8, {"default": 1, "validRange": {"min": 1}}),
+        vfs=cap(4),
+    )
     got = device_consumption(d, {"bandwidth": Q("2G")})
     assert isinstance(got, dict)
     assert {k: str(v) for k, v in got.items()} == {"bandwidth": "2G", "queues": "1", "vfs": "4"}
@@ -137,7 +150,10 @@ def test_dedicated_device_consumes_whole_value_and_filters() -> None:
 
 def test_remaining() -> None:
     d = dev("d", bandwidth=cap("10G"), vfs=cap(4))
-    assert {k: str(v) for k, v in remaining(d, {"bandwidth": Q("7G")}).items()} == {"bandwidth": "3G", "vfs": "4"}
+    assert {k: str(v) for k, v in remaining(d, {"bandwidth": Q("7G")}).items()} == {
+        "bandwidth": "3G",
+        "vfs": "4",
+    }
 
 
 @pytest.mark.parametrize(
@@ -158,7 +174,10 @@ def test_check_fits_unknown_capacity_and_dedicated() -> None:
     assert check_fits(dev("a", bandwidth=cap("1G")), {}, {"x": Q(1)}) == "no capacity x"
     d = dev("d", shared=False, bandwidth=cap("10G"))
     assert check_fits(d, {}, {"bandwidth": Q("10G")}) is None
-    assert check_fits(d, {"bandwidth": Q("10G")}, {"bandwidth": Q("10G")}) == "dedicated device already allocated"
+    assert (
+        check_fits(d, {"bandwidth": Q("10G")}, {"bandwidth": Q("10G")})
+        == "dedicated device already allocated"
+    )
 
 
 def test_multi_device_with_consumed_fits_at_equality() -> None:
@@ -185,9 +204,19 @@ NICS = [
         ({}, "1G", "least-allocated", "eth-b"),
         ({"eth-a": {"bandwidth": "5G"}}, "1G", "best-fit", "eth-a"),
         ({"eth-a": {"bandwidth": "5G"}}, "1G", "least-allocated", "eth-b"),
-        ({"eth-a": {"bandwidth": "5G"}, "eth-b": {"bandwidth": "20G"}}, "5G", "best-fit", "eth-a"),  # 0 left beats 0? eth-b 0 left too → name
+        (
+            {"eth-a": {"bandwidth": "5G"}, "eth-b": {"bandwidth": "20G"}},
+            "5G",
+            "best-fit",
+            "eth-a",
+        ),  # 0 left beats 0? eth-b 0 left too → name
         ({"eth-a": {"bandwidth": "9G"}, "eth-c": {"bandwidth": "9G"}}, "2G", "best-fit", "eth-b"),
-        ({"eth-b": {"bandwidth": "20G"}}, "5G", "least-allocated", "eth-a"),  # a, b(0 left), c → a/c tie 5G → name
+        (
+            {"eth-b": {"bandwidth": "20G"}},
+            "5G",
+            "least-allocated",
+            "eth-a",
+        ),  # a, b(0 left), c → a/c tie 5G → name
         ({}, "11G", "best-fit", "eth-b"),
     ],
 )
@@ -203,7 +232,11 @@ def test_select_device_policies(
 
 
 def test_select_device_nofit_reasons_name_remaining() -> None:
-    used = {"eth-a": {"bandwidth": Q("7G")}, "eth-b": {"bandwidth": Q("20G")}, "eth-c": {"bandwidth": Q("4G")}}
+    used = {
+        "eth-a": {"bandwidth": Q("7G")},
+        "eth-b": {"bandwidth": Q("20G")},
+        "eth-c": {"bandwidth": Q("4G")},
+    }
     got = select_device(NICS, used, {"bandwidth": Q("8G")}, "best-fit")
     assert isinstance(got, NoFit)
     assert got.reasons == {
@@ -211,14 +244,21 @@ def test_select_device_nofit_reasons_name_remaining() -> None:
         "eth-b": "remaining bandwidth 5G < 8G",
         "eth-c": "remaining bandwidth 6G < 8G",
     }
-    assert str(got) == "eth-a: remaining bandwidth 3G < 8G; eth-b: remaining bandwidth 5G < 8G; eth-c: remaining bandwidth 6G < 8G"
+    assert (
+        str(got)
+        == "eth-a: remaining bandwidth 3G < 8G; eth-b: remaining bandwidth 5G < 8G; eth-c: remaining bandwidth 6G < 8G"
+    )
 
 
 def test_select_device_exclude() -> None:
     got = select_device(NICS, {}, {"bandwidth": Q("1G")}, "best-fit", exclude={"eth-a", "eth-c"})
     assert isinstance(got, Selection) and got.device.name == "eth-b"
     none = select_device(NICS, {}, {"bandwidth": Q("1G")}, "best-fit", exclude={"eth-a", "eth-b", "eth-c"})
-    assert isinstance(none, NoFit) and none.reasons == {"eth-a": "excluded", "eth-b": "excluded", "eth-c": "excluded"}
+    assert isinstance(none, NoFit) and none.reasons == {
+        "eth-a": "excluded",
+        "eth-b": "excluded",
+        "eth-c": "excluded",
+    }
 
 
 def test_select_device_empty_inventory() -> None:
@@ -277,7 +317,9 @@ def policies(draw: st.DrawFn) -> tuple[int, dict[str, Any] | None]:
 
 
 @given(policies(), st.integers(min_value=0, max_value=2 * 10**6))
-def test_consumed_at_least_requested_and_on_policy(pol: tuple[int, dict[str, Any] | None], req_milli: int) -> None:
+def test_consumed_at_least_requested_and_on_policy(
+    pol: tuple[int, dict[str, Any] | None], req_milli: int
+) -> None:
     value, policy = pol
     c = cap(f"{value}m", policy)
     req = Q(f"{req_milli}m")
@@ -310,13 +352,31 @@ def inventories(draw: st.DrawFn) -> list[Device]:
     out = []
     for i in range(n):
         value = draw(st.integers(min_value=1, max_value=40))
-        policy = draw(st.sampled_from([None, {"default": 1, "validRange": {"min": 1, "step": 2}}, {"default": 2, "validValues": [2, 5, 10]}]))
+        policy = draw(
+            st.sampled_from(
+                [
+                    None,
+                    {"default": 1, "validRange": {"min": 1, "step": 2}},
+                    {"default": 2, "validValues": [2, 5, 10]},
+                ]
+            )
+        )
         out.append(dev(f"nic-{i}", shared=draw(st.booleans()), bandwidth=cap(value, policy)))
     return out
 
 
 @settings(max_examples=200)
-@given(inventories(), st.lists(st.tuples(st.booleans(), st.integers(min_value=0, max_value=12), st.sampled_from(["best-fit", "least-allocated"])), max_size=30))
+@given(
+    inventories(),
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.integers(min_value=0, max_value=12),
+            st.sampled_from(["best-fit", "least-allocated"]),
+        ),
+        max_size=30,
+    ),
+)
 def test_no_sequence_over_commits(devices: list[Device], ops: list[tuple[bool, int, str]]) -> None:
     by_name = {d.name: d for d in devices}
     live: list[tuple[str, dict[str, Quantity]]] = []
@@ -343,8 +403,15 @@ def test_no_sequence_over_commits(devices: list[Device], ops: list[tuple[bool, i
                 assert counts[name] == 1
 
 
-@given(inventories(), st.integers(min_value=0, max_value=12), st.sampled_from(["best-fit", "least-allocated"]), st.randoms())
-def test_result_independent_of_inventory_order(devices: list[Device], amount: int, policy: str, rnd: Any) -> None:
+@given(
+    inventories(),
+    st.integers(min_value=0, max_value=12),
+    st.sampled_from(["best-fit", "least-allocated"]),
+    st.randoms(),
+)
+def test_result_independent_of_inventory_order(
+    devices: list[Device], amount: int, policy: str, rnd: Any
+) -> None:
     shuffled = list(devices)
     rnd.shuffle(shuffled)
     a = select_device(devices, {}, {"bandwidth": Q(amount)}, policy)  # type: ignore[arg-type]

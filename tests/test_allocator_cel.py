@@ -57,7 +57,10 @@ DEV = Device.model_validate(
         ('device.attributes["drv"].fw.compareTo(semver("1.2.3-rc.1")) == 0', True),
         ('semver("1.10.0").isGreaterThan(semver("1.9.9"))', True),
         ('semver("1.0.0-alpha.2").isGreaterThan(semver("1.0.0-alpha.10"))', False),
-        ('semver("2.3.4").major() == 2 && semver("2.3.4").minor() == 3 && semver("2.3.4").patch() == 4', True),
+        (
+            'semver("2.3.4").major() == 2 && semver("2.3.4").minor() == 3 && semver("2.3.4").patch() == 4',
+            True,
+        ),
         ('isSemver("1.2.3") && !isSemver("1.2")', True),
     ],
 )
@@ -92,13 +95,39 @@ def test_compiled_once() -> None:
 
 
 def test_select_device_with_selectors() -> None:
-    slow = Device.model_validate({"name": "a", "allowMultipleAllocations": True, "attributes": {"speedGbps": {"int": 10}}, "capacity": {"bandwidth": {"value": "10G"}}})
-    fast = Device.model_validate({"name": "b", "allowMultipleAllocations": True, "attributes": {"speedGbps": {"int": 25}}, "capacity": {"bandwidth": {"value": "25G"}}})
-    sel = select_device([slow, fast], {}, {"bandwidth": Quantity.parse("1G")}, "best-fit", driver="drv",
-                        selectors=['device.attributes["drv"].speedGbps >= 25'])
+    slow = Device.model_validate(
+        {
+            "name": "a",
+            "allowMultipleAllocations": True,
+            "attributes": {"speedGbps": {"int": 10}},
+            "capacity": {"bandwidth": {"value": "10G"}},
+        }
+    )
+    fast = Device.model_validate(
+        {
+            "name": "b",
+            "allowMultipleAllocations": True,
+            "attributes": {"speedGbps": {"int": 25}},
+            "capacity": {"bandwidth": {"value": "25G"}},
+        }
+    )
+    sel = select_device(
+        [slow, fast],
+        {},
+        {"bandwidth": Quantity.parse("1G")},
+        "best-fit",
+        driver="drv",
+        selectors=['device.attributes["drv"].speedGbps >= 25'],
+    )
     assert isinstance(sel, Selection) and sel.device.name == "b"
-    none = select_device([slow], {}, {"bandwidth": Quantity.parse("1G")}, "best-fit", driver="drv",
-                         selectors=['device.attributes["drv"].speedGbps >= 25'])
+    none = select_device(
+        [slow],
+        {},
+        {"bandwidth": Quantity.parse("1G")},
+        "best-fit",
+        driver="drv",
+        selectors=['device.attributes["drv"].speedGbps >= 25'],
+    )
     assert isinstance(none, NoFit) and none.reasons == {"a": "does not match selectors"}
 
 

@@ -60,7 +60,9 @@ def cap(value: str | int, policy: dict[str, Any] | None = None) -> DeviceCapacit
     return DeviceCapacity.model_validate(raw)
 
 
-def rng(mn: str, step: str | None = None, mx: str | None = None, default: str | None = None) -> dict[str, Any]:
+def rng(
+    mn: str, step: str | None = None, mx: str | None = None, default: str | None = None
+) -> dict[str, Any]:
     r: dict[str, Any] = {"min": mn}
     if step is not None:
         r["step"] = step
@@ -71,8 +73,9 @@ def rng(mn: str, step: str | None = None, mx: str | None = None, default: str | 
 
 def outcome(value: str | int, policy: dict[str, Any] | None, requested: str | None, gate: bool) -> str | None:
     try:
-        got = consumed_amount(cap(value, policy), None if requested is None else Q(requested),
-                              fractional_capacity_range=gate)
+        got = consumed_amount(
+            cap(value, policy), None if requested is None else Q(requested), fractional_capacity_range=gate
+        )
     except RequestNotRepresentable:
         return ABORT
     return None if got is None else str(got)
@@ -83,9 +86,22 @@ def outcome(value: str | int, policy: dict[str, Any] | None, requested: str | No
 # (upstream case name, capacity value, policy, request, gate, expected)
 UPSTREAM_CALCULATE: list[tuple[str, str, dict[str, Any] | None, str | None, bool, str | None]] = [
     ("empty", "1", {}, None, False, "1"),
-    ("request-above-maxint64-is-rejected", "18446744073709551619", rng("0", "3", default="0"),
-     "18446744073709551619", False, ABORT),
-    ("rounded-value-above-maxint64-is-rejected", "9223372036854775808", rng("0", "2", default="0"), MAX64, False, ABORT),
+    (
+        "request-above-maxint64-is-rejected",
+        "18446744073709551619",
+        rng("0", "3", default="0"),
+        "18446744073709551619",
+        False,
+        ABORT,
+    ),
+    (
+        "rounded-value-above-maxint64-is-rejected",
+        "9223372036854775808",
+        rng("0", "2", default="0"),
+        MAX64,
+        False,
+        ABORT,
+    ),
     ("max-safe-boundary-rounds-to-maxint64", MAX64, rng("1", "2"), "9223372036854775806", False, MAX64),
     ("min in range", "2", rng("1"), None, False, "1"),
     ("default in set", "2", {"default": "1", "validValues": ["1"]}, None, False, "1"),
@@ -94,22 +110,45 @@ UPSTREAM_CALCULATE: list[tuple[str, str, dict[str, Any] | None, str | None, bool
     ("with step (round up)", "3", rng("1", "2"), "2", False, "3"),
     ("with step (no remaining)", "2", rng("1", "1"), "2", False, "2"),
     ("fractional step round up (0.25 to 0.3)", "1", rng("200m", "100m", "1"), "250m", True, "300m"),
-    ("fractional step already aligned (0.4 = min+2*step)", "1", rng("200m", "100m", "1"), "400m", True, "400m"),
+    (
+        "fractional step already aligned (0.4 = min+2*step)",
+        "1",
+        rng("200m", "100m", "1"),
+        "400m",
+        True,
+        "400m",
+    ),
     ("valid value in set", "3", {"default": "1", "validValues": ["1", "2", "3"]}, "2", False, "2"),
     ("set (round up)", "3", {"default": "1", "validValues": ["1", "3"]}, "2", False, "3"),
     # upstream returns 3 from calculateConsumedCapacity; violatesPolicy then refuses it
     ("larger than set", "3", {"default": "1", "validValues": ["1", "2"]}, "3", False, NOFIT),
-    ("fractional-step-request-not-milli-representable-is-rejected", "9224372036854776E3",
-     rng("100m", "100m", default="1"), "9224372036854776E3", True, ABORT),
-    ("fractional-step-rounded-value-passes-milli-range-is-rejected", f"{2**63 - 1}m",
-     rng("100m", "100m"), f"{2**63 - 2}m", True, ABORT),
+    (
+        "fractional-step-request-not-milli-representable-is-rejected",
+        "9224372036854776E3",
+        rng("100m", "100m", default="1"),
+        "9224372036854776E3",
+        True,
+        ABORT,
+    ),
+    (
+        "fractional-step-rounded-value-passes-milli-range-is-rejected",
+        f"{2**63 - 1}m",
+        rng("100m", "100m"),
+        f"{2**63 - 2}m",
+        True,
+        ABORT,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("value", "policy", "requested", "gate", "expected"), [c[1:] for c in UPSTREAM_CALCULATE],
-                         ids=[c[0] for c in UPSTREAM_CALCULATE])
-def test_upstream_calculate_consumed_capacity(value: str, policy: dict[str, Any] | None, requested: str | None,
-                                              gate: bool, expected: str | None) -> None:
+@pytest.mark.parametrize(
+    ("value", "policy", "requested", "gate", "expected"),
+    [c[1:] for c in UPSTREAM_CALCULATE],
+    ids=[c[0] for c in UPSTREAM_CALCULATE],
+)
+def test_upstream_calculate_consumed_capacity(
+    value: str, policy: dict[str, Any] | None, requested: str | None, gate: bool, expected: str | None
+) -> None:
     got = outcome(value, policy, requested, gate)
     assert got == expected if expected in (ABORT, None) else got is not None and Q(got) == Q(expected)
 
@@ -122,14 +161,25 @@ UPSTREAM_VIOLATES: list[tuple[str, dict[str, Any] | None, str, bool, bool]] = [
     ("in set", {"default": "1", "validValues": ["1"]}, "1", False, False),
     ("not in set", {"default": "1", "validValues": ["1"]}, "2", False, True),
     ("fractional step aligned (0.3 = min+1*step)", rng("200m", "100m", "1"), "300m", True, False),
-    ("fractional step not aligned (0.25 is not a multiple of 0.1 from 0.2)", rng("200m", "100m", "1"), "250m", True, True),
+    (
+        "fractional step not aligned (0.25 is not a multiple of 0.1 from 0.2)",
+        rng("200m", "100m", "1"),
+        "250m",
+        True,
+        True,
+    ),
     ("requested value overflows milli representation", rng("1", "1"), "9224372036854776E3", True, True),
 ]
 
 
-@pytest.mark.parametrize(("policy", "amount", "gate", "violates"), [c[1:] for c in UPSTREAM_VIOLATES],
-                         ids=[c[0] for c in UPSTREAM_VIOLATES])
-def test_upstream_violates_policy(policy: dict[str, Any] | None, amount: str, gate: bool, violates: bool) -> None:
+@pytest.mark.parametrize(
+    ("policy", "amount", "gate", "violates"),
+    [c[1:] for c in UPSTREAM_VIOLATES],
+    ids=[c[0] for c in UPSTREAM_VIOLATES],
+)
+def test_upstream_violates_policy(
+    policy: dict[str, Any] | None, amount: str, gate: bool, violates: bool
+) -> None:
     from cni_dra.allocator.capacity import _policy_violation
     from cni_dra.dra.objects import CapacityRequestPolicy
 
@@ -149,8 +199,11 @@ UPSTREAM_USE_MILLI = [
 ]
 
 
-@pytest.mark.parametrize(("mn", "mx", "step", "gate", "expected"), [c[1:] for c in UPSTREAM_USE_MILLI],
-                         ids=[c[0] for c in UPSTREAM_USE_MILLI])
+@pytest.mark.parametrize(
+    ("mn", "mx", "step", "gate", "expected"),
+    [c[1:] for c in UPSTREAM_USE_MILLI],
+    ids=[c[0] for c in UPSTREAM_USE_MILLI],
+)
 def test_upstream_use_milli(mn: str, mx: str | None, step: str, gate: bool, expected: bool) -> None:
     r = CapacityRequestPolicyRange(min=Q(mn), max=None if mx is None else Q(mx), step=Q(step))
     assert uses_milli(r, gate) is expected
@@ -160,10 +213,16 @@ def test_upstream_fatal_beats_soft() -> None:
     # testCmpRequestOverCapacityFatalBeatsSoft: a request over one capacity's value (soft)
     # and an unrepresentable one on another: the allocation aborts, whatever the order
     for names in itertools.permutations(["capacity-0", "capacity-1"]):
-        caps = {"capacity-0": {"value": "1"},
-                "capacity-1": {"value": "9223372036854775808", "requestPolicy": {"validRange": {"min": "0", "step": "2"}}}}
-        device = Device.model_validate({"name": "d", "allowMultipleAllocations": True,
-                                        "capacity": {n: caps[n] for n in names}})
+        caps = {
+            "capacity-0": {"value": "1"},
+            "capacity-1": {
+                "value": "9223372036854775808",
+                "requestPolicy": {"validRange": {"min": "0", "step": "2"}},
+            },
+        }
+        device = Device.model_validate(
+            {"name": "d", "allowMultipleAllocations": True, "capacity": {n: caps[n] for n in names}}
+        )
         with pytest.raises(RequestNotRepresentable, match="capacity-1"):
             device_consumption(device, {"capacity-0": Q("2"), "capacity-1": Q(MAX64)})
 
@@ -194,24 +253,41 @@ GATED: list[tuple[str, str, dict[str, Any], str | None, str | None, str | None]]
     ("no-step-above-min-as-is", "8", rng("500m"), "1333m", "1333m", "1333m"),
     ("whole-range-fractional-request", "10G", MIN_100M, "150000000500m", "200M", "200M"),
     ("whole-range-sub-milli-request", "10G", MIN_100M, "150000000000500u", "200M", ABORT),
-    ("fractional-values-round-up", "2", {"default": "500m", "validValues": ["500m", "1500m", "2"]}, "700m",
-     "1500m", "1500m"),
-    ("fractional-values-above-all", "2", {"default": "500m", "validValues": ["500m", "1500m"]}, "1600m", NOFIT, NOFIT),
+    (
+        "fractional-values-round-up",
+        "2",
+        {"default": "500m", "validValues": ["500m", "1500m", "2"]},
+        "700m",
+        "1500m",
+        "1500m",
+    ),
+    (
+        "fractional-values-above-all",
+        "2",
+        {"default": "500m", "validValues": ["500m", "1500m"]},
+        "1600m",
+        NOFIT,
+        NOFIT,
+    ),
     # a default off the milli grid (min 0.5 step 0.5): an unnamed capacity still takes it
     ("off-grid-default", "8", rng("500m", "500m", default="700m"), None, "700m", "700m"),
 ]
 
 
-@pytest.mark.parametrize(("value", "policy", "requested", "off", "on"), [c[1:] for c in GATED],
-                         ids=[c[0] for c in GATED])
-def test_rounding_with_the_gate_off_and_on(value: str, policy: dict[str, Any], requested: str | None,
-                                           off: str | None, on: str | None) -> None:
+@pytest.mark.parametrize(
+    ("value", "policy", "requested", "off", "on"), [c[1:] for c in GATED], ids=[c[0] for c in GATED]
+)
+def test_rounding_with_the_gate_off_and_on(
+    value: str, policy: dict[str, Any], requested: str | None, off: str | None, on: str | None
+) -> None:
     for gate, expected in ((False, off), (True, on)):
         got = outcome(value, policy, requested, gate)
         if expected in (ABORT, NOFIT):
             assert got == expected, f"gate {'on' if gate else 'off'}"
         else:
-            assert got is not None and got != ABORT and Q(got) == Q(expected), f"gate {'on' if gate else 'off'}: {got}"
+            assert got is not None and got != ABORT and Q(got) == Q(expected), (
+                f"gate {'on' if gate else 'off'}: {got}"
+            )
 
 
 def test_result_formats_follow_the_step() -> None:
@@ -222,6 +298,7 @@ def test_result_formats_follow_the_step() -> None:
 
 
 # -- properties --------------------------------------------------------------------------------------
+
 
 @st.composite
 def fractional_ranges(draw: st.DrawFn) -> tuple[Quantity, dict[str, Any]]:
@@ -268,7 +345,9 @@ def test_rounded_request_is_on_the_grid_never_below_never_above_max(
 
 @settings(max_examples=200)
 @given(st.integers(0, 50), st.integers(1, 20), st.integers(0, 2000), st.booleans())
-def test_whole_bounds_and_requests_round_alike_with_either_gate(mn: int, step: int, req: int, gate: bool) -> None:
+def test_whole_bounds_and_requests_round_alike_with_either_gate(
+    mn: int, step: int, req: int, gate: bool
+) -> None:
     policy = rng(str(mn), str(step))
     assert outcome("10000", policy, str(req), gate) == outcome("10000", policy, str(req), not gate)
 
@@ -292,21 +371,28 @@ DRV = "drv"
 
 
 def slice_of(*devices: dict[str, Any]) -> ResourceSlice:
-    return ResourceSlice.model_validate({"spec": {"driver": DRV, "nodeName": "n", "pool": {"name": "n"},
-                                                  "devices": list(devices)}})
+    return ResourceSlice.model_validate(
+        {"spec": {"driver": DRV, "nodeName": "n", "pool": {"name": "n"}, "devices": list(devices)}}
+    )
 
 
 def shared(name: str, value: str, policy: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "allowMultipleAllocations": True,
-            "attributes": {"ifName": {"string": f"if-{name}"}},
-            "capacity": {"c": {"value": value, "requestPolicy": policy}}}
+    return {
+        "name": name,
+        "allowMultipleAllocations": True,
+        "attributes": {"ifName": {"string": f"if-{name}"}},
+        "capacity": {"c": {"value": value, "requestPolicy": policy}},
+    }
 
 
 def claim(name: str, *amounts: str) -> ResourceClaim:
-    reqs = [{"name": f"r{i}", "exactly": {"deviceClassName": "x", "capacity": {"requests": {"c": a}}}}
-            for i, a in enumerate(amounts)]
-    return ResourceClaim.model_validate({"metadata": {"name": name, "namespace": "ns"},
-                                         "spec": {"devices": {"requests": reqs}}})
+    reqs = [
+        {"name": f"r{i}", "exactly": {"deviceClassName": "x", "capacity": {"requests": {"c": a}}}}
+        for i, a in enumerate(amounts)
+    ]
+    return ResourceClaim.model_validate(
+        {"metadata": {"name": name, "namespace": "ns"}, "spec": {"devices": {"requests": reqs}}}
+    )
 
 
 def ids() -> Any:
@@ -321,7 +407,9 @@ def consumed_of(res: AllocationResult | ClaimNoFit) -> list[tuple[str, str]]:
 
 def test_two_half_shares_fit_one_unit_only_with_the_gate_on() -> None:
     sl = slice_of(shared("a", "1", rng("250m", "250m")))
-    on = allocate_claims([claim("x", "500m"), claim("y", "500m")], sl, NodeUsage(), ids(), fractional_capacity_range=True)
+    on = allocate_claims(
+        [claim("x", "500m"), claim("y", "500m")], sl, NodeUsage(), ids(), fractional_capacity_range=True
+    )
     assert [consumed_of(r) for r in on] == [[("a", "500m")], [("a", "500m")]]
     off = allocate_claims([claim("x", "500m"), claim("y", "500m")], sl, NodeUsage(), ids())
     assert consumed_of(off[0]) == [("a", "1")]  # 0.5 read as 1 on a step of 1
@@ -355,10 +443,29 @@ def test_an_all_mode_request_the_range_cannot_compute_aborts_before_the_search()
     # even when an earlier request never fits (found by the differential test, seed
     # 228357734, gate on, batch 9)
     sl = slice_of(shared("a", "8", QUARTER))
-    c = ResourceClaim.model_validate({"metadata": {"name": "x", "namespace": "ns"}, "spec": {"devices": {"requests": [
-        {"name": "big", "exactly": {"deviceClassName": "x", "capacity": {"requests": {"c": "9"}}}},
-        {"name": "every", "exactly": {"deviceClassName": "x", "allocationMode": "All",
-                                      "capacity": {"requests": {"c": "1000500u"}}}}]}}})
+    c = ResourceClaim.model_validate(
+        {
+            "metadata": {"name": "x", "namespace": "ns"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "big",
+                            "exactly": {"deviceClassName": "x", "capacity": {"requests": {"c": "9"}}},
+                        },
+                        {
+                            "name": "every",
+                            "exactly": {
+                                "deviceClassName": "x",
+                                "allocationMode": "All",
+                                "capacity": {"requests": {"c": "1000500u"}},
+                            },
+                        },
+                    ]
+                }
+            },
+        }
+    )
     on = allocate_claim(c, sl, NodeUsage(), ids(), fractional_capacity_range=True)
     assert isinstance(on, ClaimNoFit) and on.aborted, on
     assert "request every: device a" in on.reasons["claim"] and "no exact milli value" in on.reasons["claim"]
@@ -370,10 +477,31 @@ def test_an_all_mode_selector_that_fails_to_evaluate_aborts_before_the_search() 
     # the same set-up evaluates an All request's selectors on every device: a CEL error
     # there is the allocation's error, whatever the requests before it
     sl = slice_of(shared("a", "8", QUARTER))
-    c = ResourceClaim.model_validate({"metadata": {"name": "x", "namespace": "ns"}, "spec": {"devices": {"requests": [
-        {"name": "big", "exactly": {"deviceClassName": "x", "capacity": {"requests": {"c": "9"}}}},
-        {"name": "every", "exactly": {"deviceClassName": "x", "allocationMode": "All", "selectors": [
-            {"cel": {"expression": 'device.attributes["drv"].nope == "x"'}}]}}]}}})
+    c = ResourceClaim.model_validate(
+        {
+            "metadata": {"name": "x", "namespace": "ns"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "big",
+                            "exactly": {"deviceClassName": "x", "capacity": {"requests": {"c": "9"}}},
+                        },
+                        {
+                            "name": "every",
+                            "exactly": {
+                                "deviceClassName": "x",
+                                "allocationMode": "All",
+                                "selectors": [
+                                    {"cel": {"expression": 'device.attributes["drv"].nope == "x"'}}
+                                ],
+                            },
+                        },
+                    ]
+                }
+            },
+        }
+    )
     got = allocate_claim(c, sl, NodeUsage(), ids(), fractional_capacity_range=True)
     assert isinstance(got, ClaimNoFit) and got.aborted, got
     assert "request every" in got.reasons["claim"]
@@ -385,33 +513,72 @@ def test_select_device_rounds_by_the_gate_and_raises_for_an_unrepresentable_requ
     assert isinstance(sel, Selection) and sel.consumed_capacity == {"c": Q("750m")}
     sel = select_device(devices, {}, {"c": Q("600m")})
     assert isinstance(sel, Selection) and sel.consumed_capacity == {"c": Q("1")}
-    with pytest.raises(RequestNotRepresentable, match="capacity c: request 1000500u has no exact milli value"):
+    with pytest.raises(
+        RequestNotRepresentable, match="capacity c: request 1000500u has no exact milli value"
+    ):
         select_device(devices, {}, {"c": Q("1000500u")}, fractional_capacity_range=True)
 
 
 def _cli_files(tmp_path: Path) -> tuple[str, str]:
     inv = tmp_path / "slice.json"
-    inv.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
-                               **slice_of(shared("a", "8", QUARTER)).model_dump(by_alias=True, exclude_none=True)}))
+    inv.write_text(
+        json.dumps(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": "s"},
+                **slice_of(shared("a", "8", QUARTER)).model_dump(by_alias=True, exclude_none=True),
+            }
+        )
+    )
     cl = tmp_path / "claim.json"
-    cl.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                              **claim("x", "600m").model_dump(by_alias=True, exclude_none=True)}))
+    cl.write_text(
+        json.dumps(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                **claim("x", "600m").model_dump(by_alias=True, exclude_none=True),
+            }
+        )
+    )
     return str(inv), str(cl)
 
 
-@pytest.mark.parametrize(("flag", "record", "expected"), [
-    ("on", None, "750m"), ("off", None, "1"), ("auto", None, "1"),
-    ("auto", True, "750m"), ("auto", False, "1"), ("off", True, "1"),
-])
-def test_allocate_cli_follows_the_flag_or_the_agents_record(tmp_path: Path, flag: str, record: bool | None,
-                                                            expected: str) -> None:
+@pytest.mark.parametrize(
+    ("flag", "record", "expected"),
+    [
+        ("on", None, "750m"),
+        ("off", None, "1"),
+        ("auto", None, "1"),
+        ("auto", True, "750m"),
+        ("auto", False, "1"),
+        ("off", True, "1"),
+    ],
+)
+def test_allocate_cli_follows_the_flag_or_the_agents_record(
+    tmp_path: Path, flag: str, record: bool | None, expected: str
+) -> None:
     inv, cl = _cli_files(tmp_path)
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     if record is not None:
-        (state / "cluster-features.json").write_text(json.dumps({"fractionalCapacityRange": record, "source": "t"}))
-    res = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", cl, "--state-dir", str(state),
-                                   "--fractional-capacity-range", flag])
+        (state / "cluster-features.json").write_text(
+            json.dumps({"fractionalCapacityRange": record, "source": "t"})
+        )
+    res = CliRunner().invoke(
+        cli,
+        [
+            "allocate",
+            "--inventory",
+            inv,
+            "--claim",
+            cl,
+            "--state-dir",
+            str(state),
+            "--fractional-capacity-range",
+            flag,
+        ],
+    )
     assert res.exit_code == 0, res.output
     (entry,) = json.loads(res.stdout)
     assert entry["allocation"]["devices"]["results"][0]["consumedCapacity"] == {"c": expected}
@@ -420,10 +587,20 @@ def test_allocate_cli_follows_the_flag_or_the_agents_record(tmp_path: Path, flag
 def test_allocate_cli_marks_an_aborted_claim(tmp_path: Path) -> None:
     inv, _ = _cli_files(tmp_path)
     cl = tmp_path / "sub.json"
-    cl.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                              **claim("x", "1000500u").model_dump(by_alias=True, exclude_none=True)}))
-    res = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", str(cl)],
-                             env={"CNI_DRA_FRACTIONAL_CAPACITY_RANGE": "on"})
+    cl.write_text(
+        json.dumps(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                **claim("x", "1000500u").model_dump(by_alias=True, exclude_none=True),
+            }
+        )
+    )
+    res = CliRunner().invoke(
+        cli,
+        ["allocate", "--inventory", inv, "--claim", str(cl)],
+        env={"CNI_DRA_FRACTIONAL_CAPACITY_RANGE": "on"},
+    )
     assert res.exit_code == 1
     (entry,) = json.loads(res.stdout)
     assert entry["aborted"] is True and "no exact milli value" in entry["reasons"]["claim"]

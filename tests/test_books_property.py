@@ -21,12 +21,19 @@ G = 1_000_000_000
 
 
 def _device(name: str, value_g: int) -> Device:
-    return Device.model_validate({
-        "name": name, "allowMultipleAllocations": True,
-        "attributes": {"ifName": {"string": name}},
-        "capacity": {"bandwidth": {"value": f"{value_g}G",
-                                   "requestPolicy": {"default": "1G", "validRange": {"min": "100M", "step": "100M"}}}},
-    })
+    return Device.model_validate(
+        {
+            "name": name,
+            "allowMultipleAllocations": True,
+            "attributes": {"ifName": {"string": name}},
+            "capacity": {
+                "bandwidth": {
+                    "value": f"{value_g}G",
+                    "requestPolicy": {"default": "1G", "validRange": {"min": "100M", "step": "100M"}},
+                }
+            },
+        }
+    )
 
 
 ops = st.lists(
@@ -40,8 +47,11 @@ ops = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops=ops, sizes=st.lists(st.integers(min_value=1, max_value=20), min_size=1, max_size=3),
-       policy=st.sampled_from(["best-fit", "least-allocated"]))
+@given(
+    ops=ops,
+    sizes=st.lists(st.integers(min_value=1, max_value=20), min_size=1, max_size=3),
+    policy=st.sampled_from(["best-fit", "least-allocated"]),
+)
 def test_no_sequence_over_commits(ops, sizes, policy):
     devices = [_device(f"nic{i}", s) for i, s in enumerate(sizes)]
     capacity = {d.name: Quantity.parse(f"{s}G") for d, s in zip(devices, sizes, strict=True)}
@@ -65,10 +75,19 @@ def test_no_sequence_over_commits(ops, sizes, policy):
                     assert held(d.name) + want > capacity[d.name]
                 continue
             assert choice.consumed_capacity["bandwidth"] >= want
-            txn.put(Attachment(
-                network="n", containerID=f"c{n}", ifname="eth0", driver="d", pool="p",
-                device=choice.device.name, parent=choice.device.name,
-                consumedCapacity=dict(choice.consumed_capacity), shareID=f"s{n}"))
+            txn.put(
+                Attachment(
+                    network="n",
+                    containerID=f"c{n}",
+                    ifname="eth0",
+                    driver="d",
+                    pool="p",
+                    device=choice.device.name,
+                    parent=choice.device.name,
+                    consumedCapacity=dict(choice.consumed_capacity),
+                    shareID=f"s{n}",
+                )
+            )
             books[f"c{n}"] = (choice.device.name, choice.consumed_capacity["bandwidth"])
         elif op == "del" and txn.attachments:
             gone = txn.remove(*txn.attachments[arg % len(txn.attachments)].key)
@@ -78,9 +97,30 @@ def test_no_sequence_over_commits(ops, sizes, policy):
             want = Quantity.parse(arg * 100_000_000)
             for d in devices:
                 if held(d.name) + want <= capacity[d.name]:
-                    txn.set_claims(f"pod{n}", [{"metadata": {"uid": f"u{n}"}, "status": {"allocation": {"devices": {
-                        "results": [{"request": "r", "driver": "d", "pool": "p", "device": d.name,
-                                     "consumedCapacity": {"bandwidth": str(want)}, "shareID": f"cs{n}"}]}}}}])
+                    txn.set_claims(
+                        f"pod{n}",
+                        [
+                            {
+                                "metadata": {"uid": f"u{n}"},
+                                "status": {
+                                    "allocation": {
+                                        "devices": {
+                                            "results": [
+                                                {
+                                                    "request": "r",
+                                                    "driver": "d",
+                                                    "pool": "p",
+                                                    "device": d.name,
+                                                    "consumedCapacity": {"bandwidth": str(want)},
+                                                    "shareID": f"cs{n}",
+                                                }
+                                            ]
+                                        }
+                                    }
+                                },
+                            }
+                        ],
+                    )
                     books[f"claim{n}"] = (d.name, want)
                     break
         for name, cap in capacity.items():

@@ -27,28 +27,61 @@ def _inv() -> Any:
         "interfaces": [{"name": "eth0", "mac": MAC, "sandbox": NETNS}],
         "ips": [{"address": "10.0.0.7/24", "interface": 0}],
     }
-    att = SimpleNamespace(phase="ready", linkType="macvlan", parent="nic0", device="nic-a", netns=NETNS, shaping=None,
-                          netnsIdentity=None,
-                          profile=None)
+    att = SimpleNamespace(
+        phase="ready",
+        linkType="macvlan",
+        parent="nic0",
+        device="nic-a",
+        netns=NETNS,
+        shaping=None,
+        netnsIdentity=None,
+        profile=None,
+    )
     store = SimpleNamespace(read=lambda: SimpleNamespace(find=lambda *key: att))
     return SimpleNamespace(
         env=SimpleNamespace(ifname="eth0", container_id="c1", netns=NETNS, path=["/opt/cni/bin"]),
-        conf=SimpleNamespace(prevResult=prev, cniVersion="1.1.0", name="net1", ipam_type=None, mode="bridge",
-                             ipvlanFlag=None),
-        raw=b"{}", environ={}, store=store,
+        conf=SimpleNamespace(
+            prevResult=prev, cniVersion="1.1.0", name="net1", ipam_type=None, mode="bridge", ipvlanFlag=None
+        ),
+        raw=b"{}",
+        environ={},
+        store=store,
     )
 
 
 def _pod_link(**changes: Any) -> LinkInfo:
-    base = dict(name="eth0", index=2, kind="macvlan", mac=MAC, mtu=1500, operstate="UP", admin_up=True,
-                parent_index=5, parent_netnsid=0, mode="bridge", addresses=("10.0.0.7/24",), carrier=True)
+    base = dict(
+        name="eth0",
+        index=2,
+        kind="macvlan",
+        mac=MAC,
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=5,
+        parent_netnsid=0,
+        mode="bridge",
+        addresses=("10.0.0.7/24",),
+        carrier=True,
+    )
     base.update(changes)
     return LinkInfo(**base)
 
 
 def _parent(**changes: Any) -> LinkInfo:
-    base = dict(name="nic0", index=5, kind="veth", mac="02:00:00:00:00:01", mtu=1500, operstate="UP",
-                admin_up=True, parent_index=None, parent_netnsid=None, mode=None, carrier=True)
+    base = dict(
+        name="nic0",
+        index=5,
+        kind="veth",
+        mac="02:00:00:00:00:01",
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=None,
+        parent_netnsid=None,
+        mode=None,
+        carrier=True,
+    )
     base.update(changes)
     return LinkInfo(**base)
 
@@ -56,12 +89,21 @@ def _parent(**changes: Any) -> LinkInfo:
 @pytest.mark.parametrize(
     ("pod", "parent", "says"),
     [
-        ({"admin_up": False, "carrier": False, "operstate": "DOWN", "addresses": ()}, {},
-         "the link is administratively down in netns /var/run/netns/pod-1"),
-        ({"carrier": False, "operstate": "LOWERLAYERDOWN"}, {"admin_up": False, "carrier": False, "operstate": "DOWN"},
-         "its parent NIC nic0 (device nic-a) is administratively down"),
-        ({"carrier": False, "operstate": "DOWN"}, {"carrier": False, "operstate": "LOWERLAYERDOWN"},
-         "its parent NIC nic0 (device nic-a) has no carrier (NO-CARRIER)"),
+        (
+            {"admin_up": False, "carrier": False, "operstate": "DOWN", "addresses": ()},
+            {},
+            "the link is administratively down in netns /var/run/netns/pod-1",
+        ),
+        (
+            {"carrier": False, "operstate": "LOWERLAYERDOWN"},
+            {"admin_up": False, "carrier": False, "operstate": "DOWN"},
+            "its parent NIC nic0 (device nic-a) is administratively down",
+        ),
+        (
+            {"carrier": False, "operstate": "DOWN"},
+            {"carrier": False, "operstate": "LOWERLAYERDOWN"},
+            "its parent NIC nic0 (device nic-a) has no carrier (NO-CARRIER)",
+        ),
         ({"carrier": False, "operstate": "DOWN"}, {}, "the link has no carrier (NO-CARRIER)"),
     ],
     ids=["pod-link-admin-down", "parent-admin-down", "parent-no-carrier", "pod-link-no-carrier"],

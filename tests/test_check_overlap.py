@@ -24,13 +24,26 @@ def _inv() -> Any:
         "interfaces": [{"name": "eth0", "mac": MAC, "sandbox": NETNS}],
         "ips": [{"address": "10.0.0.7/24", "interface": 0}],
     }
-    att = SimpleNamespace(phase="ready", linkType="macvlan", parent="nic0", device="nic-a", netns=NETNS, shaping=None,
-                          netnsIdentity=None, profile=None)
+    att = SimpleNamespace(
+        phase="ready",
+        linkType="macvlan",
+        parent="nic0",
+        device="nic-a",
+        netns=NETNS,
+        shaping=None,
+        netnsIdentity=None,
+        profile=None,
+    )
     store = SimpleNamespace(read=lambda: SimpleNamespace(find=lambda *key: att))
     return SimpleNamespace(
         env=SimpleNamespace(ifname="eth0", container_id="c1", netns=NETNS, path=["/opt/cni/bin"]),
         conf=SimpleNamespace(
-            prevResult=prev, cniVersion="1.1.0", name="net1", ipam_type="host-local", mode="bridge", ipvlanFlag=None
+            prevResult=prev,
+            cniVersion="1.1.0",
+            name="net1",
+            ipam_type="host-local",
+            mode="bridge",
+            ipvlanFlag=None,
         ),
         raw=b"{}",
         environ={},
@@ -40,8 +53,17 @@ def _inv() -> Any:
 
 def _link(**changes: Any) -> LinkInfo:
     base = dict(
-        name="eth0", index=2, kind="macvlan", mac=MAC, mtu=1500, operstate="UP", admin_up=True,
-        parent_index=5, parent_netnsid=0, mode="bridge", addresses=("10.0.0.7/24",),
+        name="eth0",
+        index=2,
+        kind="macvlan",
+        mac=MAC,
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=5,
+        parent_netnsid=0,
+        mode="bridge",
+        addresses=("10.0.0.7/24",),
     )
     base.update(changes)
     return LinkInfo(**base)
@@ -49,7 +71,9 @@ def _link(**changes: Any) -> LinkInfo:
 
 @pytest.fixture
 def parent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(info, "host_link", lambda name: _link(name=name, index=5, kind=None, parent_index=None))
+    monkeypatch.setattr(
+        info, "host_link", lambda name: _link(name=name, index=5, kind=None, parent_index=None)
+    )
 
 
 def test_ipam_check_runs_while_the_link_is_verified(monkeypatch: pytest.MonkeyPatch, parent: None) -> None:
@@ -69,7 +93,9 @@ def test_ipam_check_runs_while_the_link_is_verified(monkeypatch: pytest.MonkeyPa
     assert seen == [True]
 
 
-def test_a_link_mismatch_is_reported_before_an_ipam_failure(monkeypatch: pytest.MonkeyPatch, parent: None) -> None:
+def test_a_link_mismatch_is_reported_before_an_ipam_failure(
+    monkeypatch: pytest.MonkeyPatch, parent: None
+) -> None:
     link_checked = threading.Event()
     ipam_done: list[bool] = []
 
@@ -89,7 +115,9 @@ def test_a_link_mismatch_is_reported_before_an_ipam_failure(monkeypatch: pytest.
     assert ipam_done == [True]  # the plugin finished before CHECK returned
 
 
-def test_an_ipam_failure_alone_is_raised_with_code_103_for_999(monkeypatch: pytest.MonkeyPatch, parent: None) -> None:
+def test_an_ipam_failure_alone_is_raised_with_code_103_for_999(
+    monkeypatch: pytest.MonkeyPatch, parent: None
+) -> None:
     def fake_ipam_check(*a: Any, **kw: Any) -> None:
         raise IpamError("failed to check IPAM host-local: no IP allocated", code=999)
 

@@ -7,17 +7,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_dra.errors import ClaimError
-from cni_dra.state.schema import PreparedClaim
-from cni_dra.state.prepared import interface_conflicts
 from cni_dra.attach.invocation import claim_results_for
+from cni_dra.errors import ClaimError
+from cni_dra.state.prepared import interface_conflicts
+from cni_dra.state.schema import PreparedClaim
 from tests.builders import allocation_result, resource_claim
 
 
 def _claim(*results: tuple[str, str, str]) -> PreparedClaim:
     """A claim with one result per (request, driver, device), all in pool ``p``."""
     return PreparedClaim.decode(
-        resource_claim(*(allocation_result(dev, request=r, driver=drv, pool="p") for r, drv, dev in results)))
+        resource_claim(*(allocation_result(dev, request=r, driver=drv, pool="p") for r, drv, dev in results))
+    )
 
 
 def test_no_result_of_this_driver_means_standalone():
@@ -42,11 +43,14 @@ def test_ambiguous_results_are_refused_naming_the_interface_claims_and_requests(
         claim_results_for([claim], "d", "net1")
     who = f"{claim.namespace}/{claim.name}"
     assert ei.value.code == 101
-    assert (f"interface net1: the pod has 2 results from driver d (claim {who} request 'fast', "
-            f"claim {who} request 'slow') and none is named 'net1'") in ei.value.msg, ei.value.msg
+    assert (
+        f"interface net1: the pod has 2 results from driver d (claim {who} request 'fast', "
+        f"claim {who} request 'slow') and none is named 'net1'"
+    ) in ei.value.msg, ei.value.msg
 
 
 # -- which results serve which interface, as prepare judges it ---------------------------------
+
 
 def test_one_claim_with_requests_net1_and_net2_serves_two_interfaces():
     claims = [_claim(("net1", "d", "eth-a"), ("net2", "d", "eth-b"))]
@@ -72,8 +76,14 @@ def test_a_single_result_serves_any_interface_and_other_drivers_do_not_count():
     assert interface_conflicts([_claim(("net1", "d", "eth-a")), _claim(("net1", "other", "x"))], "d") == {}
 
 
-_RESULTS = st.lists(st.tuples(st.sampled_from(["eth0", "net1", "net2", "net1/fast"]), st.sampled_from(["d", "other"]),
-                              st.sampled_from(["eth-a", "eth-b"])), max_size=5)
+_RESULTS = st.lists(
+    st.tuples(
+        st.sampled_from(["eth0", "net1", "net2", "net1/fast"]),
+        st.sampled_from(["d", "other"]),
+        st.sampled_from(["eth-a", "eth-b"]),
+    ),
+    max_size=5,
+)
 
 
 @given(st.lists(_RESULTS, max_size=3), st.sampled_from(["eth0", "net1", "net2", "net3"]))

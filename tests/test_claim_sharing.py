@@ -14,8 +14,8 @@ from cni_dra.agent.claimwatch import ClaimWatch, reserved_pods
 from cni_dra.k8s.api import KubeApi
 from cni_dra.quantity import Quantity
 from cni_dra.state import ClaimRef, StateStore
-from cni_dra.state.preparing import prepare_claim, share_prepared_claim
 from cni_dra.state.ledger import node_usage
+from cni_dra.state.preparing import prepare_claim, share_prepared_claim
 from tests import builders
 from tests.builders import DRIVER, allocation_result, attachment, resource_claim
 from tests.k8s_apiserver import FakeApiServer, allocated_claim
@@ -32,16 +32,25 @@ def reserved(*uids: str) -> list[dict[str, str]]:
 
 # -- the state side ---------------------------------------------------------------------------
 def test_reserved_pods_takes_core_pods_only():
-    claim = {"status": {"reservedFor": [*reserved("a", "b"), {"apiGroup": "example.com", "resource": "pods",
-                                                                "name": "x", "uid": "c"},
-                                        {"resource": "jobs", "name": "j", "uid": "d"}]}}
+    claim = {
+        "status": {
+            "reservedFor": [
+                *reserved("a", "b"),
+                {"apiGroup": "example.com", "resource": "pods", "name": "x", "uid": "c"},
+                {"resource": "jobs", "name": "j", "uid": "d"},
+            ]
+        }
+    }
     assert reserved_pods(claim) == {"a", "b"}
     assert reserved_pods({}) == set()
 
 
 def test_share_prepared_claim_adds_the_prepared_copy_to_new_pods_only(tmp_path):
-    claim = resource_claim(allocation_result("nic-a", consumed={"bandwidth": "2G"}, share_id=SHARE),
-                           uid="u1", reserved_for=reserved("pod-a"))
+    claim = resource_claim(
+        allocation_result("nic-a", consumed={"bandwidth": "2G"}, share_id=SHARE),
+        uid="u1",
+        reserved_for=reserved("pod-a"),
+    )
     prepare_claim(str(tmp_path), "pod-a", claim)
     assert share_prepared_claim(str(tmp_path), "u1", {"pod-a", "pod-b"}) == ["pod-b"]
     st = StateStore(tmp_path).read()
@@ -60,8 +69,16 @@ def test_share_prepared_claim_leaves_claims_not_prepared_here_alone(tmp_path):
 
 
 def shared(cid: str, pod: str, share: str = SHARE, uid: str = "u1", **kw):
-    return attachment(cid, "nic-a", pool="n", podUID=pod, shareID=share, consumedCapacity={"bandwidth": "2G"},
-                      claim=ClaimRef(namespace="ns", name="c", uid=uid, request="net"), **kw)
+    return attachment(
+        cid,
+        "nic-a",
+        pool="n",
+        podUID=pod,
+        shareID=share,
+        consumedCapacity={"bandwidth": "2G"},
+        claim=ClaimRef(namespace="ns", name="c", uid=uid, request="net"),
+        **kw,
+    )
 
 
 def test_one_share_used_by_two_pods_is_charged_once(tmp_path):
@@ -93,10 +110,16 @@ def world(tmp_path):
 
 def test_pods_reserved_later_get_the_prepared_claim(world):
     server, watch, store = world
-    claim = server.add_claim(allocated_claim("c1", pool="node-1", device="nic-a", bandwidth="2G",
-                                             share_id=SHARE, pod_uids=["pod-a"]))
-    other = server.add_claim(allocated_claim("c2", pool="node-9", device="nic-z", bandwidth="1G",
-                                             share_id=SHARE, pod_uids=["pod-x"]))
+    claim = server.add_claim(
+        allocated_claim(
+            "c1", pool="node-1", device="nic-a", bandwidth="2G", share_id=SHARE, pod_uids=["pod-a"]
+        )
+    )
+    other = server.add_claim(
+        allocated_claim(
+            "c2", pool="node-9", device="nic-z", bandwidth="1G", share_id=SHARE, pod_uids=["pod-x"]
+        )
+    )
     prepare_claim(str(store.dir), "pod-a", claim)
     watch.start()
     assert watch.synced.wait(10)
@@ -113,8 +136,11 @@ def test_pods_reserved_later_get_the_prepared_claim(world):
 
 def test_the_first_list_catches_up_and_an_expired_watch_lists_again(world):
     server, watch, store = world
-    claim = server.add_claim(allocated_claim("c1", pool="node-1", device="nic-a", bandwidth="2G",
-                                             share_id=SHARE, pod_uids=["pod-a", "pod-b"]))
+    claim = server.add_claim(
+        allocated_claim(
+            "c1", pool="node-1", device="nic-a", bandwidth="2G", share_id=SHARE, pod_uids=["pod-a", "pod-b"]
+        )
+    )
     prepare_claim(str(store.dir), "pod-a", claim)  # prepared before pod-b was reserved
     server.fail("WATCH", r".*/resourceclaims", 410)
     watch.start()

@@ -12,24 +12,53 @@ from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, StateStore
 
 SLICE = {
-    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n"},
-    "spec": {"driver": "net.cni-dra.dev", "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
-             "devices": [
-                 {"name": "eth-a", "allowMultipleAllocations": True, "attributes": {"ifName": {"string": "eth-a"}},
-                  "capacity": {"bandwidth": {"value": "10G"}}},
-                 {"name": "eth-b", "allowMultipleAllocations": True, "attributes": {"ifName": {"string": "eth-b"}},
-                  "capacity": {"bandwidth": {"value": "10G"}}}]},
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceSlice",
+    "metadata": {"name": "n"},
+    "spec": {
+        "driver": "net.cni-dra.dev",
+        "nodeName": "n",
+        "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+        "devices": [
+            {
+                "name": "eth-a",
+                "allowMultipleAllocations": True,
+                "attributes": {"ifName": {"string": "eth-a"}},
+                "capacity": {"bandwidth": {"value": "10G"}},
+            },
+            {
+                "name": "eth-b",
+                "allowMultipleAllocations": True,
+                "attributes": {"ifName": {"string": "eth-b"}},
+                "capacity": {"bandwidth": {"value": "10G"}},
+            },
+        ],
+    },
 }
 
 
 def _claim(uid: str = "claim-uid-1", device: str = "eth-b", bw: str = "6G") -> dict:
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
         "metadata": {"name": "c", "namespace": "ns", "uid": uid},
         "spec": {"devices": {"requests": [{"name": "net", "exactly": {"deviceClassName": "x"}}]}},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "net", "driver": "net.cni-dra.dev", "pool": "n", "device": device,
-             "consumedCapacity": {"bandwidth": bw}, "shareID": "2f1d3c4e-0000-4000-8000-000000000001"}]}}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "net",
+                            "driver": "net.cni-dra.dev",
+                            "pool": "n",
+                            "device": device,
+                            "consumedCapacity": {"bandwidth": bw},
+                            "shareID": "2f1d3c4e-0000-4000-8000-000000000001",
+                        }
+                    ]
+                }
+            }
+        },
     }
 
 
@@ -46,20 +75,43 @@ def _invoke(args, env, input=None):  # noqa: A002 - CliRunner.invoke's name for 
 
 def test_status_json_shape_and_quantities(env, tmp_path):
     with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as txn:
-        txn.put(Attachment(
-            network="n1", containerID="c1", ifname="eth0", driver="net.cni-dra.dev", pool="n", device="eth-a",
-            parent="eth-a", consumedCapacity={"bandwidth": Quantity.parse("4000M")}, shareID="s1", podUID="p1",
-            phase="ready"))
+        txn.put(
+            Attachment(
+                network="n1",
+                containerID="c1",
+                ifname="eth0",
+                driver="net.cni-dra.dev",
+                pool="n",
+                device="eth-a",
+                parent="eth-a",
+                consumedCapacity={"bandwidth": Quantity.parse("4000M")},
+                shareID="s1",
+                podUID="p1",
+                phase="ready",
+            )
+        )
     r = _invoke(["status", "--json"], env)
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
-    assert doc["devices"][0] == {"name": "eth-a", "ifName": "eth-a", "capacity": {"bandwidth": "10G"},
-                                 "consumed": {"bandwidth": "4G"}, "remaining": {"bandwidth": "6G"}}
+    assert doc["devices"][0] == {
+        "name": "eth-a",
+        "ifName": "eth-a",
+        "capacity": {"bandwidth": "10G"},
+        "consumed": {"bandwidth": "4G"},
+        "remaining": {"bandwidth": "6G"},
+    }
     assert doc["devices"][1]["consumed"] == {"bandwidth": "0"}
     att = doc["attachments"][0]
-    assert {k: att[k] for k in ("podUID", "containerID", "ifname", "device", "consumedCapacity", "shareID")} == {
-        "podUID": "p1", "containerID": "c1", "ifname": "eth0", "device": "eth-a",
-        "consumedCapacity": {"bandwidth": "4G"}, "shareID": "s1"}
+    assert {
+        k: att[k] for k in ("podUID", "containerID", "ifname", "device", "consumedCapacity", "shareID")
+    } == {
+        "podUID": "p1",
+        "containerID": "c1",
+        "ifname": "eth0",
+        "device": "eth-a",
+        "consumedCapacity": {"bandwidth": "4G"},
+        "shareID": "s1",
+    }
     text = _invoke(["status"], env).output
     assert "eth-a" in text and "bandwidth=6G" in text and "s1" in text
 
@@ -115,13 +167,22 @@ def _named(uid: str, name: str, request: str, device: str) -> dict:
 
 def test_prepare_refuses_claims_that_give_one_interface_two_results_and_stores_none(env, tmp_path):
     f = tmp_path / "claims.json"
-    f.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        _named("u1", "a", "net1", "eth-a"), _named("u2", "b", "net1", "eth-b")]}))
+    f.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [_named("u1", "a", "net1", "eth-a"), _named("u2", "b", "net1", "eth-b")],
+            }
+        )
+    )
     r = CliRunner().invoke(cli, ["claims", "prepare", "--pod-uid", "pod-1", str(f)], env=env)
     assert r.exit_code == 1, r.output
-    assert ("ClaimError: failed to prepare claims ns/a, ns/b for pod pod-1: interface 'net1' would have 2 "
-            "allocation results of net.cni-dra.dev to choose from (claim ns/a request 'net1', claim ns/b request "
-            "'net1')") in r.output, r.output
+    assert (
+        "ClaimError: failed to prepare claims ns/a, ns/b for pod pod-1: interface 'net1' would have 2 "
+        "allocation results of net.cni-dra.dev to choose from (claim ns/a request 'net1', claim ns/b request "
+        "'net1')"
+    ) in r.output, r.output
     assert StateStore(env["CNI_DRA_STATE_DIR"]).read().claims == {}
     doc = json.loads(_invoke(["status", "--json"], env).output)
     assert [d["consumed"] for d in doc["devices"]] == [{"bandwidth": "0"}, {"bandwidth": "0"}]
@@ -133,8 +194,12 @@ def test_prepare_refuses_a_claim_that_gives_a_held_interface_a_second_result(env
     second.write_text(json.dumps(_named("u2", "b", "net1", "eth-b")))
     assert _invoke(["claims", "prepare", "--pod-uid", "pod-1", str(first)], env).exit_code == 0
     r = CliRunner().invoke(cli, ["claims", "prepare", "--pod-uid", "pod-1", str(second)], env=env)
-    assert r.exit_code == 1 and "failed to prepare claim ns/b for pod pod-1: interface 'net1'" in r.output, r.output
-    assert [c["metadata"]["name"] for c in StateStore(env["CNI_DRA_STATE_DIR"]).read().claims["pod-1"]] == ["a"]
+    assert r.exit_code == 1 and "failed to prepare claim ns/b for pod pod-1: interface 'net1'" in r.output, (
+        r.output
+    )
+    assert [c["metadata"]["name"] for c in StateStore(env["CNI_DRA_STATE_DIR"]).read().claims["pod-1"]] == [
+        "a"
+    ]
     # another pod may hold it
     assert _invoke(["claims", "prepare", "--pod-uid", "pod-2", str(second)], env).exit_code == 0
 
@@ -145,8 +210,10 @@ def test_prepare_takes_two_claims_whose_requests_name_two_interfaces(env, tmp_pa
 
     f.write_text(yaml.safe_dump_all([_named("u1", "a", "net1", "eth-a"), _named("u2", "b", "net2", "eth-b")]))
     r = _invoke(["claims", "prepare", "--pod-uid", "pod-1", str(f)], env)
-    assert r.exit_code == 0 and r.output.splitlines() == ["claim a prepared for pod pod-1",
-                                                          "claim b prepared for pod pod-1"], r.output
+    assert r.exit_code == 0 and r.output.splitlines() == [
+        "claim a prepared for pod pod-1",
+        "claim b prepared for pod pod-1",
+    ], r.output
 
 
 def test_status_with_unreadable_inventory_fails_cleanly(env):
@@ -158,12 +225,25 @@ def test_status_with_unreadable_inventory_fails_cleanly(env):
 def _allocate_4g(env, tmp_path, how: str, env_state_dir: str | None = None):
     """Run ``allocate`` for a 4G claim with the state dir given ``how``; eth-a holds 7G of 10G there."""
     with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as txn:
-        txn.put(Attachment(
-            network="n1", containerID="c1", ifname="eth0", driver="net.cni-dra.dev", pool="n", device="eth-a",
-            parent="eth-a", consumedCapacity={"bandwidth": Quantity.parse("7G")}, shareID="s1", phase="ready"))
+        txn.put(
+            Attachment(
+                network="n1",
+                containerID="c1",
+                ifname="eth0",
+                driver="net.cni-dra.dev",
+                pool="n",
+                device="eth-a",
+                parent="eth-a",
+                consumedCapacity={"bandwidth": Quantity.parse("7G")},
+                shareID="s1",
+                phase="ready",
+            )
+        )
     claim = _claim()
     claim["spec"]["devices"]["requests"][0]["exactly"] = {
-        "deviceClassName": "x", "capacity": {"requests": {"bandwidth": "4G"}}}
+        "deviceClassName": "x",
+        "capacity": {"requests": {"bandwidth": "4G"}},
+    }
     del claim["status"]
     f = tmp_path / "claim.json"
     f.write_text(json.dumps(claim))
@@ -231,5 +311,12 @@ def test_every_command_names_the_state_directory_state_dir_with_its_env_twin():
                 assert p.help and "state" in p.help
             visible = [o for o in p.opts if not getattr(p, "hidden", False)]
             assert "--state" not in visible, path
-    assert sorted(seen) == ["agent", "allocate", "claims prepare", "claims unprepare", "state recover",
-                            "state repair", "status"]
+    assert sorted(seen) == [
+        "agent",
+        "allocate",
+        "claims prepare",
+        "claims unprepare",
+        "state recover",
+        "state repair",
+        "status",
+    ]

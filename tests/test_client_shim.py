@@ -52,24 +52,41 @@ pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build 
 
 # As scripts/install.sh builds it (but dynamic, as the sanitizers need); warnings are errors.
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
-SANITIZE = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-            "-Wall", "-Wextra", "-Werror"]
+SANITIZE = [
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+]
 # Any report fails the run (exit 86) and says so on stderr; leaks are checked at exit.
-SANITIZER_ENV = {"ASAN_OPTIONS": "detect_leaks=1:exitcode=86:abort_on_error=0",
-                 "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=86"}
+SANITIZER_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=1:exitcode=86:abort_on_error=0",
+    "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=86",
+}
 ENTRY = ROOT / "scripts" / "cni-dra-entry.py"
 
 
 def _build(out: Path, flags: list[str] = CFLAGS) -> str:
-    proc = subprocess.run([CC, *flags, "-o", str(out), str(SOURCE)], check=False, capture_output=True, text=True)
+    proc = subprocess.run(
+        [CC, *flags, "-o", str(out), str(SOURCE)], check=False, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr  # a warning fails the build
     return str(out)
 
 
 def _loader_args(tree: Path) -> list[bytes]:
     """What the client puts before its own arguments when it runs the tree's loader."""
-    return [b"--library-path", os.fsencode(tree / "lib"), os.fsencode(tree / "bin" / "python3"), b"-IS",
-            os.fsencode(tree / "libexec" / "cni-dra")]
+    return [
+        b"--library-path",
+        os.fsencode(tree / "lib"),
+        os.fsencode(tree / "bin" / "python3"),
+        b"-IS",
+        os.fsencode(tree / "libexec" / "cni-dra"),
+    ]
 
 
 def _stand_in_tree(bin_dir: Path, loader: str) -> Path:
@@ -105,7 +122,7 @@ class Builds:
         argv = (self.record_dir / "argv").read_bytes().split(b"\0")[:-1]
         prefix = _loader_args(Path(self.recording).parent / "cni-dra.d")
         assert argv[: len(prefix)] == prefix
-        return {"argv": argv[len(prefix):], "env": env, "stdin": (self.record_dir / "stdin").read_bytes()}
+        return {"argv": argv[len(prefix) :], "env": env, "stdin": (self.record_dir / "stdin").read_bytes()}
 
 
 @pytest.fixture(scope="module")
@@ -120,15 +137,20 @@ def builds(tmp_path_factory) -> Builds:
     rec_dir = d / "rec"
     (d / "recorder").mkdir()
     # env -0 would add nothing of its own; the unset drops what sh exports by itself.
-    _stand_in_tree(d / "recorder", (
-        f"cat > '{rec_dir}/stdin'\n"
-        f"printf '%s\\0' \"$@\" > '{rec_dir}/argv'\n"
-        f"unset PWD OLDPWD SHLVL _; env -0 > '{rec_dir}/env'\n"
-        "echo fallback-ran\n"
-    ))
+    _stand_in_tree(
+        d / "recorder",
+        (
+            f"cat > '{rec_dir}/stdin'\n"
+            f"printf '%s\\0' \"$@\" > '{rec_dir}/argv'\n"
+            f"unset PWD OLDPWD SHLVL _; env -0 > '{rec_dir}/env'\n"
+            "echo fallback-ran\n"
+        ),
+    )
     return Builds(
-        real=_build(d / "real" / "cni-dra"), python=str(python),
-        recording=_build(d / "recorder" / "cni-dra"), record_dir=rec_dir,
+        real=_build(d / "real" / "cni-dra"),
+        python=str(python),
+        recording=_build(d / "recorder" / "cni-dra"),
+        record_dir=rec_dir,
     )
 
 
@@ -154,15 +176,21 @@ def fake_agent(tmp_path) -> Iterator[Callable[[Callable[[list[bytes]], bytes | N
         yield start
 
 
-def _run(exe: str, env: dict[str, str], stdin: bytes | int = b"", args: tuple[str, ...] = ()) -> tuple[int, bytes]:
+def _run(
+    exe: str, env: dict[str, str], stdin: bytes | int = b"", args: tuple[str, ...] = ()
+) -> tuple[int, bytes]:
     kw = {"input": stdin} if isinstance(stdin, bytes) else {"stdin": stdin}
-    proc = subprocess.run([exe, *args], env={**BASE_ENV, **env}, capture_output=True, timeout=60, check=False, **kw)
+    proc = subprocess.run(
+        [exe, *args], env={**BASE_ENV, **env}, capture_output=True, timeout=60, check=False, **kw
+    )
     return proc.returncode, proc.stdout
 
 
 def _big_config() -> bytes:
     """A VERSION input over a pipe buffer (64 KiB), under the 1 MiB limit."""
-    doc = json.dumps({"cniVersion": "0.4.0", "name": "n", "type": "cni-dra", "pad": "x" * (300 << 10)}).encode()
+    doc = json.dumps(
+        {"cniVersion": "0.4.0", "name": "n", "type": "cni-dra", "pad": "x" * (300 << 10)}
+    ).encode()
     assert 64 << 10 < len(doc) < 1 << 20
     return doc
 
@@ -171,8 +199,16 @@ ABSENT = {"CNI_DRA_AGENT_SOCKET": "/nonexistent/cni-dra-test/agent.sock"}
 CASES = [
     ({"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "0.4.0"}'),
     ({"CNI_COMMAND": "ADD"}, b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra"}'),
-    ({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
-     b"not json"),
+    (
+        {
+            "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": "c",
+            "CNI_NETNS": "/nope",
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": "/x",
+        },
+        b"not json",
+    ),
     ({"CNI_COMMAND": "VERSION"}, b"x" * (2 << 20)),  # above the limit: code 6 either way
 ]
 
@@ -187,11 +223,18 @@ def test_without_agent_the_answer_is_the_python_executables(builds, env, stdin):
 def test_ok_answer_is_printed_exactly_with_its_exit_code(rec, fake_agent):
     agent = fake_agent(lambda frames: encode_frames(b"ok 3", b'{"some": "stdout"}\n'))
     env = {"CNI_COMMAND": "DEL", "CNI_DRA_AGENT_SOCKET": agent.path, "X": "a=b"}
-    assert _run(rec.recording, env, b'{"cniVersion": "1.1.0"}', args=("arg1",)) == (3, b'{"some": "stdout"}\n')
+    assert _run(rec.recording, env, b'{"cniVersion": "1.1.0"}', args=("arg1",)) == (
+        3,
+        b'{"some": "stdout"}\n',
+    )
     assert rec.recorded() is None
     ((ident, cwd, env_block, stdin),) = agent.requests
-    assert ident == caller_identity() and cwd == os.fsencode(os.getcwd()) and stdin == b'{"cniVersion": "1.1.0"}'
-    assert sorted(env_block.split(b"\0")) == sorted(f"{k}={v}".encode() for k, v in {**BASE_ENV, **env}.items())
+    assert (
+        ident == caller_identity() and cwd == os.fsencode(os.getcwd()) and stdin == b'{"cniVersion": "1.1.0"}'
+    )
+    assert sorted(env_block.split(b"\0")) == sorted(
+        f"{k}={v}".encode() for k, v in {**BASE_ENV, **env}.items()
+    )
 
 
 def test_agent_stdout_above_a_pipe_buffer_is_written_whole(rec, fake_agent):
@@ -300,7 +343,9 @@ def test_version_on_a_tty_reads_nothing(rec, fake_agent):
     agent = fake_agent(lambda frames: encode_frames(b"ok 0", b"v"))
     primary, secondary = pty.openpty()
     try:
-        assert _run(rec.recording, {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": agent.path}, secondary) == (0, b"v")
+        assert _run(
+            rec.recording, {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": agent.path}, secondary
+        ) == (0, b"v")
     finally:
         os.close(primary)
         os.close(secondary)
@@ -308,7 +353,11 @@ def test_version_on_a_tty_reads_nothing(rec, fake_agent):
 
 
 def test_require_without_agent_fails_with_code_11(builds, tmp_path):
-    env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": str(tmp_path / "x.sock")}
+    env = {
+        "CNI_COMMAND": "VERSION",
+        "CNI_DRA_AGENT": "require",
+        "CNI_DRA_AGENT_SOCKET": str(tmp_path / "x.sock"),
+    }
     code, out = _run(builds.real, env, b'{"cniVersion": "1.0.0"}')
     doc = json.loads(out)
     assert code == 1 and doc["code"] == 11 and doc["cniVersion"] == "1.0.0"
@@ -317,7 +366,10 @@ def test_require_without_agent_fails_with_code_11(builds, tmp_path):
 def test_socket_in_a_directory_others_can_write_is_not_used(rec, fake_agent):
     agent = fake_agent(lambda frames: encode_frames(b"ok 0", b"agent"))
     os.chmod(os.path.dirname(agent.path), 0o770)
-    assert _run(rec.recording, {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path}) == (0, b"fallback-ran\n")
+    assert _run(rec.recording, {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path}) == (
+        0,
+        b"fallback-ran\n",
+    )
     assert agent.connections == 0
 
 
@@ -337,7 +389,10 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give fil
 def test_socket_or_directory_of_another_uid_is_not_used(rec, fake_agent, what):
     agent = fake_agent(lambda frames: encode_frames(b"ok 0", b"agent"))
     os.chown(agent.path if what == "socket" else os.path.dirname(agent.path), 65534, -1)
-    assert _run(rec.recording, {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path}) == (0, b"fallback-ran\n")
+    assert _run(rec.recording, {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": agent.path}) == (
+        0,
+        b"fallback-ran\n",
+    )
     assert agent.connections == 0
 
 
@@ -352,8 +407,9 @@ def test_listener_of_another_uid_is_not_used(rec, tmp_path):
         "while True:\n c, _ = s.accept()\n while c.recv(1 << 16): pass\n"
         f" c.sendall({answer!r}); c.close()\n"
     )
-    server = subprocess.Popen([sys.executable, "-c", code, str(open_dir / "fp.sock")], user=65534,
-                              stdout=subprocess.PIPE)
+    server = subprocess.Popen(
+        [sys.executable, "-c", code, str(open_dir / "fp.sock")], user=65534, stdout=subprocess.PIPE
+    )
     try:
         assert server.stdout is not None and server.stdout.readline() == b"ready\n"
         private = tmp_path / "private"
@@ -373,12 +429,20 @@ def test_listener_of_another_uid_is_not_used(rec, tmp_path):
 def test_environment_sent_keeps_the_first_of_duplicate_keys(rec, fake_agent):
     """As os.environb (and getenv): the first ``KEY=`` entry of the process environment wins."""
     agent = fake_agent(lambda frames: encode_frames(b"ok 0", b"ok"))
-    envp = [b"CNI_COMMAND=ADD", b"DUP=first", b"DUP=second", b"NOEQUALS", f"CNI_DRA_AGENT_SOCKET={agent.path}".encode()]
+    envp = [
+        b"CNI_COMMAND=ADD",
+        b"DUP=first",
+        b"DUP=second",
+        b"NOEQUALS",
+        f"CNI_DRA_AGENT_SOCKET={agent.path}".encode(),
+    ]
     code = (
         "import ctypes, sys; libc = ctypes.CDLL(None); arr = lambda xs: (ctypes.c_char_p * (len(xs) + 1))(*xs, None)\n"
         f"libc.execve({rec.recording.encode()!r}, arr([b'cni-dra']), arr({envp!r})); sys.exit(99)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], input=b"", capture_output=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], input=b"", capture_output=True, timeout=60, check=False
+    )
     assert (proc.returncode, proc.stdout) == (0, b"ok")
     assert agent.requests[0][2].split(b"\0") == [envp[0], envp[1], envp[4]]
 
@@ -388,7 +452,10 @@ def test_failing_exec_prints_cni_error_json(tmp_path):
     code, out = _run(exe, {"CNI_COMMAND": "ADD", **ABSENT}, b"{}")
     doc = json.loads(out)
     assert code == 1 and doc["code"] == 999 and doc["cniVersion"] == "1.1.0"
-    assert str(tmp_path / "cni-dra.d" / "lib" / "ld-linux-x86-64.so.2") in doc["msg"] and "No such file" in doc["msg"]
+    assert (
+        str(tmp_path / "cni-dra.d" / "lib" / "ld-linux-x86-64.so.2") in doc["msg"]
+        and "No such file" in doc["msg"]
+    )
 
 
 def test_the_tree_is_found_beside_the_real_file_of_a_link(rec, tmp_path):
@@ -396,7 +463,10 @@ def test_the_tree_is_found_beside_the_real_file_of_a_link(rec, tmp_path):
     link = tmp_path / "elsewhere" / "cni-dra"
     link.parent.mkdir()
     link.symlink_to(rec.recording)
-    assert _run(str(link), {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT": "off"}, b"{}", args=("a",)) == (0, b"fallback-ran\n")
+    assert _run(str(link), {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT": "off"}, b"{}", args=("a",)) == (
+        0,
+        b"fallback-ran\n",
+    )
     recorded = rec.recorded()  # checks the loader's arguments name the tree beside the real file
     assert recorded is not None and recorded["argv"] == [b"a"] and recorded["stdin"] == b"{}"
 
@@ -418,18 +488,39 @@ def sanitized(builds, tmp_path_factory) -> Builds:
     """The client built with AddressSanitizer and UndefinedBehaviorSanitizer (each finding
     fails the run), against the same fallbacks as :func:`builds`."""
     d = tmp_path_factory.mktemp("asan")
-    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-o", str(d / "probe"), "-"],
-                           input="int main(void) { return 0; }\n", capture_output=True, text=True, check=False)
+    probe = subprocess.run(
+        [CC, "-fsanitize=address,undefined", "-x", "c", "-o", str(d / "probe"), "-"],
+        input="int main(void) { return 0; }\n",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if probe.returncode != 0 or subprocess.run([str(d / "probe")], check=False).returncode != 0:
         pytest.skip(f"{CC} cannot build or run sanitizer programs here: {probe.stderr.strip()}")
-    real, recording = Path(builds.real).parent / "cni-dra-asan", Path(builds.recording).parent / "cni-dra-asan"
-    return Builds(real=_build(real, SANITIZE), python=builds.python, recording=_build(recording, SANITIZE),
-                  record_dir=builds.record_dir)
+    real, recording = (
+        Path(builds.real).parent / "cni-dra-asan",
+        Path(builds.recording).parent / "cni-dra-asan",
+    )
+    return Builds(
+        real=_build(real, SANITIZE),
+        python=builds.python,
+        recording=_build(recording, SANITIZE),
+        record_dir=builds.record_dir,
+    )
 
 
-def _run_sanitized(exe: str, env: dict[str, str], stdin: bytes = b"", cwd: str | None = None) -> tuple[int, bytes]:
-    proc = subprocess.run([exe], input=stdin, env={**BASE_ENV, **SANITIZER_ENV, **env}, capture_output=True,
-                          timeout=120, check=False, cwd=cwd)
+def _run_sanitized(
+    exe: str, env: dict[str, str], stdin: bytes = b"", cwd: str | None = None
+) -> tuple[int, bytes]:
+    proc = subprocess.run(
+        [exe],
+        input=stdin,
+        env={**BASE_ENV, **SANITIZER_ENV, **env},
+        capture_output=True,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+    )
     for marker in (b"AddressSanitizer", b"LeakSanitizer", b"runtime error", b"UndefinedBehaviorSanitizer"):
         assert marker not in proc.stderr, proc.stderr.decode(errors="replace")
     assert proc.returncode != 86, proc.stderr.decode(errors="replace")
@@ -439,7 +530,10 @@ def _run_sanitized(exe: str, env: dict[str, str], stdin: bytes = b"", cwd: str |
 def test_sanitized_build_relays_a_fake_agents_answers(sanitized, fake_agent):
     small = fake_agent(lambda frames: encode_frames(b"ok 3", b'{"some": "stdout"}\n'))
     env = {"CNI_COMMAND": "DEL", "CNI_DRA_AGENT_SOCKET": small.path}
-    assert _run_sanitized(sanitized.recording, env, b'{"cniVersion": "1.1.0"}') == (3, b'{"some": "stdout"}\n')
+    assert _run_sanitized(sanitized.recording, env, b'{"cniVersion": "1.1.0"}') == (
+        3,
+        b'{"some": "stdout"}\n',
+    )
     big = fake_agent(lambda frames: encode_frames(b"ok 0", b"y" * (1 << 20)))
     env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT_SOCKET": big.path}
     assert _run_sanitized(sanitized.recording, env, _big_config()) == (0, b"y" * (1 << 20))
@@ -465,7 +559,11 @@ def test_sanitized_build_against_the_real_agent_and_without_one(sanitized, build
     assert json.loads(expected[1])["cniVersion"] == "0.4.0"
     server = start_fastpath(str(tmp_path / "agent" / "fp.sock"), warm=False, workers=2)
     try:
-        env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT_SOCKET": server.socket_path, "CNI_DRA_AGENT": "require"}
+        env = {
+            "CNI_COMMAND": "VERSION",
+            "CNI_DRA_AGENT_SOCKET": server.socket_path,
+            "CNI_DRA_AGENT": "require",
+        }
         for _ in range(3):
             assert _run_sanitized(sanitized.real, env, stdin, cwd=os.getcwd()) == expected
         assert server.served == 3

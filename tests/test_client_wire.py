@@ -39,6 +39,7 @@ STRINGS = {
     "ENV_ASKED": wire.ENV_ASKED.encode(),
 }
 
+
 def _tree_module():  # type: ignore[no-untyped-def]
     """scripts/image/tree.py (not a package: loaded from its file)."""
     path = ROOT / "scripts" / "image" / "tree.py"
@@ -95,9 +96,21 @@ def c_constants(tmp_path_factory) -> dict[str, object]:
     lines += [f'    printf("\\"{name}\\": %.17g,\\n", (double)({name}));' for name in NUMBERS]
     lines += ['    printf("\\"end\\": 0}\\n");', "    return 0;", "}"]
     (d / "print.c").write_text("\n".join(lines) + "\n")
-    subprocess.run([CC, "-O0", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function",
-                    "-o", str(d / "print"), str(d / "print.c")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            CC,
+            "-O0",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wno-unused-function",
+            "-o",
+            str(d / "print"),
+            str(d / "print.c"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     out = subprocess.run([str(d / "print")], check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -127,6 +140,10 @@ def test_the_magic_carries_the_version():
 
 def test_every_wire_name_the_c_file_uses_is_checked():
     """Each ``#define`` of the C file (wire.py's, the tree's) is in the tables above."""
-    defined = {line.split()[1].split("(")[0] for line in SOURCE.read_text().splitlines() if line.startswith("#define ")}
+    defined = {
+        line.split()[1].split("(")[0]
+        for line in SOURCE.read_text().splitlines()
+        if line.startswith("#define ")
+    }
     helpers = {"_GNU_SOURCE", "STR_", "STR"}  # feature macro; stringification
     assert defined - helpers == set(STRINGS) | set(NUMBERS) | set(TREE)

@@ -36,7 +36,9 @@ kubernetes_feature_enabled{name="DRAFractionalCapacityRange",stage="BETA"} 0
 # TYPE apiserver_request_total counter
 apiserver_request_total{code="200",verb="GET"} 12
 """
-METRICS_ON = METRICS_OFF.replace('"DRAFractionalCapacityRange",stage="BETA"} 0', '"DRAFractionalCapacityRange",stage="BETA"} 1')
+METRICS_ON = METRICS_OFF.replace(
+    '"DRAFractionalCapacityRange",stage="BETA"} 0', '"DRAFractionalCapacityRange",stage="BETA"} 1'
+)
 METRICS_1_36 = "\n".join(ln for ln in METRICS_OFF.splitlines() if "Fractional" not in ln) + "\n"
 
 
@@ -46,7 +48,7 @@ def test_feature_enabled_reads_the_gates_sample() -> None:
     assert feature_enabled(METRICS_ON, "DRAConsumableCapacity") is True
     assert feature_enabled(METRICS_1_36, "DRAFractionalCapacityRange") is None
     with pytest.raises(ValueError):
-        feature_enabled("kubernetes_feature_enabled{name=\"x\" 1\n", "x")
+        feature_enabled('kubernetes_feature_enabled{name="x" 1\n', "x")
 
 
 # -- the record ---------------------------------------------------------------------------------------
@@ -94,13 +96,26 @@ def api():
     shutil.rmtree(short)
 
 
-@pytest.mark.parametrize(("metrics", "expected", "source"), [
-    (METRICS_ON, True, "kube-apiserver metric kubernetes_feature_enabled{name='DRAFractionalCapacityRange'}"),
-    (METRICS_OFF, False, "kube-apiserver metric kubernetes_feature_enabled{name='DRAFractionalCapacityRange'}"),
-    (METRICS_1_36, False, "no DRAFractionalCapacityRange (before Kubernetes 1.37: off)"),
-    (None, False, "the API server's /metrics is not readable (grant nonResourceURLs /metrics get"),
-])
-def test_auto_reads_the_api_servers_metric(api: Any, metrics: str | None, expected: bool, source: str) -> None:
+@pytest.mark.parametrize(
+    ("metrics", "expected", "source"),
+    [
+        (
+            METRICS_ON,
+            True,
+            "kube-apiserver metric kubernetes_feature_enabled{name='DRAFractionalCapacityRange'}",
+        ),
+        (
+            METRICS_OFF,
+            False,
+            "kube-apiserver metric kubernetes_feature_enabled{name='DRAFractionalCapacityRange'}",
+        ),
+        (METRICS_1_36, False, "no DRAFractionalCapacityRange (before Kubernetes 1.37: off)"),
+        (None, False, "the API server's /metrics is not readable (grant nonResourceURLs /metrics get"),
+    ],
+)
+def test_auto_reads_the_api_servers_metric(
+    api: Any, metrics: str | None, expected: bool, source: str
+) -> None:
     server, client = api
     server.metrics = metrics
     got = learn_features(client, "auto")
@@ -131,7 +146,8 @@ def test_sync_writes_only_changes_and_replaces_a_bad_record(api: Any, tmp_path: 
     server.metrics = METRICS_OFF
     sync.sync()
     assert read_features(StateStore(tmp_path / "st")) == ClusterFeatures(
-        False, "kube-apiserver metric kubernetes_feature_enabled{name='DRAFractionalCapacityRange'}")
+        False, "kube-apiserver metric kubernetes_feature_enabled{name='DRAFractionalCapacityRange'}"
+    )
     path.write_text("garbage")
     sync.sync()
     assert read_features(StateStore(tmp_path / "st")).fractional_capacity_range is False  # type: ignore[union-attr]
@@ -151,10 +167,18 @@ def test_the_running_agent_records_the_gate() -> None:
         with FakeApiServer() as server:
             server.add_node("node-1")
             server.metrics = METRICS_ON
-            cfg = AgentConfig(node_name="node-1", inventory=inv, state_dir=f"{short}/state",
-                              kubeconfig=write_kubeconfig(f"{short}/kubeconfig", server.url),
-                              plugin_dir=f"{short}/plugins", registry_dir=f"{short}/reg", resync_s=0.3, poll_s=0.05,
-                              fastpath_socket=f"{short}/fastpath/agent.sock", fastpath_processes=1)
+            cfg = AgentConfig(
+                node_name="node-1",
+                inventory=inv,
+                state_dir=f"{short}/state",
+                kubeconfig=write_kubeconfig(f"{short}/kubeconfig", server.url),
+                plugin_dir=f"{short}/plugins",
+                registry_dir=f"{short}/reg",
+                resync_s=0.3,
+                poll_s=0.05,
+                fastpath_socket=f"{short}/fastpath/agent.sock",
+                fastpath_processes=1,
+            )
             agent, stop = Agent(cfg), threading.Event()
             thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
             thread.start()
@@ -164,7 +188,9 @@ def test_the_running_agent_records_the_gate() -> None:
                 stop.set()
                 thread.join(10)
             assert got.fractional_capacity_range is True
-            assert server.requests_for("GET", "/metrics")[0].query == {"name[]": ["kubernetes_feature_enabled"]}
+            assert server.requests_for("GET", "/metrics")[0].query == {
+                "name[]": ["kubernetes_feature_enabled"]
+            }
     finally:
         shutil.rmtree(short)
 
@@ -183,16 +209,49 @@ def _invocation(tmp_path: Path, bw: str) -> Any:
     from cni_dra.attach.invocation import Invocation
 
     inventory = tmp_path / "slice.json"
-    dev = {"name": "a", "allowMultipleAllocations": True, "attributes": {"ifName": {"string": "if-a"}},
-           "capacity": {"bandwidth": {"value": "8", "requestPolicy": {"default": "500m",
-                                                                       "validRange": {"min": "500m", "step": "250m"}}}}}
-    inventory.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
-                                     "spec": {"driver": "net.cni-dra.dev", "nodeName": "n", "pool": {"name": "n"},
-                                              "devices": [dev]}}))
-    raw = json.dumps({"cniVersion": "1.1.0", "name": "net1", "type": "cni-dra", "inventory": str(inventory),
-                      "stateDir": str(tmp_path / "st"), "capacity": {"requests": {"bandwidth": bw}}}).encode()
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/c1", "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/opt/cni/bin"}
+    dev = {
+        "name": "a",
+        "allowMultipleAllocations": True,
+        "attributes": {"ifName": {"string": "if-a"}},
+        "capacity": {
+            "bandwidth": {
+                "value": "8",
+                "requestPolicy": {"default": "500m", "validRange": {"min": "500m", "step": "250m"}},
+            }
+        },
+    }
+    inventory.write_text(
+        json.dumps(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": "s"},
+                "spec": {
+                    "driver": "net.cni-dra.dev",
+                    "nodeName": "n",
+                    "pool": {"name": "n"},
+                    "devices": [dev],
+                },
+            }
+        )
+    )
+    raw = json.dumps(
+        {
+            "cniVersion": "1.1.0",
+            "name": "net1",
+            "type": "cni-dra",
+            "inventory": str(inventory),
+            "stateDir": str(tmp_path / "st"),
+            "capacity": {"requests": {"bandwidth": bw}},
+        }
+    ).encode()
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/var/run/netns/c1",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+    }
     return Invocation(env=parse_env(env), conf=load_conf(raw), raw=raw)
 
 
@@ -201,9 +260,11 @@ class _Parent:
 
 
 @pytest.mark.parametrize(("record", "expected"), [(None, "1"), (False, "1"), (True, "750m")])
-def test_standalone_add_rounds_as_the_recorded_gate_says(tmp_path: Path, record: bool | None, expected: str) -> None:
-    from cni_dra.quantity import Quantity
+def test_standalone_add_rounds_as_the_recorded_gate_says(
+    tmp_path: Path, record: bool | None, expected: str
+) -> None:
     from cni_dra.attach.plan import plan_attachment
+    from cni_dra.quantity import Quantity
 
     if record is not None:
         write_features(StateStore(tmp_path / "st"), ClusterFeatures(record, "test"))
@@ -212,8 +273,8 @@ def test_standalone_add_rounds_as_the_recorded_gate_says(tmp_path: Path, record:
 
 
 def test_standalone_add_refuses_a_request_the_range_cannot_compute(tmp_path: Path) -> None:
-    from cni_dra.errors import InvalidConfigError
     from cni_dra.attach.plan import plan_attachment
+    from cni_dra.errors import InvalidConfigError
 
     write_features(StateStore(tmp_path / "st"), ClusterFeatures(True, "test"))
     with pytest.raises(InvalidConfigError, match="no exact milli value") as info:

@@ -92,11 +92,23 @@ def _nested(depth: int) -> str:
 @pytest.mark.parametrize(
     ("command", "stdin"),
     [
-        ("ADD", f'{{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "args": {{"x": {_nested(100_000)}}}}}'),
-        ("DEL", f'{{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", '
-                f'"prevResult": {{"cniVersion": "1.0.0", "interfaces": {_nested(100_000)}}}}}'),
-        ("CHECK", f'{{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "prevResult": {_nested(3000)}}}'),
-        ("GC", f'{{"cniVersion": "1.1.0", "name": "n", "type": "cni-dra", "cni.dev/valid-attachments": {_nested(3000)}}}'),
+        (
+            "ADD",
+            f'{{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "args": {{"x": {_nested(100_000)}}}}}',
+        ),
+        (
+            "DEL",
+            f'{{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", '
+            f'"prevResult": {{"cniVersion": "1.0.0", "interfaces": {_nested(100_000)}}}}}',
+        ),
+        (
+            "CHECK",
+            f'{{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "prevResult": {_nested(3000)}}}',
+        ),
+        (
+            "GC",
+            f'{{"cniVersion": "1.1.0", "name": "n", "type": "cni-dra", "cni.dev/valid-attachments": {_nested(3000)}}}',
+        ),
         ("VERSION", f'{{"cniVersion": "1.0.0", "x": {_nested(100_000)}}}'),
     ],
 )

@@ -21,8 +21,18 @@ def _env(args: str = "") -> object:
 
 def test_defaults():
     c = load_conf(_raw())
-    assert (c.driver, c.stateDir, c.inventory) == ("net.cni-dra.dev", "/var/lib/cni-dra", "/etc/cni-dra/resourceslice.yaml")
-    assert (c.linkType, c.mode, c.selectionPolicy, c.mtu, c.mac) == ("macvlan", "bridge", "best-fit", None, None)
+    assert (c.driver, c.stateDir, c.inventory) == (
+        "net.cni-dra.dev",
+        "/var/lib/cni-dra",
+        "/etc/cni-dra/resourceslice.yaml",
+    )
+    assert (c.linkType, c.mode, c.selectionPolicy, c.mtu, c.mac) == (
+        "macvlan",
+        "bridge",
+        "best-fit",
+        None,
+        None,
+    )
     assert c.capacity.requests == {}
     assert c.ipam_type is None
 
@@ -84,7 +94,9 @@ def test_mac_precedence_file_then_cni_args_then_runtime_config():
     env = _env("IgnoreUnknown=1;MAC=C2:11:22:33:44:55")
     assert load_conf(_raw(mac="c2:00:00:00:00:01"), env).mac == "c2:11:22:33:44:55"
     rc = {"runtimeConfig": {"mac": "c2:aa:aa:aa:aa:aa"}}
-    assert load_conf(_raw(mac="c2:00:00:00:00:01", **rc), env).mac == "c2:11:22:33:44:55"  # no capability declared
+    assert (
+        load_conf(_raw(mac="c2:00:00:00:00:01", **rc), env).mac == "c2:11:22:33:44:55"
+    )  # no capability declared
     caps = {"capabilities": {"mac": True}}
     assert load_conf(_raw(mac="c2:00:00:00:00:01", **rc, **caps), env).mac == "c2:aa:aa:aa:aa:aa"
 
@@ -106,28 +118,49 @@ def test_gc_list_absent_is_none_not_empty():
 def test_gc_list_keys_match_in_any_case_as_libcnis_go_decoding_does():
     """libcni decodes an entry into Go's ``GCAttachment``: a key matches its field exactly or
     in another case, a later key wins, a null is no value and other keys are ignored."""
-    spelled = [{"ContainerId": "a", "IfName": "eth0"}, {"CONTAINERID": "b", "ifName": "net1", "extra": 7},
-               {"containerID": "x", "containerid": "c", "ifname": "eth0", "IFNAME": None}]
+    spelled = [
+        {"ContainerId": "a", "IfName": "eth0"},
+        {"CONTAINERID": "b", "ifName": "net1", "extra": 7},
+        {"containerID": "x", "containerid": "c", "ifname": "eth0", "IFNAME": None},
+    ]
     conf = load_conf(_raw(**{"cni.dev/valid-attachments": spelled}))
-    assert conf.valid_attachments == [{"containerID": "a", "ifname": "eth0"}, {"containerID": "b", "ifname": "net1"},
-                                      {"containerID": "c", "ifname": "eth0"}]
+    assert conf.valid_attachments == [
+        {"containerID": "a", "ifname": "eth0"},
+        {"containerID": "b", "ifname": "net1"},
+        {"containerID": "c", "ifname": "eth0"},
+    ]
 
 
 def test_valid_attachments_wins_over_the_older_list_even_when_empty():
-    conf = load_conf(_raw(**{"cni.dev/valid-attachments": [], "cni.dev/attachments": [{"containerID": "a",
-                                                                                         "ifname": "eth0"}]}))
+    conf = load_conf(
+        _raw(
+            **{
+                "cni.dev/valid-attachments": [],
+                "cni.dev/attachments": [{"containerID": "a", "ifname": "eth0"}],
+            }
+        )
+    )
     assert conf.valid_attachments == []
 
 
-@pytest.mark.parametrize(("entries", "says"), [
-    ([{"containerID": "g1"}], "entry 0 {\"containerID\": \"g1\"} has no 'ifname'"),
-    ([{"containerID": "a", "ifname": "eth0"}, {"ifname": "eth0"}], "entry 1 {\"ifname\": \"eth0\"} has no 'containerID'"),
-    ([{"containerID": "a", "ifname": ""}], "has no 'ifname'"),
-    ([{"containerID": "a", "ifname": None}], "has no 'ifname'"),
-    ([{"containerID": 7, "ifname": "eth0"}], "entry 0 {\"containerID\": 7, \"ifname\": \"eth0\"}: 'containerID' must be a string"),
-    (["a/eth0"], "entry 0 \"a/eth0\" is not an object"),
-    ({"containerID": "a", "ifname": "eth0"}, "must be a list"),
-])
+@pytest.mark.parametrize(
+    ("entries", "says"),
+    [
+        ([{"containerID": "g1"}], 'entry 0 {"containerID": "g1"} has no \'ifname\''),
+        (
+            [{"containerID": "a", "ifname": "eth0"}, {"ifname": "eth0"}],
+            'entry 1 {"ifname": "eth0"} has no \'containerID\'',
+        ),
+        ([{"containerID": "a", "ifname": ""}], "has no 'ifname'"),
+        ([{"containerID": "a", "ifname": None}], "has no 'ifname'"),
+        (
+            [{"containerID": 7, "ifname": "eth0"}],
+            'entry 0 {"containerID": 7, "ifname": "eth0"}: \'containerID\' must be a string',
+        ),
+        (["a/eth0"], 'entry 0 "a/eth0" is not an object'),
+        ({"containerID": "a", "ifname": "eth0"}, "must be a list"),
+    ],
+)
 @pytest.mark.parametrize("key", ["cni.dev/valid-attachments", "cni.dev/attachments"])
 def test_a_gc_list_entry_that_does_not_name_an_attachment_is_code_7(key, entries, says):
     """GC collects what its list fails to name: an entry it cannot read whole is refused."""
@@ -147,7 +180,13 @@ def test_disable_gc_is_accepted(value):
 @pytest.mark.parametrize("raw_value", ['"NaN"', '"nan"', "NaN", '"inf"', "Infinity", "-Infinity", "1e999"])
 def test_non_finite_timeouts_are_refused_as_such(key, raw_value):
     """NaN fails every comparison, so a range check alone reported "must be ≤ 600"."""
-    raw = b'{"cniVersion": "1.1.0", "name": "net1", "type": "cni-dra", "' + key.encode() + b'": ' + raw_value.encode() + b"}"
+    raw = (
+        b'{"cniVersion": "1.1.0", "name": "net1", "type": "cni-dra", "'
+        + key.encode()
+        + b'": '
+        + raw_value.encode()
+        + b"}"
+    )
     with pytest.raises(InvalidConfigError) as ei:
         load_conf(raw)
     assert key in ei.value.msg and "finite" in ei.value.msg
@@ -160,9 +199,13 @@ def test_deeply_nested_json_is_code_6(where, depth):
     """Nesting deeper than the interpreter recurses (well under the 1 MiB limit) is
     undecodable input like any other: code 6, not a RecursionError."""
     nest = "[" * depth + "]" * depth
-    inner = {"args": f'{{"x": {nest}}}', "runtimeConfig": f'{{"x": {nest}}}',
-             "prevResult": f'{{"cniVersion": "1.1.0", "interfaces": {nest}}}',
-             "ipam": f'{{"type": "host-local", "x": {nest}}}', "top": nest}[where]
+    inner = {
+        "args": f'{{"x": {nest}}}',
+        "runtimeConfig": f'{{"x": {nest}}}',
+        "prevResult": f'{{"cniVersion": "1.1.0", "interfaces": {nest}}}',
+        "ipam": f'{{"type": "host-local", "x": {nest}}}',
+        "top": nest,
+    }[where]
     raw = f'{{"cniVersion": "1.1.0", "name": "net1", "type": "cni-dra", "{where}": {inner}}}'.encode()
     assert len(raw) < MAX_CONFIG_BYTES
     with pytest.raises(DecodeError) as ei:
@@ -171,8 +214,12 @@ def test_deeply_nested_json_is_code_6(where, depth):
 
 
 def test_dns_and_ipam_pass_through():
-    c = load_conf(_raw(dns={"nameservers": ["192.0.2.53"], "search": ["example.org"]},
-                       ipam={"type": "host-local", "ranges": [[{"subnet": "198.51.100.0/24"}]]}))
+    c = load_conf(
+        _raw(
+            dns={"nameservers": ["192.0.2.53"], "search": ["example.org"]},
+            ipam={"type": "host-local", "ranges": [[{"subnet": "198.51.100.0/24"}]]},
+        )
+    )
     assert c.dns.nameservers == ["192.0.2.53"] and c.dns.search == ["example.org"]
     assert c.ipam_type == "host-local"
     assert c.ipam.model_extra["ranges"] == [[{"subnet": "198.51.100.0/24"}]]

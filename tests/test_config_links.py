@@ -101,7 +101,9 @@ def test_mac_multicast_bit_decides_acceptance(octets: list[int], where: str) -> 
         assert load_conf(_raw(**kw), env).mac == mac.lower()
 
 
-@pytest.mark.parametrize("bad", ["c2:11:22:33:44", "c2-11-22-33-44-55", "c2:11:22:33:44:5g", "c21122334455", ""])
+@pytest.mark.parametrize(
+    "bad", ["c2:11:22:33:44", "c2-11-22-33-44-55", "c2:11:22:33:44:5g", "c21122334455", ""]
+)
 def test_malformed_mac_is_code_7(bad: str) -> None:
     with pytest.raises(InvalidConfigError):
         load_conf(_raw(mac=bad))
@@ -111,8 +113,9 @@ def test_malformed_mac_is_code_7(bad: str) -> None:
 
 
 def _att(device: str, link_type: str, cid: str = "c", pool: str = "n") -> Attachment:
-    return attachment(cid, device, pool=pool, linkType=link_type,
-                      consumedCapacity={"bandwidth": "0"})  # recorded: an empty record holds the whole NIC
+    return attachment(
+        cid, device, pool=pool, linkType=link_type, consumedCapacity={"bandwidth": "0"}
+    )  # recorded: an empty record holds the whole NIC
 
 
 def test_link_type_conflicts_names_devices_with_the_other_type() -> None:
@@ -142,8 +145,9 @@ def test_allocator_skips_a_nic_of_the_other_type_even_if_best_fit_prefers_it(tmp
     from cni_dra.attach.plan import plan_attachment
 
     inv = _inv(tmp_path, {"linkType": "ipvlan", "capacity": {"requests": {"bandwidth": "1G"}}}, ["a", "b"])
-    state = NodeState(attachments=[_att("a", "macvlan", "1").model_dump()
-                                   | {"consumedCapacity": {"bandwidth": "5G"}}])  # a has less left: best-fit's pick
+    state = NodeState(
+        attachments=[_att("a", "macvlan", "1").model_dump() | {"consumedCapacity": {"bandwidth": "5G"}}]
+    )  # a has less left: best-fit's pick
     att = plan_attachment(inv, state, {"if-a": _Parent(), "if-b": _Parent()})
     assert att.device == "b" and att.linkType == "ipvlan"
 
@@ -161,13 +165,17 @@ def test_allocator_explains_when_only_the_other_type_has_room(tmp_path: Path) ->
 def test_duplicate_mac_refused_naming_the_holder() -> None:
     from cni_dra.attach.plan import refuse_duplicate_mac
 
-    holder = Attachment.model_validate(_att("a", "macvlan", "c-old").model_dump() | {
-        "result": {"interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "sandbox": "/x"}]}})
+    holder = Attachment.model_validate(
+        _att("a", "macvlan", "c-old").model_dump()
+        | {"result": {"interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "sandbox": "/x"}]}}
+    )
     new = _att("a", "macvlan", "c-new")
     with pytest.raises(InvalidConfigError) as info:
         refuse_duplicate_mac("c2:00:00:00:00:01", new, _Parent(), NodeState(attachments=[holder]))
     assert "c-old" in info.value.msg
-    refuse_duplicate_mac("c2:00:00:00:00:02", new, _Parent(), NodeState(attachments=[holder]))  # other MAC: fine
+    refuse_duplicate_mac(
+        "c2:00:00:00:00:02", new, _Parent(), NodeState(attachments=[holder])
+    )  # other MAC: fine
     with pytest.raises(InvalidConfigError, match="address of the parent NIC"):
         refuse_duplicate_mac("02:00:00:00:00:aa", new, _Parent(), NodeState())
 
@@ -177,8 +185,8 @@ def test_duplicate_mac_refused_naming_the_holder() -> None:
 
 @pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
 def test_l2_only_old_versions_refused_before_reading_anything(tmp_path: Path, version: str) -> None:
-    from cni_dra.verbs.add import cmd_add
     from cni_dra.attach.invocation import Invocation
+    from cni_dra.verbs.add import cmd_add
 
     raw = _raw(cniVersion=version, inventory=str(tmp_path / "missing"), stateDir=str(tmp_path / "st"))
     with pytest.raises(IncompatibleVersionError) as info:
@@ -188,13 +196,16 @@ def test_l2_only_old_versions_refused_before_reading_anything(tmp_path: Path, ve
 
 
 def test_dhcp_socket_absent_is_code_11_before_any_effect(tmp_path: Path) -> None:
+    from cni_dra.attach.invocation import Invocation
     from cni_dra.errors import TryAgainLaterError
     from cni_dra.verbs.add import cmd_add
-    from cni_dra.attach.invocation import Invocation
 
     sock = str(tmp_path / "dhcp.sock")
-    raw = _raw(ipam={"type": "dhcp", "daemonSocketPath": sock}, inventory=str(tmp_path / "missing"),
-               stateDir=str(tmp_path / "st"))
+    raw = _raw(
+        ipam={"type": "dhcp", "daemonSocketPath": sock},
+        inventory=str(tmp_path / "missing"),
+        stateDir=str(tmp_path / "st"),
+    )
     with pytest.raises(TryAgainLaterError) as info:
         cmd_add(Invocation(env=_env(), conf=load_conf(raw), raw=raw))
     assert sock in info.value.msg
@@ -225,7 +236,8 @@ def test_macvlan_newlink_carries_bcqueuelen() -> None:
 
     _pyroute2.load()
     spec = sublink.SubLinkSpec.macvlan(parent="p", netns="/nonexistent", ifname="t", bcqueuelen=4321).newlink(
-        parent_index=4, netns_fd=5)
+        parent_index=4, netns_fd=5
+    )
     ipb = IPBatch()
     try:
         ipb.link("add", ifname="t", **spec)
@@ -254,8 +266,8 @@ def test_create_macvlan_refuses_bad_bcqueuelen(bad) -> None:
 
 @pytest.mark.parametrize("given,want", [(999, 103), (11, 11), (50, 50), (None, 103)])
 def test_ipam_catch_all_becomes_103_other_codes_stay(given, want) -> None:
-    from cni_dra.errors import IpamError
     from cni_dra.attach.invocation import ipam_codes
+    from cni_dra.errors import IpamError
 
     with pytest.raises(IpamError) as info, ipam_codes():
         raise IpamError("failed to add IPAM x: boom", code=given)
@@ -264,14 +276,18 @@ def test_ipam_catch_all_becomes_103_other_codes_stay(given, want) -> None:
 
 
 @given(
-    placed=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["macvlan", "ipvlan"])), max_size=6),
+    placed=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["macvlan", "ipvlan"])), max_size=6
+    ),
     link_type=st.sampled_from(["macvlan", "ipvlan"]),
     policy=st.sampled_from(["best-fit", "least-allocated"]),
 )
 def test_reserve_never_mixes_link_types_on_a_nic(tmp_path_factory, placed, link_type, policy) -> None:
     from cni_dra.attach.plan import plan_attachment
 
-    inv = _inv(tmp_path_factory.mktemp("inv"), {"linkType": link_type, "selectionPolicy": policy}, ["a", "b", "c"])
+    inv = _inv(
+        tmp_path_factory.mktemp("inv"), {"linkType": link_type, "selectionPolicy": policy}, ["a", "b", "c"]
+    )
     state = NodeState(attachments=[_att(dev, lt, str(i)) for i, (dev, lt) in enumerate(placed)])
     parents = {f"if-{d}": _Parent() for d in "abc"}
     other = {dev for dev, lt in placed if lt != link_type}

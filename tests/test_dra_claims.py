@@ -53,7 +53,10 @@ def test_json_list_and_kind_list() -> None:
         ("", "no ResourceClaim"),
         ('{"kind": "Pod"}', "not a ResourceClaim"),
         ('{"spec": {"devices": {"requests": [{"name": "r", "exactly": {"count": "x"}}]}}}', "count"),
-        ('{"spec": {"devices": {"requests": [{"name": "r", "exactly": {"capacity": {"requests": {"bw": "1 G"}}}}]}}}', "invalid quantity"),
+        (
+            '{"spec": {"devices": {"requests": [{"name": "r", "exactly": {"capacity": {"requests": {"bw": "1 G"}}}}]}}}',
+            "invalid quantity",
+        ),
     ],
 )
 def test_invalid_claims(text: str, needle: str) -> None:
@@ -71,7 +74,9 @@ def test_consumed_file(tmp_path: Path) -> None:
     p = tmp_path / "consumed.json"
     p.write_text('{"eth-a": {"bandwidth": "3G"}, "eth-b": {}}')
     assert load_consumed(str(p)) == {"eth-a": {"bandwidth": Quantity.parse("3G")}, "eth-b": {}}
-    assert parse_consumed("eth-a: {bandwidth: 1Gi}", "c.yaml") == {"eth-a": {"bandwidth": Quantity.parse("1Gi")}}
+    assert parse_consumed("eth-a: {bandwidth: 1Gi}", "c.yaml") == {
+        "eth-a": {"bandwidth": Quantity.parse("1Gi")}
+    }
     with pytest.raises(InvalidConfigError, match=r"eth-a\.bandwidth"):
         parse_consumed('{"eth-a": {"bandwidth": "x"}}', "c.json")
     with pytest.raises(InvalidConfigError, match="expected"):

@@ -27,7 +27,12 @@ BASE: dict[str, Any] = {
                 "name": "eth-a",
                 "allowMultipleAllocations": True,
                 "attributes": {"ifName": {"string": "eth0"}},
-                "capacity": {"bandwidth": {"value": "10G", "requestPolicy": {"default": "1G", "validRange": {"min": "1M"}}}},
+                "capacity": {
+                    "bandwidth": {
+                        "value": "10G",
+                        "requestPolicy": {"default": "1G", "validRange": {"min": "1M"}},
+                    }
+                },
             },
             {
                 "name": "eth-b",
@@ -107,13 +112,28 @@ def _mutated(**changes: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("data", "needles"),
     [
-        (_mutated(spec__devices__0__capacity__bandwidth__value="10 G"), ["device eth-a", "capacity.bandwidth.value", "invalid quantity"]),
-        (_mutated(spec__devices__0__allowMultipleAllocations=None), ["device eth-a", "requestPolicy: allowed only when allowMultipleAllocations"]),
+        (
+            _mutated(spec__devices__0__capacity__bandwidth__value="10 G"),
+            ["device eth-a", "capacity.bandwidth.value", "invalid quantity"],
+        ),
+        (
+            _mutated(spec__devices__0__allowMultipleAllocations=None),
+            ["device eth-a", "requestPolicy: allowed only when allowMultipleAllocations"],
+        ),
         (_mutated(spec__devices__1__name="eth-a"), ["device eth-a", "duplicate device name"]),
         (_mutated(spec__devices__1__attributes={}), ["device eth-b", "ifName", "missing"]),
-        (_mutated(spec__devices__1__attributes={"ifName": {"string": "eth0"}}), ["device eth-b", "eth0", "already used by device eth-a"]),
-        (_mutated(spec__devices__1__attributes={"ifName": {"int": 3}}), ["device eth-b", "ifName", "non-empty string"]),
-        (_mutated(spec__devices__0__attributes={"ifName": {"string": "eth0", "int": 1}}), ["device eth-a", "attributes.ifName", "exactly one"]),
+        (
+            _mutated(spec__devices__1__attributes={"ifName": {"string": "eth0"}}),
+            ["device eth-b", "eth0", "already used by device eth-a"],
+        ),
+        (
+            _mutated(spec__devices__1__attributes={"ifName": {"int": 3}}),
+            ["device eth-b", "ifName", "non-empty string"],
+        ),
+        (
+            _mutated(spec__devices__0__attributes={"ifName": {"string": "eth0", "int": 1}}),
+            ["device eth-a", "attributes.ifName", "exactly one"],
+        ),
         (_mutated(spec__driver=None), ["spec.driver"]),
         (_mutated(kind="ResourceClaim"), ["kind"]),
     ],
@@ -132,7 +152,10 @@ def test_other_api_versions_are_refused_not_read_as_v1(version: str) -> None:
     would have lost them silently. Only v1 is read (absent counts as v1)."""
     data = copy.deepcopy(BASE)
     data["apiVersion"] = version
-    for text, source in ((json.dumps(data), "s.json"), (YAML_TEXT.replace("resource.k8s.io/v1", version or "''", 1), "s.yaml")):
+    for text, source in (
+        (json.dumps(data), "s.json"),
+        (YAML_TEXT.replace("resource.k8s.io/v1", version or "''", 1), "s.yaml"),
+    ):
         with pytest.raises(InventoryError) as ei:
             parse_inventory(text, source)
         assert ei.value.code == 7
@@ -175,32 +198,71 @@ def _cap(value: str, policy: dict[str, Any] | None, shared: bool = True) -> dict
 @pytest.mark.parametrize(
     ("data", "needle"),
     [
-        (_cap("10", {"default": "2", "validValues": ["2"], "validRange": {"min": "1"}}), "mutually exclusive"),
+        (
+            _cap("10", {"default": "2", "validValues": ["2"], "validRange": {"min": "1"}}),
+            "mutually exclusive",
+        ),
         (_cap("10", {"validValues": ["2", "4"]}), "default: required when validValues"),
         (_cap("10", {"validRange": {"min": "2"}}), "default: required when validRange"),
         (_cap("10", {"default": "2", "validValues": ["4", "2"]}), "ascending order"),
         (_cap("10", {"default": "2", "validValues": ["2", "2"]}), "listed twice"),
-        (_cap("100", {"default": "1", "validValues": [str(i) for i in range(1, 12)]}), "11 values, at most 10"),
+        (
+            _cap("100", {"default": "1", "validValues": [str(i) for i in range(1, 12)]}),
+            "11 values, at most 10",
+        ),
         (_cap("10", {"default": "2", "validValues": ["2", "12"]}), "12 is larger than the capacity value 10"),
         (_cap("10", {"default": "3", "validValues": ["2", "4"]}), "default: 3 is not one of validValues"),
-        (_cap("10", {"default": "1", "validRange": {"min": "2"}}), "default: 1 is less than validRange.min 2"),
-        (_cap("10", {"default": "2", "validRange": {"min": "12"}}), "min: 12 is larger than the capacity value"),
-        (_cap("10", {"default": "5", "validRange": {"min": "2", "max": "4"}}), "default: 5 is more than validRange.max 4"),
+        (
+            _cap("10", {"default": "1", "validRange": {"min": "2"}}),
+            "default: 1 is less than validRange.min 2",
+        ),
+        (
+            _cap("10", {"default": "2", "validRange": {"min": "12"}}),
+            "min: 12 is larger than the capacity value",
+        ),
+        (
+            _cap("10", {"default": "5", "validRange": {"min": "2", "max": "4"}}),
+            "default: 5 is more than validRange.max 4",
+        ),
         (_cap("10", {"default": "4", "validRange": {"min": "4", "max": "2"}}), "max: 2 is less than min 4"),
-        (_cap("10", {"default": "2", "validRange": {"min": "2", "max": "12"}}), "max: 12 is larger than the capacity value"),
+        (
+            _cap("10", {"default": "2", "validRange": {"min": "2", "max": "12"}}),
+            "max: 12 is larger than the capacity value",
+        ),
         (_cap("10", {"default": "2", "validRange": {"min": "2", "step": "9"}}), "one step 11 (min + step)"),
-        (_cap("10", {"default": "3", "validRange": {"min": "2", "step": "2"}}), "default: 3 is not min 2 + a multiple of step 2"),
-        (_cap("10", {"default": "2", "validRange": {"min": "2", "step": "2", "max": "5"}}), "max: 5 is not min 2 + a multiple of step 2"),
+        (
+            _cap("10", {"default": "3", "validRange": {"min": "2", "step": "2"}}),
+            "default: 3 is not min 2 + a multiple of step 2",
+        ),
+        (
+            _cap("10", {"default": "2", "validRange": {"min": "2", "step": "2", "max": "5"}}),
+            "max: 5 is not min 2 + a multiple of step 2",
+        ),
         (_cap("10", {"default": "2", "validRange": {"min": "2", "step": "0"}}), "step: 0 must be positive"),
         (_cap("-1", None), "value: -1 must not be negative"),
         (_cap("10", {"default": "1"}, shared=False), "allowed only when allowMultipleAllocations"),
         (_one_device(name="Eth_A"), "must be a DNS label"),
-        (_one_device(attributes={"ifName": {"string": "eth0"}, "bad-name": {"int": 1}}), "must be a C identifier"),
-        (_one_device(attributes={"ifName": {"string": "eth0"}, "Bad_Domain/x": {"int": 1}}), "must be a DNS subdomain"),
-        (_one_device(attributes={"ifName": {"string": "eth0"}, "/x": {"int": 1}}), "domain must not be empty"),
-        (_one_device(attributes={"ifName": {"string": "eth0"}, "x" * 33: {"int": 1}}), "C identifier of at most 32"),
+        (
+            _one_device(attributes={"ifName": {"string": "eth0"}, "bad-name": {"int": 1}}),
+            "must be a C identifier",
+        ),
+        (
+            _one_device(attributes={"ifName": {"string": "eth0"}, "Bad_Domain/x": {"int": 1}}),
+            "must be a DNS subdomain",
+        ),
+        (
+            _one_device(attributes={"ifName": {"string": "eth0"}, "/x": {"int": 1}}),
+            "domain must not be empty",
+        ),
+        (
+            _one_device(attributes={"ifName": {"string": "eth0"}, "x" * 33: {"int": 1}}),
+            "C identifier of at most 32",
+        ),
         (_one_device(attributes={"ifName": {"string": "e" * 65}}), "longer than 64 characters"),
-        (_one_device(attributes={"ifName": {"string": "eth0"}, "fw": {"version": "1.2"}}), "is not semver 2.0.0"),
+        (
+            _one_device(attributes={"ifName": {"string": "eth0"}, "fw": {"version": "1.2"}}),
+            "is not semver 2.0.0",
+        ),
         (
             _one_device(attributes={"ifName": {"string": "eth0"}} | {f"a{i}": {"int": i} for i in range(32)}),
             "33 entries, at most 32",

@@ -130,7 +130,11 @@ CLAIM = {
                 {
                     "name": "alt",
                     "firstAvailable": [
-                        {"name": "fast", "deviceClassName": "c", "capacity": {"requests": {"bandwidth": "10G"}}},
+                        {
+                            "name": "fast",
+                            "deviceClassName": "c",
+                            "capacity": {"requests": {"bandwidth": "10G"}},
+                        },
                         {"name": "slow", "deviceClassName": "c"},
                     ],
                 },

@@ -7,6 +7,7 @@ A node's components run under ``nsenter`` and with the node's default paths, so 
 command lines need not name the bed at all: a pid file holds the pid and the process's
 start time, and only that pair is the bed's process.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,8 +23,9 @@ _REPO = Path(__file__).resolve().parents[1]
 def cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("CNI_DRA_E2E_DIR", str(tmp_path / "bed"))
     # a fresh module: it reads CNI_DRA_E2E_DIR when it is loaded
-    spec = importlib.util.spec_from_file_location("cni_dra_e2e_cluster_procs_unit",
-                                                  _REPO / "scripts/e2e/cluster_procs.py")
+    spec = importlib.util.spec_from_file_location(
+        "cni_dra_e2e_cluster_procs_unit", _REPO / "scripts/e2e/cluster_procs.py"
+    )
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod

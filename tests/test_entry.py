@@ -38,8 +38,9 @@ def _executable(tmp: Path, home: Path) -> Path:
 
 
 def _run(exe: Path, env: dict[str, str], stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([str(exe)], input=stdin, env={**BASE_ENV, **env}, capture_output=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        [str(exe)], input=stdin, env={**BASE_ENV, **env}, capture_output=True, timeout=60, check=False
+    )
 
 
 @pytest.fixture
@@ -89,8 +90,12 @@ def test_the_handoff_never_reaches_the_plugin(monkeypatch, counting_agent):
 
 def test_require_after_the_handoff_names_the_reason(tmp_path, counting_agent):
     path = counting_agent.path
-    env = {"CNI_COMMAND": "ADD", "CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": path,
-           ENV_ASKED: "declined caller's working directory differs from the agent's"}
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_DRA_AGENT": "require",
+        "CNI_DRA_AGENT_SOCKET": path,
+        ENV_ASKED: "declined caller's working directory differs from the agent's",
+    }
     proc = _run(_executable(tmp_path, ROOT), env, b'{"cniVersion": "1.0.0"}')
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1 and doc["code"] == 11 and doc["cniVersion"] == "1.0.0"
@@ -116,7 +121,10 @@ def test_a_broken_install_answers_cni_error_999(tmp_path, missing):
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1
     assert doc["code"] == 999 and doc["cniVersion"] == "1.0.0"
-    assert doc["msg"] == f"failed to load cni-dra from {tmp_path / 'lib/python3/dist-packages'}: ModuleNotFoundError"
+    assert (
+        doc["msg"]
+        == f"failed to load cni-dra from {tmp_path / 'lib/python3/dist-packages'}: ModuleNotFoundError"
+    )
     assert "cni_dra." + missing.removesuffix(".py") in doc["details"]
 
 
@@ -127,6 +135,11 @@ def test_a_broken_install_fails_the_cli_with_a_traceback(tmp_path):
 
 
 def test_the_cli_runs_without_cni_command(tmp_path):
-    proc = subprocess.run([str(_executable(tmp_path, ROOT)), "--version"], env=BASE_ENV, capture_output=True,
-                          timeout=60, check=False)
+    proc = subprocess.run(
+        [str(_executable(tmp_path, ROOT)), "--version"],
+        env=BASE_ENV,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0 and proc.stdout.startswith(b"cni-dra, version ")

@@ -151,8 +151,30 @@ def test_valid_ifnames(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["", ".", "..", "x" * 16, "é" * 8, "a/b", "a:b", "a b", "a\tb", "a\nb", "a\u00a0b", "a\udc80",
-     "eth%d", "a\x00b", "à", "a\u2003b", "a\x85", "é" * 7, "eté", "a\x1fb", "eth\x7f", "\uff45th0"],
+    [
+        "",
+        ".",
+        "..",
+        "x" * 16,
+        "é" * 8,
+        "a/b",
+        "a:b",
+        "a b",
+        "a\tb",
+        "a\nb",
+        "a\u00a0b",
+        "a\udc80",
+        "eth%d",
+        "a\x00b",
+        "à",
+        "a\u2003b",
+        "a\x85",
+        "é" * 7,
+        "eté",
+        "a\x1fb",
+        "eth\x7f",
+        "\uff45th0",
+    ],
 )
 def test_invalid_ifnames_are_code_4(name: str) -> None:
     with pytest.raises(InvalidEnvironmentError) as info:
@@ -166,8 +188,10 @@ def test_a_non_ascii_ifname_is_refused_up_front_with_code_4() -> None:
     with pytest.raises(InvalidEnvironmentError) as info:
         parse_env(env("ADD", CNI_IFNAME="eté"))
     assert info.value.code == 4
-    assert info.value.msg == ("invalid CNI_IFNAME 'eté': interface name contains a character that is not printable "
-                              "ASCII (cni-dra takes '!' to '~' only)")
+    assert info.value.msg == (
+        "invalid CNI_IFNAME 'eté': interface name contains a character that is not printable "
+        "ASCII (cni-dra takes '!' to '~' only)"
+    )
 
 
 def test_invalid_ifname_through_parse_env_on_del() -> None:
@@ -338,8 +362,25 @@ def test_parse_cni_args_only_raises_cni_errors(raw: str) -> None:
 
 @given(
     st.dictionaries(
-        st.sampled_from(["CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH", "CNI_ARGS"]),
-        st.sampled_from(["ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION", "", "x", "eth0", "/p", "a=b", "IgnoreUnknown=1;Z=1"])
+        st.sampled_from(
+            ["CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH", "CNI_ARGS"]
+        ),
+        st.sampled_from(
+            [
+                "ADD",
+                "DEL",
+                "CHECK",
+                "GC",
+                "STATUS",
+                "VERSION",
+                "",
+                "x",
+                "eth0",
+                "/p",
+                "a=b",
+                "IgnoreUnknown=1;Z=1",
+            ]
+        )
         | st.text(max_size=10),
     )
 )

@@ -46,10 +46,18 @@ def test_client_imports_only_the_standard_library(module):
         f"import sys; sys.path.insert(0, {str(ROOT)!r}); import {module}; "
         "print('\\n'.join(sorted(sys.modules)))"
     )
-    out = subprocess.run([sys.executable, "-IS", "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-IS", "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     mods = set(out.split())
     ours = {m for m in mods if m.split(".")[0] == "cni_dra"}
-    assert ours <= {"cni_dra", "cni_dra.main", "cni_dra.fastpath", "cni_dra.fastpath.client", "cni_dra.fastpath.wire"}
+    assert ours <= {
+        "cni_dra",
+        "cni_dra.main",
+        "cni_dra.fastpath",
+        "cni_dra.fastpath.client",
+        "cni_dra.fastpath.wire",
+    }
     assert not {m for m in mods if m.split(".")[0] in THIRD_PARTY}
     assert "asyncio" not in mods and "socket" not in mods  # _socket only: socket.py costs ~9 ms
 
@@ -122,13 +130,17 @@ def _raw_request(path: str, *frames: bytes) -> list[bytes]:
 
 def test_other_namespaces_are_declined(agent):
     ident = caller_identity().replace(b"root=", b"root=9")
-    status, out = _raw_request(agent.socket_path, ident, os.fsencode(os.getcwd()), b"CNI_COMMAND=VERSION", b"{}")
+    status, out = _raw_request(
+        agent.socket_path, ident, os.fsencode(os.getcwd()), b"CNI_COMMAND=VERSION", b"{}"
+    )
     assert status.startswith(b"declined ") and out == b""
     assert (agent.served, agent.declined) == (0, 1)
 
 
 def test_other_working_directory_is_declined(agent, tmp_path):
-    status, _ = _raw_request(agent.socket_path, caller_identity(), os.fsencode(str(tmp_path)), b"CNI_COMMAND=VERSION", b"{}")
+    status, _ = _raw_request(
+        agent.socket_path, caller_identity(), os.fsencode(str(tmp_path)), b"CNI_COMMAND=VERSION", b"{}"
+    )
     assert status.startswith(b"declined ")
     assert agent.served == 0
 
@@ -149,7 +161,12 @@ def _plugin(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
     """The Python executable's entry as it runs it (-IS), from this work tree."""
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.main import main; sys.exit(main())"
     proc = subprocess.run(
-        [sys.executable, "-IS", "-c", code], input=stdin, env=env, capture_output=True, check=False, cwd=os.getcwd()
+        [sys.executable, "-IS", "-c", code],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        check=False,
+        cwd=os.getcwd(),
     )
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None
 
@@ -157,21 +174,80 @@ def _plugin(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
 ERROR_CASES = [
     # (env, stdin, expected code): CNI spec 1.1.0 well-known error codes
     ({"CNI_COMMAND": "ADD"}, b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra"}', 4),
-    ({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
-     b"not json", 6),
-    ({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
-     b'{"cniVersion": "9.9.9", "name": "n", "type": "cni-dra"}', 1),
+    (
+        {
+            "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": "c",
+            "CNI_NETNS": "/nope",
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": "/x",
+        },
+        b"not json",
+        6,
+    ),
+    (
+        {
+            "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": "c",
+            "CNI_NETNS": "/nope",
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": "/x",
+        },
+        b'{"cniVersion": "9.9.9", "name": "n", "type": "cni-dra"}',
+        1,
+    ),
     # a relative netns path: another working directory would name another namespace
-    ({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "var/run/netns/x", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
-     b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra"}', 4),
-    ({"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c", "CNI_NETNS": "x", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
-     b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra"}', 4),
+    (
+        {
+            "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": "c",
+            "CNI_NETNS": "var/run/netns/x",
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": "/x",
+        },
+        b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra"}',
+        4,
+    ),
+    (
+        {
+            "CNI_COMMAND": "DEL",
+            "CNI_CONTAINERID": "c",
+            "CNI_NETNS": "x",
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": "/x",
+        },
+        b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra"}',
+        4,
+    ),
     # JSON nested deeper than the interpreter recurses, as the config and as DEL's prevResult
-    ({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
-     b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "args": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", 6),
-    ({"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
-     b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "prevResult": {"cniVersion": "1.0.0", "ips": '
-     + b"[" * 2000 + b"]" * 2000 + b"}}", 6),
+    (
+        {
+            "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": "c",
+            "CNI_NETNS": "/nope",
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": "/x",
+        },
+        b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "args": '
+        + b"[" * 200_000
+        + b"]" * 200_000
+        + b"}",
+        6,
+    ),
+    (
+        {
+            "CNI_COMMAND": "DEL",
+            "CNI_CONTAINERID": "c",
+            "CNI_NETNS": "/nope",
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": "/x",
+        },
+        b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "prevResult": {"cniVersion": "1.0.0", "ips": '
+        + b"[" * 2000
+        + b"]" * 2000
+        + b"}}",
+        6,
+    ),
 ]
 
 
@@ -195,12 +271,26 @@ def test_deeply_nested_json_leaves_no_traceback_on_either_path(agent, path):
     logger = logging.getLogger("cni_dra")
     logger.addHandler(handler)
     mode = {"agent": "require", "local": "off"}[path]
-    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c", "CNI_NETNS": "/nope", "CNI_IFNAME": "eth0", "CNI_PATH": "/x",
-           "CNI_DRA_AGENT": mode, "CNI_DRA_AGENT_SOCKET": agent.socket_path}
-    stdin = b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "prevResult": ' + b"{\"a\":" * 5000 + b"1" + b"}" * 5001
+    env = {
+        "CNI_COMMAND": "DEL",
+        "CNI_CONTAINERID": "c",
+        "CNI_NETNS": "/nope",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/x",
+        "CNI_DRA_AGENT": mode,
+        "CNI_DRA_AGENT_SOCKET": agent.socket_path,
+    }
+    stdin = (
+        b'{"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "prevResult": '
+        + b'{"a":' * 5000
+        + b"1"
+        + b"}" * 5001
+    )
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.main import main; sys.exit(main())"
     try:
-        proc = subprocess.run([sys.executable, "-IS", "-c", code], input=stdin, env=env, capture_output=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-IS", "-c", code], input=stdin, env=env, capture_output=True, check=False
+        )
     finally:
         logger.removeHandler(handler)
     assert proc.returncode == 1 and json.loads(proc.stdout)["code"] == 6, proc.stdout
@@ -220,7 +310,11 @@ def test_version_on_both_paths(agent, tmp_path, path):
 
 
 def test_require_without_agent_fails_with_code_11(tmp_path):
-    env = {"CNI_COMMAND": "VERSION", "CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": str(tmp_path / "x.sock")}
+    env = {
+        "CNI_COMMAND": "VERSION",
+        "CNI_DRA_AGENT": "require",
+        "CNI_DRA_AGENT_SOCKET": str(tmp_path / "x.sock"),
+    }
     rc, doc = _plugin(env, b'{"cniVersion": "1.0.0"}')
     assert rc == 1 and doc["code"] == 11 and doc["cniVersion"] == "1.0.0"
 
@@ -241,7 +335,9 @@ def test_a_failing_request_does_not_cost_a_worker(tmp_path, monkeypatch):
 
         monkeypatch.setattr(server, "_answer", flaky)
         assert ask_agent({b"CNI_COMMAND": b"VERSION"}, b"{}", server.socket_path) is None
-        answer = ask_agent({b"CNI_COMMAND": b"VERSION"}, b'{"cniVersion": "1.0.0"}', server.socket_path, timeout_s=10)
+        answer = ask_agent(
+            {b"CNI_COMMAND": b"VERSION"}, b'{"cniVersion": "1.0.0"}', server.socket_path, timeout_s=10
+        )
         assert answer is not None and answer[0] == 0
     finally:
         server.stop()
@@ -267,9 +363,21 @@ def test_worker_processes_serve_while_the_agent_cannot_and_leave_with_it(tmp_pat
 
     sock = tmp_path / "a" / "fp.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cni_dra.fastpath.server", "--socket", str(sock), "--processes", "2",
-         "--workers", "1", "--cwd", os.getcwd()],
-        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        [
+            sys.executable,
+            "-m",
+            "cni_dra.fastpath.server",
+            "--socket",
+            str(sock),
+            "--processes",
+            "2",
+            "--workers",
+            "1",
+            "--cwd",
+            os.getcwd(),
+        ],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         line = proc.stdout.readline().decode()
@@ -285,8 +393,14 @@ def test_worker_processes_serve_while_the_agent_cannot_and_leave_with_it(tmp_pat
         answers: list = []
         os.kill(proc.pid, signal.SIGSTOP)
         try:
-            askers = [threading.Thread(target=lambda: answers.append(
-                ask_agent(env, b'{"cniVersion": "1.0.0"}', str(sock), timeout_s=60))) for _ in range(3)]
+            askers = [
+                threading.Thread(
+                    target=lambda: answers.append(
+                        ask_agent(env, b'{"cniVersion": "1.0.0"}', str(sock), timeout_s=60)
+                    )
+                )
+                for _ in range(3)
+            ]
             for t in askers:
                 t.start()
             deadline = time.monotonic() + 30
@@ -316,10 +430,20 @@ def test_require_says_why_the_agent_did_not_serve(agent, tmp_path):
     """``CNI_DRA_AGENT=require``: the code 11 message names the reason (here the agent
     declined a caller in another working directory)."""
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.main import main; sys.exit(main())"
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": "VERSION", "CNI_DRA_AGENT": "require",
-           "CNI_DRA_AGENT_SOCKET": agent.socket_path}
-    proc = subprocess.run([sys.executable, "-IS", "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,
-                          capture_output=True, cwd=tmp_path, check=False)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "CNI_COMMAND": "VERSION",
+        "CNI_DRA_AGENT": "require",
+        "CNI_DRA_AGENT_SOCKET": agent.socket_path,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-IS", "-c", code],
+        input=b'{"cniVersion": "1.0.0"}',
+        env=env,
+        capture_output=True,
+        cwd=tmp_path,
+        check=False,
+    )
     answer = json.loads(proc.stdout)
     assert proc.returncode == 1 and answer["code"] == 11
     assert "declined" in answer["msg"] and "working directory" in answer["msg"]
@@ -334,8 +458,13 @@ def test_the_server_module_imports_no_click():
 
 def test_the_standalone_server_command_line():
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "cni_dra.fastpath.server", *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "cni_dra.fastpath.server", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     for flag in ("--help", "-h"):
         out = run(flag)

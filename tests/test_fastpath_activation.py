@@ -46,11 +46,15 @@ def test_no_variables_no_descriptors():
     assert listen_fds(env) == [] and env == {}
 
 
-@pytest.mark.parametrize("env, match", [
-    ({"LISTEN_PID": "me", "LISTEN_FDS": "1"}, "not numbers"),
-    ({"LISTEN_PID": "{pid}", "LISTEN_FDS": "two"}, "not numbers"),
-    ({"LISTEN_PID": "{pid}", "LISTEN_FDS": "2", "LISTEN_FDNAMES": "fastpath"}, "names 1 descriptors"),
-], ids=["pid", "count", "names"])
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"LISTEN_PID": "me", "LISTEN_FDS": "1"}, "not numbers"),
+        ({"LISTEN_PID": "{pid}", "LISTEN_FDS": "two"}, "not numbers"),
+        ({"LISTEN_PID": "{pid}", "LISTEN_FDS": "2", "LISTEN_FDNAMES": "fastpath"}, "names 1 descriptors"),
+    ],
+    ids=["pid", "count", "names"],
+)
 def test_a_malformed_environment_is_an_error_and_still_removed(env, match):
     env = {k: v.format(pid=os.getpid()) for k, v in env.items()}
     with pytest.raises(ValueError, match=match):
@@ -80,14 +84,20 @@ def test_descriptors_are_named_numbered_from_3_and_made_close_on_exec():
 def test_take_listener_picks_the_named_socket_bound_to_the_path(short):
     other, mine = _listening(f"{short}/other.sock"), _listening(f"{short}/agent.sock")
     try:
-        got = take_listener(f"{short}/agent.sock", [InheritedFd(other.fileno(), "metrics"),
-                                                    InheritedFd(mine.fileno(), FDNAME)])
-        assert got is not None and got.getsockname() == f"{short}/agent.sock" and got.fileno() != mine.fileno()
+        got = take_listener(
+            f"{short}/agent.sock",
+            [InheritedFd(other.fileno(), "metrics"), InheritedFd(mine.fileno(), FDNAME)],
+        )
+        assert (
+            got is not None and got.getsockname() == f"{short}/agent.sock" and got.fileno() != mine.fileno()
+        )
         assert not got.get_inheritable()
         got.close()
         # unnamed: the one bound to the path
-        got = take_listener(f"{short}/agent.sock", [InheritedFd(other.fileno(), "unknown"),
-                                                    InheritedFd(mine.fileno(), "unknown")])
+        got = take_listener(
+            f"{short}/agent.sock",
+            [InheritedFd(other.fileno(), "unknown"), InheritedFd(mine.fileno(), "unknown")],
+        )
         assert got is not None and got.getsockname() == f"{short}/agent.sock"
         got.close()
     finally:
@@ -119,10 +129,14 @@ def test_a_socket_that_is_not_listening_is_refused(short):
         s.close()
 
 
-@pytest.mark.parametrize("sock_mode, dir_mode, match", [
-    (0o666, 0o700, "cannot write"),
-    (0o600, 0o755, "closed to group and others"),
-], ids=["socket-writable-by-others", "directory-open"])
+@pytest.mark.parametrize(
+    "sock_mode, dir_mode, match",
+    [
+        (0o666, 0o700, "cannot write"),
+        (0o600, 0o755, "closed to group and others"),
+    ],
+    ids=["socket-writable-by-others", "directory-open"],
+)
 def test_a_socket_others_could_reach_is_refused(short, sock_mode, dir_mode, match):
     os.mkdir(f"{short}/run")
     s = _listening(f"{short}/run/agent.sock", sock_mode)
@@ -159,8 +173,10 @@ def test_an_inherited_socket_is_served_and_outlives_the_server(short):
         systemd_copy.close()
 
 
-@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None and not os.environ.get("CI"),
-                    reason="systemd-socket-activate not installed (apt install systemd)")
+@pytest.mark.skipif(
+    shutil.which("systemd-socket-activate") is None and not os.environ.get("CI"),
+    reason="systemd-socket-activate not installed (apt install systemd)",
+)
 def test_systemd_socket_activate_hands_over_the_socket_on_the_first_connection(short):
     """systemd's own tool: it listens, and on the first connection execs the command in its
     own process with LISTEN_PID/LISTEN_FDS/LISTEN_FDNAMES; take_listener finds the socket and
@@ -175,8 +191,11 @@ def test_systemd_socket_activate_hands_over_the_socket_on_the_first_connection(s
         conn.sendall(repr((s.getsockname(), sorted(k for k in os.environ if k.startswith("LISTEN_")))).encode())
         conn.close()
     """)
-    proc = subprocess.Popen(["systemd-socket-activate", "--listen", path, f"--fdname={FDNAME}",
-                             sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["systemd-socket-activate", "--listen", path, f"--fdname={FDNAME}", sys.executable, "-c", code],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: os.path.exists(path), what="the socket")
         assert os.readlink(f"/proc/{proc.pid}/exe").endswith("systemd-socket-activate")  # nothing started yet

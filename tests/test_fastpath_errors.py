@@ -39,8 +39,11 @@ def _error_classes() -> list[type[CniError]]:
 
 
 ERRORS = [cls("failed to check thing t: the cause", "more about it") for cls in _error_classes()]
-ERRORS += [IpamError("failed to allocate from ipam host-local: no addresses", "range full", code=7),
-           CniError("failed to do it: no details"), RuntimeError("a bug")]
+ERRORS += [
+    IpamError("failed to allocate from ipam host-local: no addresses", "range full", code=7),
+    CniError("failed to do it: no details"),
+    RuntimeError("a bug"),
+]
 
 
 @pytest.fixture
@@ -54,7 +57,14 @@ def agent(tmp_path):
 
 def test_every_error_class_is_covered() -> None:
     names = {type(e).__name__ for e in ERRORS}
-    assert {"CniError", "ClaimError", "StateWriteError", "CheckFailedError", "NetlinkError", "IpamError"} <= names
+    assert {
+        "CniError",
+        "ClaimError",
+        "StateWriteError",
+        "CheckFailedError",
+        "NetlinkError",
+        "IpamError",
+    } <= names
     assert len(_error_classes()) >= 17
 
 
@@ -64,14 +74,25 @@ def test_the_agent_answers_an_error_exactly_as_in_process(agent, tmp_path, monke
         raise error
 
     monkeypatch.setattr(cni_dra.verbs.status, "cmd_status", fail)
-    stdin = json.dumps({"cniVersion": "1.1.0", "name": "n", "type": "cni-dra", "stateDir": str(tmp_path / "st"),
-                        "inventory": str(tmp_path / "slice.json")}).encode()
+    stdin = json.dumps(
+        {
+            "cniVersion": "1.1.0",
+            "name": "n",
+            "type": "cni-dra",
+            "stateDir": str(tmp_path / "st"),
+            "inventory": str(tmp_path / "slice.json"),
+        }
+    ).encode()
     env = {"CNI_COMMAND": "STATUS", "CNI_PATH": "/opt/cni/bin"}
     out = io.StringIO()
     local_rc = run(env, stdin, out)
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cni_dra.main import main; sys.exit(main())"
     served = subprocess.run(
-        [sys.executable, "-IS", "-c", code], input=stdin, capture_output=True, check=False, cwd=os.getcwd(),
+        [sys.executable, "-IS", "-c", code],
+        input=stdin,
+        capture_output=True,
+        check=False,
+        cwd=os.getcwd(),
         env={**env, "CNI_DRA_AGENT": "require", "CNI_DRA_AGENT_SOCKET": agent.socket_path},
     )
     assert agent.served == 1, served.stderr

@@ -19,11 +19,30 @@ from cni_dra.fastpath.server import start_fastpath
 
 
 def test_import_paths_are_rewritten_under_the_longest_pinned_directory():
-    pinned = {"/tree/lib/python3.11": 5, "/tree/lib/python3/dist-packages": 6, "/tree/lib/python3/dist-packages/x": 9}
-    got = reroot_paths(["/tree/lib/python3.11", "/tree/lib/python3.11/lib-dynload", "",
-                        "/tree/lib/python3/dist-packages/cni_dra", "/tree/lib/python3/dist-packages/x/y",
-                        "/tree/lib/python3.11-other", "relative/dir", "/tree/lib/python311.zip"], pinned)
-    assert got == ["/proc/self/fd/5", "/proc/self/fd/5/lib-dynload", "/proc/self/fd/6/cni_dra", "/proc/self/fd/9/y"]
+    pinned = {
+        "/tree/lib/python3.11": 5,
+        "/tree/lib/python3/dist-packages": 6,
+        "/tree/lib/python3/dist-packages/x": 9,
+    }
+    got = reroot_paths(
+        [
+            "/tree/lib/python3.11",
+            "/tree/lib/python3.11/lib-dynload",
+            "",
+            "/tree/lib/python3/dist-packages/cni_dra",
+            "/tree/lib/python3/dist-packages/x/y",
+            "/tree/lib/python3.11-other",
+            "relative/dir",
+            "/tree/lib/python311.zip",
+        ],
+        pinned,
+    )
+    assert got == [
+        "/proc/self/fd/5",
+        "/proc/self/fd/5/lib-dynload",
+        "/proc/self/fd/6/cni_dra",
+        "/proc/self/fd/9/y",
+    ]
 
 
 def test_joining_the_mount_namespace_one_is_in_changes_nothing():

@@ -27,8 +27,12 @@ from cni_dra.protocol.env import parse_cni_args, parse_env
 from tests.builders import device, resource_slice
 
 EXAMPLES = int(os.environ.get("CNI_DRA_FUZZ_EXAMPLES", "10000"))  # lower it for a quick local run
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 
 _TMP = tempfile.mkdtemp(prefix="cni-dra-fuzz-")
 atexit.register(shutil.rmtree, _TMP, True)  # the directory goes with the test run
@@ -42,11 +46,35 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=12,
 )
-KEYS = ["cniVersion", "name", "type", "driver", "linkType", "mode", "mtu", "mac", "capacity", "selectionPolicy",
-        "lockTimeoutSeconds", "ipam", "dns", "capabilities", "runtimeConfig", "prevResult", "args",
-        "cni.dev/valid-attachments", "stateDir", "inventory"]
-BASE = {"cniVersion": "1.0.0", "name": "net", "type": "cni-dra", "capacity": {"requests": {"bandwidth": "1G"}},
-        "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.51.100.0/24"}]]}}
+KEYS = [
+    "cniVersion",
+    "name",
+    "type",
+    "driver",
+    "linkType",
+    "mode",
+    "mtu",
+    "mac",
+    "capacity",
+    "selectionPolicy",
+    "lockTimeoutSeconds",
+    "ipam",
+    "dns",
+    "capabilities",
+    "runtimeConfig",
+    "prevResult",
+    "args",
+    "cni.dev/valid-attachments",
+    "stateDir",
+    "inventory",
+]
+BASE = {
+    "cniVersion": "1.0.0",
+    "name": "net",
+    "type": "cni-dra",
+    "capacity": {"requests": {"bandwidth": "1G"}},
+    "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.51.100.0/24"}]]},
+}
 
 
 @st.composite
@@ -60,18 +88,25 @@ def configs(draw) -> bytes:
     else:
         obj = dict(BASE)
         for key in draw(st.lists(st.sampled_from(KEYS) | st.text(max_size=8), max_size=4)):
-            obj[key] = draw(json_values | st.sampled_from(["1.1.0", "0.4.0", "10G", "-1", "macvlan", "host-local"]))
+            obj[key] = draw(
+                json_values | st.sampled_from(["1.1.0", "0.4.0", "10G", "-1", "macvlan", "host-local"])
+            )
     if isinstance(obj, dict):
         obj["stateDir"], obj["inventory"] = _STATE, _INVENTORY
     return json.dumps(obj).encode()
 
 
 env_text = st.text(max_size=40).filter(lambda s: "\0" not in s)
-cni_args = st.lists(
-    st.tuples(st.sampled_from(["IgnoreUnknown", "K8S_POD_UID", "K8S_POD_NAME", "MAC", "X"]) | env_text,
-              env_text | st.sampled_from(["1", "true", "aa:bb:cc:dd:ee:ff"])),
-    max_size=5,
-).map(lambda kv: ";".join(f"{k}={v}" for k, v in kv)) | env_text
+cni_args = (
+    st.lists(
+        st.tuples(
+            st.sampled_from(["IgnoreUnknown", "K8S_POD_UID", "K8S_POD_NAME", "MAC", "X"]) | env_text,
+            env_text | st.sampled_from(["1", "true", "aa:bb:cc:dd:ee:ff"]),
+        ),
+        max_size=5,
+    ).map(lambda kv: ";".join(f"{k}={v}" for k, v in kv))
+    | env_text
+)
 
 
 def _check(code: int, out: str) -> None:
@@ -91,8 +126,14 @@ def _check(code: int, out: str) -> None:
     ifname=st.sampled_from(["eth0", "net1", "a" * 15]) | env_text,
 )
 def test_plugin_entry_answers_only_in_cni_errors(command, stdin, args, container_id, ifname):
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": os.path.join(_TMP, "no-netns"),
-           "CNI_IFNAME": ifname, "CNI_PATH": _EMPTY_PATH, "CNI_ARGS": args}
+    env = {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": container_id,
+        "CNI_NETNS": os.path.join(_TMP, "no-netns"),
+        "CNI_IFNAME": ifname,
+        "CNI_PATH": _EMPTY_PATH,
+        "CNI_ARGS": args,
+    }
     out = io.StringIO()
     code = run(env, stdin, out)
     _check(code, out.getvalue())
@@ -101,8 +142,14 @@ def test_plugin_entry_answers_only_in_cni_errors(command, stdin, args, container
 @FUZZ
 @given(args=cni_args, container_id=env_text, ifname=env_text)
 def test_env_and_cni_args_raise_only_cni_errors(args, container_id, ifname):
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": container_id, "CNI_NETNS": "/x", "CNI_IFNAME": ifname,
-           "CNI_PATH": "/x", "CNI_ARGS": args}
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": container_id,
+        "CNI_NETNS": "/x",
+        "CNI_IFNAME": ifname,
+        "CNI_PATH": "/x",
+        "CNI_ARGS": args,
+    }
     for call in (lambda: parse_cni_args(args), lambda: parse_env(env)):
         try:
             call()
@@ -113,8 +160,17 @@ def test_env_and_cni_args_raise_only_cni_errors(args, container_id, ifname):
 def test_container_id_and_ifname_rules_hold():
     """The spec's rules, spelled out (CNI spec 1.1.0 "Parameters")."""
     base = {"CNI_COMMAND": "ADD", "CNI_NETNS": "/x", "CNI_PATH": "/x"}
-    for cid, ifname in [("-lead", "eth0"), ("c1", "a" * 16), ("c1", "."), ("c1", ".."), ("c1", "a/b"),
-                        ("c1", "a:b"), ("c1", "a b"), ("c 1", "eth0"), ("c1", "")]:
+    for cid, ifname in [
+        ("-lead", "eth0"),
+        ("c1", "a" * 16),
+        ("c1", "."),
+        ("c1", ".."),
+        ("c1", "a/b"),
+        ("c1", "a:b"),
+        ("c1", "a b"),
+        ("c 1", "eth0"),
+        ("c1", ""),
+    ]:
         try:
             parse_env(base | {"CNI_CONTAINERID": cid, "CNI_IFNAME": ifname})
         except CniError as exc:
@@ -124,8 +180,9 @@ def test_container_id_and_ifname_rules_hold():
     assert parse_env(base | {"CNI_CONTAINERID": "a1_b.c-d", "CNI_IFNAME": "a" * 15}).ifname == "a" * 15
 
 
-SLICE = resource_slice([device("nic-a", "eth1", request_policy={"default": "1G",
-                                                                 "validRange": {"min": "100M", "step": "100M"}})])
+SLICE = resource_slice(
+    [device("nic-a", "eth1", request_policy={"default": "1G", "validRange": {"min": "100M", "step": "100M"}})]
+)
 
 
 @st.composite
@@ -135,11 +192,20 @@ def inventories(draw) -> str:
         return draw(st.text(max_size=200))
     doc = json.loads(json.dumps(SLICE))
     dev = doc["spec"]["devices"][0]
-    targets = [(doc, "kind"), (doc["spec"], "driver"), (doc["spec"], "pool"), (doc["spec"], "devices"),
-               (dev, "name"), (dev, "allowMultipleAllocations"), (dev, "attributes"), (dev, "capacity"),
-               (dev["capacity"]["bandwidth"], "value"), (dev["capacity"]["bandwidth"], "requestPolicy"),
-               (dev["capacity"]["bandwidth"]["requestPolicy"], "validRange"),
-               (dev["capacity"]["bandwidth"]["requestPolicy"], "default")]
+    targets = [
+        (doc, "kind"),
+        (doc["spec"], "driver"),
+        (doc["spec"], "pool"),
+        (doc["spec"], "devices"),
+        (dev, "name"),
+        (dev, "allowMultipleAllocations"),
+        (dev, "attributes"),
+        (dev, "capacity"),
+        (dev["capacity"]["bandwidth"], "value"),
+        (dev["capacity"]["bandwidth"], "requestPolicy"),
+        (dev["capacity"]["bandwidth"]["requestPolicy"], "validRange"),
+        (dev["capacity"]["bandwidth"]["requestPolicy"], "default"),
+    ]
     for i in draw(st.lists(st.integers(0, len(targets) - 1), min_size=1, max_size=3)):
         parent, key = targets[i]
         parent[key] = draw(json_values | st.sampled_from(["1G", "0", "-5G", "1e3", "", "10Gi", "nic-a"]))
@@ -169,11 +235,23 @@ def test_oversize_stdin_is_refused_without_reading_it_all():
 
     assert STDIN_LIMIT_BYTES == MAX_CONFIG_BYTES + 1  # cni_dra.main.read_stdin reads at most this
     entry = "from cni_dra.main import main"  # what the executable runs (agent off: in-process)
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/nonexistent", "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/nonexistent", "PATH": "/usr/bin:/bin", "CNI_DRA_AGENT": "off"}
-    proc = subprocess.Popen([sys.executable, "-c", f"import sys; {entry}; sys.exit(main())"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/nonexistent",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/nonexistent",
+        "PATH": "/usr/bin:/bin",
+        "CNI_DRA_AGENT": "off",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; {entry}; sys.exit(main())"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     import contextlib
 
     chunk = b" " * (1 << 20)
@@ -206,11 +284,17 @@ def test_no_shell_is_ever_invoked():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 for kw in node.keywords:
-                    if kw.arg == "shell" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
+                    if kw.arg == "shell" and not (
+                        isinstance(kw.value, ast.Constant) and kw.value.value is False
+                    ):
                         bad.append(f"{path}:{node.lineno} shell=")
                 fn = node.func
-                if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id == "os" \
-                        and fn.attr in ("system", "popen", "execl", "execlp", "spawnl", "spawnlp"):
+                if (
+                    isinstance(fn, ast.Attribute)
+                    and isinstance(fn.value, ast.Name)
+                    and fn.value.id == "os"
+                    and fn.attr in ("system", "popen", "execl", "execlp", "spawnl", "spawnlp")
+                ):
                     bad.append(f"{path}:{node.lineno} os.{fn.attr}")
             if isinstance(node, ast.Constant) and node.value in ("/bin/sh", "/bin/bash", "sh -c"):
                 bad.append(f"{path}:{node.lineno} {node.value}")

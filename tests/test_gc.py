@@ -49,27 +49,53 @@ class Node:
             txn.put_all(atts)
 
     def left(self) -> list[str]:
-        return sorted(f"{a.network}/{a.containerID}" for a in StateStore(self.state_dir).read_files().attachments)
+        return sorted(
+            f"{a.network}/{a.containerID}" for a in StateStore(self.state_dir).read_files().attachments
+        )
 
     def ipam_calls(self) -> list[str]:
         return self.calls.read_text().splitlines() if self.calls.exists() else []
 
     def gc(self, **keys: object) -> tuple[int, str]:
-        conf = {"cniVersion": "1.1.0", "name": NET, "type": "cni-dra", "stateDir": str(self.state_dir),
-                "ipam": {"type": "fake-ipam"}, **keys}
+        conf = {
+            "cniVersion": "1.1.0",
+            "name": NET,
+            "type": "cni-dra",
+            "stateDir": str(self.state_dir),
+            "ipam": {"type": "fake-ipam"},
+            **keys,
+        }
         out = io.StringIO()
         code = run({"CNI_COMMAND": "GC", "CNI_PATH": str(self.bin)}, json.dumps(conf).encode(), out)
         return code, out.getvalue()
 
 
-def att(cid: str, *, age_s: float | None = 3600.0, phase: str = "ready", network: str = NET,
-        owner: Owner | None = None, steps: tuple[str, ...] = ()) -> Attachment:
+def att(
+    cid: str,
+    *,
+    age_s: float | None = 3600.0,
+    phase: str = "ready",
+    network: str = NET,
+    owner: Owner | None = None,
+    steps: tuple[str, ...] = (),
+) -> Attachment:
     """An attachment of ``network`` that became ready ``age_s`` ago (None: no readyAt, as
     attachments written before the field existed)."""
     return Attachment(
-        network=network, containerID=cid, ifname="eth0", netns="", driver="d", pool="p", device="nic-a",
-        parent="eth-a", consumedCapacity={"bandwidth": "1G"}, phase=phase, owner=owner, steps=list(steps),
-        ipamType="fake-ipam", ipamConf=IPAM_CONF,
+        network=network,
+        containerID=cid,
+        ifname="eth0",
+        netns="",
+        driver="d",
+        pool="p",
+        device="nic-a",
+        parent="eth-a",
+        consumedCapacity={"bandwidth": "1G"},
+        phase=phase,
+        owner=owner,
+        steps=list(steps),
+        ipamType="fake-ipam",
+        ipamConf=IPAM_CONF,
         readyAt=None if age_s is None else ready_at(time.time() - age_s),
     )
 
@@ -98,12 +124,23 @@ def records():
         logger.setLevel(old_level)
 
 
-EVERYONE = ["gcnet/busy", "gcnet/crashed", "gcnet/kept", "gcnet/legacy", "gcnet/old", "gcnet/young", "other/old"]
+EVERYONE = [
+    "gcnet/busy",
+    "gcnet/crashed",
+    "gcnet/kept",
+    "gcnet/legacy",
+    "gcnet/old",
+    "gcnet/young",
+    "other/old",
+]
 
 
 def _populate(node: Node) -> None:
     node.put(
-        att("old"), att("legacy", age_s=None), att("young", age_s=5), att("kept"),
+        att("old"),
+        att("legacy", age_s=None),
+        att("young", age_s=5),
+        att("kept"),
         att("busy", phase="adding", age_s=None, owner=current_owner()),
         att("crashed", phase="adding", age_s=None, owner=DEAD, steps=(STEP_IPAM,)),
         att("old", network="other"),
@@ -119,8 +156,11 @@ def test_gc_without_a_list_collects_nothing(node: Node, records) -> None:
     assert (code, out) == (0, "")
     assert node.left() == EVERYONE
     assert node.ipam_calls() == [] and not node.gc_stdin.exists()
-    assert any("nothing collected" in r.getMessage() and "cni.dev/valid-attachments" in r.getMessage()
-               for r in records if r.levelno >= logging.WARNING)
+    assert any(
+        "nothing collected" in r.getMessage() and "cni.dev/valid-attachments" in r.getMessage()
+        for r in records
+        if r.levelno >= logging.WARNING
+    )
 
 
 @pytest.mark.parametrize("key", ["cni.dev/valid-attachments", "cni.dev/attachments"])
@@ -172,7 +212,8 @@ def test_older_state_without_ready_times_still_reads(node: Node) -> None:
     """An attachment written before ``readyAt`` existed reads back (the field is optional)."""
     node.put(att("legacy", age_s=None))
     raw = (node.state_dir / "state.json").read_bytes() + b"".join(
-        p.read_bytes() for p in [node.state_dir / "state.journal"] if p.exists())
+        p.read_bytes() for p in [node.state_dir / "state.journal"] if p.exists()
+    )
     assert b"readyAt" not in raw
     (only,) = StateStore(node.state_dir).read_files().attachments
     assert only.readyAt is None and only.ready_age_s(time.time()) is None
@@ -190,11 +231,14 @@ def test_ready_at_round_trips_through_the_journal(node: Node) -> None:
     assert 9.9 < a.ready_age_s(now) < 10.1
 
 
-@pytest.mark.parametrize("entries", [
-    [{"containerID": "kept"}, {"containerID": "old"}],
-    [{"containerID": "kept", "ifname": "eth0"}, {"ifname": "eth0"}],
-    [{"containerID": "kept", "ifname": "eth0"}, {"containerID": "old", "ifname": ""}],
-])
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [{"containerID": "kept"}, {"containerID": "old"}],
+        [{"containerID": "kept", "ifname": "eth0"}, {"ifname": "eth0"}],
+        [{"containerID": "kept", "ifname": "eth0"}, {"containerID": "old", "ifname": ""}],
+    ],
+)
 def test_gc_refuses_a_list_with_an_entry_that_names_no_attachment(node: Node, entries) -> None:
     """An entry without its containerID or ifname would name nothing, and GC collects what its
     list does not name: the whole GC is refused (code 7, naming the entry), nothing collected."""

@@ -39,7 +39,9 @@ def test_cni_input_and_the_link_spec_judge_ifnames_alike(name: str) -> None:
 @given(st.text(alphabet="0123456789abcdefABCDEF:-\n ", max_size=18))
 def test_the_config_and_the_link_spec_judge_macs_alike(mac: str) -> None:
     def conf() -> None:
-        config.load_conf(json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "mac": mac}).encode())
+        config.load_conf(
+            json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "cni-dra", "mac": mac}).encode()
+        )
 
     def link() -> None:
         sublink.SubLinkSpec.macvlan(parent="eth0", netns=MISSING_NETNS, ifname="eth0", mac=mac)
@@ -48,7 +50,9 @@ def test_the_config_and_the_link_spec_judge_macs_alike(mac: str) -> None:
 
 
 def test_messages_name_the_source_and_the_problem() -> None:
-    with pytest.raises(InvalidEnvironmentError, match=r"^invalid CNI_IFNAME 'a/b': interface name contains '/'"):
+    with pytest.raises(
+        InvalidEnvironmentError, match=r"^invalid CNI_IFNAME 'a/b': interface name contains '/'"
+    ):
         env.validate_ifname("a/b")
     with pytest.raises(InvalidEnvironmentError, match=r"^invalid interface name 'eth%d': contains '%'"):
         iface.validate_ifname("eth%d")

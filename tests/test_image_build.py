@@ -50,15 +50,30 @@ def _archive(tmp: Path, name: str, files: dict[str, bytes], tag: str = "1.0") ->
     (src / "run").chmod(0o755)
     work = tmp / f"work-{name}"
     work.mkdir()
-    entries = [*oci.tree_entries(src, "opt/x"), oci.Entry("usr/bin/x", "symlink", target="../../opt/x/run"),
-               oci.Entry("usr", "dir"), oci.Entry("usr/bin", "dir"), oci.Entry("tmp", "dir", 0o1777)]
+    entries = [
+        *oci.tree_entries(src, "opt/x"),
+        oci.Entry("usr/bin/x", "symlink", target="../../opt/x/run"),
+        oci.Entry("usr", "dir"),
+        oci.Entry("usr/bin", "dir"),
+        oci.Entry("tmp", "dir", 0o1777),
+    ]
     layer = oci.write_layer(entries, EPOCH, work)
-    config = {"architecture": "amd64", "os": "linux", "created": oci.rfc3339(EPOCH), "config": {"Labels": {"v": tag}}}
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": oci.rfc3339(EPOCH),
+        "config": {"Labels": {"v": tag}},
+    }
     out = tmp / f"{name}.tar"
     return out, oci.write_archive(out, [layer], config, "example.org/x", tag, EPOCH)
 
 
-FILES = {"run": b"#!/bin/sh\necho hi\n", "lib/b.txt": b"b" * 5000, "lib/a.txt": b"a", "z/" + "n" * 120: b"long name"}
+FILES = {
+    "run": b"#!/bin/sh\necho hi\n",
+    "lib/b.txt": b"b" * 5000,
+    "lib/a.txt": b"a",
+    "z/" + "n" * 120: b"long name",
+}
 
 
 def test_the_same_input_gives_the_same_archive(tmp_path):
@@ -74,13 +89,17 @@ def test_the_archive_is_an_oci_layout_named_for_containerd_and_cri_o(tmp_path):
     with tarfile.open(path) as tar:
         names = tar.getnames()
         read = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
-        assert all((m.mtime, m.uid, m.gid, m.uname, m.gname) == (EPOCH, 0, 0, "", "") for m in tar.getmembers())
+        assert all(
+            (m.mtime, m.uid, m.gid, m.uname, m.gname) == (EPOCH, 0, 0, "", "") for m in tar.getmembers()
+        )
     assert names == sorted(names[:-2]) + ["index.json", "oci-layout"]
     assert json.loads(read["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
     (entry,) = json.loads(read["index.json"])["manifests"]
     assert entry["digest"] == digest and entry["platform"] == {"architecture": "amd64", "os": "linux"}
-    assert entry["annotations"] == {"io.containerd.image.name": "example.org/x:2.0",
-                                    "org.opencontainers.image.ref.name": "2.0"}
+    assert entry["annotations"] == {
+        "io.containerd.image.name": "example.org/x:2.0",
+        "org.opencontainers.image.ref.name": "2.0",
+    }
 
     def blob(digest: str) -> bytes:
         return read["blobs/sha256/" + digest.removeprefix("sha256:")]
@@ -93,13 +112,21 @@ def test_the_archive_is_an_oci_layout_named_for_containerd_and_cri_o(tmp_path):
     gz = blob(layer["digest"])
     assert gz[4:8] == b"\0\0\0\0" and gz[3] & 0x08 == 0  # gzip: no mtime, no file name
     layer_tar = gzip.decompress(gz)
-    assert config["rootfs"] == {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer_tar).hexdigest()]}
+    assert config["rootfs"] == {
+        "type": "layers",
+        "diff_ids": ["sha256:" + hashlib.sha256(layer_tar).hexdigest()],
+    }
     with tarfile.open(fileobj=io.BytesIO(layer_tar)) as tar:
         members = {m.name: m for m in tar.getmembers()}
     assert list(members) == sorted(members)
     assert {n: (m.type, m.mode) for n, m in members.items() if not n.startswith("opt/x/")} == {
-        "opt": (tarfile.DIRTYPE, 0o755), "opt/x": (tarfile.DIRTYPE, 0o755), "tmp": (tarfile.DIRTYPE, 0o1777),
-        "usr": (tarfile.DIRTYPE, 0o755), "usr/bin": (tarfile.DIRTYPE, 0o755), "usr/bin/x": (tarfile.SYMTYPE, 0o777)}
+        "opt": (tarfile.DIRTYPE, 0o755),
+        "opt/x": (tarfile.DIRTYPE, 0o755),
+        "tmp": (tarfile.DIRTYPE, 0o1777),
+        "usr": (tarfile.DIRTYPE, 0o755),
+        "usr/bin": (tarfile.DIRTYPE, 0o755),
+        "usr/bin/x": (tarfile.SYMTYPE, 0o777),
+    }
     assert (members["opt/x/run"].mode, members["opt/x/lib/a.txt"].mode) == (0o755, 0o644)
     assert members["usr/bin/x"].linkname == "../../opt/x/run" and "opt/x/z/" + "n" * 120 in members
 
@@ -120,19 +147,22 @@ def test_the_elf_reader_sees_what_the_interpreter_needs():
     assert not elf.is_elf(Path(__file__))
 
 
-@pytest.mark.parametrize("rel,kept", [
-    ("cni_dra/main.py", True),
-    ("kubernetes/client/models/v1_pod.py", True),
-    ("kubernetes/aio/client/api_client.py", False),  # the asyncio client, never imported
-    ("kubernetes/config/kube_config_test.py", False),
-    ("pyroute2/test/x.py", False),
-    ("pkg/tests/test_a.py", False),
-    ("yaml/__pycache__/x.cpython-311.pyc", False),
-    ("cel/cel.pyi", False),
-    ("../../../bin/cni-dra", False),  # console scripts: the tree has its own entry
-    ("cni_dra-0.1.0.dist-info/METADATA", True),
-    ("cni_dra-0.1.0.dist-info/RECORD", False),  # lists files left out
-    ("cni_dra-0.1.0.dist-info/direct_url.json", False),  # names the temporary build directory
-])
+@pytest.mark.parametrize(
+    "rel,kept",
+    [
+        ("cni_dra/main.py", True),
+        ("kubernetes/client/models/v1_pod.py", True),
+        ("kubernetes/aio/client/api_client.py", False),  # the asyncio client, never imported
+        ("kubernetes/config/kube_config_test.py", False),
+        ("pyroute2/test/x.py", False),
+        ("pkg/tests/test_a.py", False),
+        ("yaml/__pycache__/x.cpython-311.pyc", False),
+        ("cel/cel.pyi", False),
+        ("../../../bin/cni-dra", False),  # console scripts: the tree has its own entry
+        ("cni_dra-0.1.0.dist-info/METADATA", True),
+        ("cni_dra-0.1.0.dist-info/RECORD", False),  # lists files left out
+        ("cni_dra-0.1.0.dist-info/direct_url.json", False),  # names the temporary build directory
+    ],
+)
 def test_the_tree_keeps_what_the_product_loads(rel, kept):
     assert pysource.keep(rel) is kept

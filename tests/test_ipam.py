@@ -28,7 +28,7 @@ from cni_dra.ipam import (
 )
 from cni_dra.protocol.results import IPConfig, Result, Route
 
-FAKE = r'''#!{python}
+FAKE = r"""#!{python}
 import json, os, sys, time
 cmd = os.environ.get("CNI_COMMAND")
 data = sys.stdin.read()
@@ -62,10 +62,12 @@ if mode == "garbage" and cmd == "ADD":
     sys.exit(0)
 if cmd == "ADD":
     print(os.environ.get("FAKE_RESULT", json.dumps({{"cniVersion": conf["cniVersion"], "ips": [{{"address": "10.0.0.2/24", "gateway": "10.0.0.1"}}]}})))
-'''
+"""
 
 
-def write_plugin(directory: Path, name: str = "fake-ipam", body: str | None = None, mode: int = 0o755) -> Path:
+def write_plugin(
+    directory: Path, name: str = "fake-ipam", body: str | None = None, mode: int = 0o755
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
     path.write_text(body if body is not None else FAKE.format(python=sys.executable))
@@ -74,7 +76,9 @@ def write_plugin(directory: Path, name: str = "fake-ipam", body: str | None = No
 
 
 def conf(version: str = "1.1.0", **extra: object) -> bytes:
-    return json.dumps({"cniVersion": version, "name": "net", "type": "cni-dra", "ipam": {"type": "fake-ipam"}, **extra}).encode()
+    return json.dumps(
+        {"cniVersion": version, "name": "net", "type": "cni-dra", "ipam": {"type": "fake-ipam"}, **extra}
+    ).encode()
 
 
 @pytest.fixture
@@ -185,7 +189,13 @@ def test_timeout_is_try_again_later_and_kills_the_group(env: dict[str, str], tmp
     pidfile = tmp_path / "grandchild.pid"
     start = time.monotonic()
     with pytest.raises(TryAgainLaterError) as info:
-        ipam_exec("ADD", "fake-ipam", conf(), {**env, "FAKE_MODE": "sleep", "FAKE_PIDFILE": str(pidfile)}, timeout_s=1.0)
+        ipam_exec(
+            "ADD",
+            "fake-ipam",
+            conf(),
+            {**env, "FAKE_MODE": "sleep", "FAKE_PIDFILE": str(pidfile)},
+            timeout_s=1.0,
+        )
     assert info.value.code == 11
     assert "timed out after 1 s" in info.value.msg
     assert time.monotonic() - start < 10
@@ -218,7 +228,9 @@ def test_unexecutable_binary_is_ipam_error(env: dict[str, str], plugin_dir: Path
     assert "cannot execute" in info.value.msg
 
 
-def test_no_shell_involved(env: dict[str, str], plugin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_shell_involved(
+    env: dict[str, str], plugin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a type with shell metacharacters is just a file name, never interpreted
     monkeypatch.chdir(tmp_path)
     name = "fake;touch pwned;$(touch pwned2)"
@@ -229,7 +241,11 @@ def test_no_shell_involved(env: dict[str, str], plugin_dir: Path, tmp_path: Path
 
 
 def test_version_negotiation_retries_with_older_version(env: dict[str, str]) -> None:
-    prev = {"cniVersion": "1.1.0", "interfaces": [{"name": "net1", "mtu": 1500}], "ips": [{"address": "10.0.0.2/24", "interface": 0}]}
+    prev = {
+        "cniVersion": "1.1.0",
+        "interfaces": [{"name": "net1", "mtu": 1500}],
+        "ips": [{"address": "10.0.0.2/24", "interface": 0}],
+    }
     netconf = conf("1.1.0", prevResult=prev)
     ipam_exec("CHECK", "fake-ipam", netconf, {**env, "FAKE_VERSIONS": "0.3.1,0.4.0,1.0.0"})
     seen = calls(env)
@@ -237,7 +253,11 @@ def test_version_negotiation_retries_with_older_version(env: dict[str, str]) -> 
     retried = json.loads(str(seen[2]["stdin"]))
     assert retried["cniVersion"] == "1.0.0"
     # prevResult converted to 1.0.0: no interface mtu
-    assert retried["prevResult"] == {"cniVersion": "1.0.0", "interfaces": [{"name": "net1"}], "ips": [{"address": "10.0.0.2/24", "interface": 0}]}
+    assert retried["prevResult"] == {
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "net1"}],
+        "ips": [{"address": "10.0.0.2/24", "interface": 0}],
+    }
     assert retried["ipam"] == {"type": "fake-ipam"}
 
 
@@ -264,7 +284,12 @@ def test_plugin_versions(env: dict[str, str]) -> None:
 
 
 def test_ipam_add_returns_latest_schema_result(env: dict[str, str]) -> None:
-    old = json.dumps({"cniVersion": "0.2.0", "ip4": {"ip": "10.1.0.7/16", "gateway": "10.1.0.1", "routes": [{"dst": "0.0.0.0/0"}]}})
+    old = json.dumps(
+        {
+            "cniVersion": "0.2.0",
+            "ip4": {"ip": "10.1.0.7/16", "gateway": "10.1.0.1", "routes": [{"dst": "0.0.0.0/0"}]},
+        }
+    )
     r = ipam_add("fake-ipam", conf("0.2.0"), {**env, "FAKE_RESULT": old})
     assert r == Result(ips=[IPConfig("10.1.0.7/16", "10.1.0.1")], routes=[Route("0.0.0.0/0")])
 
@@ -333,10 +358,20 @@ def test_host_local_add_del_roundtrip(version: str, tmp_path: Path) -> None:
             "cniVersion": version,
             "name": "hlnet",
             "type": "cni-dra",
-            "ipam": {"type": "host-local", "subnet": "10.77.0.0/24", "dataDir": str(data_dir), "routes": [{"dst": "0.0.0.0/0"}]},
+            "ipam": {
+                "type": "host-local",
+                "subnet": "10.77.0.0/24",
+                "dataDir": str(data_dir),
+                "routes": [{"dst": "0.0.0.0/0"}],
+            },
         }
     ).encode()
-    env = {"CNI_CONTAINERID": "ctr1", "CNI_NETNS": "/var/run/netns/none", "CNI_IFNAME": "net1", "CNI_PATH": HOST_LOCAL_DIR}
+    env = {
+        "CNI_CONTAINERID": "ctr1",
+        "CNI_NETNS": "/var/run/netns/none",
+        "CNI_IFNAME": "net1",
+        "CNI_PATH": HOST_LOCAL_DIR,
+    }
     result = ipam_add("host-local", netconf, env)
     assert result == Result(ips=[IPConfig("10.77.0.2/24", "10.77.0.1")], routes=[Route("0.0.0.0/0")])
     reservation = data_dir / "hlnet" / "10.77.0.2"
@@ -369,7 +404,14 @@ def test_host_local_exhausted_range_keeps_its_error(tmp_path: Path) -> None:
 
 @needs_host_local
 def test_host_local_status_skipped_as_pre_11(tmp_path: Path) -> None:
-    netconf = json.dumps({"cniVersion": "1.1.0", "name": "n", "type": "cni-dra", "ipam": {"type": "host-local", "subnet": "10.79.0.0/24", "dataDir": str(tmp_path)}}).encode()
+    netconf = json.dumps(
+        {
+            "cniVersion": "1.1.0",
+            "name": "n",
+            "type": "cni-dra",
+            "ipam": {"type": "host-local", "subnet": "10.79.0.0/24", "dataDir": str(tmp_path)},
+        }
+    ).encode()
     assert ipam_status("host-local", netconf, {"CNI_PATH": HOST_LOCAL_DIR}) is False
 
 
@@ -381,7 +423,13 @@ def test_protocol_and_ipam_imports_stay_lean() -> None:
         "heavy = [m for m in ('pyroute2', 'pydantic', 'kubernetes', 'click', 'filelock', 'yaml') if m in sys.modules]\n"
         "print(','.join(heavy))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[1],
+    )
     assert out.stdout.strip() == ""
 
 

@@ -14,20 +14,44 @@ from tests.builders import device, every_path_a_netns, write_slice
 
 
 def _setup(tmp_path, monkeypatch, delete_link, ipam_del):
-    conf = {"cniVersion": "1.0.0", "name": "net", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
-            "inventory": str(tmp_path / "slice.yaml"), "ipam": {"type": "host-local", "subnet": "192.0.2.0/24"}}
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "net",
+        "type": "cni-dra",
+        "stateDir": str(tmp_path / "state"),
+        "inventory": str(tmp_path / "slice.yaml"),
+        "ipam": {"type": "host-local", "subnet": "192.0.2.0/24"},
+    }
     with StateStore(tmp_path / "state").transaction() as txn:
-        txn.put(Attachment(
-            network="net", containerID="c1", ifname="eth0", netns="/var/run/netns/pod", driver="d", pool="p",
-            device="nic-a", parent="eth9", consumedCapacity={"bandwidth": "1G"}, phase="ready",
-            ipamType="host-local", ipamConf=json.dumps(conf)))
+        txn.put(
+            Attachment(
+                network="net",
+                containerID="c1",
+                ifname="eth0",
+                netns="/var/run/netns/pod",
+                driver="d",
+                pool="p",
+                device="nic-a",
+                parent="eth9",
+                consumedCapacity={"bandwidth": "1G"},
+                phase="ready",
+                ipamType="host-local",
+                ipamConf=json.dumps(conf),
+            )
+        )
     with StateStore(tmp_path / "state").transaction() as txn:  # a second commit: the journal exists
         txn.add_status_update({"claim": {"uid": "other"}})
     every_path_a_netns(monkeypatch)
     monkeypatch.setattr(sublink, "delete_link", delete_link)
     monkeypatch.setattr(ipam, "ipam_del", ipam_del)
-    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/bin:/bin"}
+    env = {
+        "CNI_COMMAND": "DEL",
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/var/run/netns/pod",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/usr/lib/cni",
+        "PATH": "/usr/bin:/bin",
+    }
     return env, json.dumps(conf).encode()
 
 
@@ -97,26 +121,64 @@ def _add_setup(tmp_path, monkeypatch, ipam_type, create, ipam_add):
     from cni_dra.protocol.results import IPConfig, Result
 
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
-    conf = {"cniVersion": "1.0.0", "name": "net", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
-            "inventory": str(tmp_path / "slice.yaml"), "ipam": {"type": ipam_type}}
-    parent = info.LinkInfo(name="eth9", index=7, kind=None, mac="02:00:00:00:00:09", mtu=1500,
-                            operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "net",
+        "type": "cni-dra",
+        "stateDir": str(tmp_path / "state"),
+        "inventory": str(tmp_path / "slice.yaml"),
+        "ipam": {"type": ipam_type},
+    }
+    parent = info.LinkInfo(
+        name="eth9",
+        index=7,
+        kind=None,
+        mac="02:00:00:00:00:09",
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=None,
+        parent_netnsid=None,
+        mode=None,
+    )
     monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
     every_path_a_netns(monkeypatch)
     monkeypatch.setattr(sublink, "create_macvlan", create)
-    monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec, **kw: shaping.ShapeInfo(
-        ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None))
+    monkeypatch.setattr(
+        shaping,
+        "apply_shaping",
+        lambda netns, ifname, spec, **kw: shaping.ShapeInfo(
+            ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None
+        ),
+    )
     monkeypatch.setattr(shaping, "remove_shaping", lambda netns, ifname: True)
     monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
     monkeypatch.setattr(addr, "configure_interface", lambda *a, **k: None)
     monkeypatch.setattr(sublink, "delete_link", lambda *a: True)
-    monkeypatch.setattr(ipam, "ipam_add", lambda *a, **k: ipam_add() or Result(
-        ips=[IPConfig(address="192.0.2.5/24")]))
+    monkeypatch.setattr(
+        ipam, "ipam_add", lambda *a, **k: ipam_add() or Result(ips=[IPConfig(address="192.0.2.5/24")])
+    )
     monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/bin:/bin"}
-    link = info.LinkInfo(name="eth0", index=2, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500,
-                          operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/var/run/netns/pod",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/usr/lib/cni",
+        "PATH": "/usr/bin:/bin",
+    }
+    link = info.LinkInfo(
+        name="eth0",
+        index=2,
+        kind="macvlan",
+        mac="02:00:00:00:00:01",
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=None,
+        parent_netnsid=None,
+        mode=None,
+    )
     return env, json.dumps(conf).encode(), link
 
 
@@ -129,8 +191,9 @@ def test_host_local_add_runs_while_the_link_is_made(tmp_path, monkeypatch):
         order.append("link" if started.wait(10) else "link without IPAM running")
         return link
 
-    env, stdin, link = _add_setup(tmp_path, monkeypatch, "host-local", create,
-                                  lambda: order.append("ipam") or started.set())
+    env, stdin, link = _add_setup(
+        tmp_path, monkeypatch, "host-local", create, lambda: order.append("ipam") or started.set()
+    )
     out = io.StringIO()
     assert run(env, stdin, out) == 0, out.getvalue()
     assert order == ["ipam", "link"]

@@ -33,15 +33,23 @@ def _lane(tmp_path: Path, *, ci: bool, uml_works: bool) -> tuple[int, str, str]:
     shutil.copy2(REPO / "Makefile", tmp_path / "Makefile")
     log = tmp_path / "uml.log"
     _script(tmp_path / "scripts/ipvlan-probe", "echo 'ipvlan: no'; exit 1")
-    _script(tmp_path / "scripts/uml-run",
-            f'if [ "$1" = --check ]; then {"exit 0" if uml_works else "echo no user-mode-linux here; exit 125"}; fi\n'
-            f'echo "required=$CNI_DRA_IPVLAN_REQUIRED env=$UML_RUN_ENV cmd=$1" >>{log}; exit 0')
+    _script(
+        tmp_path / "scripts/uml-run",
+        f'if [ "$1" = --check ]; then {"exit 0" if uml_works else "echo no user-mode-linux here; exit 125"}; fi\n'
+        f'echo "required=$CNI_DRA_IPVLAN_REQUIRED env=$UML_RUN_ENV cmd=$1" >>{log}; exit 0',
+    )
     _script(tmp_path / "venv/bin/python", "exit 1")  # cni-dra's own probe: no ipvlan either
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "MAKEFLAGS", "MAKELEVEL")}
     if ci:
         env["CI"] = "true"
-    out = subprocess.run(["make", "--no-print-directory", "ipvlan-uml", f"VENV={tmp_path / 'venv'}"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["make", "--no-print-directory", "ipvlan-uml", f"VENV={tmp_path / 'venv'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return out.returncode, out.stdout + out.stderr, log.read_text() if log.exists() else ""
 
 
@@ -73,8 +81,13 @@ def test_the_ipvlan_tests_fail_rather_than_skip_when_the_lane_requires_them() ->
     if link_kind_supported("ipvlan"):
         pytest.skip("this kernel has ipvlan: cni-dra's probe says so, nothing to refuse")
     env = {**os.environ, "CNI_DRA_IPVLAN_REQUIRED": "1"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                          "netns_tests/test_ipvlan.py"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "netns_tests/test_ipvlan.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0, out.stdout
     assert "cni-dra's probe says this kernel has no ipvlan" in out.stdout

@@ -51,10 +51,19 @@ def env():
 
 
 def config(short, inv, server, **kw) -> AgentConfig:
-    base = dict(node_name="node-1", inventory=inv, state_dir=f"{short}/state",
-                kubeconfig=write_kubeconfig(f"{short}/kubeconfig", server.url),
-                plugin_dir=f"{short}/plugins", registry_dir=f"{short}/reg", metrics_address="127.0.0.1:0",
-                resync_s=0.3, poll_s=0.05, fastpath_socket=f"{short}/fastpath/agent.sock", fastpath_processes=1)
+    base = dict(
+        node_name="node-1",
+        inventory=inv,
+        state_dir=f"{short}/state",
+        kubeconfig=write_kubeconfig(f"{short}/kubeconfig", server.url),
+        plugin_dir=f"{short}/plugins",
+        registry_dir=f"{short}/reg",
+        metrics_address="127.0.0.1:0",
+        resync_s=0.3,
+        poll_s=0.05,
+        fastpath_socket=f"{short}/fastpath/agent.sock",
+        fastpath_processes=1,
+    )
     base.update(kw)
     return AgentConfig(**base)
 
@@ -79,15 +88,26 @@ def prepare(agent: Agent, claim) -> object:
     pb2, services = load("dra_v1")
     wait_for(lambda: agent.plugin.dra_socket.is_socket())
     with grpc.insecure_channel(f"unix://{agent.plugin.dra_socket}") as ch:
-        return services.DRAPluginStub(ch).NodePrepareResources(pb2.NodePrepareResourcesRequest(claims=[
-            pb2.Claim(namespace="default", uid=claim["metadata"]["uid"], name=claim["metadata"]["name"])]), timeout=10)
+        return services.DRAPluginStub(ch).NodePrepareResources(
+            pb2.NodePrepareResourcesRequest(
+                claims=[
+                    pb2.Claim(
+                        namespace="default", uid=claim["metadata"]["uid"], name=claim["metadata"]["name"]
+                    )
+                ]
+            ),
+            timeout=10,
+        )
 
 
 def test_agent_lifecycle_restart_loses_nothing(env):
     server, short, inv = env
     fake = FakeService()
-    claim = server.add_claim(allocated_claim("c1", pool="node-1", device="lo-nic", bandwidth="3G",
-                                             share_id=SHARE, pod_uids=["pod-a"]))
+    claim = server.add_claim(
+        allocated_claim(
+            "c1", pool="node-1", device="lo-nic", bandwidth="3G", share_id=SHARE, pod_uids=["pod-a"]
+        )
+    )
     uid = claim["metadata"]["uid"]
     with Running(config(short, inv, server, cleanup=True, extra=[fake])) as agent:
         slice_ = wait_for(lambda: server.slices.get(SLICE))
@@ -107,19 +127,36 @@ def test_agent_lifecycle_restart_loses_nothing(env):
     store = StateStore(f"{short}/state")
     assert list(store.read().claims) == ["pod-a"]  # prepared claims survived the restart
     with store.transaction() as txn:
-        att = Attachment(network="n", containerID="c1", ifname="net1", podUID="pod-a", driver=DRIVER,
-                         pool="node-1", device="lo-nic", parent="lo", consumedCapacity={"bandwidth": "3G"},
-                         shareID=SHARE, claim=ClaimRef(namespace="default", name="c1", uid=uid, request="net1"),
-                         phase="ready", result={"interfaces": [{"name": "net1", "mac": "02:aa:bb:cc:dd:ee",
-                                                                 "sandbox": "/x"}],
-                                                "ips": [{"address": "192.0.2.44/24", "interface": 0}]})
+        att = Attachment(
+            network="n",
+            containerID="c1",
+            ifname="net1",
+            podUID="pod-a",
+            driver=DRIVER,
+            pool="node-1",
+            device="lo-nic",
+            parent="lo",
+            consumedCapacity={"bandwidth": "3G"},
+            shareID=SHARE,
+            claim=ClaimRef(namespace="default", name="c1", uid=uid, request="net1"),
+            phase="ready",
+            result={
+                "interfaces": [{"name": "net1", "mac": "02:aa:bb:cc:dd:ee", "sandbox": "/x"}],
+                "ips": [{"address": "192.0.2.44/24", "interface": 0}],
+            },
+        )
         txn.put(att)
         txn.add_status_update(claim_status_record(att))
     with Running(config(short, inv, server)) as agent:
         wait_for(lambda: server.slices.get(SLICE))
-        entry = wait_for(lambda: (server.claims[("default", "c1")].get("status", {}).get("devices") or [None])[0])
-        assert entry["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.44/24"],
-                                        "hardwareAddress": "02:aa:bb:cc:dd:ee"}
+        entry = wait_for(
+            lambda: (server.claims[("default", "c1")].get("status", {}).get("devices") or [None])[0]
+        )
+        assert entry["networkData"] == {
+            "interfaceName": "net1",
+            "ips": ["192.0.2.44/24"],
+            "hardwareAddress": "02:aa:bb:cc:dd:ee",
+        }
         wait_for(lambda: store.read().statusUpdates == [])
         # the kubelet prepares again after the restart: same answer, still one copy per pod
         assert prepare(agent, claim).claims[uid].devices[0].share_id == SHARE
@@ -168,8 +205,9 @@ def test_agent_runs_the_fast_path_service(env):
         wait_for(lambda: os.path.exists(cfg.fastpath_socket))
         assert stat.S_IMODE(os.stat(cfg.fastpath_socket).st_mode) == 0o600
         assert agent.fastpath in agent.services
-        answer = ask_agent({b"CNI_COMMAND": b"VERSION"}, b'{"cniVersion": "1.0.0"}', cfg.fastpath_socket,
-                           timeout_s=30)
+        answer = ask_agent(
+            {b"CNI_COMMAND": b"VERSION"}, b'{"cniVersion": "1.0.0"}', cfg.fastpath_socket, timeout_s=30
+        )
         assert answer is not None and answer[0] == 0 and b"supportedVersions" in answer[1]
     assert not os.path.exists(cfg.fastpath_socket)
 
@@ -188,14 +226,25 @@ def test_agent_taints_a_missing_nic_reports_it_to_the_kubelet_then_drops_it(env)
         devs = {d["name"]: d for d in slice_["spec"]["devices"]}
         assert "taints" not in devs["lo-nic"]
         (taint,) = devs["gone-nic"]["taints"]
-        assert (taint["key"], taint["value"], taint["effect"]) == (f"{DRIVER}/unhealthy", "missing", "NoExecute")
+        assert (taint["key"], taint["value"], taint["effect"]) == (
+            f"{DRIVER}/unhealthy",
+            "missing",
+            "NoExecute",
+        )
         pb2, services = load("dra_health_v1")
         wait_for(lambda: agent.plugin.dra_socket.is_socket())
         with grpc.insecure_channel(f"unix://{agent.plugin.dra_socket}") as ch:
-            stream = services.DRAResourceHealthStub(ch).NodeWatchResources(pb2.NodeWatchResourcesRequest(),
-                                                                           timeout=10)
-            report = {d.device.device_name: (pb2.HealthStatus.Name(d.health), d.message, d.health_check_timeout_seconds)
-                      for d in next(stream).devices}
+            stream = services.DRAResourceHealthStub(ch).NodeWatchResources(
+                pb2.NodeWatchResourcesRequest(), timeout=10
+            )
+            report = {
+                d.device.device_name: (
+                    pb2.HealthStatus.Name(d.health),
+                    d.message,
+                    d.health_check_timeout_seconds,
+                )
+                for d in next(stream).devices
+            }
             stream.cancel()
         assert report["lo-nic"] == ("HEALTHY", "host NIC lo is up", 60)
         assert report["gone-nic"][0] == "UNHEALTHY"

@@ -38,7 +38,9 @@ def test_slice_create_get_list_replace_delete(server, api):
     assert created["metadata"]["name"] == "n1-net"
     assert server.requests_for("POST", "/apis/resource.k8s.io/v1/resourceslices")[0].body == SLICE
     assert api.get_resource_slice("n1-net")["spec"] == SLICE["spec"]
-    assert [s["metadata"]["name"] for s in api.list_resource_slices(driver="net.cni-dra.dev", node_name="n1")] == ["n1-net"]
+    assert [
+        s["metadata"]["name"] for s in api.list_resource_slices(driver="net.cni-dra.dev", node_name="n1")
+    ] == ["n1-net"]
     assert api.list_resource_slices(driver="net.cni-dra.dev", node_name="n2") == []
     assert api.list_resource_slices(driver="other", node_name="n1") == []
     cur = api.get_resource_slice("n1-net")
@@ -60,23 +62,45 @@ def test_create_existing_slice_is_a_conflict(server, api):
 
 
 def test_claim_get_and_status_apply(server, api):
-    claim = server.add_claim(allocated_claim("c1", pool="n1", device="eth-a", bandwidth="3G",
-                                             share_id="0b7c5f7e-1a55-4c8e-a0a4-4f8ad9d0e9a1", pod_uids=["p1"]))
+    claim = server.add_claim(
+        allocated_claim(
+            "c1",
+            pool="n1",
+            device="eth-a",
+            bandwidth="3G",
+            share_id="0b7c5f7e-1a55-4c8e-a0a4-4f8ad9d0e9a1",
+            pod_uids=["p1"],
+        )
+    )
     got = api.get_resource_claim("default", "c1")
     assert got["metadata"]["uid"] == claim["metadata"]["uid"]
     assert got["status"]["allocation"] == claim["status"]["allocation"]
     assert api.get_resource_claim("default", "nope") is None
     body = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
         "metadata": {"name": "c1", "namespace": "default", "uid": claim["metadata"]["uid"]},
-        "status": {"devices": [{"driver": "net.cni-dra.dev", "pool": "n1", "device": "eth-a",
-                                "shareID": "0b7c5f7e-1a55-4c8e-a0a4-4f8ad9d0e9a1",
-                                "networkData": {"interfaceName": "net1", "ips": ["192.0.2.10/24"],
-                                                "hardwareAddress": "02:00:00:00:00:01"}}]},
+        "status": {
+            "devices": [
+                {
+                    "driver": "net.cni-dra.dev",
+                    "pool": "n1",
+                    "device": "eth-a",
+                    "shareID": "0b7c5f7e-1a55-4c8e-a0a4-4f8ad9d0e9a1",
+                    "networkData": {
+                        "interfaceName": "net1",
+                        "ips": ["192.0.2.10/24"],
+                        "hardwareAddress": "02:00:00:00:00:01",
+                    },
+                }
+            ]
+        },
     }
     out = api.apply_resource_claim_status("default", "c1", body, field_manager="net.cni-dra.dev")
     assert out["status"]["devices"][0]["networkData"]["ips"] == ["192.0.2.10/24"]
-    (req,) = server.requests_for("PATCH", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1/status")
+    (req,) = server.requests_for(
+        "PATCH", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1/status"
+    )
     assert req.content_type == "application/apply-patch+yaml"
     assert req.query == {"fieldManager": ["net.cni-dra.dev"], "force": ["true"]}
     assert req.body == body
@@ -135,8 +159,12 @@ def test_stand_in_rejects_fields_the_client_models_do_not_know(server):
     import urllib.request
 
     bad = {**SLICE, "spec": {**SLICE["spec"], "devices": [{**SLICE["spec"]["devices"][0], "bandwith": "1G"}]}}
-    req = urllib.request.Request(f"{server.url}/apis/resource.k8s.io/v1/resourceslices", method="POST",
-                                 data=json.dumps(bad).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{server.url}/apis/resource.k8s.io/v1/resourceslices",
+        method="POST",
+        data=json.dumps(bad).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=5)
     assert err.value.code == 422

@@ -20,9 +20,16 @@ from cni_dra.k8s.kubelet_plugin import KubeletPlugin
 from cni_dra.k8s.protos import load
 
 DRIVER = "net.cni-dra.dev"
-UP = DeviceHealth(pool="node-1", device="eth-a", healthy=True, message="host NIC ens1 is up", updated_s=1800000000)
-DOWN = DeviceHealth(pool="node-1", device="eth-b", healthy=False,
-                    message="host NIC ens2 has no carrier (since 2027-01-15T08:00:10Z)", updated_s=1800000010)
+UP = DeviceHealth(
+    pool="node-1", device="eth-a", healthy=True, message="host NIC ens1 is up", updated_s=1800000000
+)
+DOWN = DeviceHealth(
+    pool="node-1",
+    device="eth-b",
+    healthy=False,
+    message="host NIC ens2 has no carrier (since 2027-01-15T08:00:10Z)",
+    updated_s=1800000010,
+)
 
 
 class NoDriver:
@@ -37,7 +44,9 @@ class NoDriver:
 def plugin():
     short = tempfile.mkdtemp(prefix="cdh", dir="/tmp")  # unix socket paths are short
     feed = HealthFeed(timeout_s=45, resend_s=0.5)
-    p = KubeletPlugin(DRIVER, NoDriver(), plugin_dir=f"{short}/plugins", registry_dir=f"{short}/reg", health=feed)
+    p = KubeletPlugin(
+        DRIVER, NoDriver(), plugin_dir=f"{short}/plugins", registry_dir=f"{short}/reg", health=feed
+    )
     p.start()
     try:
         yield p, feed
@@ -53,7 +62,8 @@ class Stream:
         self.pb2, services = load(proto)
         self.channel = grpc.insecure_channel(f"unix://{plugin.dra_socket}")
         self.call = services.DRAResourceHealthStub(self.channel).NodeWatchResources(
-            self.pb2.NodeWatchResourcesRequest())
+            self.pb2.NodeWatchResourcesRequest()
+        )
         self.got: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -71,8 +81,17 @@ class Stream:
 
     def devices(self, msg) -> list[tuple]:
         pb2 = self.pb2
-        return [(d.device.pool_name, d.device.device_name, pb2.HealthStatus.Name(d.health), d.message,
-                 d.last_updated_time, d.health_check_timeout_seconds) for d in msg.devices]
+        return [
+            (
+                d.device.pool_name,
+                d.device.device_name,
+                pb2.HealthStatus.Name(d.health),
+                d.message,
+                d.last_updated_time,
+                d.health_check_timeout_seconds,
+            )
+            for d in msg.devices
+        ]
 
     def close(self) -> None:
         self.call.cancel()
@@ -85,13 +104,19 @@ def test_registration_advertises_the_resource_health_service(plugin):
     with grpc.insecure_channel(f"unix://{p.registration_socket}") as ch:
         info = services.RegistrationStub(ch).GetInfo(pb2.InfoRequest(), timeout=10)
     # a 1.37 kubelet watches the first it knows of v1, v1alpha1, and nothing when neither is listed
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
-                                             "v1alpha1.DRAResourceHealth"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     hp, hs = load("health_v1")
     with grpc.insecure_channel(f"unix://{p.dra_socket}") as ch:
         for name in ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"):
-            assert hs.HealthStub(ch).Check(hp.HealthCheckRequest(service=name), timeout=10).status == \
-                hp.HealthCheckResponse.SERVING
+            assert (
+                hs.HealthStub(ch).Check(hp.HealthCheckRequest(service=name), timeout=10).status
+                == hp.HealthCheckResponse.SERVING
+            )
 
 
 def test_without_a_feed_nothing_is_advertised_or_served():
@@ -117,15 +142,24 @@ def test_stream_sends_the_report_on_change_and_again_before_the_timeout(plugin, 
             s.next(0.7)  # nothing published yet: nothing sent (a report must be complete)
         assert feed.publish([UP, dataclasses.replace(DOWN, healthy=True, message="host NIC ens2 is up")])
         _, first = s.next()
-        assert [d[:3] for d in s.devices(first)] == [("node-1", "eth-a", "HEALTHY"), ("node-1", "eth-b", "HEALTHY")]
+        assert [d[:3] for d in s.devices(first)] == [
+            ("node-1", "eth-a", "HEALTHY"),
+            ("node-1", "eth-b", "HEALTHY"),
+        ]
         t0 = time.monotonic()
         assert feed.publish([UP, DOWN])
         when, msg = s.next()
         assert when - t0 < 0.4  # at once, not at the next resend
         assert s.devices(msg) == [
             ("node-1", "eth-a", "HEALTHY", "host NIC ens1 is up", 1800000000, 45),
-            ("node-1", "eth-b", "UNHEALTHY", "host NIC ens2 has no carrier (since 2027-01-15T08:00:10Z)",
-             1800000010, 45),
+            (
+                "node-1",
+                "eth-b",
+                "UNHEALTHY",
+                "host NIC ens2 has no carrier (since 2027-01-15T08:00:10Z)",
+                1800000010,
+                45,
+            ),
         ]
         assert not feed.publish([UP, DOWN])  # the same report: no change
         when2, again = s.next()  # but repeated after resend_s, so the kubelet never times it out

@@ -29,7 +29,10 @@ MODELS = {
     ("resource.k8s.io/v1", "DeviceClass"): "V1DeviceClass",
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): "V1ResourceClaimTemplate",
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): "V1ValidatingAdmissionPolicy",
-    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): "V1ValidatingAdmissionPolicyBinding",
+    (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicyBinding",
+    ): "V1ValidatingAdmissionPolicyBinding",
 }
 
 
@@ -77,11 +80,19 @@ def test_template_request_allocates_2g_share():
 
     (tpl,) = by_kind("ResourceClaimTemplate")
     (dc,) = by_kind("DeviceClass")
-    claim = ResourceClaim.model_validate({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                                          "metadata": {"name": "c", "namespace": "default"}, "spec": tpl["spec"]["spec"]})
+    claim = ResourceClaim.model_validate(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "default"},
+            "spec": tpl["spec"]["spec"],
+        }
+    )
     inv = load_inventory(str(ROOT / "conf" / "resourceslice.yaml"))
     classes = {dc["metadata"]["name"]: [s["cel"]["expression"] for s in dc["spec"]["selectors"]]}
-    got = allocate_claim(claim, inv, NodeUsage(), lambda: "3b9f0c1e-7a2d-4c5b-9e8f-1a2b3c4d5e6f", classes=classes)
+    got = allocate_claim(
+        claim, inv, NodeUsage(), lambda: "3b9f0c1e-7a2d-4c5b-9e8f-1a2b3c4d5e6f", classes=classes
+    )
     (res,) = got.devices.results
     assert res.request == "net1"
     assert str(res.consumed_capacity["bandwidth"]) == "2G"
@@ -98,25 +109,39 @@ def test_pod_uses_the_template():
 
 def test_rbac_allows_every_agent_call():
     (role,) = by_kind("ClusterRole")
-    allowed = {(g, r, v) for rule in role["rules"] for g in rule.get("apiGroups", []) for r in rule.get("resources", [])
-               for v in rule["verbs"]}
-    allowed |= {("", url, v) for rule in role["rules"] for url in rule.get("nonResourceURLs", []) for v in rule["verbs"]}
+    allowed = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule.get("apiGroups", [])
+        for r in rule.get("resources", [])
+        for v in rule["verbs"]
+    }
+    allowed |= {
+        ("", url, v)
+        for rule in role["rules"]
+        for url in rule.get("nonResourceURLs", [])
+        for v in rule["verbs"]
+    }
     needed = {  # cni_dra.k8s.api.KubeApi
         ("", "/metrics", "get"),  # get_metrics_text: the DRAFractionalCapacityRange gate
         ("", "nodes", "get"),
-        ("resource.k8s.io", "resourceslices", "get"), ("resource.k8s.io", "resourceslices", "list"),
-        ("resource.k8s.io", "resourceslices", "create"), ("resource.k8s.io", "resourceslices", "update"),
+        ("resource.k8s.io", "resourceslices", "get"),
+        ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceslices", "create"),
+        ("resource.k8s.io", "resourceslices", "update"),
         ("resource.k8s.io", "resourceslices", "delete"),
         ("resource.k8s.io", "resourceclaims", "get"),
-        ("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),
+        ("resource.k8s.io", "resourceclaims", "list"),
+        ("resource.k8s.io", "resourceclaims", "watch"),
         ("resource.k8s.io", "resourceclaims/status", "patch"),
     }
     assert needed <= allowed
     (binding,) = by_kind("ClusterRoleBinding")
     (sa,) = by_kind("ServiceAccount")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                                    "namespace": sa["metadata"]["namespace"]}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
+    ]
 
 
 def test_rbac_allows_status_devices_writes_for_this_driver_on_its_node():
@@ -134,7 +159,10 @@ def test_rbac_allows_status_devices_writes_for_this_driver_on_its_node():
     assert rule["resourceNames"] == [driver]
     # node-local: only claims allocated on the node the agent's token is bound to
     assert rule["verbs"] == ["associated-node:patch"]
-    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == by_kind("ServiceAccount")[0]["metadata"]["name"]
+    assert (
+        ds["spec"]["template"]["spec"]["serviceAccountName"]
+        == by_kind("ServiceAccount")[0]["metadata"]["name"]
+    )
 
 
 def test_daemonset_installs_the_plugin_and_runs_the_agent():
@@ -146,10 +174,12 @@ def test_daemonset_installs_the_plugin_and_runs_the_agent():
     (init,) = pod["initContainers"]
     script = init["args"][0]
     ienv = {e["name"]: e.get("value") for e in init["env"]}
-    assert 'bin=/host/cni/bin' in script and 'mv -f "$bin/.cni-dra.tmp" "$bin/cni-dra"' in script
+    assert "bin=/host/cni/bin" in script and 'mv -f "$bin/.cni-dra.tmp" "$bin/cni-dra"' in script
     assert 'mv -f "/host/cni/net.d/.$CONFLIST.tmp" "/host/cni/net.d/$CONFLIST"' in script
     assert ienv["CONFLIST"] == "10-cni-dra.conflist"
-    assert "cp -a /opt/cni/bin/cni-dra.d " in script  # the plugin tree the client runs (README "Install layout")
+    assert (
+        "cp -a /opt/cni/bin/cni-dra.d " in script
+    )  # the plugin tree the client runs (README "Install layout")
     host_paths = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
     mounts = {m["mountPath"]: host_paths[m["name"]] for m in init["volumeMounts"] if host_paths[m["name"]]}
     assert mounts["/host/cni/bin"] == "/opt/cni/bin" and mounts["/host/cni/net.d"] == "/etc/cni/net.d"
@@ -194,15 +224,19 @@ def test_the_shipped_conflists_let_pod_bandwidth_annotations_reach_the_plugin() 
     """containerd and CRI-O pass ``runtimeConfig.bandwidth`` (from the pod's
     ``kubernetes.io/ingress-bandwidth`` / ``egress-bandwidth`` annotations) only to a plugin
     whose conflist entry declares the capability; cni-dra may then lower a pod's rate."""
-    conflists = [json.loads((ROOT / "conf" / "10-cni-dra.conflist").read_text()),
-                 json.loads(by_kind("ConfigMap")[0]["data"]["10-cni-dra.conflist"]),
-                 _e2e_bed().conflist()]  # what `make e2e` gives containerd
+    conflists = [
+        json.loads((ROOT / "conf" / "10-cni-dra.conflist").read_text()),
+        json.loads(by_kind("ConfigMap")[0]["data"]["10-cni-dra.conflist"]),
+        _e2e_bed().conflist(),
+    ]  # what `make e2e` gives containerd
     for conflist in conflists:
         assert conflist["plugins"][0]["capabilities"] == {"bandwidth": True}
 
 
 def _e2e_bed() -> Any:
-    spec = importlib.util.spec_from_file_location("cni_dra_e2e_cluster_manifests", ROOT / "scripts/e2e/cluster.py")
+    spec = importlib.util.spec_from_file_location(
+        "cni_dra_e2e_cluster_manifests", ROOT / "scripts/e2e/cluster.py"
+    )
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -220,13 +254,22 @@ def _agent_user() -> str:
 
 
 def _slice(node: str | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"driver": "net.cni-dra.dev", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}}
+    spec: dict[str, Any] = {
+        "driver": "net.cni-dra.dev",
+        "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+    }
     spec.update({"nodeName": node} if node else {"allNodes": True})
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"}, "spec": spec}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "s"},
+        "spec": spec,
+    }
 
 
-def admit(operation: str, *, user: str, node: str | None, new: dict | None = None, old: dict | None = None
-          ) -> list[str] | None:
+def admit(
+    operation: str, *, user: str, node: str | None, new: dict | None = None, old: dict | None = None
+) -> list[str] | None:
     """The policy's verdict on a request, as the API server's admission evaluates it: None
     when its match condition leaves the request alone, else the messages of the failed
     validations ([] = admitted). ``node``: the node the user's token is bound to."""
@@ -237,7 +280,11 @@ def admit(operation: str, *, user: str, node: str | None, new: dict | None = Non
     user_info: dict[str, Any] = {"username": user}
     if node is not None:
         user_info["extra"] = {NODE_NAME_KEY: [node], "authentication.kubernetes.io/credential-id": ["JTI=x"]}
-    ctx: dict[str, Any] = {"request": {"operation": operation, "userInfo": user_info}, "object": new, "oldObject": old}
+    ctx: dict[str, Any] = {
+        "request": {"operation": operation, "userInfo": user_info},
+        "object": new,
+        "oldObject": old,
+    }
     if not all(cel.evaluate(m["expression"], ctx) for m in spec["matchConditions"]):
         return None
     variables: dict[str, Any] = {}
@@ -259,13 +306,23 @@ def test_the_admission_policy_is_bound_matches_slice_writes_and_only_the_agents_
     assert policy["spec"]["failurePolicy"] == "Fail"
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
     assert (rule["apiGroups"], rule["resources"], sorted(rule["operations"])) == (
-        ["resource.k8s.io"], ["resourceslices"], ["CREATE", "DELETE", "UPDATE"])
+        ["resource.k8s.io"],
+        ["resourceslices"],
+        ["CREATE", "DELETE", "UPDATE"],
+    )
     (ds,) = by_kind("DaemonSet")
-    assert _agent_user() == f"system:serviceaccount:{ds['metadata']['namespace']}:" \
+    assert (
+        _agent_user() == f"system:serviceaccount:{ds['metadata']['namespace']}:"
         f"{ds['spec']['template']['spec']['serviceAccountName']}"
+    )
     # the kubelet (its own node restriction applies), the scheduler, an admin, another
     # service account of the same name elsewhere: not this policy's business
-    for user in ("system:node:node-b", "system:kube-scheduler", "admin", "system:serviceaccount:other:cni-dra"):
+    for user in (
+        "system:node:node-b",
+        "system:kube-scheduler",
+        "admin",
+        "system:serviceaccount:other:cni-dra",
+    ):
         assert admit("CREATE", user=user, node="node-b", new=_slice("node-a")) is None
 
 
@@ -276,17 +333,24 @@ def test_the_agent_writes_its_own_nodes_slices():
     assert admit("DELETE", user=user, node="node-a", old=_slice("node-a")) == []
 
 
-@pytest.mark.parametrize(("operation", "new", "old"), [
-    ("CREATE", "node-a", None),
-    ("UPDATE", "node-a", "node-a"),
-    ("UPDATE", "node-b", "node-a"),  # taking over another node's slice
-    ("UPDATE", "node-a", "node-b"),  # handing its own slice to another node
-    ("DELETE", None, "node-a"),
-])
+@pytest.mark.parametrize(
+    ("operation", "new", "old"),
+    [
+        ("CREATE", "node-a", None),
+        ("UPDATE", "node-a", "node-a"),
+        ("UPDATE", "node-b", "node-a"),  # taking over another node's slice
+        ("UPDATE", "node-a", "node-b"),  # handing its own slice to another node
+        ("DELETE", None, "node-a"),
+    ],
+)
 def test_a_token_bound_to_another_node_cannot_touch_this_nodes_slices(operation, new, old):
-    got = admit(operation, user=_agent_user(), node="node-b", new=new and _slice(new), old=old and _slice(old))
-    assert got == ["cni-dra's service account on node 'node-b' may write only that node's ResourceSlices, "
-                   "not those of node 'node-a'"]
+    got = admit(
+        operation, user=_agent_user(), node="node-b", new=new and _slice(new), old=old and _slice(old)
+    )
+    assert got == [
+        "cni-dra's service account on node 'node-b' may write only that node's ResourceSlices, "
+        "not those of node 'node-a'"
+    ]
 
 
 @pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
@@ -295,9 +359,11 @@ def test_a_slice_for_no_single_node_is_refused(operation):
     old = None if operation == "CREATE" else _slice(None)
     assert admit(operation, user=_agent_user(), node="node-a", new=new, old=old) == [
         "cni-dra's service account on node 'node-a' may write only that node's ResourceSlices, not a slice for no "
-        "single node (allNodes, nodeSelector or perDeviceNodeSelection)"]
+        "single node (allNodes, nodeSelector or perDeviceNodeSelection)"
+    ]
 
 
 def test_a_token_bound_to_no_node_writes_no_slice():
     assert admit("CREATE", user=_agent_user(), node=None, new=_slice("node-a")) == [
-        "cni-dra's service account may write ResourceSlices only with a token bound to a node (its pod's or a Node)"]
+        "cni-dra's service account may write ResourceSlices only with a token bound to a node (its pod's or a Node)"
+    ]

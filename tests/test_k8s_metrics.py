@@ -28,14 +28,40 @@ def node(tmp_path):
     inv.write_text(yaml.safe_dump(inventory_doc("node-1", {"eth-a": "ens1", "eth-b": "ens2"})))
     store = StateStore(tmp_path / "state")
     with store.transaction() as txn:
-        txn.put(Attachment(network="n", containerID="c1", ifname="net1", driver=DRIVER, pool="node-1",
-                                         device="eth-a", parent="ens1", consumedCapacity={"bandwidth": "4G"},
-                                         phase="ready"))
-        txn.put(Attachment(network="n", containerID="c2", ifname="net1", driver=DRIVER, pool="node-1",
-                                         device="eth-a", parent="ens1", consumedCapacity={"bandwidth": "1G"},
-                                         phase="adding"))
-        claim = allocated_claim("c", pool="node-1", device="eth-b", bandwidth="3G",
-                                share_id="9d7e6f5a-4b3c-4d2e-8f1a-0b9c8d7e6f5a", pod_uids=["p"])
+        txn.put(
+            Attachment(
+                network="n",
+                containerID="c1",
+                ifname="net1",
+                driver=DRIVER,
+                pool="node-1",
+                device="eth-a",
+                parent="ens1",
+                consumedCapacity={"bandwidth": "4G"},
+                phase="ready",
+            )
+        )
+        txn.put(
+            Attachment(
+                network="n",
+                containerID="c2",
+                ifname="net1",
+                driver=DRIVER,
+                pool="node-1",
+                device="eth-a",
+                parent="ens1",
+                consumedCapacity={"bandwidth": "1G"},
+                phase="adding",
+            )
+        )
+        claim = allocated_claim(
+            "c",
+            pool="node-1",
+            device="eth-b",
+            bandwidth="3G",
+            share_id="9d7e6f5a-4b3c-4d2e-8f1a-0b9c8d7e6f5a",
+            pod_uids=["p"],
+        )
         claim["metadata"]["uid"] = "u-c"
         txn.set_claims("p", [claim])
         txn.add_status_update({"id": "x", "claim": {}})
@@ -60,7 +86,9 @@ def check_node_gauges(s):
 def test_status_prometheus_textfile(tmp_path):
     inv, state = node(tmp_path)
     out = tmp_path / "cni_dra.prom"
-    res = CliRunner().invoke(cli, ["status", "--state-dir", state, "--inventory", inv, "--prometheus", str(out)])
+    res = CliRunner().invoke(
+        cli, ["status", "--state-dir", state, "--inventory", inv, "--prometheus", str(out)]
+    )
     assert res.exit_code == 0, res.output
     check_node_gauges(samples(out.read_text()))
     assert not list(tmp_path.glob("*.prom.*"))  # written by rename, no temp file left

@@ -27,10 +27,15 @@ CLAIMS = {  # name -> (device, pods)
     "c1": ("eth-b", ["p0", "p1"]),
     "c2": ("eth-a", ["p2"]),
 }
-SHARES = {"c0": "00000000-0000-4000-8000-000000000000", "c1": "11111111-1111-4111-8111-111111111111",
-          "c2": "22222222-2222-4222-8222-222222222222"}
+SHARES = {
+    "c0": "00000000-0000-4000-8000-000000000000",
+    "c1": "11111111-1111-4111-8111-111111111111",
+    "c2": "22222222-2222-4222-8222-222222222222",
+}
 
-ops = st.lists(st.tuples(st.sampled_from(["prepare", "unprepare"]), st.sampled_from(sorted(CLAIMS))), max_size=12)
+ops = st.lists(
+    st.tuples(st.sampled_from(["prepare", "unprepare"]), st.sampled_from(sorted(CLAIMS))), max_size=12
+)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -44,12 +49,22 @@ def test_prepare_unprepare_sequences(seq):
         for name, (device, pods) in CLAIMS.items():
             # one request name per claim: p0 holds c0 and c1, one interface each (two
             # results for one interface would be refused at prepare)
-            c = server.add_claim(allocated_claim(name, pool="node-1", device=device, bandwidth="1G",
-                                                 share_id=SHARES[name], pod_uids=pods, request=f"net{name[1:]}"))
+            c = server.add_claim(
+                allocated_claim(
+                    name,
+                    pool="node-1",
+                    device=device,
+                    bandwidth="1G",
+                    share_id=SHARES[name],
+                    pod_uids=pods,
+                    request=f"net{name[1:]}",
+                )
+            )
             uids[name] = c["metadata"]["uid"]
         api = KubeApi.from_config(host=server.url)
-        driver = ClaimDriver(api, state_dir=f"{tmp}/state", driver_name=DRIVER,
-                             inventory=lambda: load_inventory(inv))
+        driver = ClaimDriver(
+            api, state_dir=f"{tmp}/state", driver_name=DRIVER, inventory=lambda: load_inventory(inv)
+        )
         prepared: set[str] = set()
         for verb, name in seq:
             getattr(driver, verb)("default", uids[name], name)
@@ -72,14 +87,28 @@ def test_status_records_survive_any_failures(answers, n_claims):
         store = StateStore(tmp)
         for i, name in enumerate(names):
             device, pods = CLAIMS[name]
-            c = server.add_claim(allocated_claim(name, pool="node-1", device=device, bandwidth="1G",
-                                                 share_id=SHARES[name], pod_uids=pods))
-            att = Attachment(network="n", containerID=f"ctr{i}", ifname="net1", podUID=pods[0], driver=DRIVER,
-                             pool="node-1", device=device, parent="ens1", shareID=SHARES[name],
-                             claim=ClaimRef(namespace="default", name=name, uid=c["metadata"]["uid"]),
-                             phase="ready", result={"interfaces": [{"name": "net1", "mac": f"02:00:00:00:00:0{i}",
-                                                                    "sandbox": "/x"}],
-                                                    "ips": [{"address": f"192.0.2.{i + 1}/24", "interface": 0}]})
+            c = server.add_claim(
+                allocated_claim(
+                    name, pool="node-1", device=device, bandwidth="1G", share_id=SHARES[name], pod_uids=pods
+                )
+            )
+            att = Attachment(
+                network="n",
+                containerID=f"ctr{i}",
+                ifname="net1",
+                podUID=pods[0],
+                driver=DRIVER,
+                pool="node-1",
+                device=device,
+                parent="ens1",
+                shareID=SHARES[name],
+                claim=ClaimRef(namespace="default", name=name, uid=c["metadata"]["uid"]),
+                phase="ready",
+                result={
+                    "interfaces": [{"name": "net1", "mac": f"02:00:00:00:00:0{i}", "sandbox": "/x"}],
+                    "ips": [{"address": f"192.0.2.{i + 1}/24", "interface": 0}],
+                },
+            )
             with store.transaction() as txn:
                 txn.put(att)
                 txn.add_status_update(claim_status_record(att))
@@ -98,8 +127,11 @@ def test_status_records_survive_any_failures(answers, n_claims):
         for i, name in enumerate(names):
             (entry,) = server.claims[("default", name)]["status"]["devices"]
             assert entry["shareID"] == SHARES[name]
-            assert entry["networkData"] == {"interfaceName": "net1", "ips": [f"192.0.2.{i + 1}/24"],
-                                            "hardwareAddress": f"02:00:00:00:00:0{i}"}
+            assert entry["networkData"] == {
+                "interfaceName": "net1",
+                "ips": [f"192.0.2.{i + 1}/24"],
+                "hardwareAddress": f"02:00:00:00:00:0{i}",
+            }
         ok = [r for r in server.requests_for("PATCH", r".*/status")]
         assert len(ok) == len(answers) + n_claims  # every failure retried, each claim applied once
         assert server.invalid == []

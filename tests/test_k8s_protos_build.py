@@ -16,13 +16,17 @@ def test_build_py_generates_every_proto_module(tmp_path):
     # Built from a copy: setuptools writes cni_dra.egg-info beside setup.py, and tests write
     # only under temporary directories.
     src = tmp_path / "src"
-    shutil.copytree(ROOT / "cni_dra", src / "cni_dra", ignore=shutil.ignore_patterns("__pycache__", "*_pb2*.py"))
+    shutil.copytree(
+        ROOT / "cni_dra", src / "cni_dra", ignore=shutil.ignore_patterns("__pycache__", "*_pb2*.py")
+    )
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     build = tmp_path / "lib"
     proc = subprocess.run(
         [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(build)],
-        cwd=src, capture_output=True, text=True,
+        cwd=src,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     for name in PROTOS:

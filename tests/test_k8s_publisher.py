@@ -54,7 +54,9 @@ def test_desired_slice_attributes_owner_and_missing_nic():
     got = desired_slice(INV, node_name="node-1", node=node, link=host, pci=lambda n: pci.get(n, (None, None)))
     assert got["metadata"] == {
         "name": NAME,
-        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": "u-node", "controller": True}],
+        "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": "u-node", "controller": True}
+        ],
     }
     assert [d["name"] for d in got["spec"]["devices"]] == ["eth-a"]  # ens2 is not on the host
     dev = got["spec"]["devices"][0]
@@ -70,7 +72,10 @@ def test_desired_slice_attributes_owner_and_missing_nic():
     assert got["spec"]["pool"] == {"name": "node-1", "generation": 1, "resourceSliceCount": 1}
     assert got["spec"]["nodeName"] == "node-1"
     # no Node readable: no owner reference
-    assert "ownerReferences" not in desired_slice(INV, node_name="node-1", node=None, link=host, pci=no_pci)["metadata"]
+    assert (
+        "ownerReferences"
+        not in desired_slice(INV, node_name="node-1", node=None, link=host, pci=no_pci)["metadata"]
+    )
 
 
 def test_pci_info_from_sysfs(tmp_path):
@@ -106,7 +111,10 @@ def test_publish_create_unchanged_update(world):
     server, pub, host, _ = world
     assert pub.sync() == "created"
     assert gen(server) == 1
-    assert server.slices[NAME]["metadata"]["ownerReferences"][0]["uid"] == server.nodes["node-1"]["metadata"]["uid"]
+    assert (
+        server.slices[NAME]["metadata"]["ownerReferences"][0]["uid"]
+        == server.nodes["node-1"]["metadata"]["uid"]
+    )
     assert pub.sync() == "unchanged"
     assert server.requests_for("PUT", r".*/resourceslices/.*") == []
     host.links["ens2"].mtu = 1400  # a NIC change

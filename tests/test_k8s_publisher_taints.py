@@ -24,8 +24,19 @@ KEY = "net.cni-dra.dev/unhealthy"
 
 def link(name: str, *, admin_up: bool = True, operstate: str = "UP", mtu: int = 1500) -> LinkInfo:
     mac = {"ens1": "02:00:00:00:00:0a", "ens2": "02:00:00:00:00:0b"}[name]
-    return LinkInfo(name=name, index=3, kind="veth", mac=mac, mtu=mtu, operstate=operstate, admin_up=admin_up,
-                    parent_index=None, parent_netnsid=None, mode=None, carrier=operstate == "UP")
+    return LinkInfo(
+        name=name,
+        index=3,
+        kind="veth",
+        mac=mac,
+        mtu=mtu,
+        operstate=operstate,
+        admin_up=admin_up,
+        parent_index=None,
+        parent_netnsid=None,
+        mode=None,
+        carrier=operstate == "UP",
+    )
 
 
 def no_pci(_: str) -> tuple[None, None]:
@@ -33,7 +44,9 @@ def no_pci(_: str) -> tuple[None, None]:
 
 
 def status(device: str, problem: str | None, **kw) -> NicStatus:
-    return NicStatus(device=device, ifname="ens2", problem=problem, since_s=0.0, since_wall_s=T0_WALL + 60, **kw)
+    return NicStatus(
+        device=device, ifname="ens2", problem=problem, since_s=0.0, since_wall_s=T0_WALL + 60, **kw
+    )
 
 
 def devices(slice_: dict) -> dict[str, dict]:
@@ -42,8 +55,10 @@ def devices(slice_: dict) -> dict[str, dict]:
 
 def taints(dev: dict) -> list[dict]:
     """The device's taints with timeAdded as an instant (the client sends ``+00:00`` for ``Z``)."""
-    return [dict(t, timeAdded=datetime.datetime.fromisoformat(t["timeAdded"].replace("Z", "+00:00")))
-            for t in dev["taints"]]
+    return [
+        dict(t, timeAdded=datetime.datetime.fromisoformat(t["timeAdded"].replace("Z", "+00:00")))
+        for t in dev["taints"]
+    ]
 
 
 def utc(text: str) -> datetime.datetime:
@@ -55,20 +70,31 @@ def test_taint_key_and_taints():
     assert device_taints(DRIVER, None) == []
     assert device_taints(DRIVER, status("eth-b", None)) == []
     assert device_taints(DRIVER, status("eth-b", "carrier-lost", unhealthy_since_wall_s=T0_WALL)) == [
-        {"key": KEY, "value": "carrier-lost", "effect": "NoSchedule", "timeAdded": "2027-01-15T08:00:00Z"}]
+        {"key": KEY, "value": "carrier-lost", "effect": "NoSchedule", "timeAdded": "2027-01-15T08:00:00Z"}
+    ]
     assert device_taints(DRIVER, status("eth-b", "admin-down"), "NoExecute") == [
-        {"key": KEY, "value": "admin-down", "effect": "NoExecute", "timeAdded": "2027-01-15T08:01:00Z"}]
+        {"key": KEY, "value": "admin-down", "effect": "NoExecute", "timeAdded": "2027-01-15T08:01:00Z"}
+    ]
 
 
 def test_desired_slice_taints_unhealthy_nics_and_keeps_a_missing_one_with_its_last_attributes():
     host = {"ens1": link("ens1"), "ens2": None}
-    known = {"eth-b": {"ifName": {"string": "ens2"}, "mac": {"string": "02:00:00:00:00:0b"}, "mtu": {"int": 9000}}}
-    health = {"eth-a": status("eth-a", None), "eth-b": status("eth-b", "missing", unhealthy_since_wall_s=T0_WALL)}
-    got = devices(desired_slice(INV, node_name="node-1", node=None, link=host.get, pci=no_pci, health=health,
-                                known=known))
+    known = {
+        "eth-b": {"ifName": {"string": "ens2"}, "mac": {"string": "02:00:00:00:00:0b"}, "mtu": {"int": 9000}}
+    }
+    health = {
+        "eth-a": status("eth-a", None),
+        "eth-b": status("eth-b", "missing", unhealthy_since_wall_s=T0_WALL),
+    }
+    got = devices(
+        desired_slice(
+            INV, node_name="node-1", node=None, link=host.get, pci=no_pci, health=health, known=known
+        )
+    )
     assert "taints" not in got["eth-a"]
     assert got["eth-b"]["taints"] == [
-        {"key": KEY, "value": "missing", "effect": "NoSchedule", "timeAdded": "2027-01-15T08:00:00Z"}]
+        {"key": KEY, "value": "missing", "effect": "NoSchedule", "timeAdded": "2027-01-15T08:00:00Z"}
+    ]
     assert got["eth-b"]["attributes"] == known["eth-b"]  # as last published
     assert got["eth-b"]["capacity"] == INV["spec"]["devices"][1]["capacity"]
     # missing and never published: the inventory's attributes
@@ -94,10 +120,23 @@ class World:
         self.server = server
         self.t = 0.0
         self.host: dict[str, LinkInfo | None] = {"ens1": link("ens1"), "ens2": link("ens2")}
-        self.health = NicHealth(lambda: [("eth-a", "ens1"), ("eth-b", "ens2")], self.host.get, debounce_s=2.0,
-                                keep_missing_s=30.0, clock=lambda: self.t, wall=lambda: T0_WALL + self.t)
-        self.pub = Publisher(api, node_name="node-1", inventory=lambda: INV, link=self.host.get, pci=no_pci,
-                             health=self.health.statuses, taint_effect=effect)
+        self.health = NicHealth(
+            lambda: [("eth-a", "ens1"), ("eth-b", "ens2")],
+            self.host.get,
+            debounce_s=2.0,
+            keep_missing_s=30.0,
+            clock=lambda: self.t,
+            wall=lambda: T0_WALL + self.t,
+        )
+        self.pub = Publisher(
+            api,
+            node_name="node-1",
+            inventory=lambda: INV,
+            link=self.host.get,
+            pci=no_pci,
+            health=self.health.statuses,
+            taint_effect=effect,
+        )
 
     def at(self, t: float, **links: LinkInfo | None) -> str:
         self.t = t
@@ -127,7 +166,8 @@ def test_down_is_tainted_after_the_debounce_and_untainted_when_back(world):
     assert world.at(10.0, ens2=link("ens2", admin_up=False, operstate="DOWN")) == "unchanged"  # debouncing
     assert world.at(12.0) == "updated"
     assert taints(world.published()["eth-b"]) == [
-        {"key": KEY, "value": "admin-down", "effect": "NoSchedule", "timeAdded": utc("2027-01-15T08:00:10Z")}]
+        {"key": KEY, "value": "admin-down", "effect": "NoSchedule", "timeAdded": utc("2027-01-15T08:00:10Z")}
+    ]
     assert "taints" not in world.published()["eth-a"]
     # the API returns the time as +00:00 through the client: still the same content
     assert world.at(13.0) == "unchanged"
@@ -155,8 +195,11 @@ def test_a_vanished_nic_is_kept_tainted_then_dropped_then_back(world):
     assert world.at(12.0) == "updated"
     eth_b = world.published()["eth-b"]
     assert taints(eth_b) == [
-        {"key": KEY, "value": "missing", "effect": "NoSchedule", "timeAdded": utc("2027-01-15T08:00:10Z")}]
-    assert eth_b["attributes"]["mtu"] == {"int": 9000} and eth_b["attributes"]["mac"] == {"string": "02:00:00:00:00:0b"}
+        {"key": KEY, "value": "missing", "effect": "NoSchedule", "timeAdded": utc("2027-01-15T08:00:10Z")}
+    ]
+    assert eth_b["attributes"]["mtu"] == {"int": 9000} and eth_b["attributes"]["mac"] == {
+        "string": "02:00:00:00:00:0b"
+    }
     assert world.at(39.0) == "unchanged"  # kept for 30 s after it vanished
     assert world.at(40.0) == "updated"
     assert sorted(world.published()) == ["eth-a"]

@@ -19,28 +19,52 @@ SHARE = "1d0a8f7c-9e4b-4a43-8f5e-7d2c6b1a0e99"
 RESULT = {
     "cniVersion": "1.1.0",
     "interfaces": [{"name": "net1", "mac": "02:11:22:33:44:55", "sandbox": "/var/run/netns/p"}],
-    "ips": [{"address": "192.0.2.7/24", "gateway": "192.0.2.1", "interface": 0},
-            {"address": "2001:db8::7/64", "interface": 0}],
+    "ips": [
+        {"address": "192.0.2.7/24", "gateway": "192.0.2.1", "interface": 0},
+        {"address": "2001:db8::7/64", "interface": 0},
+    ],
 }
 
 
 def attachment(claim_uid: str, **kw) -> Attachment:
-    base = dict(network="net", containerID="c1", ifname="net1", netns="/var/run/netns/p", podUID="pod-a",
-                driver=DRIVER, pool="node-1", device="eth-b", parent="ens2", consumedCapacity={"bandwidth": "3G"},
-                shareID=SHARE, claim=ClaimRef(namespace="default", name="c1", uid=claim_uid, request="net1"),
-                phase="ready", result=RESULT)
+    base = dict(
+        network="net",
+        containerID="c1",
+        ifname="net1",
+        netns="/var/run/netns/p",
+        podUID="pod-a",
+        driver=DRIVER,
+        pool="node-1",
+        device="eth-b",
+        parent="ens2",
+        consumedCapacity={"bandwidth": "3G"},
+        shareID=SHARE,
+        claim=ClaimRef(namespace="default", name="c1", uid=claim_uid, request="net1"),
+        phase="ready",
+        result=RESULT,
+    )
     base.update(kw)
     return Attachment(**base)
 
 
 def test_network_data_from_a_cni_result():
     assert network_data(RESULT, "net1") == {
-        "interfaceName": "net1", "ips": ["192.0.2.7/24", "2001:db8::7/64"], "hardwareAddress": "02:11:22:33:44:55"}
-    chained = {"interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01"},
-                              {"name": "net1", "mac": "02:00:00:00:00:02", "sandbox": "/x"}],
-               "ips": [{"address": "10.0.0.1/8", "interface": 0}, {"address": "192.0.2.9/24", "interface": 1}]}
-    assert network_data(chained, "net1") == {"interfaceName": "net1", "ips": ["192.0.2.9/24"],
-                                             "hardwareAddress": "02:00:00:00:00:02"}
+        "interfaceName": "net1",
+        "ips": ["192.0.2.7/24", "2001:db8::7/64"],
+        "hardwareAddress": "02:11:22:33:44:55",
+    }
+    chained = {
+        "interfaces": [
+            {"name": "eth0", "mac": "02:00:00:00:00:01"},
+            {"name": "net1", "mac": "02:00:00:00:00:02", "sandbox": "/x"},
+        ],
+        "ips": [{"address": "10.0.0.1/8", "interface": 0}, {"address": "192.0.2.9/24", "interface": 1}],
+    }
+    assert network_data(chained, "net1") == {
+        "interfaceName": "net1",
+        "ips": ["192.0.2.9/24"],
+        "hardwareAddress": "02:00:00:00:00:02",
+    }
     assert network_data({}, "net1") == {"interfaceName": "net1"}  # L2 only, nothing known
 
 
@@ -75,8 +99,11 @@ class Clock:
 def world(tmp_path):
     with FakeApiServer() as server:
         api = KubeApi.from_config(host=server.url)
-        claim = server.add_claim(allocated_claim("c1", pool="node-1", device="eth-b", bandwidth="3G",
-                                                 share_id=SHARE, pod_uids=["pod-a"]))
+        claim = server.add_claim(
+            allocated_claim(
+                "c1", pool="node-1", device="eth-b", bandwidth="3G", share_id=SHARE, pod_uids=["pod-a"]
+            )
+        )
         store = StateStore(tmp_path)
         clock = Clock()
         outcomes: list[str] = []
@@ -97,9 +124,17 @@ def test_writer_applies_network_data_and_ready(world):
     add_ready(store, claim["metadata"]["uid"])
     assert writer.sync() is None
     (entry,) = server.claims[("default", "c1")]["status"]["devices"]
-    assert (entry["driver"], entry["pool"], entry["device"], entry["shareID"]) == (DRIVER, "node-1", "eth-b", SHARE)
-    assert entry["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.7/24", "2001:db8::7/64"],
-                                    "hardwareAddress": "02:11:22:33:44:55"}
+    assert (entry["driver"], entry["pool"], entry["device"], entry["shareID"]) == (
+        DRIVER,
+        "node-1",
+        "eth-b",
+        SHARE,
+    )
+    assert entry["networkData"] == {
+        "interfaceName": "net1",
+        "ips": ["192.0.2.7/24", "2001:db8::7/64"],
+        "hardwareAddress": "02:11:22:33:44:55",
+    }
     (cond,) = entry["conditions"]
     assert (cond["type"], cond["status"], cond["reason"]) == ("Ready", "True", "InterfaceReady")
     (req,) = server.requests_for("PATCH", r".*/resourceclaims/c1/status")
@@ -129,7 +164,9 @@ def test_writer_retries_with_backoff(world):
 
 def test_failure_record_becomes_ready_false(world):
     server, claim, store, writer, _, _ = world
-    record_add_failure(store, attachment(claim["metadata"]["uid"]), NetlinkError("failed to create macvlan: EBUSY"))
+    record_add_failure(
+        store, attachment(claim["metadata"]["uid"]), NetlinkError("failed to create macvlan: EBUSY")
+    )
     writer.sync()
     (entry,) = server.claims[("default", "c1")]["status"]["devices"]
     assert "networkData" not in entry
@@ -160,7 +197,10 @@ def test_body_lists_every_ready_share_of_the_claim(world):
         txn.put(attachment("another-claim", containerID="c3"))
     rec = claim_status_record(attachment(uid, containerID="c2", shareID=other, device="eth-a"))
     body = claim_status_body({"namespace": "default", "name": "c1", "uid": uid}, store.read(), [rec])
-    assert [(e["device"], e["shareID"]) for e in body["status"]["devices"]] == [("eth-a", other), ("eth-b", SHARE)]
+    assert [(e["device"], e["shareID"]) for e in body["status"]["devices"]] == [
+        ("eth-a", other),
+        ("eth-b", SHARE),
+    ]
 
 
 def test_second_share_keeps_the_first_and_a_deleted_share_goes(world):
@@ -232,8 +272,11 @@ def test_claim_shared_by_two_pods_reports_one_entry_that_follows_the_live_interf
     server, claim, store, writer, _, _ = world
     uid = claim["metadata"]["uid"]
     add_ready(store, uid)
-    other = dict(RESULT, interfaces=[{"name": "net1", "mac": "02:11:22:33:44:66", "sandbox": "/var/run/netns/q"}],
-                 ips=[{"address": "192.0.2.8/24", "interface": 0}])
+    other = dict(
+        RESULT,
+        interfaces=[{"name": "net1", "mac": "02:11:22:33:44:66", "sandbox": "/var/run/netns/q"}],
+        ips=[{"address": "192.0.2.8/24", "interface": 0}],
+    )
     add_ready(store, uid, containerID="c2", podUID="pod-b", result=other)
     writer.sync()
     (entry,) = server.claims[("default", "c1")]["status"]["devices"]
@@ -242,8 +285,11 @@ def test_claim_shared_by_two_pods_reports_one_entry_that_follows_the_live_interf
         txn.remove("net", "c1", "net1")
     writer.sync()
     (entry,) = server.claims[("default", "c1")]["status"]["devices"]
-    assert entry["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.8/24"],
-                                    "hardwareAddress": "02:11:22:33:44:66"}
+    assert entry["networkData"] == {
+        "interfaceName": "net1",
+        "ips": ["192.0.2.8/24"],
+        "hardwareAddress": "02:11:22:33:44:66",
+    }
     assert "pod-b" in entry["conditions"][0]["message"]
 
 
@@ -267,8 +313,13 @@ def ready_condition(server) -> dict:
 def test_ready_false_while_the_nic_is_down_or_missing_and_true_again_when_back(world):
     server, claim, store, _, clock, _ = world
     health = {}
-    writer = StatusWriter(world[3].api, store, field_manager=DRIVER, clock=clock,
-                          health=lambda: {(DRIVER, "node-1", d): st for d, st in health.items()})
+    writer = StatusWriter(
+        world[3].api,
+        store,
+        field_manager=DRIVER,
+        clock=clock,
+        health=lambda: {(DRIVER, "node-1", d): st for d, st in health.items()},
+    )
     add_ready(store, claim["metadata"]["uid"], readyAt=READY_AT)
     writer.sync()
     assert ready_condition(server)["status"] == "True"
@@ -278,8 +329,11 @@ def test_ready_false_while_the_nic_is_down_or_missing_and_true_again_when_back(w
     writer.sync()
     cond = ready_condition(server)
     assert {k: cond[k] for k in ("type", "status", "reason", "message")} == {
-        "type": "Ready", "status": "False", "reason": "LinkDown",
-        "message": "interface net1 of pod pod-a: host NIC ens2 has no carrier (since 2027-01-15T08:00:00Z)"}
+        "type": "Ready",
+        "status": "False",
+        "reason": "LinkDown",
+        "message": "interface net1 of pod pod-a: host NIC ens2 has no carrier (since 2027-01-15T08:00:00Z)",
+    }
     assert cond["lastTransitionTime"].startswith("2027-01-15T08:00:00")
     assert writer.sync() is None and len(server.requests_for("PATCH", r".*/status")) == n + 1  # once
     # set down by an admin while without carrier: still LinkDown, same time
@@ -296,8 +350,13 @@ def test_ready_false_while_the_nic_is_down_or_missing_and_true_again_when_back(w
 def test_back_up_is_ready_again_dated_when_it_recovered(world):
     server, claim, store, _, clock, _ = world
     health = {"eth-b": nic("admin-down", unhealthy_since_wall_s=T0_WALL)}
-    writer = StatusWriter(world[3].api, store, field_manager=DRIVER, clock=clock,
-                          health=lambda: {(DRIVER, "node-1", d): st for d, st in health.items()})
+    writer = StatusWriter(
+        world[3].api,
+        store,
+        field_manager=DRIVER,
+        clock=clock,
+        health=lambda: {(DRIVER, "node-1", d): st for d, st in health.items()},
+    )
     add_ready(store, claim["metadata"]["uid"], readyAt=READY_AT)
     writer.sync()
     assert ready_condition(server)["status"] == "False"
@@ -314,21 +373,33 @@ def test_an_interface_made_before_its_nic_vanished_stays_link_missing_after_the_
     server, claim, store, _, clock, _ = world
     back = nic(None, missing_since_wall_s=T0_WALL, recovered_wall_s=T0_WALL + 60)
     health = {"eth-b": back}
-    body = claim_status_body({"namespace": "default", "name": "c1", "uid": "u"},
-                             _state_with(store, "u", readyAt=READY_AT), [],
-                             {(DRIVER, "node-1", "eth-b"): back})
+    body = claim_status_body(
+        {"namespace": "default", "name": "c1", "uid": "u"},
+        _state_with(store, "u", readyAt=READY_AT),
+        [],
+        {(DRIVER, "node-1", "eth-b"): back},
+    )
     (cond,) = body["status"]["devices"][0]["conditions"]
     assert (cond["status"], cond["reason"]) == ("False", "LinkMissing")
-    assert cond["message"] == ("interface net1 of pod pod-a went with host NIC ens2, which vanished at "
-                               "2027-01-15T08:00:00Z")
-    later = claim_status_body({"namespace": "default", "name": "c1", "uid": "u"},
-                              _state_with(store, "u", readyAt="2027-01-15T08:05:00.000Z", containerID="c9"), [],
-                              {(DRIVER, "node-1", "eth-b"): back})
+    assert cond["message"] == (
+        "interface net1 of pod pod-a went with host NIC ens2, which vanished at 2027-01-15T08:00:00Z"
+    )
+    later = claim_status_body(
+        {"namespace": "default", "name": "c1", "uid": "u"},
+        _state_with(store, "u", readyAt="2027-01-15T08:05:00.000Z", containerID="c9"),
+        [],
+        {(DRIVER, "node-1", "eth-b"): back},
+    )
     (cond,) = [e for e in later["status"]["devices"]][0]["conditions"]
     assert cond["status"] == "True"
     # through the writer and the API stand-in: the claim is applied with LinkMissing
-    writer = StatusWriter(world[3].api, store, field_manager=DRIVER, clock=clock,
-                          health=lambda: {(DRIVER, "node-1", d): st for d, st in health.items()})
+    writer = StatusWriter(
+        world[3].api,
+        store,
+        field_manager=DRIVER,
+        clock=clock,
+        health=lambda: {(DRIVER, "node-1", d): st for d, st in health.items()},
+    )
     add_ready(store, claim["metadata"]["uid"], readyAt=READY_AT, containerID="c5")
     writer.sync()
     assert ready_condition(server)["reason"] == "LinkMissing"
@@ -346,7 +417,12 @@ def _state_with(store, uid, **kw):
 def test_health_of_other_devices_or_drivers_leaves_the_condition_alone(world):
     _, _, store, _, _, _ = world
     down = nic("carrier-lost", unhealthy_since_wall_s=T0_WALL)
-    for key in [("other.example.com", "node-1", "eth-b"), (DRIVER, "node-2", "eth-b"), (DRIVER, "node-1", "eth-a")]:
-        body = claim_status_body({"namespace": "default", "name": "c1", "uid": "u"}, _state_with(store, "u"), [],
-                                 {key: down})
+    for key in [
+        ("other.example.com", "node-1", "eth-b"),
+        (DRIVER, "node-2", "eth-b"),
+        (DRIVER, "node-1", "eth-a"),
+    ]:
+        body = claim_status_body(
+            {"namespace": "default", "name": "c1", "uid": "u"}, _state_with(store, "u"), [], {key: down}
+        )
         assert body["status"]["devices"][0]["conditions"][0]["status"] == "True", key

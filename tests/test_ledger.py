@@ -25,7 +25,11 @@ from cni_dra.state.ledger import node_usage
 REPO = Path(__file__).resolve().parents[1]
 DRIVER, POOL = "d", "p"
 DEVICES = {
-    "a": {"name": "a", "allowMultipleAllocations": True, "capacity": {"bandwidth": {"value": "10G"}, "pps": {"value": "1M"}}},
+    "a": {
+        "name": "a",
+        "allowMultipleAllocations": True,
+        "capacity": {"bandwidth": {"value": "10G"}, "pps": {"value": "1M"}},
+    },
     "b": {"name": "b", "allowMultipleAllocations": True, "capacity": {"bandwidth": {"value": "25G"}}},
     "x": {"name": "x", "capacity": {"bandwidth": {"value": "1G"}}},  # dedicated
 }
@@ -34,16 +38,23 @@ INVENTORY = {name: Device.model_validate(d) for name, d in DEVICES.items()}
 amounts = st.one_of(
     st.none(),  # no amount recorded
     st.fixed_dictionaries({"bandwidth": st.sampled_from(["100M", "1G", "1500M", "2G"])}),
-    st.fixed_dictionaries({"bandwidth": st.sampled_from(["1G", "3G"]), "pps": st.sampled_from(["1k", "20k"])}),
+    st.fixed_dictionaries(
+        {"bandwidth": st.sampled_from(["1G", "3G"]), "pps": st.sampled_from(["1k", "20k"])}
+    ),
 )
-where = st.tuples(st.sampled_from(["a", "b", "x", "gone"]), st.sampled_from([(DRIVER, POOL), (DRIVER, "other"),
-                                                                          ("other", POOL)]))
+where = st.tuples(
+    st.sampled_from(["a", "b", "x", "gone"]),
+    st.sampled_from([(DRIVER, POOL), (DRIVER, "other"), ("other", POOL)]),
+)
 claim_results = st.lists(
     st.tuples(where, amounts, st.sampled_from(["s1", "s2", None]), st.booleans()),  # + adminAccess
-    min_size=1, max_size=3,
+    min_size=1,
+    max_size=3,
 )
 attachments = st.lists(
-    st.tuples(where, amounts, st.sampled_from(["s1", "s2", "s3", None]), st.sampled_from([None, "u1", "u2", "u3"])),
+    st.tuples(
+        where, amounts, st.sampled_from(["s1", "s2", "s3", None]), st.sampled_from([None, "u1", "u2", "u3"])
+    ),
     max_size=8,
 )
 
@@ -59,30 +70,47 @@ def _claim(uid: str, results: list[Any]) -> dict[str, Any]:
         if admin:
             r["adminAccess"] = True
         out.append(r)
-    return {"metadata": {"uid": uid, "name": f"c-{uid}", "namespace": "ns"},
-            "status": {"allocation": {"devices": {"results": out}}}}
+    return {
+        "metadata": {"uid": uid, "name": f"c-{uid}", "namespace": "ns"},
+        "status": {"allocation": {"devices": {"results": out}}},
+    }
 
 
 @st.composite
 def states(draw: Any) -> NodeState:
     claims = {uid: _claim(uid, draw(claim_results)) for uid in ("u1", "u2", "u3")}
-    pods = draw(st.dictionaries(st.sampled_from(["p1", "p2", "p3", "p4"]),
-                                st.lists(st.sampled_from(sorted(claims)), min_size=1, max_size=2, unique=True),
-                                max_size=4))
+    pods = draw(
+        st.dictionaries(
+            st.sampled_from(["p1", "p2", "p3", "p4"]),
+            st.lists(st.sampled_from(sorted(claims)), min_size=1, max_size=2, unique=True),
+            max_size=4,
+        )
+    )
     atts = []
     for i, ((device, (driver, pool)), amount, share, uid) in enumerate(draw(attachments)):
-        att: dict[str, Any] = {"network": "n", "containerID": f"c{i}", "ifname": "eth0", "driver": driver,
-                               "pool": pool, "device": device, "parent": device, "shareID": share}
+        att: dict[str, Any] = {
+            "network": "n",
+            "containerID": f"c{i}",
+            "ifname": "eth0",
+            "driver": driver,
+            "pool": pool,
+            "device": device,
+            "parent": device,
+            "shareID": share,
+        }
         if amount is not None:
             att["consumedCapacity"] = amount
         if uid is not None:
             att["claim"] = {"uid": uid, "name": f"c-{uid}", "namespace": "ns", "request": "r0"}
         atts.append(att)
-    return NodeState.model_validate({"claims": {pod: [claims[u] for u in us] for pod, us in pods.items()},
-                                     "attachments": atts})
+    return NodeState.model_validate(
+        {"claims": {pod: [claims[u] for u in us] for pod, us in pods.items()}, "attachments": atts}
+    )
 
 
-def recount(state: NodeState, devices: dict[str, Device] | None, prepared: bool = True) -> dict[str, dict[str, int]]:
+def recount(
+    state: NodeState, devices: dict[str, Device] | None, prepared: bool = True
+) -> dict[str, dict[str, int]]:
     """Nano-units per device and capacity: every distinct holding once."""
     devices = devices or {}
 
@@ -110,7 +138,9 @@ def recount(state: NodeState, devices: dict[str, Device] | None, prepared: bool 
             if (uid, r["device"]) in unrecorded_claims:
                 continue
             amounts = {k: Quantity.parse(v) for k, v in (r.get("consumedCapacity") or {}).items()}
-            holdings.setdefault(("claim", uid, r["device"], r.get("shareID")), (r["device"], amounts or whole(r["device"])))
+            holdings.setdefault(
+                ("claim", uid, r["device"], r.get("shareID")), (r["device"], amounts or whole(r["device"]))
+            )
     totals: dict[str, dict[str, int]] = {}
     for device, amounts in holdings.values():
         for name, q in amounts.items():
@@ -125,7 +155,9 @@ def _nanos(usage: NodeUsage) -> dict[str, dict[str, int]]:
 
 @settings(max_examples=400, deadline=None)
 @given(state=states(), with_inventory=st.booleans(), prepared=st.booleans())
-def test_the_ledger_equals_an_independent_recount(state: NodeState, with_inventory: bool, prepared: bool) -> None:
+def test_the_ledger_equals_an_independent_recount(
+    state: NodeState, with_inventory: bool, prepared: bool
+) -> None:
     devices = INVENTORY if with_inventory else None
     usage = node_usage(state, DRIVER, POOL, devices, prepared=prepared)
     assert _nanos(usage) == recount(state, devices, prepared)
@@ -135,28 +167,57 @@ def test_the_ledger_equals_an_independent_recount(state: NodeState, with_invento
 
 def test_a_claim_shared_by_pods_and_attached_by_each_is_charged_once() -> None:
     claim = _claim("u1", [(("a", (DRIVER, POOL)), {"bandwidth": "2G"}, "s1", False)])
-    att = {"network": "n", "ifname": "eth0", "driver": DRIVER, "pool": POOL, "device": "a", "parent": "a",
-           "shareID": "s1", "consumedCapacity": {"bandwidth": "2G"},
-           "claim": {"uid": "u1", "name": "c-u1", "namespace": "ns", "request": "r0"}}
-    state = NodeState.model_validate({"claims": {"p1": [claim], "p2": [claim]},
-                                      "attachments": [{**att, "containerID": "c1"}, {**att, "containerID": "c2"}]})
+    att = {
+        "network": "n",
+        "ifname": "eth0",
+        "driver": DRIVER,
+        "pool": POOL,
+        "device": "a",
+        "parent": "a",
+        "shareID": "s1",
+        "consumedCapacity": {"bandwidth": "2G"},
+        "claim": {"uid": "u1", "name": "c-u1", "namespace": "ns", "request": "r0"},
+    }
+    state = NodeState.model_validate(
+        {
+            "claims": {"p1": [claim], "p2": [claim]},
+            "attachments": [{**att, "containerID": "c1"}, {**att, "containerID": "c2"}],
+        }
+    )
     assert node_usage(state, DRIVER, POOL).consumed == {"a": {"bandwidth": Quantity.parse("2G")}}
 
 
 def test_the_allocator_and_the_node_state_count_a_result_alike() -> None:
     """A claim the allocator just placed (NodeUsage.with_results) holds what the same claim,
     once prepared on the node, holds in the node state's books: one rule for both."""
-    slice_ = ResourceSlice.model_validate({"spec": {"driver": DRIVER, "pool": {"name": POOL, "generation": 1,
-                                                                               "resourceSliceCount": 1},
-                                                    "nodeName": "n1", "devices": list(DEVICES.values())}})
-    claims = [ResourceClaim.model_validate({
-        "metadata": {"name": f"c{i}", "namespace": "ns", "uid": f"u{i}"},
-        "spec": {"devices": {"requests": [{"name": "r", "exactly": req}]}},
-    }) for i, req in enumerate([
-        {"deviceClassName": "c", "capacity": {"requests": {"bandwidth": "3G"}}},
-        {"deviceClassName": "c", "selectors": [{"cel": {"expression": "!device.allowMultipleAllocations"}}]},
-        {"deviceClassName": "c", "capacity": {"requests": {"bandwidth": "4G"}}},
-    ])]
+    slice_ = ResourceSlice.model_validate(
+        {
+            "spec": {
+                "driver": DRIVER,
+                "pool": {"name": POOL, "generation": 1, "resourceSliceCount": 1},
+                "nodeName": "n1",
+                "devices": list(DEVICES.values()),
+            }
+        }
+    )
+    claims = [
+        ResourceClaim.model_validate(
+            {
+                "metadata": {"name": f"c{i}", "namespace": "ns", "uid": f"u{i}"},
+                "spec": {"devices": {"requests": [{"name": "r", "exactly": req}]}},
+            }
+        )
+        for i, req in enumerate(
+            [
+                {"deviceClassName": "c", "capacity": {"requests": {"bandwidth": "3G"}}},
+                {
+                    "deviceClassName": "c",
+                    "selectors": [{"cel": {"expression": "!device.allowMultipleAllocations"}}],
+                },
+                {"deviceClassName": "c", "capacity": {"requests": {"bandwidth": "4G"}}},
+            ]
+        )
+    ]
     ids = (f"00000000-0000-4000-8000-{i:012d}" for i in itertools.count())
     results = allocate_claims(claims, slice_, NodeUsage(), lambda: next(ids))
     usage = NodeUsage()
@@ -164,11 +225,20 @@ def test_the_allocator_and_the_node_state_count_a_result_alike() -> None:
     for claim, res in zip(claims, results, strict=True):
         assert not hasattr(res, "reasons"), res
         usage = usage.with_results(res.devices.results, slice_.spec.devices)
-        prepared[f"pod-{claim.metadata.name}"] = [{
-            "metadata": {"uid": claim.metadata.uid},
-            "status": {"allocation": {"devices": {"results": [r.model_dump(by_alias=True, exclude_none=True)
-                                                              for r in res.devices.results]}}},
-        }]
+        prepared[f"pod-{claim.metadata.name}"] = [
+            {
+                "metadata": {"uid": claim.metadata.uid},
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [
+                                r.model_dump(by_alias=True, exclude_none=True) for r in res.devices.results
+                            ]
+                        }
+                    }
+                },
+            }
+        ]
     books = node_usage(NodeState.model_validate({"claims": prepared}), DRIVER, POOL, INVENTORY)
     assert books.consumed == usage.consumed
     assert books.dedicated == usage.dedicated == {"x"}
@@ -176,7 +246,11 @@ def test_the_allocator_and_the_node_state_count_a_result_alike() -> None:
 
 def test_there_is_one_ledger() -> None:
     assert not hasattr(NodeState, "consumed_by_device") and not hasattr(Txn, "consumed_by_device")
-    hits = [str(p.relative_to(REPO)) for p in (REPO / "cni_dra").rglob("*.py") if "consumed_by_device" in p.read_text()]
+    hits = [
+        str(p.relative_to(REPO))
+        for p in (REPO / "cni_dra").rglob("*.py")
+        if "consumed_by_device" in p.read_text()
+    ]
     assert hits == []
 
 
@@ -187,20 +261,37 @@ def _flows_only_into(path: Path, source: str, sink: str) -> list[str]:
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
     def calls_source(node: ast.AST) -> bool:
-        return any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == source
-                   for n in ast.walk(node))
+        return any(
+            isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == source
+            for n in ast.walk(node)
+        )
 
     def into_sink(node: ast.AST) -> bool:
         parent = parents.get(node)
-        return isinstance(parent, ast.Call) and getattr(parent.func, "id", None) == sink and node in parent.args
+        return (
+            isinstance(parent, ast.Call) and getattr(parent.func, "id", None) == sink and node in parent.args
+        )
 
-    names = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and calls_source(n.value)
-             for t in n.targets if isinstance(t, ast.Name)}
+    names = {
+        t.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and calls_source(n.value)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
     bad = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names and not into_sink(node):
+        if (
+            isinstance(node, ast.Name)
+            and isinstance(node.ctx, ast.Load)
+            and node.id in names
+            and not into_sink(node)
+        ):
             bad.append(f"{path.name}:{node.lineno}: {node.id}")
-        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == source:
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == source
+        ):
             top: ast.AST = node
             while isinstance(parents.get(top), ast.Attribute):
                 top = parents[top]
@@ -213,6 +304,8 @@ def test_the_over_commit_tests_judge_by_their_own_books() -> None:
     """The books property and the 200-way stress test may let the product decide with its
     ledger (what ADD does), but judge over-commit by totals they keep themselves."""
     assert _flows_only_into(REPO / "tests/test_books_property.py", "node_usage", "select_device") == []
-    assert _flows_only_into(REPO / "tests/test_books_property.py", "consumed_by_device", "select_device") == []
+    assert (
+        _flows_only_into(REPO / "tests/test_books_property.py", "consumed_by_device", "select_device") == []
+    )
     stress = (REPO / "netns_tests/test_stress.py").read_text()
     assert "node_usage" not in stress and "consumed_by_device" not in stress and "own_totals" in stress

@@ -50,19 +50,35 @@ def lint(tmp_path: Path):
     log = tmp_path / "calls.log"
 
     def run(fail: tuple[str, ...] = (), missing: tuple[str, ...] = ()) -> tuple[int, str, list[list[str]]]:
-        for name, where in (("python", venv / "bin/python"), ("lint-imports", venv / "bin/lint-imports"),
-                            ("ruff", venv / "bin/ruff"), ("shellcheck", path_dir / "shellcheck")):
+        for name, where in (
+            ("python", venv / "bin/python"),
+            ("lint-imports", venv / "bin/lint-imports"),
+            ("ruff", venv / "bin/ruff"),
+            ("shellcheck", path_dir / "shellcheck"),
+        ):
             if where.exists():
                 where.unlink()
             if name not in missing:
                 _stub(where, name)
         log.write_text("")
         # python -m mypy --version is how scripts/lint asks whether mypy is there
-        env = {**os.environ, "PATH": str(path_dir), "LINT_STUB_LOG": str(log),
-               "LINT_STUB_FAIL": " ".join(fail), "MAKEFLAGS": "", "MAKELEVEL": ""}
+        env = {
+            **os.environ,
+            "PATH": str(path_dir),
+            "LINT_STUB_LOG": str(log),
+            "LINT_STUB_FAIL": " ".join(fail),
+            "MAKEFLAGS": "",
+            "MAKELEVEL": "",
+        }
         env.pop("MYPY_FLAGS", None)
-        out = subprocess.run(["make", "--no-print-directory", "-o", "venv", "-o", "deps", "lint", f"VENV={venv}"],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            ["make", "--no-print-directory", "-o", "venv", "-o", "deps", "lint", f"VENV={venv}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         calls = [line.split("\0")[:-1] for line in log.read_text().splitlines() if line]
         return out.returncode, out.stdout + out.stderr, calls
 
@@ -71,8 +87,16 @@ def lint(tmp_path: Path):
 
 def _shell_scripts() -> set[str]:
     """Every shell script of the tree, by name or by its ``#!`` line."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     found = set()
     for name in filter(None, listed):
         path = REPO / name
@@ -125,7 +149,9 @@ def test_lint_runs_every_linter_over_the_whole_tree(lint) -> None:
     ruff = by_tool["ruff"]
     checks = [args for args in ruff if args[0] == "check"]
     assert any("--select" not in args and "." in args for args in checks), ruff  # the whole lint
-    assert any("--select" in args and "I" in args and "." in args for args in checks), ruff  # the import order
+    assert any("--select" in args and "I" in args and "." in args for args in checks), (
+        ruff
+    )  # the import order
     assert any(args[:2] == ["format", "--check"] and "." in args for args in ruff), ruff
     # the Python scripts without a .py name are handed to ruff by name
     for script in ("scripts/render-manifests", "scripts/e2e/smoke-runtimes"):

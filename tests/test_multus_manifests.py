@@ -22,16 +22,24 @@ def test_every_file_is_applied_by_the_e2e():
     cluster_multus = (ROOT / "scripts/e2e/cluster_multus.py").read_text()
     scenarios = (ROOT / "netns_tests/e2e/test_runtimes.py").read_text()
     for path in sorted(MULTUS.glob("*.yaml")):
-        assert f'"{path.name}"' in cluster_multus or f'"{path.name}"' in scenarios \
-            or f'/{path.name}"' in scenarios, path.name
+        assert (
+            f'"{path.name}"' in cluster_multus
+            or f'"{path.name}"' in scenarios
+            or f'/{path.name}"' in scenarios
+        ), path.name
 
 
 def test_manifests_load_through_client_models():
     from kubernetes import client
 
-    models = {"CustomResourceDefinition": client.V1CustomResourceDefinition, "ServiceAccount": client.V1ServiceAccount,
-              "ClusterRole": client.V1ClusterRole, "ClusterRoleBinding": client.V1ClusterRoleBinding,
-              "ResourceClaimTemplate": client.V1ResourceClaimTemplate, "Pod": client.V1Pod}
+    models = {
+        "CustomResourceDefinition": client.V1CustomResourceDefinition,
+        "ServiceAccount": client.V1ServiceAccount,
+        "ClusterRole": client.V1ClusterRole,
+        "ClusterRoleBinding": client.V1ClusterRoleBinding,
+        "ResourceClaimTemplate": client.V1ResourceClaimTemplate,
+        "Pod": client.V1Pod,
+    }
     for name in ("crd.yaml", "rbac.yaml", "resourceclaimtemplate.yaml", "pod.yaml"):
         for doc in load(name):
             obj = models[doc["kind"]].model_validate(doc)
@@ -64,9 +72,18 @@ def test_the_pods_interfaces_are_the_claims_request_names_and_its_networks_exist
 
 def test_multus_may_read_pods_and_networks_and_nothing_of_cni_dras():
     (role,) = [d for d in load("rbac.yaml") if d["kind"] == "ClusterRole"]
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-               for v in rule["verbs"]}
-    assert ("", "pods", "get") in granted and ("k8s.cni.cncf.io", "network-attachment-definitions", "get") in granted
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert ("", "pods", "get") in granted and (
+        "k8s.cni.cncf.io",
+        "network-attachment-definitions",
+        "get",
+    ) in granted
     assert not [x for x in granted if x[0] == "resource.k8s.io" or x[1] in ("secrets", "nodes", "*")]
     assert not [x for x in granted if x[1] == "pods" and x[2] not in ("get",)]
 

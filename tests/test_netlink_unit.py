@@ -22,9 +22,7 @@ from cni_dra.netlink import _pyroute2, addr, info, sublink, sysctl
 MISSING_NETNS = "/nonexistent/cni-dra-test/netns"
 REPO = Path(__file__).resolve().parents[1]
 
-NAME_CHARS = st.characters(
-    codec="ascii", categories=("L", "N"), include_characters="-_.@"
-)
+NAME_CHARS = st.characters(codec="ascii", categories=("L", "N"), include_characters="-_.@")
 
 
 def test_importing_the_package_does_not_import_pyroute2() -> None:
@@ -58,8 +56,10 @@ def test_ifnames_with_forbidden_chars_fail(a: str, bad: str, b: str) -> None:
     assert exc.value.code == 4
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "é" * 8, "eth%d", "%", "a\x00b", "\xa0", "à", "a\u2003b", "a\x85",
-                                  "a\x1fb", "é" * 7])
+@pytest.mark.parametrize(
+    "name",
+    ["", ".", "..", "é" * 8, "eth%d", "%", "a\x00b", "\xa0", "à", "a\u2003b", "a\x85", "a\x1fb", "é" * 7],
+)
 def test_special_ifnames_fail(name: str) -> None:
     with pytest.raises(InvalidEnvironmentError):
         iface.validate_ifname(name)
@@ -125,8 +125,17 @@ def test_unknown_ipvlan_mode_or_flag_is_code_7(mode: str, flag: str) -> None:
 
 @pytest.mark.parametrize(
     "mac",
-    ["", "02:00:00:00:00", "02:00:00:00:00:00:00", "02-00-00-00-00-01", "0g:00:00:00:00:01",
-     "01:00:5e:00:00:01", "03:00:00:00:00:01", "00:00:00:00:00:00", "0200.0000.0001"],
+    [
+        "",
+        "02:00:00:00:00",
+        "02:00:00:00:00:00:00",
+        "02-00-00-00-00-01",
+        "0g:00:00:00:00:01",
+        "01:00:5e:00:00:01",
+        "03:00:00:00:00:01",
+        "00:00:00:00:00:00",
+        "0200.0000.0001",
+    ],
 )
 def test_bad_mac_is_code_7(mac: str) -> None:
     with pytest.raises(InvalidConfigError):
@@ -164,9 +173,19 @@ def test_configure_rejects_bad_input_before_touching_the_netns(addresses, routes
 
 @pytest.mark.parametrize(
     "key",
-    ["kernel/hostname", "/net/ipv4/ip_forward", "net/../kernel/hostname", "net/ipv4/conf/eth0/../../../../kernel/x",
-     "net", "net/", "net//ipv4", "net/ipv4/conf/./x", "net/ipv4 /x", "net/ipv4/conf/e\u00e9/x",
-     "net/ipv4/conf/a\x1fb/x"],
+    [
+        "kernel/hostname",
+        "/net/ipv4/ip_forward",
+        "net/../kernel/hostname",
+        "net/ipv4/conf/eth0/../../../../kernel/x",
+        "net",
+        "net/",
+        "net//ipv4",
+        "net/ipv4/conf/./x",
+        "net/ipv4 /x",
+        "net/ipv4/conf/e\u00e9/x",
+        "net/ipv4/conf/a\x1fb/x",
+    ],
 )
 def test_sysctl_key_outside_net_is_code_7(key: str) -> None:
     with pytest.raises(InvalidConfigError):

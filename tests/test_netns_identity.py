@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from cni_dra import ipam
+from cni_dra.attach.rebuild import REPAIR_NETWORK
+from cni_dra.attach.shaping_plan import record
 from cni_dra.cni import run
 from cni_dra.errors import ContainerUnknownError
 from cni_dra.netlink import info, netns, shaping, sublink
 from cni_dra.netlink.shaping import ShapeInfo, Tbf
 from cni_dra.state import StateStore
-from cni_dra.attach.rebuild import REPAIR_NETWORK
-from cni_dra.attach.shaping_plan import record
 from tests.builders import attachment, cni_env, device, netconf, write_slice
 
 POD = (0x20, 4026532001)
@@ -33,13 +33,33 @@ IDENTITIES = {"/run/netns/pod": POD, "/var/run/netns/pod": POD, "/run/netns/othe
 
 
 def _link(name: str, parent_index: int = 7) -> info.LinkInfo:
-    return info.LinkInfo(name=name, index=3, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500, operstate="UP",
-                         admin_up=True, parent_index=parent_index, parent_netnsid=0, mode="bridge")
+    return info.LinkInfo(
+        name=name,
+        index=3,
+        kind="macvlan",
+        mac="02:00:00:00:00:01",
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=parent_index,
+        parent_netnsid=0,
+        mode="bridge",
+    )
 
 
 def _nic(name: str, index: int) -> info.LinkInfo:
-    return info.LinkInfo(name=name, index=index, kind=None, mac="02:00:00:00:00:09", mtu=1500, operstate="UP",
-                         admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
+    return info.LinkInfo(
+        name=name,
+        index=index,
+        kind=None,
+        mac="02:00:00:00:00:09",
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=None,
+        parent_netnsid=None,
+        mode=None,
+    )
 
 
 class Kernel:
@@ -64,9 +84,13 @@ class Kernel:
         monkeypatch.setattr(netns, "netns_exists", lambda path: path in self.ids)
         monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
         monkeypatch.setattr(info, "link_in_netns", lambda ns, name: _link(name) if ns in self.ids else None)
-        monkeypatch.setattr(info, "host_parent_of", lambda ns, name: _nic(self.parent, 7) if ns in self.ids else None)
+        monkeypatch.setattr(
+            info, "host_parent_of", lambda ns, name: _nic(self.parent, 7) if ns in self.ids else None
+        )
         monkeypatch.setattr(shaping, "delete_shaped_link", delete_shaped)
-        monkeypatch.setattr(sublink, "delete_link", lambda ns, name: bool(self.deleted.append((ns, name))) or True)
+        monkeypatch.setattr(
+            sublink, "delete_link", lambda ns, name: bool(self.deleted.append((ns, name))) or True
+        )
         monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
 
 
@@ -77,8 +101,12 @@ def _node(tmp_path: Path, *atts: Any) -> dict[str, Any]:
         with StateStore(tmp_path / "state").transaction() as txn:
             for att in atts:
                 txn.put(att)
-    return netconf(name="net", stateDir=str(tmp_path / "state"), inventory=str(tmp_path / "slice.yaml"),
-                   ipam={"type": "host-local"})
+    return netconf(
+        name="net",
+        stateDir=str(tmp_path / "state"),
+        inventory=str(tmp_path / "slice.yaml"),
+        ipam={"type": "host-local"},
+    )
 
 
 def _run(command: str, conf: dict[str, Any], **env: str) -> tuple[int, Any]:
@@ -100,8 +128,15 @@ def test_del_of_an_unknown_container_leaves_another_attachments_link(tmp_path, m
     """The link (and its ifb device) belongs to the attachment whose record names it, in the
     same namespace by identity whatever the path: a DEL without a record of its own leaves it."""
     kernel = Kernel(monkeypatch)
-    owner = attachment("c-b", network="net", ifname="net1", netns="/run/netns/pod", parent="eth9",
-                       consumedCapacity={"bandwidth": "2G"}, shaping=SHAPED)
+    owner = attachment(
+        "c-b",
+        network="net",
+        ifname="net1",
+        netns="/run/netns/pod",
+        parent="eth9",
+        consumedCapacity={"bandwidth": "2G"},
+        shaping=SHAPED,
+    )
     conf = _node(tmp_path, owner)
     code, out = _run("DEL", conf, container_id="c-x", netns=spelling, ifname="net1")
     assert (code, out) == (0, None)
@@ -112,7 +147,9 @@ def test_del_of_an_unknown_container_leaves_another_attachments_link(tmp_path, m
 def test_del_of_an_unknown_container_still_removes_an_unowned_cni_dra_link(tmp_path, monkeypatch):
     """A record naming the same ifname in ANOTHER namespace is no owner: the state-lost case holds."""
     kernel = Kernel(monkeypatch)
-    conf = _node(tmp_path, attachment("c-b", network="net", ifname="net1", netns="/run/netns/other", parent="eth9"))
+    conf = _node(
+        tmp_path, attachment("c-b", network="net", ifname="net1", netns="/run/netns/other", parent="eth9")
+    )
     assert _run("DEL", conf, container_id="c-x", netns="/var/run/netns/pod", ifname="net1") == (0, None)
     assert kernel.deleted == [("/var/run/netns/pod", "net1")]
     assert _keys(tmp_path) == [("net", "c-b", "net1")]
@@ -122,8 +159,14 @@ def test_del_releases_the_repair_placeholder_named_under_another_path(tmp_path, 
     """``state repair`` names the pod's namespace /var/run/netns/...; the runtime's DEL may say
     /run/netns/...: the same namespace, so the placeholder is released with the link."""
     kernel = Kernel(monkeypatch)
-    placeholder = attachment("repair-pod", network=REPAIR_NETWORK, ifname="net1", netns="/var/run/netns/pod",
-                             parent="eth9", consumedCapacity={"bandwidth": "10G"})
+    placeholder = attachment(
+        "repair-pod",
+        network=REPAIR_NETWORK,
+        ifname="net1",
+        netns="/var/run/netns/pod",
+        parent="eth9",
+        consumedCapacity={"bandwidth": "10G"},
+    )
     conf = _node(tmp_path, placeholder)
     assert _run("DEL", conf, container_id="c-x", netns="/run/netns/pod", ifname="net1") == (0, None)
     assert _keys(tmp_path) == []
@@ -133,8 +176,12 @@ def test_del_releases_the_repair_placeholder_named_under_another_path(tmp_path, 
 # -- DEL with an empty CNI_NETNS -----------------------------------------------------------------
 def test_del_with_empty_netns_deletes_the_link_in_the_recorded_namespace(tmp_path, monkeypatch):
     kernel = Kernel(monkeypatch)
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/var/run/netns/pod",
-                                      parent="eth9", shaping=SHAPED))
+    conf = _node(
+        tmp_path,
+        attachment(
+            "c1", network="net", ifname="net1", netns="/var/run/netns/pod", parent="eth9", shaping=SHAPED
+        ),
+    )
     assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == [("/var/run/netns/pod", "net1")]  # with its ifb device (the shaped deletion)
     assert _keys(tmp_path) == []
@@ -145,7 +192,9 @@ def test_del_with_empty_netns_leaves_a_link_off_the_recorded_parent(tmp_path, mo
     that name on another NIC is not this attachment's. The record and IPAM still go."""
     kernel = Kernel(monkeypatch)
     kernel.parent = "eth8"
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/var/run/netns/pod", parent="eth9"))
+    conf = _node(
+        tmp_path, attachment("c1", network="net", ifname="net1", netns="/var/run/netns/pod", parent="eth9")
+    )
     assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == []
     assert _keys(tmp_path) == []
@@ -166,7 +215,9 @@ def test_del_with_empty_netns_leaves_a_link_another_record_names(tmp_path, monke
 
 def test_del_with_empty_netns_and_the_recorded_namespace_gone_succeeds(tmp_path, monkeypatch):
     kernel = Kernel(monkeypatch)
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/var/run/netns/gone", parent="eth9"))
+    conf = _node(
+        tmp_path, attachment("c1", network="net", ifname="net1", netns="/var/run/netns/gone", parent="eth9")
+    )
     assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == [] and _keys(tmp_path) == []
 
@@ -174,11 +225,16 @@ def test_del_with_empty_netns_and_the_recorded_namespace_gone_succeeds(tmp_path,
 # -- a repeated ADD --------------------------------------------------------------------------------
 def test_repeated_add_under_another_path_returns_the_recorded_result(tmp_path, monkeypatch):
     Kernel(monkeypatch)
-    result = {"cniVersion": "1.1.0", "interfaces": [{"name": "net1", "sandbox": "/run/netns/pod"}],
-              "ips": [{"address": "192.0.2.5/24", "interface": 0}]}
+    result = {
+        "cniVersion": "1.1.0",
+        "interfaces": [{"name": "net1", "sandbox": "/run/netns/pod"}],
+        "ips": [{"address": "192.0.2.5/24", "interface": 0}],
+    }
     monkeypatch.setattr(info, "host_link", lambda name: _nic("eth9", 7) if name == "eth9" else None)
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", parent="eth9",
-                                      result=result))
+    conf = _node(
+        tmp_path,
+        attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", parent="eth9", result=result),
+    )
     code, out = _run("ADD", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1")
     assert code == 0, out
     assert out["ips"] == [{"address": "192.0.2.5/24", "interface": 0}]
@@ -208,14 +264,26 @@ GONE = (0x20, 4026532999)
 """The identity of a namespace that no longer exists (no path in :data:`IDENTITIES` names it)."""
 
 
-def test_del_with_empty_netns_leaves_a_link_in_a_namespace_made_again_under_the_recorded_path(tmp_path, monkeypatch):
+def test_del_with_empty_netns_leaves_a_link_in_a_namespace_made_again_under_the_recorded_path(
+    tmp_path, monkeypatch
+):
     """The pod's namespace was deleted and another made under its name, holding a link of the
     same name on the same NIC: it is not the namespace the attachment recorded (its identity
     differs), so that link stays; the record, its IPAM and its capacity go (the recorded
     namespace took its link with it)."""
     kernel = Kernel(monkeypatch)
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=GONE,
-                                      parent="eth9", shaping=SHAPED))
+    conf = _node(
+        tmp_path,
+        attachment(
+            "c1",
+            network="net",
+            ifname="net1",
+            netns="/run/netns/pod",
+            netnsIdentity=GONE,
+            parent="eth9",
+            shaping=SHAPED,
+        ),
+    )
     assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == []
     assert _keys(tmp_path) == []
@@ -225,8 +293,18 @@ def test_del_naming_another_live_namespace_deletes_the_link_where_the_record_say
     """CNI_NETNS names a live namespace other than the one recorded at ADD: the pod's link is
     deleted where it is (the recorded namespace), never the link of that name in CNI_NETNS."""
     kernel = Kernel(monkeypatch)
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=POD,
-                                      parent="eth9", shaping=SHAPED))
+    conf = _node(
+        tmp_path,
+        attachment(
+            "c1",
+            network="net",
+            ifname="net1",
+            netns="/run/netns/pod",
+            netnsIdentity=POD,
+            parent="eth9",
+            shaping=SHAPED,
+        ),
+    )
     assert _run("DEL", conf, container_id="c1", netns="/run/netns/other", ifname="net1") == (0, None)
     assert kernel.deleted == [("/run/netns/pod", "net1")]
     assert _keys(tmp_path) == []
@@ -238,10 +316,23 @@ def test_del_finds_the_recorded_namespace_under_another_path(tmp_path, monkeypat
     path names now."""
     kernel = Kernel(monkeypatch)
     kernel.ids["/tmp/pod-link"] = OTHER  # pointed elsewhere after the ADD
-    monkeypatch.setattr(netns, "find_netns", lambda ident, directory="/var/run/netns": (
-        "/var/run/netns/pod" if ident == POD else None))
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/tmp/pod-link", netnsIdentity=POD,
-                                      parent="eth9", shaping=SHAPED))
+    monkeypatch.setattr(
+        netns,
+        "find_netns",
+        lambda ident, directory="/var/run/netns": "/var/run/netns/pod" if ident == POD else None,
+    )
+    conf = _node(
+        tmp_path,
+        attachment(
+            "c1",
+            network="net",
+            ifname="net1",
+            netns="/tmp/pod-link",
+            netnsIdentity=POD,
+            parent="eth9",
+            shaping=SHAPED,
+        ),
+    )
     assert _run("DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == [("/var/run/netns/pod", "net1")]
     assert _keys(tmp_path) == []
@@ -251,10 +342,24 @@ def test_del_naming_the_recorded_namespace_deletes_there_without_a_netlink_look(
     """The normal DEL: CNI_NETNS is the recorded namespace (another path of it does too); the
     link goes by name, with no netlink request to judge it first."""
     kernel = Kernel(monkeypatch)
-    monkeypatch.setattr(info, "link_in_netns", lambda ns, name: pytest.fail("a netlink look on the normal DEL"))
-    monkeypatch.setattr(info, "host_parent_of", lambda ns, name: pytest.fail("a netlink look on the normal DEL"))
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=POD,
-                                      parent="eth9", shaping=SHAPED))
+    monkeypatch.setattr(
+        info, "link_in_netns", lambda ns, name: pytest.fail("a netlink look on the normal DEL")
+    )
+    monkeypatch.setattr(
+        info, "host_parent_of", lambda ns, name: pytest.fail("a netlink look on the normal DEL")
+    )
+    conf = _node(
+        tmp_path,
+        attachment(
+            "c1",
+            network="net",
+            ifname="net1",
+            netns="/run/netns/pod",
+            netnsIdentity=POD,
+            parent="eth9",
+            shaping=SHAPED,
+        ),
+    )
     assert _run("DEL", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1") == (0, None)
     assert kernel.deleted == [("/var/run/netns/pod", "net1")]
 
@@ -264,11 +369,24 @@ def test_repeated_add_into_a_namespace_made_again_is_not_answered_from_the_recor
     its link there: a namespace made again under the same path (another identity), or the
     same one without the link, is refused (code 104: DEL it first)."""
     kernel = Kernel(monkeypatch)
-    result = {"cniVersion": "1.1.0", "interfaces": [{"name": "net1", "sandbox": "/run/netns/pod"}],
-              "ips": [{"address": "192.0.2.5/24", "interface": 0}]}
+    result = {
+        "cniVersion": "1.1.0",
+        "interfaces": [{"name": "net1", "sandbox": "/run/netns/pod"}],
+        "ips": [{"address": "192.0.2.5/24", "interface": 0}],
+    }
     monkeypatch.setattr(info, "host_link", lambda name: _nic("eth9", 7) if name == "eth9" else None)
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=GONE,
-                                      parent="eth9", result=result))
+    conf = _node(
+        tmp_path,
+        attachment(
+            "c1",
+            network="net",
+            ifname="net1",
+            netns="/run/netns/pod",
+            netnsIdentity=GONE,
+            parent="eth9",
+            result=result,
+        ),
+    )
     code, out = _run("ADD", conf, container_id="c1", netns="/run/netns/pod", ifname="net1")
     assert code == 1 and out["code"] == 104, out
     kernel.ids["/run/netns/pod"] = GONE  # the recorded namespace, but its link is gone
@@ -286,30 +404,64 @@ def test_check_fails_in_a_namespace_made_again_under_the_recorded_path(tmp_path,
     Kernel(monkeypatch)
     monkeypatch.setattr(info, "host_link", lambda name: _nic("eth9", 7) if name == "eth9" else None)
     result = {"cniVersion": "1.1.0", "interfaces": [{"name": "net1", "sandbox": "/run/netns/pod"}], "ips": []}
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=GONE,
-                                      parent="eth9", result=result))
-    code, out = _run("CHECK", {**conf, "prevResult": result}, container_id="c1", netns="/run/netns/pod", ifname="net1")
+    conf = _node(
+        tmp_path,
+        attachment(
+            "c1",
+            network="net",
+            ifname="net1",
+            netns="/run/netns/pod",
+            netnsIdentity=GONE,
+            parent="eth9",
+            result=result,
+        ),
+    )
+    code, out = _run(
+        "CHECK", {**conf, "prevResult": result}, container_id="c1", netns="/run/netns/pod", ifname="net1"
+    )
     assert code == 1 and out["code"] == 105
     assert "CNI_NETNS /run/netns/pod is not the namespace it was added in" in out["msg"]
 
 
 def test_gc_releases_without_touching_a_namespace_made_again_under_the_recorded_path(tmp_path, monkeypatch):
     kernel = Kernel(monkeypatch)
-    conf = _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=GONE,
-                                      parent="eth9", shaping=SHAPED))
+    conf = _node(
+        tmp_path,
+        attachment(
+            "c1",
+            network="net",
+            ifname="net1",
+            netns="/run/netns/pod",
+            netnsIdentity=GONE,
+            parent="eth9",
+            shaping=SHAPED,
+        ),
+    )
     code, out = _run("GC", {**conf, "cni.dev/valid-attachments": []})
     assert (code, out) == (0, None)
     assert kernel.deleted == [] and _keys(tmp_path) == []
 
 
 def test_recovery_finishes_a_del_without_touching_a_namespace_made_again(tmp_path, monkeypatch):
-    from cni_dra.state.schema import Owner
-    from cni_dra.state.owner import boot_id
     from cni_dra.attach.recover import recover
+    from cni_dra.state.owner import boot_id
+    from cni_dra.state.schema import Owner
 
     kernel = Kernel(monkeypatch)
     dead = Owner(pid=2**22 + 7, start=1, boot=boot_id())
-    _node(tmp_path, attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", netnsIdentity=GONE,
-                               parent="eth9", shaping=SHAPED, phase="deleting", owner=dead))
+    _node(
+        tmp_path,
+        attachment(
+            "c1",
+            network="net",
+            ifname="net1",
+            netns="/run/netns/pod",
+            netnsIdentity=GONE,
+            parent="eth9",
+            shaping=SHAPED,
+            phase="deleting",
+            owner=dead,
+        ),
+    )
     report = recover(StateStore(tmp_path / "state"), environ={})
     assert report.errors == [] and kernel.deleted == [] and _keys(tmp_path) == []

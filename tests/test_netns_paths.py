@@ -73,14 +73,23 @@ def test_a_namespace_path_is_its_identity():
 def _node(tmp_path: Path) -> dict[str, Any]:
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
     with StateStore(tmp_path / "state").transaction() as txn:
-        txn.put(attachment("c1", network="net", parent="eth9", netns="/run/netns/gone-pod",
-                          consumedCapacity={"bandwidth": "1G"}))
+        txn.put(
+            attachment(
+                "c1",
+                network="net",
+                parent="eth9",
+                netns="/run/netns/gone-pod",
+                consumedCapacity={"bandwidth": "1G"},
+            )
+        )
     return netconf(name="net", stateDir=str(tmp_path / "state"), inventory=str(tmp_path / "slice.yaml"))
 
 
 def _run(command: str, conf: dict[str, Any], netns_path: str) -> tuple[int, Any]:
     out = io.StringIO()
-    code = run({**cni_env(command, netns=netns_path), "PATH": "/usr/bin:/bin"}, json.dumps(conf).encode(), out)
+    code = run(
+        {**cni_env(command, netns=netns_path), "PATH": "/usr/bin:/bin"}, json.dumps(conf).encode(), out
+    )
     return code, json.loads(out.getvalue()) if out.getvalue().strip() else None
 
 

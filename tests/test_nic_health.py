@@ -17,20 +17,34 @@ T0_WALL = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
 
 def info(*, admin_up: bool = True, operstate: str = "UP", carrier: bool = True) -> LinkInfo:
-    return LinkInfo(name="ens2", index=7, kind="veth", mac="02:00:00:00:00:0b", mtu=1500, operstate=operstate,
-                    admin_up=admin_up, parent_index=None, parent_netnsid=None, mode=None, carrier=carrier)
+    return LinkInfo(
+        name="ens2",
+        index=7,
+        kind="veth",
+        mac="02:00:00:00:00:0b",
+        mtu=1500,
+        operstate=operstate,
+        admin_up=admin_up,
+        parent_index=None,
+        parent_netnsid=None,
+        mode=None,
+        carrier=carrier,
+    )
 
 
-@pytest.mark.parametrize("reading, want", [
-    (None, "missing"),
-    (info(), None),
-    (info(admin_up=False, operstate="DOWN", carrier=False), "admin-down"),
-    (info(operstate="DOWN", carrier=False), "carrier-lost"),  # a NIC without cable
-    (info(operstate="LOWERLAYERDOWN", carrier=False), "carrier-lost"),  # a veth whose peer is down
-    (info(operstate="DORMANT", carrier=True), "carrier-lost"),
-    (info(operstate="UNKNOWN", carrier=True), None),  # drivers without operstate (loopback, tun)
-    (info(operstate="UNKNOWN", carrier=False), "carrier-lost"),
-])
+@pytest.mark.parametrize(
+    "reading, want",
+    [
+        (None, "missing"),
+        (info(), None),
+        (info(admin_up=False, operstate="DOWN", carrier=False), "admin-down"),
+        (info(operstate="DOWN", carrier=False), "carrier-lost"),  # a NIC without cable
+        (info(operstate="LOWERLAYERDOWN", carrier=False), "carrier-lost"),  # a veth whose peer is down
+        (info(operstate="DORMANT", carrier=True), "carrier-lost"),
+        (info(operstate="UNKNOWN", carrier=True), None),  # drivers without operstate (loopback, tun)
+        (info(operstate="UNKNOWN", carrier=False), "carrier-lost"),
+    ],
+)
 def test_link_problem(reading, want):
     assert link_problem(reading) == want
 
@@ -46,10 +60,15 @@ class World:
         self.t = 100.0
         self.links: dict[str, LinkInfo | None] = {"ens1": UP, "ens2": UP}
         self.seen: list[tuple[str, str | None, bool]] = []
-        self.health = NicHealth(lambda: [("eth-a", "ens1"), ("eth-b", "ens2")], self.links.get,
-                                debounce_s=debounce_s, keep_missing_s=keep_missing_s, clock=lambda: self.t,
-                                wall=lambda: T0_WALL + self.t,
-                                on_transition=lambda s, first: self.seen.append((s.device, s.problem, first)))
+        self.health = NicHealth(
+            lambda: [("eth-a", "ens1"), ("eth-b", "ens2")],
+            self.links.get,
+            debounce_s=debounce_s,
+            keep_missing_s=keep_missing_s,
+            clock=lambda: self.t,
+            wall=lambda: T0_WALL + self.t,
+            on_transition=lambda s, first: self.seen.append((s.device, s.problem, first)),
+        )
 
     def at(self, t: float, **links: LinkInfo | None) -> list:
         self.t = t
@@ -58,7 +77,11 @@ class World:
 
 
 def warnings_and_infos(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "cni_dra.agent.nichealth" and r.levelno >= logging.INFO]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "cni_dra.agent.nichealth" and r.levelno >= logging.INFO
+    ]
 
 
 def test_first_reading_takes_effect_at_once_and_a_healthy_start_is_silent(caplog):
@@ -68,7 +91,9 @@ def test_first_reading_takes_effect_at_once_and_a_healthy_start_is_silent(caplog
         changed = w.at(100.0)
     assert [(s.device, s.problem) for s in changed] == [("eth-a", None), ("eth-b", "carrier-lost")]
     assert w.seen == [("eth-a", None, True), ("eth-b", "carrier-lost", True)]
-    assert warnings_and_infos(caplog) == ["device eth-b: host NIC ens2 has no carrier (since 2027-01-15T08:01:40Z)"]
+    assert warnings_and_infos(caplog) == [
+        "device eth-b: host NIC ens2 has no carrier (since 2027-01-15T08:01:40Z)"
+    ]
     assert w.health.next_due() is None
 
 
@@ -94,10 +119,16 @@ def test_a_change_that_lasts_is_one_transition_dated_when_first_seen(caplog):
         assert w.at(103.0) == []  # still down, still within the debounce
         (st,) = w.at(106.0)  # 5 s after it was first seen down
         assert w.at(107.0) == [] and w.at(200.0) == []  # no repeats while it stays down
-    assert (st.device, st.problem, st.since_s, st.since_wall_s) == ("eth-b", "admin-down", 101.0, T0_WALL + 101.0)
+    assert (st.device, st.problem, st.since_s, st.since_wall_s) == (
+        "eth-b",
+        "admin-down",
+        101.0,
+        T0_WALL + 101.0,
+    )
     assert st.unhealthy_since_wall_s == T0_WALL + 101.0
     assert warnings_and_infos(caplog) == [
-        "device eth-b: host NIC ens2 is administratively down (since 2027-01-15T08:01:41Z)"]
+        "device eth-b: host NIC ens2 is administratively down (since 2027-01-15T08:01:41Z)"
+    ]
     assert w.seen[-1] == ("eth-b", "admin-down", False)
     # back up: one more transition (debounced the same way), logged once at info
     caplog.clear()
@@ -105,7 +136,9 @@ def test_a_change_that_lasts_is_one_transition_dated_when_first_seen(caplog):
         assert w.at(300.0, ens2=UP) == []
         (back,) = w.at(305.0)
     assert (back.problem, back.unhealthy_since_wall_s, back.recovered_wall_s) == (None, None, T0_WALL + 300.0)
-    assert warnings_and_infos(caplog) == ["device eth-b: host NIC ens2 is up again, after 199s unhealthy (admin-down)"]
+    assert warnings_and_infos(caplog) == [
+        "device eth-b: host NIC ens2 is up again, after 199s unhealthy (admin-down)"
+    ]
 
 
 def test_another_reason_follows_after_the_debounce_and_keeps_the_time_it_turned_unhealthy():
@@ -116,8 +149,11 @@ def test_another_reason_follows_after_the_debounce_and_keeps_the_time_it_turned_
     assert st.problem == "carrier-lost"
     assert w.at(120.0, ens2=DOWN) == []
     (st,) = w.at(122.0)
-    assert (st.problem, st.since_wall_s, st.unhealthy_since_wall_s) == ("admin-down", T0_WALL + 120.0,
-                                                                        T0_WALL + 110.0)
+    assert (st.problem, st.since_wall_s, st.unhealthy_since_wall_s) == (
+        "admin-down",
+        T0_WALL + 120.0,
+        T0_WALL + 110.0,
+    )
     # unhealthy, for a moment under another reason, then the first again: nothing happens
     w.at(130.0, ens2=NOCARRIER)
     assert w.at(131.0, ens2=DOWN) == []
@@ -173,7 +209,13 @@ def test_health_reports_for_the_kubelet():
     reports = health_reports("node-1", w.health.statuses())
     assert [(r.pool, r.device, r.healthy, r.message, r.updated_s) for r in reports] == [
         ("node-1", "eth-a", True, "host NIC ens1 is up", int(T0_WALL) + 100),
-        ("node-1", "eth-b", False, "host NIC ens2 has no carrier (since 2027-01-15T08:01:40Z)", int(T0_WALL) + 100),
+        (
+            "node-1",
+            "eth-b",
+            False,
+            "host NIC ens2 has no carrier (since 2027-01-15T08:01:40Z)",
+            int(T0_WALL) + 100,
+        ),
     ]
 
 
@@ -182,8 +224,10 @@ def test_negative_times_are_refused():
         NicHealth(list, lambda n: None, debounce_s=-1)
 
 
-readings = st.lists(st.tuples(st.floats(min_value=0.01, max_value=10.0), st.sampled_from([UP, DOWN, NOCARRIER, GONE])),
-                    max_size=30)
+readings = st.lists(
+    st.tuples(st.floats(min_value=0.01, max_value=10.0), st.sampled_from([UP, DOWN, NOCARRIER, GONE])),
+    max_size=30,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -216,6 +260,11 @@ def test_after_a_stable_stretch_the_state_is_the_last_reading(steps, debounce_s)
     last = steps[-1][1] if steps else UP
     w.at(t + debounce_s + 1e-6)  # (t is a float sum: a hair more than the debounce)
     assert w.health.statuses()["eth-b"].problem == link_problem(last)
-    flips = sum(1 for a, b in zip([None] + [link_problem(r) for _, r in steps], [link_problem(r) for _, r in steps], strict=False)
-                if a != b)
+    flips = sum(
+        1
+        for a, b in zip(
+            [None] + [link_problem(r) for _, r in steps], [link_problem(r) for _, r in steps], strict=False
+        )
+        if a != b
+    )
     assert len([x for x in w.seen if x[0] == "eth-b" and not x[2]]) <= flips

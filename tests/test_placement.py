@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from cni_dra.attach.placement import Asker, place, place_claim, place_standalone
 from cni_dra.dra.objects import ResourceSlice
 from cni_dra.errors import ClaimError, InvalidConfigError, NoCapacityError
 from cni_dra.protocol.config import load_conf
 from cni_dra.quantity import Quantity
 from cni_dra.state import ClaimRef, NodeState
 from cni_dra.state.schema import PreparedClaim
-from cni_dra.attach.placement import Asker, place, place_claim, place_standalone
 from tests.builders import (
     allocation_result,
     attachment,
@@ -41,7 +41,8 @@ def conf(**kw):
 
 def claimed(device_name: str = "b", bw: str = "3G", uid: str = "u1"):
     claim = PreparedClaim.decode(
-        resource_claim(allocation_result(device_name, consumed={"bandwidth": bw}, share_id=SHARE), uid=uid))
+        resource_claim(allocation_result(device_name, consumed={"bandwidth": bw}, share_id=SHARE), uid=uid)
+    )
     return claim, claim.results[0]
 
 
@@ -60,14 +61,22 @@ def test_place_prefers_the_pods_prepared_claim_over_the_config():
 
 
 def holder(cid: str, pod: str, bw: str = "3G"):
-    return attachment(cid, "b", podUID=pod, shareID=SHARE, consumedCapacity={"bandwidth": bw},
-                      claim=ClaimRef(namespace="ns", name="c", uid="u1", request="net"))
+    return attachment(
+        cid,
+        "b",
+        podUID=pod,
+        shareID=SHARE,
+        consumedCapacity={"bandwidth": bw},
+        claim=ClaimRef(namespace="ns", name="c", uid="u1", request="net"),
+    )
 
 
 def test_a_claim_shared_by_pods_is_one_share_charged_once():
     # 8G held on b (5G by another pod, 3G by the share): a second pod of the same
     # claim uses the share without a second charge (a fresh 3G would not fit: 8 + 3 > 10)
-    state = NodeState(attachments=[attachment("x", "b", consumedCapacity={"bandwidth": "5G"}), holder("c1", "pod-1")])
+    state = NodeState(
+        attachments=[attachment("x", "b", consumedCapacity={"bandwidth": "5G"}), holder("c1", "pod-1")]
+    )
     got = place_claim(state, SLICE, LINKS, claimed(), "macvlan", asker("pod-2"))
     assert got.shareID == SHARE and got.device == "b"
     with pytest.raises(ClaimError, match="already used by interface eth0 of container c1"):
@@ -92,7 +101,9 @@ def test_standalone_skips_missing_and_down_nics_and_says_why():
     assert place_standalone(NodeState(), SLICE, {"if-b": UP}, conf(), asker()).device == "b"
     with pytest.raises(NoCapacityError) as info:
         place_standalone(NodeState(), SLICE, {"if-a": down}, conf(), asker())
-    assert "a: interface if-a is down" in info.value.msg and "b: interface if-b does not exist" in info.value.msg
+    assert (
+        "a: interface if-a is down" in info.value.msg and "b: interface if-b does not exist" in info.value.msg
+    )
     assert "for pod ns/p interface eth0" in info.value.msg
 
 

@@ -39,8 +39,9 @@ class _Parent:
         self.mtu, self.mac = mtu, mac
 
 
-def _prepared(tmp_path: Path, *config: dict[str, Any], limits: ProfileLimits = OPEN,
-              request: str = "eth0") -> NodeState:
+def _prepared(
+    tmp_path: Path, *config: dict[str, Any], limits: ProfileLimits = OPEN, request: str = "eth0"
+) -> NodeState:
     state_dir = tmp_path / "st"
     result = allocation_result("a", request=request, consumed={"bandwidth": "1G"}, share_id=SHARE)
     claim = resource_claim(result, uid="u-1", name="web", namespace="prod", config=list(config))
@@ -72,13 +73,22 @@ def test_without_a_profile_the_conflist_makes_the_link(tmp_path: Path) -> None:
 
 
 def test_the_claims_profile_is_laid_over_the_conflist(tmp_path: Path) -> None:
-    state = _prepared(tmp_path, profile_config("FromClass", linkType="ipvlan", mode="l3"),
-                      profile_config("FromClaim", requests=["eth0"], mtu=9000))
+    state = _prepared(
+        tmp_path,
+        profile_config("FromClass", linkType="ipvlan", mode="l3"),
+        profile_config("FromClaim", requests=["eth0"], mtu=9000),
+    )
     att, conf = _plan(_inv(tmp_path, mode="private", mtu=1400), state)
     assert (conf.linkType, conf.mode, conf.ipvlanFlag, conf.mtu) == ("ipvlan", "l3", "bridge", 9000)
     assert att.linkType == "ipvlan"
-    assert att.profile == {"linkType": "ipvlan", "mode": "l3", "ipvlanFlag": "bridge", "mtu": 9000,
-                           "shaping": True, "fromConfig": ["linkType", "mode", "mtu"]}
+    assert att.profile == {
+        "linkType": "ipvlan",
+        "mode": "l3",
+        "ipvlanFlag": "bridge",
+        "mtu": 9000,
+        "shaping": True,
+        "fromConfig": ["linkType", "mode", "mtu"],
+    }
 
 
 def test_a_profile_keeps_the_conflists_fields_it_does_not_set(tmp_path: Path) -> None:
@@ -89,16 +99,21 @@ def test_a_profile_keeps_the_conflists_fields_it_does_not_set(tmp_path: Path) ->
 
 
 def test_a_claim_profile_with_a_fixed_mac_and_shaping_off(tmp_path: Path) -> None:
-    state = _prepared(tmp_path, profile_config("FromClaim", linkType="macvlan", mac="02:00:00:00:00:42",
-                                               shaping={"enabled": False}))
+    state = _prepared(
+        tmp_path,
+        profile_config("FromClaim", linkType="macvlan", mac="02:00:00:00:00:42", shaping={"enabled": False}),
+    )
     _, conf = _plan(_inv(tmp_path, profiles={"allowMac": True, "allowShapingOff": True}), state)
     assert (conf.mac, conf.shaping) == ("02:00:00:00:00:42", None)
 
 
-@pytest.mark.parametrize(("limits", "needle"), [
-    ({"allowedLinkTypes": ["macvlan"]}, "linkType ipvlan is not allowed on this node"),
-    ({"maxMtu": 1500}, "mtu 9000 is above this node's limit (profiles.maxMtu: 1500)"),
-])
+@pytest.mark.parametrize(
+    ("limits", "needle"),
+    [
+        ({"allowedLinkTypes": ["macvlan"]}, "linkType ipvlan is not allowed on this node"),
+        ({"maxMtu": 1500}, "mtu 9000 is above this node's limit (profiles.maxMtu: 1500)"),
+    ],
+)
 def test_add_checks_the_profile_against_its_own_conflists_limits(tmp_path: Path, limits, needle) -> None:
     # prepared under open limits (another conflist, or none); this network's are stricter
     state = _prepared(tmp_path, profile_config("FromClaim", linkType="ipvlan", mode="l3", mtu=9000))
@@ -119,8 +134,13 @@ def test_a_result_whose_config_did_not_validate_is_refused(tmp_path: Path) -> No
 
     # a claim stored by a cni-dra without profiles: its config reaches ADD unchecked
     result = allocation_result("a", request="eth0", consumed={"bandwidth": "1G"}, share_id=SHARE)
-    bad = resource_claim(result, uid="u-1", name="web", namespace="prod",
-                         config=[profile_config("FromClaim", linkType="ipvlan", mac="02:00:00:00:00:42")])
+    bad = resource_claim(
+        result,
+        uid="u-1",
+        name="web",
+        namespace="prod",
+        config=[profile_config("FromClaim", linkType="ipvlan", mac="02:00:00:00:00:42")],
+    )
     txn = Txn(NodeState())
     txn.set_claims(POD, [bad])
     with pytest.raises(ClaimError) as info:
@@ -150,7 +170,8 @@ def test_the_profiles_mtu_is_checked_against_the_parent(tmp_path: Path) -> None:
         _reserve(inv, {"if-a": _Parent(mtu=1500), "if-b": _Parent(mtu=1500)}, (1, 2))
     assert info.value.code == 101 and info.value.msg == (
         "failed to honour claim prod/web request 'eth0': its device profile asks mtu 9000, above the MTU 1500 "
-        "of the allocated parent if-a (device a)")
+        "of the allocated parent if-a (device a)"
+    )
     assert StateStore(str(tmp_path / "st")).read().attachments == ()
 
 
@@ -179,8 +200,14 @@ def test_status_shows_the_effective_profile(tmp_path: Path) -> None:
     from cni_dra.cli import cli
 
     inventory = write_slice(tmp_path / "slice.json", [device("a")])
-    prof = {"linkType": "ipvlan", "mode": "l3", "ipvlanFlag": "bridge", "mtu": 9000, "shaping": True,
-            "fromConfig": ["linkType", "mode", "mtu"]}
+    prof = {
+        "linkType": "ipvlan",
+        "mode": "l3",
+        "ipvlanFlag": "bridge",
+        "mtu": 9000,
+        "shaping": True,
+        "fromConfig": ["linkType", "mode", "mtu"],
+    }
     store = StateStore(str(tmp_path / "st"))
     with store.transaction() as txn:
         txn.put(attachment("c1", "a", linkType="ipvlan", consumedCapacity={"bandwidth": "1G"}, profile=prof))
@@ -202,14 +229,30 @@ def test_the_claim_status_entry_carries_the_profile(tmp_path: Path) -> None:
 
     prof = {"linkType": "macvlan", "mode": "bridge", "mtu": 9000, "shaping": True, "fromConfig": ["mtu"]}
     txn = Txn(NodeState())
-    txn.put(attachment("c1", "a", podUID=POD, shareID=SHARE, consumedCapacity={"bandwidth": "1G"}, profile=prof,
-                        claim=ClaimRef(namespace="prod", name="web", uid="u-1", request="eth0"),
-                        result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01",
-                                                                      "sandbox": "/var/run/netns/x"}]}))
+    txn.put(
+        attachment(
+            "c1",
+            "a",
+            podUID=POD,
+            shareID=SHARE,
+            consumedCapacity={"bandwidth": "1G"},
+            profile=prof,
+            claim=ClaimRef(namespace="prod", name="web", uid="u-1", request="eth0"),
+            result={
+                "cniVersion": "1.1.0",
+                "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01", "sandbox": "/var/run/netns/x"}],
+            },
+        )
+    )
     body = claim_status_body({"namespace": "prod", "name": "web", "uid": "u-1"}, txn.state, [])
     (entry,) = body["status"]["devices"]
-    assert entry["data"] == {"apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceStatus",
-                             "linkType": "macvlan", "parentInterface": "if-a", "profile": prof}
+    assert entry["data"] == {
+        "apiVersion": "net.cni-dra.dev/v1alpha1",
+        "kind": "InterfaceStatus",
+        "linkType": "macvlan",
+        "parentInterface": "if-a",
+        "profile": prof,
+    }
 
 
 class _Stop(Exception):
@@ -222,10 +265,10 @@ def test_add_reads_its_effective_config_once_and_every_step_sees_it(tmp_path: Pa
     reservation). The kernel-facing steps are replaced (monkeypatch: the verbs have no
     injected host yet) to record the invocation each one is given, and the ADD is stopped
     at its reservation."""
-    import cni_dra.netlink.netns
-    import cni_dra.verbs.add as add
     import cni_dra.attach.device_profile
     import cni_dra.attach.recover
+    import cni_dra.netlink.netns
+    import cni_dra.verbs.add as add
 
     _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
     runtime = _inv(tmp_path)

@@ -24,8 +24,12 @@ MODELS = {
 
 
 def docs() -> list[tuple[str, dict]]:
-    return [(path.name, doc) for path in sorted(PROFILES.glob("*.yaml"))
-            for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return [
+        (path.name, doc)
+        for path in sorted(PROFILES.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
 
 
 def one(kind: str, name: str) -> dict:
@@ -48,24 +52,34 @@ def allocated(claim_spec: dict, classes: dict[str, dict], *, name: str = "c") ->
     copies them into status.allocation.devices.config."""
     results, config = [], []
     for req in claim_spec["devices"]["requests"]:
-        results.append(allocation_result("eth0", request=req["name"], share_id="3b9f0c1e-7a2d-4c5b-9e8f-1a2b3c4d5e6f"))
+        results.append(
+            allocation_result("eth0", request=req["name"], share_id="3b9f0c1e-7a2d-4c5b-9e8f-1a2b3c4d5e6f")
+        )
         cls = classes[req["exactly"]["deviceClassName"]]
-        config += [{"source": "FromClass", "requests": [req["name"]], **c} for c in cls["spec"].get("config", [])]
+        config += [
+            {"source": "FromClass", "requests": [req["name"]], **c} for c in cls["spec"].get("config", [])
+        ]
     config += [{"source": "FromClaim", **c} for c in claim_spec["devices"].get("config", [])]
-    return {"metadata": {"name": name, "namespace": "default"},
-            "status": {"allocation": {"devices": {"results": results, "config": config}}}}
+    return {
+        "metadata": {"name": name, "namespace": "default"},
+        "status": {"allocation": {"devices": {"results": results, "config": config}}},
+    }
 
 
 def test_the_ipvlan_l3_class_gives_its_claims_an_ipvlan_l3():
     dc = one("DeviceClass", "cni-dra-ipvlan-l3")
     tpl = one("ResourceClaimTemplate", "nic-share-ipvlan-l3")
     claim = allocated(tpl["spec"]["spec"], {dc["metadata"]["name"]: dc})
-    assert claim_profiles(claim, DRIVER, ProfileLimits()) == {"net1": InterfaceProfile(linkType="ipvlan", mode="l3")}
+    assert claim_profiles(claim, DRIVER, ProfileLimits()) == {
+        "net1": InterfaceProfile(linkType="ipvlan", mode="l3")
+    }
 
 
 def test_a_node_that_allows_macvlan_only_refuses_the_ipvlan_class():
     dc = one("DeviceClass", "cni-dra-ipvlan-l3")
-    claim = allocated(one("ResourceClaimTemplate", "nic-share-ipvlan-l3")["spec"]["spec"], {dc["metadata"]["name"]: dc})
+    claim = allocated(
+        one("ResourceClaimTemplate", "nic-share-ipvlan-l3")["spec"]["spec"], {dc["metadata"]["name"]: dc}
+    )
     from cni_dra.errors import InvalidConfigError
 
     with pytest.raises(InvalidConfigError, match="linkType ipvlan is not allowed on this node"):
@@ -75,7 +89,9 @@ def test_a_node_that_allows_macvlan_only_refuses_the_ipvlan_class():
 def test_the_jumbo_claim_asks_mtu_9000_on_a_jumbo_nic():
     shared = yaml.safe_load((ROOT / "conf" / "k8s" / "deviceclass.yaml").read_text())
     claim = one("ResourceClaim", "jumbo-net")
-    got = claim_profiles(allocated(claim["spec"], {shared["metadata"]["name"]: shared}), DRIVER, ProfileLimits())
+    got = claim_profiles(
+        allocated(claim["spec"], {shared["metadata"]["name"]: shared}), DRIVER, ProfileLimits()
+    )
     assert got == {"net1": InterfaceProfile(mtu=9000)}
 
     from cni_dra.allocator.cel import device_matches

@@ -37,12 +37,30 @@ def test_the_smallest_config_sets_nothing():
 
 
 def test_every_field_round_trips():
-    cfg = parse(linkType="ipvlan", mode="l3", ipvlanFlag="private", mtu=9000,
-                shaping={"enabled": True, "ingressBurstBytes": 262144, "egressBurstBytes": 131072,
-                         "latencySeconds": 0.05})
+    cfg = parse(
+        linkType="ipvlan",
+        mode="l3",
+        ipvlanFlag="private",
+        mtu=9000,
+        shaping={
+            "enabled": True,
+            "ingressBurstBytes": 262144,
+            "egressBurstBytes": 131072,
+            "latencySeconds": 0.05,
+        },
+    )
     assert cfg.profile().set_fields() == {
-        "linkType": "ipvlan", "mode": "l3", "ipvlanFlag": "private", "mtu": 9000,
-        "shaping": {"enabled": True, "ingressBurstBytes": 262144, "egressBurstBytes": 131072, "latencySeconds": 0.05}}
+        "linkType": "ipvlan",
+        "mode": "l3",
+        "ipvlanFlag": "private",
+        "mtu": 9000,
+        "shaping": {
+            "enabled": True,
+            "ingressBurstBytes": 262144,
+            "egressBurstBytes": 131072,
+            "latencySeconds": 0.05,
+        },
+    }
 
 
 @pytest.mark.parametrize("mode", CONFIG_MACVLAN_MODES)
@@ -67,7 +85,10 @@ def test_the_mac_is_kept_lower_case():
         ({"linkType": "vxlan"}, "linkType: 'vxlan' is not supported (supported: macvlan, ipvlan)"),
         ({"linkType": "macvlan", "mode": "l3"}, "mode 'l3' is not a macvlan mode"),
         ({"linkType": "macvlan", "mode": "source"}, "mode 'source' is not a macvlan mode"),
-        ({"linkType": "ipvlan", "mode": "bridge"}, "mode 'bridge' is not an ipvlan mode (one of l2, l3, l3s)"),
+        (
+            {"linkType": "ipvlan", "mode": "bridge"},
+            "mode 'bridge' is not an ipvlan mode (one of l2, l3, l3s)",
+        ),
         ({"mode": "fast"}, "mode 'fast' is not a mode"),
         ({"linkType": "ipvlan", "ipvlanFlag": "l2"}, "ipvlanFlag 'l2' is not one of bridge, private, vepa"),
         ({"linkType": "macvlan", "ipvlanFlag": "bridge"}, "ipvlanFlag applies to linkType ipvlan only"),
@@ -83,12 +104,24 @@ def test_the_mac_is_kept_lower_case():
         ({"linkType": 1}, "linkType: Input should be a valid string"),
         ({"shaping": True}, "shaping: must be an object, not true"),
         ({"shaping": {"enabled": "yes"}}, "shaping.enabled: Input should be a valid boolean"),
-        ({"shaping": {"ingressBurstBytes": 0}}, "shaping.ingressBurstBytes: Input should be greater than or equal to 1"),
-        ({"shaping": {"egressBurstBytes": 2**32}}, "shaping.egressBurstBytes: Input should be less than or equal to"),
+        (
+            {"shaping": {"ingressBurstBytes": 0}},
+            "shaping.ingressBurstBytes: Input should be greater than or equal to 1",
+        ),
+        (
+            {"shaping": {"egressBurstBytes": 2**32}},
+            "shaping.egressBurstBytes: Input should be less than or equal to",
+        ),
         ({"shaping": {"latencySeconds": 0}}, "shaping.latencySeconds: Input should be greater than 0"),
-        ({"shaping": {"latencySeconds": 11}}, "shaping.latencySeconds: Input should be less than or equal to 10"),
+        (
+            {"shaping": {"latencySeconds": 11}},
+            "shaping.latencySeconds: Input should be less than or equal to 10",
+        ),
         ({"shaping": {"latencySeconds": "0.1"}}, "shaping.latencySeconds: Input should be a valid number"),
-        ({"shaping": {"enabled": False, "egressBurstBytes": 4096}}, "overrides cannot go with enabled: false"),
+        (
+            {"shaping": {"enabled": False, "egressBurstBytes": 4096}},
+            "overrides cannot go with enabled: false",
+        ),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(fields, words):
@@ -101,8 +134,14 @@ def test_the_parent_nic_cannot_be_named(key):
     assert msg == f"unknown field {key!r} (the parent NIC is the allocated device: a profile cannot name it)"
 
 
-@pytest.mark.parametrize(("fields", "name"), [({"bcqueuelen": 5}, "bcqueuelen"), ({"mtus": 9000}, "mtus"),
-                                              ({"shaping": {"rate": "1G"}}, "shaping.rate")])
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({"bcqueuelen": 5}, "bcqueuelen"),
+        ({"mtus": 9000}, "mtus"),
+        ({"shaping": {"rate": "1G"}}, "shaping.rate"),
+    ],
+)
 def test_unknown_fields_are_refused(fields, name):
     assert refused(**fields) == f"unknown field {name!r}"
 
@@ -117,9 +156,14 @@ def test_every_problem_is_named_at_once():
     [
         ({"kind": KIND}, "apiVersion: Field required"),
         ({"apiVersion": API_VERSION}, "kind: Field required"),
-        ({"apiVersion": "net.cni-dra.dev/v1", "kind": KIND},
-         "apiVersion: 'net.cni-dra.dev/v1' is not supported (supported: net.cni-dra.dev/v1alpha1)"),
-        ({"apiVersion": API_VERSION, "kind": "NetworkConfig"}, "kind: 'NetworkConfig' is not InterfaceConfig"),
+        (
+            {"apiVersion": "net.cni-dra.dev/v1", "kind": KIND},
+            "apiVersion: 'net.cni-dra.dev/v1' is not supported (supported: net.cni-dra.dev/v1alpha1)",
+        ),
+        (
+            {"apiVersion": API_VERSION, "kind": "NetworkConfig"},
+            "kind: 'NetworkConfig' is not InterfaceConfig",
+        ),
     ],
 )
 def test_the_type_is_versioned(params, words):
@@ -148,15 +192,20 @@ def test_a_profile_without_link_type_takes_any_known_mode():
     assert parse(ipvlanFlag="vepa").ipvlanFlag == "vepa"
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"shaping": "yes"}, 'shaping: must be an object, not "yes"'),
-    ({"mtu": "1400"}, 'mtu: Input should be a valid integer, not "1400"'),
-    ({"shaping": {"enabled": "no"}}, 'shaping.enabled: Input should be a valid boolean, not "no"'),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"shaping": "yes"}, 'shaping: must be an object, not "yes"'),
+        ({"mtu": "1400"}, 'mtu: Input should be a valid integer, not "1400"'),
+        ({"shaping": {"enabled": "no"}}, 'shaping.enabled: Input should be a valid boolean, not "no"'),
+    ],
+)
 def test_a_value_of_the_wrong_type_is_quoted_back(fields, message) -> None:
     from cni_dra.errors import InvalidConfigError
     from cni_dra.protocol.profile import parse_interface_config
 
     with pytest.raises(InvalidConfigError) as info:
-        parse_interface_config({"apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceConfig", **fields})
+        parse_interface_config(
+            {"apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceConfig", **fields}
+        )
     assert info.value.msg == message

@@ -32,13 +32,18 @@ OPEN = ProfileLimits(allowMac=True, allowShapingOff=True)
 
 
 def claim(*config, uid="u-1", name="web", results=None):
-    results = results or [allocation_result("nic-a", request="net1", consumed={"bandwidth": "1G"}, share_id=SHARE)]
+    results = results or [
+        allocation_result("nic-a", request="net1", consumed={"bandwidth": "1G"}, share_id=SHARE)
+    ]
     return resource_claim(*results, uid=uid, name=name, namespace="prod", config=list(config))
 
 
 def state_files(state_dir: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(state_dir.iterdir()) if p.name != "state.lock"} \
-        if state_dir.exists() else {}
+    return (
+        {p.name: p.read_bytes() for p in sorted(state_dir.iterdir()) if p.name != "state.lock"}
+        if state_dir.exists()
+        else {}
+    )
 
 
 @pytest.fixture
@@ -51,13 +56,16 @@ def state_dir(tmp_path):
 
 # -- the library path both prepares take ------------------------------------------------------
 def test_prepare_stores_the_claim_and_its_results_carry_the_profile(state_dir):
-    c = claim(profile_config("FromClass", linkType="ipvlan", mode="l3"),
-              profile_config("FromClaim", requests=["net1"], mtu=9000, shaping={"egressBurstBytes": 262144}))
+    c = claim(
+        profile_config("FromClass", linkType="ipvlan", mode="l3"),
+        profile_config("FromClaim", requests=["net1"], mtu=9000, shaping={"egressBurstBytes": 262144}),
+    )
     assert prepare_claim(str(state_dir), "pod-1", c, driver=DRIVER, limits=ProfileLimits(maxMtu=9000))
     (prepared,) = StateStore(str(state_dir)).read().prepared("pod-1")
     (res,) = prepared.results
-    assert res.profile == InterfaceProfile(linkType="ipvlan", mode="l3", mtu=9000,
-                                           shaping=ShapingProfile(egressBurstBytes=262144))
+    assert res.profile == InterfaceProfile(
+        linkType="ipvlan", mode="l3", mtu=9000, shaping=ShapingProfile(egressBurstBytes=262144)
+    )
     assert res.profileError is None
     # stored as the API server returned it: the profile is decoded from its config
     assert StateStore(str(state_dir)).read().claims["pod-1"][0] == c
@@ -71,23 +79,41 @@ def test_a_result_without_config_has_no_profile(state_dir):
 @pytest.mark.parametrize(
     ("config", "limits", "words"),
     [
-        ([profile_config(requests=["net1"], mtu=9000)], ProfileLimits(maxMtu=1500),
-         "failed to prepare claim prod/web request 'net1': mtu 9000 is above this node's limit "
-         "(profiles.maxMtu: 1500), asked by config[0] (FromClaim, requests net1)"),
-        ([profile_config("FromClass", linkType="ipvlan", mode="l3")], ProfileLimits(allowedLinkTypes=("macvlan",)),
-         "failed to prepare claim prod/web request 'net1': linkType ipvlan is not allowed on this node "
-         "(profiles.allowedLinkTypes: macvlan), asked by config[0] (FromClass)"),
-        ([profile_config(linkType="macvlan", mac="02:00:00:00:00:01")], ProfileLimits(),
-         "mac 02:00:00:00:00:01 is fixed, which this node does not allow (profiles.allowMac: false)"),
-        ([profile_config(shaping={"enabled": False})], ProfileLimits(),
-         "shaping.enabled false is not allowed on this node (profiles.allowShapingOff: false)"),
-        ([profile_config(master="eth0")], OPEN,
-         "failed to prepare claim prod/web: config[0] (FromClaim): unknown field 'master' "
-         "(the parent NIC is the allocated device: a profile cannot name it)"),
+        (
+            [profile_config(requests=["net1"], mtu=9000)],
+            ProfileLimits(maxMtu=1500),
+            "failed to prepare claim prod/web request 'net1': mtu 9000 is above this node's limit "
+            "(profiles.maxMtu: 1500), asked by config[0] (FromClaim, requests net1)",
+        ),
+        (
+            [profile_config("FromClass", linkType="ipvlan", mode="l3")],
+            ProfileLimits(allowedLinkTypes=("macvlan",)),
+            "failed to prepare claim prod/web request 'net1': linkType ipvlan is not allowed on this node "
+            "(profiles.allowedLinkTypes: macvlan), asked by config[0] (FromClass)",
+        ),
+        (
+            [profile_config(linkType="macvlan", mac="02:00:00:00:00:01")],
+            ProfileLimits(),
+            "mac 02:00:00:00:00:01 is fixed, which this node does not allow (profiles.allowMac: false)",
+        ),
+        (
+            [profile_config(shaping={"enabled": False})],
+            ProfileLimits(),
+            "shaping.enabled false is not allowed on this node (profiles.allowShapingOff: false)",
+        ),
+        (
+            [profile_config(master="eth0")],
+            OPEN,
+            "failed to prepare claim prod/web: config[0] (FromClaim): unknown field 'master' "
+            "(the parent NIC is the allocated device: a profile cannot name it)",
+        ),
         ([profile_config(mode="l3")], OPEN, "mode set without linkType"),
         ([profile_config(linkType="macvlan", mode="passthru")], OPEN, "'passthru' takes the whole NIC"),
-        ([{**profile_config(), "opaque": {"driver": DRIVER, "parameters": {"kind": "InterfaceConfig"}}}], OPEN,
-         "apiVersion: Field required"),
+        (
+            [{**profile_config(), "opaque": {"driver": DRIVER, "parameters": {"kind": "InterfaceConfig"}}}],
+            OPEN,
+            "apiVersion: Field required",
+        ),
     ],
 )
 def test_prepare_refuses_a_bad_or_forbidden_profile_and_writes_nothing(state_dir, config, limits, words):
@@ -105,20 +131,32 @@ def test_a_repeated_prepare_with_a_now_bad_profile_keeps_the_stored_copy(state_d
     prepare_claim(str(state_dir), "pod-1", good)
     before = state_files(state_dir)
     with pytest.raises(InvalidConfigError):
-        prepare_claim(str(state_dir), "pod-1", claim(profile_config(mtu=9000)), limits=ProfileLimits(maxMtu=1500))
+        prepare_claim(
+            str(state_dir), "pod-1", claim(profile_config(mtu=9000)), limits=ProfileLimits(maxMtu=1500)
+        )
     assert state_files(state_dir) == before
 
 
 def test_only_this_drivers_config_and_results_are_checked(state_dir):
-    c = claim(profile_config(driver="gpu.example.com", mtu=1),  # not ours: not even parsed
-              results=[allocation_result("gpu-0", request="gpu", driver="gpu.example.com"),
-                       allocation_result("nic-a", request="net1", share_id=SHARE)])
+    c = claim(
+        profile_config(driver="gpu.example.com", mtu=1),  # not ours: not even parsed
+        results=[
+            allocation_result("gpu-0", request="gpu", driver="gpu.example.com"),
+            allocation_result("nic-a", request="net1", share_id=SHARE),
+        ],
+    )
     assert prepare_claim(str(state_dir), "pod-1", c, driver=DRIVER)
     # another driver name for cni-dra: its config is the one checked
     with pytest.raises(InvalidConfigError, match="mtu: Input should be greater"):
-        prepare_claim(str(state_dir), "pod-2", claim(profile_config(driver="net.example.org", mtu=1),
-                      results=[allocation_result("nic-a", request="net1", driver="net.example.org")]),
-                      driver="net.example.org")
+        prepare_claim(
+            str(state_dir),
+            "pod-2",
+            claim(
+                profile_config(driver="net.example.org", mtu=1),
+                results=[allocation_result("nic-a", request="net1", driver="net.example.org")],
+            ),
+            driver="net.example.org",
+        )
 
 
 def test_a_stored_claim_with_a_bad_profile_decodes_with_its_error(tmp_path):
@@ -144,8 +182,11 @@ def cli_env(tmp_path, state_dir):
 
 def _conflist(tmp_path, profiles) -> str:
     path = tmp_path / "10-cni-dra.conflist"
-    path.write_text(json.dumps({"cniVersion": "1.1.0", "name": "dra-net",
-                                "plugins": [{"type": "cni-dra", "profiles": profiles}]}))
+    path.write_text(
+        json.dumps(
+            {"cniVersion": "1.1.0", "name": "dra-net", "plugins": [{"type": "cni-dra", "profiles": profiles}]}
+        )
+    )
     return str(path)
 
 
@@ -160,21 +201,39 @@ def test_cli_prepare_reads_the_limits_from_the_conflist(tmp_path, cli_env, state
     f = _cli_claim(tmp_path, profile_config(mtu=9000))
     conflist = _conflist(tmp_path, {"maxMtu": 1500})
     before = state_files(state_dir)
-    r = CliRunner().invoke(cli, ["claims", "prepare", "--pod-uid", "pod-1", "--conflist", conflist, f], env=cli_env)
+    r = CliRunner().invoke(
+        cli, ["claims", "prepare", "--pod-uid", "pod-1", "--conflist", conflist, f], env=cli_env
+    )
     assert r.exit_code == 1
-    assert r.output.strip() == ("InvalidConfigError: failed to prepare claim prod/web request 'net1': mtu 9000 is above "
-                                "this node's limit (profiles.maxMtu: 1500), asked by config[0] (FromClaim)")
+    assert r.output.strip() == (
+        "InvalidConfigError: failed to prepare claim prod/web request 'net1': mtu 9000 is above "
+        "this node's limit (profiles.maxMtu: 1500), asked by config[0] (FromClaim)"
+    )
     assert state_files(state_dir) == before
-    ok = CliRunner().invoke(cli, ["claims", "prepare", "--pod-uid", "pod-1", f],
-                            env={**cli_env, "CNI_DRA_CONFLIST": _conflist(tmp_path, {"maxMtu": 9000})})
+    ok = CliRunner().invoke(
+        cli,
+        ["claims", "prepare", "--pod-uid", "pod-1", f],
+        env={**cli_env, "CNI_DRA_CONFLIST": _conflist(tmp_path, {"maxMtu": 9000})},
+    )
     assert ok.exit_code == 0, ok.output
     (prepared,) = StateStore(str(state_dir)).read().prepared("pod-1")
     assert prepared.results[0].profile == InterfaceProfile(mtu=9000)
 
 
 def test_cli_prepare_refuses_bad_limits(tmp_path, cli_env):
-    r = CliRunner().invoke(cli, ["claims", "prepare", "--pod-uid", "pod-1", "--conflist",
-                                 _conflist(tmp_path, {"maxMTU": 9000}), _cli_claim(tmp_path)], env=cli_env)
+    r = CliRunner().invoke(
+        cli,
+        [
+            "claims",
+            "prepare",
+            "--pod-uid",
+            "pod-1",
+            "--conflist",
+            _conflist(tmp_path, {"maxMTU": 9000}),
+            _cli_claim(tmp_path),
+        ],
+        env=cli_env,
+    )
     assert r.exit_code == 1
     assert "InvalidConfigError: invalid network config" in r.output and "unknown field 'maxMTU'" in r.output
 
@@ -189,9 +248,16 @@ def kubelet(tmp_path):
     conflist = _conflist(tmp_path, {"maxMtu": 1500, "allowedLinkTypes": ["macvlan"]})
     with FakeApiServer() as server:
         api = KubeApi.from_config(host=server.url)
-        driver = ClaimDriver(api, state_dir=f"{short}/state", driver_name=DRIVER,
-                             inventory=lambda: load_inventory(inv_path), limits=lambda: load_limits_of(conflist))
-        plugin = KubeletPlugin(DRIVER, driver, plugin_dir=f"{short}/plugins/{DRIVER}", registry_dir=f"{short}/reg")
+        driver = ClaimDriver(
+            api,
+            state_dir=f"{short}/state",
+            driver_name=DRIVER,
+            inventory=lambda: load_inventory(inv_path),
+            limits=lambda: load_limits_of(conflist),
+        )
+        plugin = KubeletPlugin(
+            DRIVER, driver, plugin_dir=f"{short}/plugins/{DRIVER}", registry_dir=f"{short}/reg"
+        )
         plugin.start()
         try:
             yield server, plugin, Path(f"{short}/state")
@@ -212,9 +278,19 @@ def node_prepare(plugin, claims):
 
     pb2, services = load("dra_v1")
     with grpc.insecure_channel(f"unix://{plugin.dra_socket}") as ch:
-        return services.DRAPluginStub(ch).NodePrepareResources(pb2.NodePrepareResourcesRequest(claims=[
-            pb2.Claim(namespace=c["metadata"]["namespace"], uid=c["metadata"]["uid"], name=c["metadata"]["name"])
-            for c in claims]), timeout=10)
+        return services.DRAPluginStub(ch).NodePrepareResources(
+            pb2.NodePrepareResourcesRequest(
+                claims=[
+                    pb2.Claim(
+                        namespace=c["metadata"]["namespace"],
+                        uid=c["metadata"]["uid"],
+                        name=c["metadata"]["name"],
+                    )
+                    for c in claims
+                ]
+            ),
+            timeout=10,
+        )
 
 
 def with_config(c, *config):
@@ -224,13 +300,28 @@ def with_config(c, *config):
 
 def test_node_prepare_fails_only_the_claim_with_a_forbidden_profile(kubelet):
     server, plugin, state_dir = kubelet
-    good = server.add_claim(with_config(
-        allocated_claim("good", pool="node-1", device="eth-a", bandwidth="1G", share_id=SHARE, pod_uids=["pod-a"]),
-        profile_config("FromClaim", mtu=1500)))
-    jumbo = server.add_claim(with_config(
-        allocated_claim("jumbo", pool="node-1", device="eth-a", bandwidth="1G",
-                        share_id="0f1d7a62-3b0e-4b7e-9a51-0c7b3d0e2f12", pod_uids=["pod-b"]),
-        profile_config("FromClass", linkType="ipvlan", mode="l3"), profile_config("FromClaim", mtu=9000)))
+    good = server.add_claim(
+        with_config(
+            allocated_claim(
+                "good", pool="node-1", device="eth-a", bandwidth="1G", share_id=SHARE, pod_uids=["pod-a"]
+            ),
+            profile_config("FromClaim", mtu=1500),
+        )
+    )
+    jumbo = server.add_claim(
+        with_config(
+            allocated_claim(
+                "jumbo",
+                pool="node-1",
+                device="eth-a",
+                bandwidth="1G",
+                share_id="0f1d7a62-3b0e-4b7e-9a51-0c7b3d0e2f12",
+                pod_uids=["pod-b"],
+            ),
+            profile_config("FromClass", linkType="ipvlan", mode="l3"),
+            profile_config("FromClaim", mtu=9000),
+        )
+    )
     resp = node_prepare(plugin, [good, jumbo])
     assert resp.claims[good["metadata"]["uid"]].error == ""
     bad = resp.claims[jumbo["metadata"]["uid"]]
@@ -238,7 +329,8 @@ def test_node_prepare_fails_only_the_claim_with_a_forbidden_profile(kubelet):
     assert bad.error == (
         "InvalidConfigError (CNI code 7): failed to prepare claim default/jumbo request 'net1': linkType ipvlan is "
         "not allowed on this node (profiles.allowedLinkTypes: macvlan), asked by config[0] (FromClass); mtu 9000 "
-        "is above this node's limit (profiles.maxMtu: 1500), asked by config[1] (FromClaim)")
+        "is above this node's limit (profiles.maxMtu: 1500), asked by config[1] (FromClaim)"
+    )
     state = StateStore(str(state_dir)).read()
     assert sorted(state.claims) == ["pod-a"]
     assert state.prepared("pod-a")[0].results[0].profile == InterfaceProfile(mtu=1500)

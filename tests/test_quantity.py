@@ -74,7 +74,26 @@ def test_parse_and_canonical(text: str, canonical: str, value: Fraction, fmt: st
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "   ", "-", "+", ".", "1K", "1 G", "abc", "1.5.5", "1e", "1e1.5", "1Gb", "G", "1Gi1", "--1", "1e99999", "٣"]
+    "bad",
+    [
+        "",
+        "   ",
+        "-",
+        "+",
+        ".",
+        "1K",
+        "1 G",
+        "abc",
+        "1.5.5",
+        "1e",
+        "1e1.5",
+        "1Gb",
+        "G",
+        "1Gi1",
+        "--1",
+        "1e99999",
+        "٣",
+    ],
 )
 def test_parse_rejects_bad_strings(bad: str) -> None:
     with pytest.raises(ValueError, match="invalid quantity"):
@@ -169,7 +188,9 @@ def test_pydantic_field() -> None:
 
 # -- properties -------------------------------------------------------------------------
 
-_suffix = st.sampled_from(["", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "e3", "e-2", "E6"])
+_suffix = st.sampled_from(
+    ["", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "e3", "e-2", "E6"]
+)
 
 
 @st.composite

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from cni_dra import ipam
+from cni_dra.attach import recover as recover_mod
 from cni_dra.cni import run
 from cni_dra.netlink import info, shaping, sublink, sysctl
 from cni_dra.state import StateStore
-from cni_dra.state.schema import STEP_IPAM, Owner
 from cni_dra.state.owner import boot_id, current_owner
-from cni_dra.attach import recover as recover_mod
+from cni_dra.state.schema import STEP_IPAM, Owner
 from tests.builders import attachment, cni_env, device, every_path_a_netns, netconf, write_slice
 
 KEY = ("net", "c1", "eth0")
@@ -38,16 +38,38 @@ KEY = ("net", "c1", "eth0")
 def kernel(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Links made and deleted (``+eth0`` / ``-eth0``); every namespace path is live."""
     done: list[str] = []
-    nic = info.LinkInfo(name="eth9", index=7, kind=None, mac="02:00:00:00:00:09", mtu=1500, operstate="UP",
-                        admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
-    link = info.LinkInfo(name="eth0", index=2, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500, operstate="UP",
-                         admin_up=True, parent_index=7, parent_netnsid=0, mode="bridge")
+    nic = info.LinkInfo(
+        name="eth9",
+        index=7,
+        kind=None,
+        mac="02:00:00:00:00:09",
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=None,
+        parent_netnsid=None,
+        mode=None,
+    )
+    link = info.LinkInfo(
+        name="eth0",
+        index=2,
+        kind="macvlan",
+        mac="02:00:00:00:00:01",
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=7,
+        parent_netnsid=0,
+        mode="bridge",
+    )
     every_path_a_netns(monkeypatch)
     monkeypatch.setattr(info, "host_link", lambda name: nic if name == "eth9" else None)
     monkeypatch.setattr(info, "link_in_netns", lambda ns, name: None)
     monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: bool(done.append("+" + kw["ifname"])) or link)
     monkeypatch.setattr(sublink, "delete_link", lambda ns, name: bool(done.append("-" + name)) or True)
-    monkeypatch.setattr(shaping, "delete_shaped_link", lambda ns, name: bool(done.append("-" + name)) or (True, True))
+    monkeypatch.setattr(
+        shaping, "delete_shaped_link", lambda ns, name: bool(done.append("-" + name)) or (True, True)
+    )
     monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
     monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
     return done
@@ -55,8 +77,13 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def _conf(tmp_path: Path, **kw: Any) -> dict[str, Any]:
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
-    return netconf(name="net", stateDir=str(tmp_path / "state"), inventory=str(tmp_path / "slice.yaml"),
-                   shaping=False, **kw)
+    return netconf(
+        name="net",
+        stateDir=str(tmp_path / "state"),
+        inventory=str(tmp_path / "slice.yaml"),
+        shaping=False,
+        **kw,
+    )
 
 
 def _held(tmp_path: Path, *, recovering: bool, owner: Owner | None = None) -> StateStore:
@@ -64,9 +91,19 @@ def _held(tmp_path: Path, *, recovering: bool, owner: Owner | None = None) -> St
     store = StateStore(tmp_path / "state")
     with store.transaction() as txn:
         txn.set_boot_id(boot_id())
-        txn.put(attachment("c1", network="net", parent="eth9", netns="/var/run/netns/x", phase="adding",
-                          owner=owner or current_owner(), recovering=True if recovering else None,
-                          steps=(STEP_IPAM,), consumedCapacity={"bandwidth": "1G"}))
+        txn.put(
+            attachment(
+                "c1",
+                network="net",
+                parent="eth9",
+                netns="/var/run/netns/x",
+                phase="adding",
+                owner=owner or current_owner(),
+                recovering=True if recovering else None,
+                steps=(STEP_IPAM,),
+                consumedCapacity={"bandwidth": "1G"},
+            )
+        )
     return store
 
 
@@ -83,7 +120,9 @@ def _finish_recovery_after(store: StateStore, delay_s: float) -> threading.Threa
 
 def _run(command: str, conf: dict[str, Any]) -> tuple[int, Any]:
     out = io.StringIO()
-    code = run({**cni_env(command, container_id="c1"), "PATH": "/usr/bin:/bin"}, json.dumps(conf).encode(), out)
+    code = run(
+        {**cni_env(command, container_id="c1"), "PATH": "/usr/bin:/bin"}, json.dumps(conf).encode(), out
+    )
     return code, json.loads(out.getvalue()) if out.getvalue().strip() else None
 
 

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 from cni_dra import ipam
+from cni_dra.attach.rebuild import repair
+from cni_dra.attach.shaping_plan import record
 from cni_dra.cni import run
 from cni_dra.netlink import info, netns, shaping, sublink
 from cni_dra.netlink.shaping import ShapeInfo, Tbf
 from cni_dra.state import StateStore
-from cni_dra.state.schema import STEP_IPAM, Owner
 from cni_dra.state.owner import boot_id, current_owner
-from cni_dra.attach.rebuild import repair
-from cni_dra.attach.shaping_plan import record
+from cni_dra.state.schema import STEP_IPAM, Owner
 from tests.builders import attachment, cni_env, device, netconf, write_slice
 
 POD_NS = "/run/netns/pod"
@@ -41,10 +41,30 @@ class Kernel:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.deleted: list[tuple[str, str, str]] = []
         self.shaping: ShapeInfo | None = FOUND
-        link = info.LinkInfo(name="eth0", index=3, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500,
-                             operstate="UP", admin_up=True, parent_index=7, parent_netnsid=0, mode="bridge")
-        nic = info.LinkInfo(name="eth9", index=7, kind=None, mac="02:00:00:00:00:09", mtu=1500, operstate="UP",
-                            admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
+        link = info.LinkInfo(
+            name="eth0",
+            index=3,
+            kind="macvlan",
+            mac="02:00:00:00:00:01",
+            mtu=1500,
+            operstate="UP",
+            admin_up=True,
+            parent_index=7,
+            parent_netnsid=0,
+            mode="bridge",
+        )
+        nic = info.LinkInfo(
+            name="eth9",
+            index=7,
+            kind=None,
+            mac="02:00:00:00:00:09",
+            mtu=1500,
+            operstate="UP",
+            admin_up=True,
+            parent_index=None,
+            parent_netnsid=None,
+            mode=None,
+        )
 
         def identity(path: str) -> tuple[int, int]:
             from cni_dra.errors import ContainerUnknownError
@@ -56,12 +76,21 @@ class Kernel:
         monkeypatch.setattr(netns, "netns_identity", identity)
         monkeypatch.setattr(netns, "netns_exists", lambda path: path == POD_NS)
         monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
-        monkeypatch.setattr(info, "link_in_netns", lambda ns, name: link if ns == POD_NS and name == "eth0" else None)
-        monkeypatch.setattr(info, "host_parent_of", lambda ns, name: nic if ns == POD_NS and name == "eth0" else None)
+        monkeypatch.setattr(
+            info, "link_in_netns", lambda ns, name: link if ns == POD_NS and name == "eth0" else None
+        )
+        monkeypatch.setattr(
+            info, "host_parent_of", lambda ns, name: nic if ns == POD_NS and name == "eth0" else None
+        )
         monkeypatch.setattr(shaping, "read_shaping", lambda ns, name: self.shaping)
-        monkeypatch.setattr(shaping, "delete_shaped_link",
-                            lambda ns, name: bool(self.deleted.append(("shaped", ns, name))) or (True, True))
-        monkeypatch.setattr(sublink, "delete_link", lambda ns, name: bool(self.deleted.append(("plain", ns, name))) or True)
+        monkeypatch.setattr(
+            shaping,
+            "delete_shaped_link",
+            lambda ns, name: bool(self.deleted.append(("shaped", ns, name))) or (True, True),
+        )
+        monkeypatch.setattr(
+            sublink, "delete_link", lambda ns, name: bool(self.deleted.append(("plain", ns, name))) or True
+        )
         monkeypatch.setattr(sublink, "delete_temp_links", lambda ns, temp, parent: [])
         monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
 
@@ -74,8 +103,18 @@ def _dead_owner() -> Owner:
 
 
 def _adding(owner: Owner) -> Any:
-    return attachment("c1", network="net", parent="eth9", netns=POD_NS, netnsIdentity=POD, phase="adding",
-                      owner=owner, steps=(STEP_IPAM,), tempName="cdra0123456789", consumedCapacity={"bandwidth": "1G"})
+    return attachment(
+        "c1",
+        network="net",
+        parent="eth9",
+        netns=POD_NS,
+        netnsIdentity=POD,
+        phase="adding",
+        owner=owner,
+        steps=(STEP_IPAM,),
+        tempName="cdra0123456789",
+        consumedCapacity={"bandwidth": "1G"},
+    )
 
 
 def _store(tmp_path: Path, *atts: Any) -> StateStore:
@@ -118,8 +157,9 @@ def test_repair_undoes_the_add_of_a_dead_process_with_its_ifb_device(tmp_path, m
 
 
 @pytest.mark.parametrize("alive", [True, False], ids=["owner-alive", "owner-dead"])
-def test_repair_after_lost_records_keeps_an_add_with_a_live_link_as_ready_with_its_shaping(tmp_path, monkeypatch,
-                                                                                             alive):
+def test_repair_after_lost_records_keeps_an_add_with_a_live_link_as_ready_with_its_shaping(
+    tmp_path, monkeypatch, alive
+):
     """Records may be lost: the ADD's "ready" record may have been among them (the runtime got
     its result), so the attachment is kept as ready, recording the shaping found on its link;
     its DEL then removes the link with its ifb device."""
@@ -130,12 +170,17 @@ def test_repair_after_lost_records_keeps_an_add_with_a_live_link_as_ready_with_i
     (att,) = store.read().attachments
     assert (att.phase, att.owner, att.recovering) == ("ready", None, None)
     assert att.shaping == record(FOUND) and att.readyAt is not None
-    assert any("kept attachment net/c1/eth0" in line and "ifb device ifb-eth0" in line for line in report.changes)
+    assert any(
+        "kept attachment net/c1/eth0" in line and "ifb device ifb-eth0" in line for line in report.changes
+    )
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
     conf = netconf(name="net", stateDir=str(tmp_path / "state"), inventory=str(tmp_path / "slice.yaml"))
     out = io.StringIO()
-    code = run({**cni_env("DEL", container_id="c1", netns=POD_NS), "PATH": "/usr/bin:/bin"}, json.dumps(conf).encode(),
-               out)
+    code = run(
+        {**cni_env("DEL", container_id="c1", netns=POD_NS), "PATH": "/usr/bin:/bin"},
+        json.dumps(conf).encode(),
+        out,
+    )
     assert (code, out.getvalue()) == (0, "")
     assert kernel.deleted == [("shaped", POD_NS, "eth0")] and store.read().attachments == []
 

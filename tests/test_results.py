@@ -29,7 +29,14 @@ from cni_dra.protocol.versions import SUPPORTED_VERSIONS
 
 SAMPLE = Result(
     interfaces=[
-        Interface("eth0", mac="02:42:ac:11:00:02", mtu=1500, sandbox="/var/run/netns/c1", socket_path="/run/vhu.sock", pci_id="0000:03:00.1"),
+        Interface(
+            "eth0",
+            mac="02:42:ac:11:00:02",
+            mtu=1500,
+            sandbox="/var/run/netns/c1",
+            socket_path="/run/vhu.sock",
+            pci_id="0000:03:00.1",
+        ),
     ],
     ips=[
         IPConfig("10.1.0.5/24", gateway="10.1.0.1", interface=0),
@@ -41,10 +48,17 @@ SAMPLE = Result(
         Route("::/0", gw="fd00::1"),
         Route("192.168.0.0/16"),
     ],
-    dns=DNS(nameservers=["10.1.0.53"], domain="cluster.local", search=["svc.cluster.local"], options=["ndots:5"]),
+    dns=DNS(
+        nameservers=["10.1.0.53"], domain="cluster.local", search=["svc.cluster.local"], options=["ndots:5"]
+    ),
 )
 
-DNS_DICT = {"nameservers": ["10.1.0.53"], "domain": "cluster.local", "search": ["svc.cluster.local"], "options": ["ndots:5"]}
+DNS_DICT = {
+    "nameservers": ["10.1.0.53"],
+    "domain": "cluster.local",
+    "search": ["svc.cluster.local"],
+    "options": ["ndots:5"],
+}
 
 EXPECTED_110 = {
     "cniVersion": "1.1.0",
@@ -64,7 +78,15 @@ EXPECTED_110 = {
         {"address": "10.2.0.5/16", "interface": 0},
     ],
     "routes": [
-        {"dst": "0.0.0.0/0", "gw": "10.1.0.1", "mtu": 1400, "advmss": 1360, "priority": 100, "table": 200, "scope": 0},
+        {
+            "dst": "0.0.0.0/0",
+            "gw": "10.1.0.1",
+            "mtu": 1400,
+            "advmss": 1360,
+            "priority": 100,
+            "table": 200,
+            "scope": 0,
+        },
         {"dst": "::/0", "gw": "fd00::1"},
         {"dst": "192.168.0.0/16"},
     ],
@@ -79,7 +101,11 @@ EXPECTED_100 = {
         {"address": "fd00::5/64", "gateway": "fd00::1", "interface": 0},
         {"address": "10.2.0.5/16", "interface": 0},
     ],
-    "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}, {"dst": "::/0", "gw": "fd00::1"}, {"dst": "192.168.0.0/16"}],
+    "routes": [
+        {"dst": "0.0.0.0/0", "gw": "10.1.0.1"},
+        {"dst": "::/0", "gw": "fd00::1"},
+        {"dst": "192.168.0.0/16"},
+    ],
     "dns": DNS_DICT,
 }
 
@@ -93,7 +119,11 @@ def expected_04x(version: str) -> dict[str, object]:
             {"version": "6", "address": "fd00::5/64", "gateway": "fd00::1", "interface": 0},
             {"version": "4", "address": "10.2.0.5/16", "interface": 0},
         ],
-        "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}, {"dst": "::/0", "gw": "fd00::1"}, {"dst": "192.168.0.0/16"}],
+        "routes": [
+            {"dst": "0.0.0.0/0", "gw": "10.1.0.1"},
+            {"dst": "::/0", "gw": "fd00::1"},
+            {"dst": "192.168.0.0/16"},
+        ],
         "dns": DNS_DICT,
     }
 
@@ -196,18 +226,30 @@ def test_object_cniversion_wins_over_argument() -> None:
 
 
 def test_parse_ignores_unknown_keys() -> None:
-    obj = {"cniVersion": "1.1.0", "ips": [{"address": "10.0.0.2/8", "future": 1}], "metadata": {}, "interfaces": [{"name": "a", "x": 1}]}
+    obj = {
+        "cniVersion": "1.1.0",
+        "ips": [{"address": "10.0.0.2/8", "future": 1}],
+        "metadata": {},
+        "interfaces": [{"name": "a", "x": 1}],
+    }
     assert parse_result(obj) == Result(interfaces=[Interface("a")], ips=[IPConfig("10.0.0.2/8")])
 
 
 def test_parse_normalises_addresses() -> None:
-    r = parse_result({"ips": [{"address": "FD00:0::0005/64", "gateway": "FD00::1"}], "routes": [{"dst": "::/0", "gw": ""}]})
+    r = parse_result(
+        {"ips": [{"address": "FD00:0::0005/64", "gateway": "FD00::1"}], "routes": [{"dst": "::/0", "gw": ""}]}
+    )
     assert r.ips[0] == IPConfig("fd00::5/64", "fd00::1")
     assert r.routes[0].gw is None
 
 
 def test_parse_zero_counts_are_unset_but_zero_table_scope_kept() -> None:
-    r = parse_result({"interfaces": [{"name": "a", "mtu": 0}], "routes": [{"dst": "10.0.0.0/8", "mtu": 0, "table": 0, "scope": 0}]})
+    r = parse_result(
+        {
+            "interfaces": [{"name": "a", "mtu": 0}],
+            "routes": [{"dst": "10.0.0.0/8", "mtu": 0, "table": 0, "scope": 0}],
+        }
+    )
     assert r.interfaces[0].mtu is None
     assert r.routes[0].mtu is None
     assert r.routes[0].table == 0 and r.routes[0].scope == 0
@@ -292,7 +334,10 @@ def test_to_dict_omits_empty_fields() -> None:
 
 def test_020_only_v6_and_routes_of_missing_family_dropped() -> None:
     r = Result(ips=[IPConfig("fd00::2/64")], routes=[Route("0.0.0.0/0", "10.0.0.1"), Route("::/0")])
-    assert result_to_dict(r, "0.2.0") == {"cniVersion": "0.2.0", "ip6": {"ip": "fd00::2/64", "routes": [{"dst": "::/0"}]}}
+    assert result_to_dict(r, "0.2.0") == {
+        "cniVersion": "0.2.0",
+        "ip6": {"ip": "fd00::2/64", "routes": [{"dst": "::/0"}]},
+    }
 
 
 # --- model invariants --------------------------------------------------------
@@ -327,7 +372,9 @@ def test_merge_without_prev() -> None:
     ours = Interface("net1", mac="02:00:00:00:00:01", sandbox="/ns")
     m = merge_prev_result(None, ours, [IPConfig("10.0.0.2/24", "10.0.0.1")], [Route("0.0.0.0/0", "10.0.0.1")])
     assert m == Result(
-        interfaces=[ours], ips=[IPConfig("10.0.0.2/24", "10.0.0.1", interface=0)], routes=[Route("0.0.0.0/0", "10.0.0.1")]
+        interfaces=[ours],
+        ips=[IPConfig("10.0.0.2/24", "10.0.0.1", interface=0)],
+        routes=[Route("0.0.0.0/0", "10.0.0.1")],
     )
 
 
@@ -371,9 +418,22 @@ _interfaces = st.builds(
     pci_id=st.none() | _text,
 )
 _routes = st.builds(
-    Route, dst=_v4 | _v6, gw=_gw, mtu=_small, advmss=_small, priority=_small, table=_small, scope=st.none() | st.integers(0, 255)
+    Route,
+    dst=_v4 | _v6,
+    gw=_gw,
+    mtu=_small,
+    advmss=_small,
+    priority=_small,
+    table=_small,
+    scope=st.none() | st.integers(0, 255),
 )
-_dns = st.builds(DNS, nameservers=st.lists(_text, max_size=3), domain=_text, search=st.lists(_text, max_size=3), options=st.lists(_text, max_size=3))
+_dns = st.builds(
+    DNS,
+    nameservers=st.lists(_text, max_size=3),
+    domain=_text,
+    search=st.lists(_text, max_size=3),
+    options=st.lists(_text, max_size=3),
+)
 
 
 @st.composite
@@ -419,15 +479,40 @@ def test_merge_property(result: Result, ours: Interface, n: int) -> None:
 # --- fuzz: foreign input never escapes as anything but a CNI error -------------
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=12,
 )
 _keys = st.sampled_from(
-    ["cniVersion", "interfaces", "ips", "routes", "dns", "ip4", "ip6", "address", "gateway", "interface", "version", "dst", "gw", "name", "mtu", "ip"]
+    [
+        "cniVersion",
+        "interfaces",
+        "ips",
+        "routes",
+        "dns",
+        "ip4",
+        "ip6",
+        "address",
+        "gateway",
+        "interface",
+        "version",
+        "dst",
+        "gw",
+        "name",
+        "mtu",
+        "ip",
+    ]
 )
 _result_like = st.recursive(
-    st.none() | st.integers(-3, 3) | st.sampled_from(["10.0.0.1/8", "fd00::1/64", "10.0.0.1", "1.1.0", "0.2.0", "0.4.0", "4", "6", "x"]),
+    st.none()
+    | st.integers(-3, 3)
+    | st.sampled_from(["10.0.0.1/8", "fd00::1/64", "10.0.0.1", "1.1.0", "0.2.0", "0.4.0", "4", "6", "x"]),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(_keys, children, max_size=4),
     max_leaves=16,
 )

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cni_dra.attach.shaping_plan import shape_spec
 from cni_dra.netlink.shaping import MIN_BURST_BYTES, ShapeSpec
 from cni_dra.protocol.config import RuntimeBandwidth, ShapingConfig, load_conf
-from cni_dra.attach.shaping_plan import shape_spec
 from tests.builders import netconf_bytes
 
 M = 1_000_000
@@ -24,23 +24,29 @@ FIELDS = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
 
 
 def _runtime(bandwidth: dict) -> RuntimeBandwidth | None:
-    return load_conf(netconf_bytes(runtimeConfig={"bandwidth": bandwidth},
-                                   capabilities={"bandwidth": True})).runtime_bandwidth
+    return load_conf(
+        netconf_bytes(runtimeConfig={"bandwidth": bandwidth}, capabilities={"bandwidth": True})
+    ).runtime_bandwidth
 
 
 def test_containerds_go_field_names_are_read() -> None:
     # what containerd 2.1 sent for kubernetes.io/egress-bandwidth: 100M and ingress-bandwidth: 5G
     sent = {"IngressRate": 5000 * M, "IngressBurst": MAX_U32, "EgressRate": 100 * M, "EgressBurst": MAX_U32}
-    assert _runtime(sent) == RuntimeBandwidth(ingressRate=5000 * M, ingressBurst=MAX_U32,
-                                              egressRate=100 * M, egressBurst=MAX_U32)
+    assert _runtime(sent) == RuntimeBandwidth(
+        ingressRate=5000 * M, ingressBurst=MAX_U32, egressRate=100 * M, egressBurst=MAX_U32
+    )
 
 
 def test_containerds_egress_annotation_lowers_a_1g_share_and_its_ingress_one_does_not_raise_it() -> None:
     sent = {"IngressRate": 5000 * M, "IngressBurst": MAX_U32, "EgressRate": 100 * M, "EgressBurst": MAX_U32}
     spec = shape_spec(ShapingConfig(), {"bandwidth": "1G"}, _runtime(sent))
     # bursts: containerd's 2^32-1 bits leave each default (128 KiB at 100M, 2 ms = 250 kB at 1G)
-    assert spec == ShapeSpec(egress_rate_bps=100 * M, egress_burst_bytes=MIN_BURST_BYTES,
-                             ingress_rate_bps=1000 * M, ingress_burst_bytes=250_000)
+    assert spec == ShapeSpec(
+        egress_rate_bps=100 * M,
+        egress_burst_bytes=MIN_BURST_BYTES,
+        ingress_rate_bps=1000 * M,
+        ingress_burst_bytes=250_000,
+    )
 
 
 @given(st.sampled_from(FIELDS), st.integers(0, 2**64 - 1), st.data())
@@ -65,17 +71,23 @@ def test_a_bad_value_under_a_go_name_is_still_code_7() -> None:
 
 def test_unknown_keys_are_ignored_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="cni_dra.protocol.config"):
-        got = _runtime({"EgressRate": 5 * M, "shapedSubnets": ["10.0.0.0/8"], "egress_rate": 7, "égressRate": 9})
+        got = _runtime(
+            {"EgressRate": 5 * M, "shapedSubnets": ["10.0.0.0/8"], "egress_rate": 7, "égressRate": 9}
+        )
     assert got == RuntimeBandwidth(egressRate=5 * M)
     (rec,) = [r for r in caplog.records if r.name == "cni_dra.protocol.config"]
     assert rec.levelno == logging.WARNING
     msg = rec.getMessage()
-    assert "runtimeConfig.bandwidth: ignoring unknown key(s) 'shapedSubnets', 'egress_rate', 'égressRate'" in msg, msg
+    assert (
+        "runtimeConfig.bandwidth: ignoring unknown key(s) 'shapedSubnets', 'egress_rate', 'égressRate'" in msg
+    ), msg
     assert "EgressRate" not in msg
 
 
 def test_known_keys_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="cni_dra.protocol.config"):
         _runtime({"IngressRate": M, "egressRate": M})
-        load_conf(netconf_bytes(runtimeConfig={"bandwidth": {"bogus": 1}}))  # capability not declared: not read
+        load_conf(
+            netconf_bytes(runtimeConfig={"bandwidth": {"bogus": 1}})
+        )  # capability not declared: not read
     assert not [r for r in caplog.records if r.name == "cni_dra.protocol.config"]

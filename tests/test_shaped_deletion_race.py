@@ -57,8 +57,11 @@ class Namespace:
                 raise _pyroute2.load().NetlinkError(errno.ENODEV, "No such device")
             self.links[kw["index"]].attrs["IFLA_GROUP"] = kw["group"]
             return None
-        gone = [i for i, link in self.links.items() if link.get_attr("IFLA_GROUP") == kw.get("group")
-                or i == kw.get("index")]
+        gone = [
+            i
+            for i, link in self.links.items()
+            if link.get_attr("IFLA_GROUP") == kw.get("group") or i == kw.get("index")
+        ]
         if not gone:
             raise _pyroute2.load().NetlinkError(errno.ENODEV, "No such device")
         for index in gone:

@@ -56,8 +56,9 @@ def test_bucket_formula_holds_for_every_rate(rate_bps: int) -> None:
     tbf = Tbf.for_rate(rate_bps)
     rate_Bps = rate_bps // 8  # noqa: N806
     # 128 KiB is more than tbf holds below about 3.8 kbit/s: then the longest bucket it holds
-    assert tbf.burst_bytes == min(max(math.ceil(rate_Bps * BURST_WINDOW_S), MIN_BURST_BYTES),
-                                  rate_Bps * 274_877_905 // 1_000_000)
+    assert tbf.burst_bytes == min(
+        max(math.ceil(rate_Bps * BURST_WINDOW_S), MIN_BURST_BYTES), rate_Bps * 274_877_905 // 1_000_000
+    )
     assert tbf.limit_bytes == min(math.ceil(rate_Bps * DEFAULT_LATENCY_S) + tbf.burst_bytes, 2**32 - 1)
 
 
@@ -67,12 +68,20 @@ def test_bucket_formula_holds_for_every_rate(rate_bps: int) -> None:
         ({"rate_bps": 0}, "rate 0 is not an integer"),
         ({"rate_bps": -5}, "rate -5"),
         ({"rate_bps": 7}, "rate 7 bit/s is below 2824 bit/s"),
-        ({"rate_bps": 2823}, "rate 2823 bit/s is below 2824 bit/s, the lowest at which tbf passes a full frame "
-                             "at MTU 1500 \\(1514 bytes in 4.29 s of the rate\\)"),
+        (
+            {"rate_bps": 2823},
+            "rate 2823 bit/s is below 2824 bit/s, the lowest at which tbf passes a full frame "
+            "at MTU 1500 \\(1514 bytes in 4.29 s of the rate\\)",
+        ),
         ({"rate_bps": 16_000, "mtu": 9000}, "below 16816 bit/s, .* at MTU 9000 \\(9014 bytes"),
-        ({"rate_bps": 300 * M, "burst_bytes": 1588}, "burst 1588 bytes is below 1589 bytes, the smallest bucket"),
-        ({"rate_bps": 100 * M, "burst_bytes": 3_435_973_813},
-         "burst 3435973813 bytes is above 3435973812 bytes, the largest bucket tbf holds at 100000000 bit/s"),
+        (
+            {"rate_bps": 300 * M, "burst_bytes": 1588},
+            "burst 1588 bytes is below 1589 bytes, the smallest bucket",
+        ),
+        (
+            {"rate_bps": 100 * M, "burst_bytes": 3_435_973_813},
+            "burst 3435973813 bytes is above 3435973812 bytes, the largest bucket tbf holds at 100000000 bit/s",
+        ),
         ({"rate_bps": M, "mtu": 67}, "MTU 67"),
         ({"rate_bps": MAX_RATE_BPS + 1}, "rate"),
         ({"rate_bps": True}, "rate True"),
@@ -90,16 +99,24 @@ def test_invalid_buckets_are_config_errors(kwargs: dict, match: str) -> None:
 
 
 _MTUS = st.sampled_from([68, 1500, 9000, 65535, 65536]) | st.integers(min_value=68, max_value=65536)
-_RATES = st.integers(min_value=0, max_value=2**40) | st.integers(min_value=2700, max_value=3000) | st.integers(
-    min_value=MAX_RATE_BPS - 64, max_value=MAX_RATE_BPS + 64)
-_BURSTS = st.none() | st.integers(min_value=-1, max_value=2**34) | st.integers(min_value=0, max_value=70_000) | \
-    st.integers(min_value=2**32 - 64, max_value=2**32 + 64)
+_RATES = (
+    st.integers(min_value=0, max_value=2**40)
+    | st.integers(min_value=2700, max_value=3000)
+    | st.integers(min_value=MAX_RATE_BPS - 64, max_value=MAX_RATE_BPS + 64)
+)
+_BURSTS = (
+    st.none()
+    | st.integers(min_value=-1, max_value=2**34)
+    | st.integers(min_value=0, max_value=70_000)
+    | st.integers(min_value=2**32 - 64, max_value=2**32 + 64)
+)
 
 
 @settings(max_examples=300, deadline=None)  # (the first example imports pyroute2)
 @given(_RATES, _BURSTS, _MTUS, st.floats(min_value=0.001, max_value=10))
-def test_a_bucket_is_held_as_asked_or_refused_with_code_7(rate_bps: int, burst: int | None, mtu: int,
-                                                          latency_s: float) -> None:
+def test_a_bucket_is_held_as_asked_or_refused_with_code_7(
+    rate_bps: int, burst: int | None, mtu: int, latency_s: float
+) -> None:
     """Whatever the rate, burst and MTU: the kernel holds the bucket as asked and passes a full
     frame, or Tbf.for_rate refuses it with code 7; pyroute2 never fails to encode it."""
     try:
@@ -115,8 +132,10 @@ def test_a_bucket_is_held_as_asked_or_refused_with_code_7(rate_bps: int, burst: 
 @settings(max_examples=200, deadline=None)
 @given(st.data(), _MTUS)
 def test_every_bucket_inside_the_bounds_is_accepted(data: st.DataObject, mtu: int) -> None:
-    rate_bps = data.draw(st.integers(min_value=min_rate_bps(mtu), max_value=MAX_RATE_BPS) |
-                         st.sampled_from([min_rate_bps(mtu), MAX_RATE_BPS]))
+    rate_bps = data.draw(
+        st.integers(min_value=min_rate_bps(mtu), max_value=MAX_RATE_BPS)
+        | st.sampled_from([min_rate_bps(mtu), MAX_RATE_BPS])
+    )
     lo, hi = min_burst_bytes(rate_bps, mtu), max_burst_bytes(rate_bps)
     burst = data.draw(st.integers(min_value=lo, max_value=hi) | st.sampled_from([lo, hi]))
     assert holds_as_asked(Tbf.for_rate(rate_bps, burst, mtu=mtu), mtu)
@@ -137,7 +156,9 @@ def test_the_bounds_are_the_kernels(mtu: int, rate_bps: int | None) -> None:
         Tbf.for_rate(lowest - 8, mtu=mtu)
     slow = Tbf.for_rate(lowest, mtu=mtu)  # at the lowest rate: what 2**32-1 ns of it sends holds a frame
     assert holds_as_asked(slow, mtu)
-    assert int(lowest * 0.998) // 8 * (2**32 - 1) // 10**9 < mtu + 14  # the bound is within 0.2 % of the kernel
+    assert (
+        int(lowest * 0.998) // 8 * (2**32 - 1) // 10**9 < mtu + 14
+    )  # the bound is within 0.2 % of the kernel
     top = max_burst_bytes(rate_bps)
     assert holds_as_asked(Tbf.for_rate(rate_bps, top, mtu=mtu), mtu)
     if top < 2**32 - 1:  # else 32 bits end the range first
@@ -145,7 +166,9 @@ def test_the_bounds_are_the_kernels(mtu: int, rate_bps: int | None) -> None:
             Tbf.for_rate(rate_bps, top + 1, mtu=mtu)
         with pytest.raises(struct.error):  # what ADD crashed on before
             # 274 877 907 µs of the rate: more than 2**32-1 ticks of 64 ns
-            as_the_kernel_holds_it(Tbf(rate_bps // 8 * 8, -(-(rate_bps // 8) * 274_877_907 // 10**6) + 1, 2**32 - 1))
+            as_the_kernel_holds_it(
+                Tbf(rate_bps // 8 * 8, -(-(rate_bps // 8) * 274_877_907 // 10**6) + 1, 2**32 - 1)
+            )
 
 
 def test_a_rate_below_4_kbit_s_has_a_bucket_the_kernel_holds() -> None:
@@ -216,4 +239,6 @@ def test_burst_reads_back_from_ticks(rate_bps: int) -> None:
         buffer = int(1_000_000 * burst / (rate_bps / 8) * ticks_per_us)  # what tc and pyroute2 store
         if buffer >= 2**32:
             continue
-        assert abs(burst_from_buffer(buffer, rate_bps, ticks_per_us) - burst) <= max(1, rate_bps / 8 / 15_625_000)
+        assert abs(burst_from_buffer(buffer, rate_bps, ticks_per_us) - burst) <= max(
+            1, rate_bps / 8 / 15_625_000
+        )

@@ -17,18 +17,40 @@ from cni_dra.state.ledger import node_usage
 
 def _att(cid: str, device: str, bw: str, **kw) -> Attachment:
     return Attachment(
-        network="net1", containerID=cid, ifname="eth0", driver="d", pool="p", device=device,
-        parent=device, consumedCapacity={"bandwidth": Quantity.parse(bw)}, shareID=f"s-{cid}", **kw,
+        network="net1",
+        containerID=cid,
+        ifname="eth0",
+        driver="d",
+        pool="p",
+        device=device,
+        parent=device,
+        consumedCapacity={"bandwidth": Quantity.parse(bw)},
+        shareID=f"s-{cid}",
+        **kw,
     )
 
 
 def _claim(uid: str, device: str, bw: str, share: str, pool: str = "p") -> dict:
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
         "metadata": {"name": f"c-{uid}", "namespace": "ns", "uid": uid},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "net", "driver": "d", "pool": pool, "device": device,
-             "consumedCapacity": {"bandwidth": bw}, "shareID": share}]}}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "net",
+                            "driver": "d",
+                            "pool": pool,
+                            "device": device,
+                            "consumedCapacity": {"bandwidth": bw},
+                            "shareID": share,
+                        }
+                    ]
+                }
+            }
+        },
     }
 
 
@@ -84,7 +106,9 @@ def test_write_is_atomic_replace(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
-@pytest.mark.parametrize("content", [b"", b"{\"schemaVersion\": 1, \"attachments\": [", b"\x00\x00garbage", b"[]"])
+@pytest.mark.parametrize(
+    "content", [b"", b'{"schemaVersion": 1, "attachments": [', b"\x00\x00garbage", b"[]"]
+)
 def test_corrupt_state_is_never_read_as_empty(tmp_path, content):
     (tmp_path / "state.json").write_bytes(content)
     with pytest.raises(StateError) as ei:
@@ -142,8 +166,9 @@ def test_consumption_counts_attachments_and_unattached_claims_once():
     assert used["eth-a"]["bandwidth"] == Quantity.parse("7G")
     assert used["eth-b"]["bandwidth"] == Quantity.parse("6G")
     # once pod5's claim is attached, it is counted through the attachment only
-    att = _att("c5", "eth-b", "6G").model_copy(update={
-        "shareID": "share5", "claim": ClaimRef(uid="u5", name="c-u5", namespace="ns")})
+    att = _att("c5", "eth-b", "6G").model_copy(
+        update={"shareID": "share5", "claim": ClaimRef(uid="u5", name="c-u5", namespace="ns")}
+    )
     txn.put(att)
     assert node_usage(txn.state, "d", "p").consumed["eth-b"]["bandwidth"] == Quantity.parse("6G")
 

@@ -31,17 +31,48 @@ SYNCS = ("fsync", "fdatasync", "fsync_dir")
 
 def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, str], bytes]:
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
-    conf = {"cniVersion": "1.0.0", "name": "net", "type": "cni-dra", "stateDir": str(tmp_path / "state"),
-            "inventory": str(tmp_path / "slice.yaml"), "ipam": {"type": "host-local"}}
-    parent = info.LinkInfo(name="eth9", index=7, kind=None, mac="02:00:00:00:00:09", mtu=1500,
-                            operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
-    link = info.LinkInfo(name="eth0", index=2, kind="macvlan", mac="02:00:00:00:00:01", mtu=1500,
-                          operstate="UP", admin_up=True, parent_index=None, parent_netnsid=None, mode=None)
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "net",
+        "type": "cni-dra",
+        "stateDir": str(tmp_path / "state"),
+        "inventory": str(tmp_path / "slice.yaml"),
+        "ipam": {"type": "host-local"},
+    }
+    parent = info.LinkInfo(
+        name="eth9",
+        index=7,
+        kind=None,
+        mac="02:00:00:00:00:09",
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=None,
+        parent_netnsid=None,
+        mode=None,
+    )
+    link = info.LinkInfo(
+        name="eth0",
+        index=2,
+        kind="macvlan",
+        mac="02:00:00:00:00:01",
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=None,
+        parent_netnsid=None,
+        mode=None,
+    )
     every_path_a_netns(monkeypatch)
     monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
     monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: link)
-    monkeypatch.setattr(shaping, "apply_shaping", lambda netns, ifname, spec, **kw: shaping.ShapeInfo(
-        ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None))
+    monkeypatch.setattr(
+        shaping,
+        "apply_shaping",
+        lambda netns, ifname, spec, **kw: shaping.ShapeInfo(
+            ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None
+        ),
+    )
     monkeypatch.setattr(shaping, "remove_shaping", lambda netns, ifname: True)
     monkeypatch.setattr(shaping, "delete_shaped_link", lambda netns, ifname: (True, True))
     monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
@@ -49,8 +80,13 @@ def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, st
     monkeypatch.setattr(sublink, "delete_link", lambda *a: True)
     monkeypatch.setattr(ipam, "ipam_add", lambda *a, **k: Result(ips=[IPConfig(address="192.0.2.5/24")]))
     monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
-    env = {"CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/bin:/bin"}
+    env = {
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/var/run/netns/pod",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/usr/lib/cni",
+        "PATH": "/usr/bin:/bin",
+    }
     return env, json.dumps(conf).encode()
 
 
@@ -73,7 +109,9 @@ def _costs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], stdin: bytes) -
     return dict(counts)
 
 
-def test_add_and_del_take_the_lock_and_sync_as_often_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_add_and_del_take_the_lock_and_sync_as_often_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env, stdin = _node(tmp_path, monkeypatch)
     for n in range(2):  # a snapshot, then a journal: the verbs' commits append to it
         with StateStore(tmp_path / "state").transaction() as txn:

@@ -19,14 +19,25 @@ from cni_dra.state import Attachment, StateStore
 from cni_dra.state.schema import STEP_LINK
 
 KEY = ("net", "c1", "eth0")
-CLAIM = {"metadata": {"uid": "u1", "name": "c"},
-         "status": {"allocation": {"devices": {"results": [{"driver": "d", "pool": "p", "device": "nic-a"}]}}}}
+CLAIM = {
+    "metadata": {"uid": "u1", "name": "c"},
+    "status": {"allocation": {"devices": {"results": [{"driver": "d", "pool": "p", "device": "nic-a"}]}}},
+}
 
 
 def _att() -> Attachment:
-    return Attachment(network="net", containerID="c1", ifname="eth0", driver="d", pool="p", device="nic-a",
-                      parent="eth9", consumedCapacity={"bandwidth": "1G"}, phase="adding",
-                      result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}]})
+    return Attachment(
+        network="net",
+        containerID="c1",
+        ifname="eth0",
+        driver="d",
+        pool="p",
+        device="nic-a",
+        parent="eth9",
+        consumedCapacity={"bandwidth": "1G"},
+        phase="adding",
+        result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}]},
+    )
 
 
 def _steps(st: Any) -> None:
@@ -69,8 +80,10 @@ def _attachments(st: Any) -> None:
     st.attachments.append(_att().model_copy(update={"containerID": "c2"}))
 
 
-@pytest.mark.parametrize("change", [_steps, _field, _capacity, _result, _claim, _claims_list, _claims_map,
-                                    _status, _boot, _attachments])
+@pytest.mark.parametrize(
+    "change",
+    [_steps, _field, _capacity, _result, _claim, _claims_list, _claims_map, _status, _boot, _attachments],
+)
 def test_an_in_place_change_is_refused_and_memory_still_equals_the_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Callable[[Any], None]
 ) -> None:
@@ -96,7 +109,9 @@ def test_an_in_place_change_is_refused_and_memory_still_equals_the_files(
     assert on_disk["bootID"] == "b1"
 
 
-def test_a_change_through_the_transaction_is_journaled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_change_through_the_transaction_is_journaled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
     store = StateStore(tmp_path)
     with store.transaction() as txn:
@@ -119,7 +134,9 @@ def test_an_update_cannot_change_the_key(tmp_path: Path) -> None:
     assert store.read_files().find(*KEY) is not None
 
 
-def test_a_copy_that_skipped_validation_is_frozen_when_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_copy_that_skipped_validation_is_frozen_when_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
     store = StateStore(tmp_path)
     unvalidated = _att().model_copy(update={"result": {"interfaces": []}, "steps": [STEP_LINK]})

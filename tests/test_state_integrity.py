@@ -18,25 +18,50 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cni_dra import faults
+from cni_dra.attach.rebuild import repair
+from cni_dra.attach.recover import recover
 from cni_dra.errors import StateError, TryAgainLaterError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore
 from cni_dra.state.schema import SCHEMA_VERSION, Owner, migrate
 from cni_dra.state.store import boot_id, current_owner, decode_state, encode_state, owner_alive
-from cni_dra.attach.recover import recover
-from cni_dra.attach.rebuild import repair
 
 
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
     kw.setdefault("phase", "ready")
-    return Attachment(network="net", containerID=cid, ifname="eth0", driver="d", pool="p", device="nic-a",
-                      parent="eth9", consumedCapacity={"bandwidth": Quantity.parse(bw)}, **kw)
+    return Attachment(
+        network="net",
+        containerID=cid,
+        ifname="eth0",
+        driver="d",
+        pool="p",
+        device="nic-a",
+        parent="eth9",
+        consumedCapacity={"bandwidth": Quantity.parse(bw)},
+        **kw,
+    )
 
 
 def _claim(uid: str) -> dict:
-    return {"metadata": {"name": "c", "namespace": "ns", "uid": uid}, "status": {"allocation": {"devices": {
-        "results": [{"request": "net", "driver": "d", "pool": "p", "device": "nic-b",
-                     "consumedCapacity": {"bandwidth": "3G"}, "shareID": "5f0c"}]}}}}
+    return {
+        "metadata": {"name": "c", "namespace": "ns", "uid": uid},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "net",
+                            "driver": "d",
+                            "pool": "p",
+                            "device": "nic-b",
+                            "consumedCapacity": {"bandwidth": "3G"},
+                            "shareID": "5f0c",
+                        }
+                    ]
+                }
+            }
+        },
+    }
 
 
 def _dead_owner() -> Owner:
@@ -49,7 +74,9 @@ def _dead_owner() -> Owner:
 
 states = st.builds(
     lambda cids, bws, claim: NodeState(
-        bootID="b", attachments=[_att(c, b) for c, b in zip(cids, bws, strict=False)], claims={"pod": [_claim("u")]} if claim else {}
+        bootID="b",
+        attachments=[_att(c, b) for c, b in zip(cids, bws, strict=False)],
+        claims={"pod": [_claim("u")]} if claim else {},
     ),
     st.lists(st.from_regex(r"[a-z0-9]{1,12}", fullmatch=True), max_size=4, unique=True),
     st.lists(st.sampled_from(["100M", "1G", "2500M", "10G"]), min_size=4, max_size=4),
@@ -92,12 +119,15 @@ def test_any_changed_byte_is_detected(state, data):
         decode_state(bytes(raw))
 
 
-@pytest.mark.parametrize("content,why", [
-    (b"", "not valid JSON"),
-    (b'{"schemaVersion": 2, "attachments": [', "not valid JSON"),
-    (b'{"schemaVersion": 2, "attachments": []}', "checksum missing"),
-    (b"[]", "not an object"),
-])
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        (b"", "not valid JSON"),
+        (b'{"schemaVersion": 2, "attachments": [', "not valid JSON"),
+        (b'{"schemaVersion": 2, "attachments": []}', "checksum missing"),
+        (b"[]", "not an object"),
+    ],
+)
 def test_corrupt_files_name_the_problem(tmp_path, content, why):
     (tmp_path / "state.json").write_bytes(content)
     with pytest.raises(StateError) as ei:
@@ -117,10 +147,23 @@ def test_missing_file_with_a_backup_is_not_empty(tmp_path):
 
 # -- migration -----------------------------------------------------------------------------
 def test_schema_1_file_is_migrated_and_rewritten_as_current(tmp_path):
-    v1 = {"schemaVersion": 1, "claims": {"pod": [_claim("u")]},
-          "attachments": [{"network": "net", "containerID": "c1", "ifname": "eth0", "driver": "d", "pool": "p",
-                           "device": "nic-a", "ifName": "eth9", "consumedCapacity": {"bandwidth": "2G"},
-                           "phase": "ready"}]}
+    v1 = {
+        "schemaVersion": 1,
+        "claims": {"pod": [_claim("u")]},
+        "attachments": [
+            {
+                "network": "net",
+                "containerID": "c1",
+                "ifname": "eth0",
+                "driver": "d",
+                "pool": "p",
+                "device": "nic-a",
+                "ifName": "eth9",
+                "consumedCapacity": {"bandwidth": "2G"},
+                "phase": "ready",
+            }
+        ],
+    }
     (tmp_path / "state.json").write_text(json.dumps(v1))
     store = StateStore(tmp_path)
     got = store.read()
@@ -152,7 +195,9 @@ def test_each_snapshot_is_written_twice_and_the_backup_takes_the_journal(tmp_pat
     with store.transaction() as txn:  # journaled: the snapshot and its copy stay
         txn.put(_att("c2"))
     assert (tmp_path / "state.json").read_bytes() == first == (tmp_path / "state.json.bak").read_bytes()
-    (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damage the snapshot: the copy + journal still hold all
+    (tmp_path / "state.json").write_bytes(
+        b"\x00" * 10
+    )  # damage the snapshot: the copy + journal still hold all
     assert [a.containerID for a in store.read_backup().attachments] == ["c1", "c2"]
 
 
@@ -230,12 +275,14 @@ def test_recover_undoes_stale_intents_and_keeps_live_ones(tmp_path):
     store = StateStore(tmp_path)
     with store.transaction() as txn:
         txn.set_boot_id(boot_id())
-        txn.put_all([
-            _att("done"),
-            _att("crashed-add", phase="adding", owner=_dead_owner(), steps=["link"]),
-            _att("crashed-del", phase="deleting", owner=_dead_owner()),
-            _att("in-flight", phase="adding", owner=current_owner()),
-        ])
+        txn.put_all(
+            [
+                _att("done"),
+                _att("crashed-add", phase="adding", owner=_dead_owner(), steps=["link"]),
+                _att("crashed-del", phase="deleting", owner=_dead_owner()),
+                _att("in-flight", phase="adding", owner=current_owner()),
+            ]
+        )
     report = recover(store, environ={})
     assert {a.containerID for a in store.read().attachments} == {"done", "in-flight"}
     assert report.errors == []
@@ -270,7 +317,9 @@ def test_repair_restores_backup_and_drops_dead_attachments(tmp_path):
     assert "moved the unreadable state.json to state.json.corrupt-" in text
     # the backup is the snapshot's second copy, and the journal (c2) applies to it
     assert "restored 2 attachment(s) and 1 prepared claim(s) from state.json.bak" in text
-    assert "dropped attachment net/c1/eth0" in text and "dropped attachment net/c2/eth0" in text  # no live link
+    assert (
+        "dropped attachment net/c1/eth0" in text and "dropped attachment net/c2/eth0" in text
+    )  # no live link
     got = store.read()
     assert got.attachments == [] and got.claims == {"pod": [_claim("u")]}
     assert len(list(tmp_path.glob("state.json.corrupt-*"))) == 1
@@ -315,8 +364,14 @@ def test_recovered_claim_mode_add_leaves_a_failure_record_for_the_agent(tmp_path
     store = StateStore(tmp_path)
     with store.transaction() as txn:
         txn.set_boot_id(boot_id())
-        txn.put(_att("crashed", phase="adding", owner=_dead_owner(),
-                                  claim=ClaimRef(namespace="ns", name="c", uid="cu", request="net")))
+        txn.put(
+            _att(
+                "crashed",
+                phase="adding",
+                owner=_dead_owner(),
+                claim=ClaimRef(namespace="ns", name="c", uid="cu", request="net"),
+            )
+        )
     recover(store, environ={})
     got = store.read()
     assert got.attachments == []
@@ -339,11 +394,18 @@ def test_recover_releases_ipam_of_a_previous_boot_intent_whatever_its_steps(tmp_
     store = StateStore(tmp_path / "state")
     with store.transaction() as txn:
         txn.set_boot_id(boot_id())
-        txn.put_all([
-            _att("this-boot", phase="adding", owner=_dead_owner(), ipamType="fake-ipam", ipamConf=conf),
-            _att("earlier-boot", phase="adding", owner=Owner(pid=me.pid, start=me.start, boot="earlier"),
-                 ipamType="fake-ipam", ipamConf=conf),
-        ])
+        txn.put_all(
+            [
+                _att("this-boot", phase="adding", owner=_dead_owner(), ipamType="fake-ipam", ipamConf=conf),
+                _att(
+                    "earlier-boot",
+                    phase="adding",
+                    owner=Owner(pid=me.pid, start=me.start, boot="earlier"),
+                    ipamType="fake-ipam",
+                    ipamConf=conf,
+                ),
+            ]
+        )
     report = recover(store, environ={"PATH": "/usr/bin:/bin"}, cni_path=[str(bin_dir)])
     assert report.errors == []
     assert store.read().attachments == []
@@ -355,16 +417,18 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
     the agent (the intent's owner) lives on: with its link live it is kept as ready, so its
     DEL is not refused as "ADD in progress" for as long as the agent runs. An intent of a
     live owner without a live link stays in flight."""
-    from cni_dra.netlink import shaping
     from cni_dra.attach import rebuild as repair_mod
+    from cni_dra.netlink import shaping
 
     me = current_owner()
     store = StateStore(tmp_path)
     with store.transaction() as txn:
-        txn.put_all([
-            _att("served", phase="adding", owner=me, netns="/var/run/netns/a"),
-            _att("in-flight", phase="adding", owner=me, netns="/var/run/netns/b"),
-        ])
+        txn.put_all(
+            [
+                _att("served", phase="adding", owner=me, netns="/var/run/netns/a"),
+                _att("in-flight", phase="adding", owner=me, netns="/var/run/netns/b"),
+            ]
+        )
     (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damaged: repair takes the backup copy
     monkeypatch.setattr(repair_mod, "_live_links", lambda base: {("net", "served", "eth0"): "eth9"})
     monkeypatch.setattr(repair_mod, "_untracked_links", lambda paths, known, parents: [])

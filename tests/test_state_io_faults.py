@@ -51,17 +51,33 @@ IPAM_CONF = json.dumps({"cniVersion": "1.1.0", "name": NET, "type": "cni-dra", "
 
 def _att(cid: str, *, phase: str = "ready", bw: str = "1G", device: str = "nic-a") -> Attachment:
     return attachment(
-        cid, device, network=NET, driver="d", pool="p", parent=f"eth-{device[-1]}", phase=phase, netns="",
-        consumedCapacity={"bandwidth": bw}, owner=current_owner() if phase != "ready" else None,
-        readyAt=READY_AT if phase == "ready" else None, ipamType="fake-ipam", ipamConf=IPAM_CONF,
+        cid,
+        device,
+        network=NET,
+        driver="d",
+        pool="p",
+        parent=f"eth-{device[-1]}",
+        phase=phase,
+        netns="",
+        consumedCapacity={"bandwidth": bw},
+        owner=current_owner() if phase != "ready" else None,
+        readyAt=READY_AT if phase == "ready" else None,
+        ipamType="fake-ipam",
+        ipamConf=IPAM_CONF,
     )
 
 
 def _claim(uid: str, bw: str) -> dict:
     return resource_claim(
-        allocation_result("nic-b", driver="d", pool="p", consumed={"bandwidth": bw},
-                          share_id="5f0c1a2b-0000-4000-8000-000000000001"),
-        uid=uid, name=f"c-{uid}",
+        allocation_result(
+            "nic-b",
+            driver="d",
+            pool="p",
+            consumed={"bandwidth": bw},
+            share_id="5f0c1a2b-0000-4000-8000-000000000001",
+        ),
+        uid=uid,
+        name=f"c-{uid}",
     )
 
 
@@ -100,8 +116,14 @@ def op_add(d: Path) -> None:
             a = txn.find(*_key("new"))
             txn.update(a, steps=[*a.steps, STEP_IPAM])
         with store.transaction() as txn:
-            txn.update(_key("new"), phase="ready", readyAt=READY_AT, owner=None, steps=[],
-                      result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}]})
+            txn.update(
+                _key("new"),
+                phase="ready",
+                readyAt=READY_AT,
+                owner=None,
+                steps=[],
+                result={"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}]},
+            )
     except StateWriteError:
         with store.transaction() as txn:  # ADD's undo: release the capacity
             txn.remove(*_key("new"))
@@ -123,10 +145,17 @@ def op_del(d: Path) -> None:
 
 def op_gc(d: Path) -> None:
     """GC through the CNI entry point: only ``other-1`` and ``other-2`` are still valid."""
-    conf = {"cniVersion": "1.1.0", "name": NET, "type": "cni-dra", "stateDir": str(d),
-            "ipam": {"type": "fake-ipam"},
-            "cni.dev/valid-attachments": [{"containerID": "other-1", "ifname": "eth0"},
-                                          {"containerID": "other-2", "ifname": "eth0"}]}
+    conf = {
+        "cniVersion": "1.1.0",
+        "name": NET,
+        "type": "cni-dra",
+        "stateDir": str(d),
+        "ipam": {"type": "fake-ipam"},
+        "cni.dev/valid-attachments": [
+            {"containerID": "other-1", "ifname": "eth0"},
+            {"containerID": "other-2", "ifname": "eth0"},
+        ],
+    }
     out = io.StringIO()
     code = run({"CNI_COMMAND": "GC", "CNI_PATH": str(d.parent / "bin")}, json.dumps(conf).encode(), out)
     if code:
@@ -146,7 +175,8 @@ def op_unprepare(d: Path) -> None:
 def _big(cid: str) -> Attachment:
     """An attachment whose record is bigger than the seeded snapshot."""
     return Attachment.model_validate(
-        _att(cid).model_dump() | {"result": {"cniVersion": "1.1.0", "dns": {"search": ["x" * 60] * 100}}})
+        _att(cid).model_dump() | {"result": {"cniVersion": "1.1.0", "dns": {"search": ["x" * 60] * 100}}}
+    )
 
 
 def op_compact(d: Path) -> None:
@@ -157,7 +187,11 @@ def op_compact(d: Path) -> None:
 
 
 OPERATIONS: dict[str, Callable[[Path], None]] = {
-    "add": op_add, "del": op_del, "gc": op_gc, "prepare": op_prepare, "unprepare": op_unprepare,
+    "add": op_add,
+    "del": op_del,
+    "gc": op_gc,
+    "prepare": op_prepare,
+    "unprepare": op_unprepare,
     "compact": op_compact,
 }
 INTENTS: dict[str, Callable[[Path], None]] = {"del": _del_intent}
@@ -208,11 +242,15 @@ def test_a_fault_at_any_state_io_call_commits_all_or_nothing(tmp_path: Path, nam
                 assert "failed to write state" in exc.msg or "I/O" in exc.msg or "space" in exc.msg, exc.msg
                 left = _dump(store)
                 assert left in allowed, f"{call} #{n} {kind}: a failed {name} left changes"
-                assert store.read().model_dump(mode="json") == left, f"{call} #{n} {kind}: cache differs from disk"
+                assert store.read().model_dump(mode="json") == left, (
+                    f"{call} #{n} {kind}: cache differs from disk"
+                )
                 op(d)  # the fault is gone: the same change now goes through
             else:
                 assert _dump(store) == after, f"{call} #{n} {kind}: {name} returned but is not on disk"
-            assert store.read().model_dump(mode="json") == after, f"{call} #{n} {kind}: cache differs from disk"
+            assert store.read().model_dump(mode="json") == after, (
+                f"{call} #{n} {kind}: cache differs from disk"
+            )
             assert _dump(store) == after
             assert _recover_finds_nothing(d), f"{call} #{n} {kind}: state recover had work left"
             # and the node goes on: one more change commits and reads back

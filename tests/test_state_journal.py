@@ -14,18 +14,26 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from cni_dra.attach.rebuild import repair
 from cni_dra.errors import StateError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore, ops
 from cni_dra.state import cache as state_cache
 from cni_dra.state.store import JOURNAL_FILE, encode_state
-from cni_dra.attach.rebuild import repair
 
 
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
     return Attachment(
-        network="net", containerID=cid, ifname="eth0", driver="d", pool="p", device="nic-a",
-        parent="eth9", consumedCapacity={"bandwidth": Quantity.parse(bw)}, phase="ready", **kw,
+        network="net",
+        containerID=cid,
+        ifname="eth0",
+        driver="d",
+        pool="p",
+        device="nic-a",
+        parent="eth9",
+        consumedCapacity={"bandwidth": Quantity.parse(bw)},
+        phase="ready",
+        **kw,
     )
 
 
@@ -242,7 +250,10 @@ def test_any_sequence_of_transactions_reads_back_from_scratch(tmp_path_factory, 
                     elif op == "phase" and att is not None:
                         txn.update(att, phase="deleting" if att.phase == "ready" else "ready")
                     elif op == "claim":
-                        txn.set_claims(f"pod{n}", [*txn.claims.get(f"pod{n}", ()), {"metadata": {"uid": f"u{len(txn.claims)}"}}])
+                        txn.set_claims(
+                            f"pod{n}",
+                            [*txn.claims.get(f"pod{n}", ()), {"metadata": {"uid": f"u{len(txn.claims)}"}}],
+                        )
                     elif op == "unclaim":
                         txn.set_claims(f"pod{n}", None)
                     elif op == "status":

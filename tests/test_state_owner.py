@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cni_dra.state.schema import Owner
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
+from cni_dra.state.schema import Owner
 
 PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit()
 
@@ -25,7 +25,9 @@ PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit()
 def _stat_field(pid: int, n: int, proc: str = "/proc") -> str:
     """Field ``n`` (1-based, proc(5)) of ``/proc/PID/stat``, read here independently."""
     raw = Path(f"{proc}/{pid}/stat").read_text()
-    fields = [raw.split(" ", 1)[0], raw[raw.index("(") + 1 : raw.rindex(")")]] + raw[raw.rindex(")") + 2 :].split()
+    fields = [raw.split(" ", 1)[0], raw[raw.index("(") + 1 : raw.rindex(")")]] + raw[
+        raw.rindex(")") + 2 :
+    ].split()
     return fields[n - 1]
 
 
@@ -92,7 +94,9 @@ def test_a_process_whose_main_thread_exited_while_another_runs_is_alive():
 def _fake_proc(root: Path, pid: int, threads: dict[int, tuple[str, int]], start: int = 4242) -> Path:
     """A recorded /proc: ``threads`` maps tid → (state, flags); the first is the main thread."""
     for tid, (state, flags) in threads.items():
-        fields = [state, "1", str(pid), str(pid), "0", "-1", str(flags)] + ["0"] * 12 + [str(start)] + ["0"] * 30
+        fields = (
+            [state, "1", str(pid), str(pid), "0", "-1", str(flags)] + ["0"] * 12 + [str(start)] + ["0"] * 30
+        )
         line = f"{tid} (cni dra) " + " ".join(fields) + "\n"
         task = root / str(pid) / "task" / str(tid)
         task.mkdir(parents=True)
@@ -102,15 +106,22 @@ def _fake_proc(root: Path, pid: int, threads: dict[int, tuple[str, int]], start:
     return root
 
 
-@pytest.mark.parametrize(("threads", "alive"), [
-    ({7: ("S", 0x400040)}, True),
-    ({7: ("R", 0x400040 | PF_EXITING)}, False),  # caught in do_exit: its sockets may be closed already
-    ({7: ("D", 0x400040 | PF_EXITING), 8: ("R", 0x400040 | PF_EXITING)}, False),  # killed: every thread exits
-    ({7: ("Z", 0x400040 | PF_EXITING)}, False),
-    ({7: ("X", 0x400040 | PF_EXITING)}, False),
-    ({7: ("Z", 0x400040 | PF_EXITING), 8: ("S", 0x400040)}, True),  # main thread gone, another runs
-    ({7: ("Z", 0x400040 | PF_EXITING), 8: ("Z", 0x400040 | PF_EXITING)}, False),
-], ids=["sleeping", "exiting", "all-threads-exiting", "zombie", "dead", "main-thread-gone", "all-zombies"])
+@pytest.mark.parametrize(
+    ("threads", "alive"),
+    [
+        ({7: ("S", 0x400040)}, True),
+        ({7: ("R", 0x400040 | PF_EXITING)}, False),  # caught in do_exit: its sockets may be closed already
+        (
+            {7: ("D", 0x400040 | PF_EXITING), 8: ("R", 0x400040 | PF_EXITING)},
+            False,
+        ),  # killed: every thread exits
+        ({7: ("Z", 0x400040 | PF_EXITING)}, False),
+        ({7: ("X", 0x400040 | PF_EXITING)}, False),
+        ({7: ("Z", 0x400040 | PF_EXITING), 8: ("S", 0x400040)}, True),  # main thread gone, another runs
+        ({7: ("Z", 0x400040 | PF_EXITING), 8: ("Z", 0x400040 | PF_EXITING)}, False),
+    ],
+    ids=["sleeping", "exiting", "all-threads-exiting", "zombie", "dead", "main-thread-gone", "all-zombies"],
+)
 def test_liveness_rule_on_recorded_proc_entries(tmp_path, threads, alive):
     proc = _fake_proc(tmp_path, 7, threads)
     assert owner_alive(Owner(pid=7, start=4242, boot=boot_id()), proc=str(proc)) is alive

@@ -17,8 +17,17 @@ from cni_dra.state.ledger import node_usage
 
 
 def _att(cid: str) -> Attachment:
-    return Attachment(network="net", containerID=cid, ifname="eth0", driver="d", pool="p", device="nic-a",
-                      parent="eth9", consumedCapacity={"bandwidth": "1M"}, phase="ready")
+    return Attachment(
+        network="net",
+        containerID=cid,
+        ifname="eth0",
+        driver="d",
+        pool="p",
+        device="nic-a",
+        parent="eth9",
+        consumedCapacity={"bandwidth": "1M"},
+        phase="ready",
+    )
 
 
 def test_a_state_read_stays_whole_while_other_threads_commit(tmp_path: Path) -> None:

@@ -21,8 +21,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _att(cid: str) -> Attachment:
-    return Attachment(network="n", containerID=cid, ifname="eth0", driver="d", pool="p", device="a",
-                      parent="eth-a", consumedCapacity={"bandwidth": "1G"})
+    return Attachment(
+        network="n",
+        containerID=cid,
+        ifname="eth0",
+        driver="d",
+        pool="p",
+        device="a",
+        parent="eth-a",
+        consumedCapacity={"bandwidth": "1G"},
+    )
 
 
 USES = {
@@ -160,15 +168,17 @@ def test_the_no_circle_contract_counts_imports_under_type_checking(tmp_path: Pat
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
     ours = (REPO / ".importlinter").read_text()
-    section = ours[ours.index("[importlinter:contract:no-circles]"):].split("\n\n")[0]
+    section = ours[ours.index("[importlinter:contract:no-circles]") :].split("\n\n")[0]
     (tmp_path / "contracts.ini").write_text(
         "[importlinter]\nroot_package = pkg\n\n" + section.replace("    cni_dra", "    pkg") + "\n"
     )
-    out = subprocess.run([lint, "--no-cache", "contracts.ini"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [lint, "--no-cache", "contracts.ini"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode != 0, out.stdout
     assert "No cycles are allowed in pkg" in out.stdout
     (tmp_path / "pkg/b.py").write_text("B = 2\n")  # no circle: kept
-    out = subprocess.run([lint, "--no-cache", "contracts.ini"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [lint, "--no-cache", "contracts.ini"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stdout

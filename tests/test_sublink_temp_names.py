@@ -29,7 +29,8 @@ def test_fresh_temporary_names_are_random():
     assert len({n for f in firsts for n in sublink.temp_names(f)}) == 800
 
 
-@pytest.mark.parametrize("name", ["eth0", "cdra", "cdra0123456789a", "cdra012345678", "cdraABCDEF0123",
-                                  "xcdra01234567"])
+@pytest.mark.parametrize(
+    "name", ["eth0", "cdra", "cdra0123456789a", "cdra012345678", "cdraABCDEF0123", "xcdra01234567"]
+)
 def test_other_names_are_not_temporary(name):
     assert not sublink.is_temp_name(name)

@@ -21,12 +21,38 @@ SERVICE = UNITS / "cni-dra-agent.service"
 # Each gives the service a mount namespace (or another namespace) of its own: the agent
 # would then decline every caller (paths in their input name other objects).
 NAMESPACING = (
-    "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "PrivateNetwork", "PrivateMounts",
-    "PrivateUsers", "PrivateIPC", "ReadOnlyPaths", "ReadWritePaths", "InaccessiblePaths", "TemporaryFileSystem",
-    "BindPaths", "BindReadOnlyPaths", "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
-    "ProtectControlGroups", "ProtectHostname", "ProtectProc", "ProcSubset", "RootDirectory", "RootImage",
-    "NetworkNamespacePath", "JoinsNamespaceOf", "MountAPIVFS", "DynamicUser", "StateDirectory",
-    "RuntimeDirectory", "LogsDirectory", "CacheDirectory", "ConfigurationDirectory",
+    "ProtectSystem",
+    "ProtectHome",
+    "PrivateTmp",
+    "PrivateDevices",
+    "PrivateNetwork",
+    "PrivateMounts",
+    "PrivateUsers",
+    "PrivateIPC",
+    "ReadOnlyPaths",
+    "ReadWritePaths",
+    "InaccessiblePaths",
+    "TemporaryFileSystem",
+    "BindPaths",
+    "BindReadOnlyPaths",
+    "ProtectKernelTunables",
+    "ProtectKernelModules",
+    "ProtectKernelLogs",
+    "ProtectControlGroups",
+    "ProtectHostname",
+    "ProtectProc",
+    "ProcSubset",
+    "RootDirectory",
+    "RootImage",
+    "NetworkNamespacePath",
+    "JoinsNamespaceOf",
+    "MountAPIVFS",
+    "DynamicUser",
+    "StateDirectory",
+    "RuntimeDirectory",
+    "LogsDirectory",
+    "CacheDirectory",
+    "ConfigurationDirectory",
 )
 
 
@@ -53,7 +79,9 @@ def test_the_socket_is_the_plugins_and_only_root_can_use_it():
 
 def test_the_service_runs_the_installed_agent_without_kubernetes_in_the_nodes_namespaces():
     d = directives(SERVICE)
-    assert d["ExecStart"] == ["/opt/cni/bin/cni-dra agent --no-kubernetes"]  # install.sh rewrites the directory
+    assert d["ExecStart"] == [
+        "/opt/cni/bin/cni-dra agent --no-kubernetes"
+    ]  # install.sh rewrites the directory
     assert d["WorkingDirectory"] == ["/"]  # where runtimes run plugins: callers elsewhere are declined
     assert d["Requires"] == ["cni-dra-agent.socket"]
     assert not set(d) & set(NAMESPACING), set(d) & set(NAMESPACING)
@@ -73,27 +101,44 @@ def render(tmp_path: Path) -> Path:
     out = tmp_path / "units"
     out.mkdir()
     for unit in (SOCKET, SERVICE):
-        (out / unit.name).write_text(unit.read_text().replace("ExecStart=/opt/cni/bin/cni-dra ",
-                                                              f"ExecStart={exe} "))
+        (out / unit.name).write_text(
+            unit.read_text().replace("ExecStart=/opt/cni/bin/cni-dra ", f"ExecStart={exe} ")
+        )
     return out
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None and not os.environ.get("CI"),
-                    reason="systemd-analyze not installed (apt install systemd)")
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None and not os.environ.get("CI"),
+    reason="systemd-analyze not installed (apt install systemd)",
+)
 def test_systemd_analyze_verifies_the_units(tmp_path):
     units = render(tmp_path)
-    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", *(str(units / u.name) for u in (SOCKET, SERVICE))],
-                          capture_output=True, text=True, cwd=units, timeout=60)
-    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc  # warnings too (unknown keys)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *(str(units / u.name) for u in (SOCKET, SERVICE))],
+        capture_output=True,
+        text=True,
+        cwd=units,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", (
+        proc
+    )  # warnings too (unknown keys)
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None and not os.environ.get("CI"),
-                    reason="systemd-analyze not installed (apt install systemd)")
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None and not os.environ.get("CI"),
+    reason="systemd-analyze not installed (apt install systemd)",
+)
 def test_systemd_analyze_rejects_a_broken_unit(tmp_path):
     """The check above can fail: an unknown directive is reported."""
     units = render(tmp_path)
     service = units / SERVICE.name
     service.write_text(service.read_text().replace("UMask=0077", "UMask=0077\nProtectSystemm=strict"))
-    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", str(units / SOCKET.name), str(service)],
-                          capture_output=True, text=True, cwd=units, timeout=60)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(units / SOCKET.name), str(service)],
+        capture_output=True,
+        text=True,
+        cwd=units,
+        timeout=60,
+    )
     assert "ProtectSystemm" in proc.stderr

@@ -57,10 +57,16 @@ def _imported_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+                base = ".".join(
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1], base]
+                ).strip(".")
             found.append((node.lineno, base))
             # ``from pkg import test_x`` imports a module too
-            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names if alias.name.startswith("test_")]
+            found += [
+                (node.lineno, f"{base}.{alias.name}")
+                for alias in node.names
+                if alias.name.startswith("test_")
+            ]
     return found
 
 
@@ -82,7 +88,11 @@ def test_the_import_check_sees_every_form() -> None:
     src = "import tests.test_a\nfrom netns_tests.test_b import x\nfrom netns_tests import test_c\nfrom .test_d import y\n"
     mods = [m for _, m in _imported_modules(ast.parse(src), "netns_tests")]
     assert [m for m in mods if m.rsplit(".", 1)[-1].startswith("test_")] == [
-        "tests.test_a", "netns_tests.test_b", "netns_tests.test_c", "netns_tests.test_d"]
+        "tests.test_a",
+        "netns_tests.test_b",
+        "netns_tests.test_c",
+        "netns_tests.test_d",
+    ]
 
 
 PACKAGE = REPO / "cni_dra"
@@ -114,7 +124,9 @@ def test_no_function_of_the_package_is_longer_than_a_screen() -> None:
 
 
 def test_no_module_of_the_package_is_large_without_a_reason() -> None:
-    sizes = {str(p.relative_to(REPO)): len(p.read_text(encoding="utf-8").splitlines()) for p in _package_modules()}
+    sizes = {
+        str(p.relative_to(REPO)): len(p.read_text(encoding="utf-8").splitlines()) for p in _package_modules()
+    }
     large = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES and path not in LARGE_MODULES}
     assert large == {}
     assert all(sizes.get(path, 0) > MAX_MODULE_LINES for path in LARGE_MODULES)  # no stale reason

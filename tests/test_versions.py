@@ -26,13 +26,22 @@ def test_supported_versions_are_the_spec_releases() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("1.1.0", (1, 1, 0)), ("0.3.1", (0, 3, 1)), ("1", (1, 0, 0)), ("1.2", (1, 2, 0)), ("10.20.30", (10, 20, 30))],
+    [
+        ("1.1.0", (1, 1, 0)),
+        ("0.3.1", (0, 3, 1)),
+        ("1", (1, 0, 0)),
+        ("1.2", (1, 2, 0)),
+        ("10.20.30", (10, 20, 30)),
+    ],
 )
 def test_parse_version(text: str, expected: tuple[int, int, int]) -> None:
     assert parse_version(text) == expected
 
 
-@pytest.mark.parametrize("junk", ["", "1.1.0.0", "v1.1.0", "1.x.0", " 1.1.0", "1.1.0\n", "-1.0.0", "1..0", "١.١.٠", None, 110, ["1.1.0"]])
+@pytest.mark.parametrize(
+    "junk",
+    ["", "1.1.0.0", "v1.1.0", "1.x.0", " 1.1.0", "1.1.0\n", "-1.0.0", "1..0", "١.١.٠", None, 110, ["1.1.0"]],
+)
 def test_parse_version_rejects_junk_with_code_6(junk: object) -> None:
     with pytest.raises(DecodeError) as info:
         parse_version(junk)

@@ -75,8 +75,13 @@ class ClaimWatch:
         added = self.share(uid, pods)
         if added:
             meta = claim.get("metadata") or {}
-            log.info("claim %s/%s (%s) shared with pod(s) %s", meta.get("namespace"), meta.get("name"), uid,
-                     ", ".join(added))
+            log.info(
+                "claim %s/%s (%s) shared with pod(s) %s",
+                meta.get("namespace"),
+                meta.get("name"),
+                uid,
+                ", ".join(added),
+            )
         return added
 
     def _run(self) -> None:
@@ -90,7 +95,11 @@ class ClaimWatch:
             except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
                 failures += 1
                 delay = min(BACKOFF_START_S * 2 ** (failures - 1), BACKOFF_MAX_S)
-                what = f"{exc.msg} {exc.details}" if isinstance(exc, CniError) else f"{type(exc).__name__}: {exc}"
+                what = (
+                    f"{exc.msg} {exc.details}"
+                    if isinstance(exc, CniError)
+                    else f"{type(exc).__name__}: {exc}"
+                )
                 log.warning("claim watch failed (retry in %.1fs): %s", delay, what)
                 self._stop.wait(delay)
 

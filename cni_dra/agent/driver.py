@@ -157,7 +157,9 @@ class ClaimDriver:
         for pod_uid, idxs in by_pod.items():  # first check every pod, so that a refusal stores nothing
             adding = [f.claim for i in idxs if isinstance(f := found[i], _Fetched)]
             try:
-                check_pod_interfaces(state.prepared(pod_uid), adding, driver=self.driver_name, pod=pod_names[pod_uid])
+                check_pod_interfaces(
+                    state.prepared(pod_uid), adding, driver=self.driver_name, pod=pod_names[pod_uid]
+                )
             except ClaimError as exc:
                 for i in idxs:
                     found[i] = exc
@@ -166,8 +168,14 @@ class ClaimDriver:
             if not keep:
                 continue
             try:
-                changed = prepare_claims(self.state_dir, pod_uid, [_fetched(found[i]).obj for i in keep],
-                                         driver=self.driver_name, limits=limits, pod=pod_names[pod_uid])
+                changed = prepare_claims(
+                    self.state_dir,
+                    pod_uid,
+                    [_fetched(found[i]).obj for i in keep],
+                    driver=self.driver_name,
+                    limits=limits,
+                    pod=pod_names[pod_uid],
+                )
             except Exception as exc:  # noqa: BLE001 - reported for these claims
                 for i in keep:
                     found[i] = exc
@@ -177,7 +185,9 @@ class ClaimDriver:
                     log.info("prepared %s for pod %s", _fetched(found[i]).where, pod_uid)
         return [f.devices if isinstance(f, _Fetched) else f for f in found]
 
-    def _fetch(self, namespace: str, uid: str, name: str, slice_: ResourceSlice, limits: ProfileLimits) -> _Fetched:
+    def _fetch(
+        self, namespace: str, uid: str, name: str, slice_: ResourceSlice, limits: ProfileLimits
+    ) -> _Fetched:
         """Read and check claim ``namespace/name`` (UID ``uid``) for :meth:`prepare_claims`."""
         from cni_dra.state.preparing import validate_claim
 
@@ -188,7 +198,9 @@ class ClaimDriver:
         claim = copy.deepcopy(claim)
         meta = claim.get("metadata") or {}
         if meta.get("uid") != uid:
-            raise ClaimError(f"failed to prepare {where}: the API server has UID {meta.get('uid')} under that name")
+            raise ClaimError(
+                f"failed to prepare {where}: the API server has UID {meta.get('uid')} under that name"
+            )
         meta.pop("managedFields", None)
         status = claim.get("status") or {}
         results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
@@ -211,15 +223,21 @@ class ClaimDriver:
         if not pods:
             raise ClaimError(f"failed to prepare {where}: status.reservedFor names no pod")
         prepared = validate_claim(claim, driver=self.driver_name, limits=limits)
-        return _Fetched(where=where, obj=claim, claim=prepared, pods=pods, devices=[
-            PreparedDevice(
-                request_names=(r.get("request", ""),),
-                pool_name=r.get("pool", ""),
-                device_name=r.get("device", ""),
-                share_id=r.get("shareID") or "",
-            )
-            for r in mine
-        ])
+        return _Fetched(
+            where=where,
+            obj=claim,
+            claim=prepared,
+            pods=pods,
+            devices=[
+                PreparedDevice(
+                    request_names=(r.get("request", ""),),
+                    pool_name=r.get("pool", ""),
+                    device_name=r.get("device", ""),
+                    share_id=r.get("shareID") or "",
+                )
+                for r in mine
+            ],
+        )
 
     def unprepare(self, namespace: str, uid: str, name: str) -> int:
         """Remove claim ``uid`` from every pod in the node state; returns how many copies.

@@ -36,7 +36,9 @@ class FastpathService:
     per CPU, at most 4); ``mount_ns``: the mount namespace they join first (module docstring).
     """
 
-    def __init__(self, socket_path: str, *, processes: int | None = None, mount_ns: str | None = None) -> None:
+    def __init__(
+        self, socket_path: str, *, processes: int | None = None, mount_ns: str | None = None
+    ) -> None:
         self.socket_path = socket_path
         self.processes = DEFAULT_PROCESSES if processes is None else processes
         self.mount_ns = mount_ns or None
@@ -49,8 +51,9 @@ class FastpathService:
         listener = take_listener(self.socket_path)
         if listener is not None:
             log.info("fastpath: serving on the socket systemd passed, %s", self.socket_path)
-        self._server = start_fastpath(self.socket_path, processes=self.processes, join_mount_ns=self.mount_ns,
-                                      listener=listener)
+        self._server = start_fastpath(
+            self.socket_path, processes=self.processes, join_mount_ns=self.mount_ns, listener=listener
+        )
 
     def stop(self) -> None:
         """Stop serving and remove the socket file (in-flight requests finish)."""

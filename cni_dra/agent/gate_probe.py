@@ -71,9 +71,13 @@ def learn_features(api: KubeApi | None, mode: str) -> ClusterFeatures:
     try:
         enabled = feature_enabled(text, GATE)
     except ValueError as exc:
-        return ClusterFeatures(False, f"default of Kubernetes 1.37 (off): the API server's /metrics is unreadable: {exc}")
+        return ClusterFeatures(
+            False, f"default of Kubernetes 1.37 (off): the API server's /metrics is unreadable: {exc}"
+        )
     if enabled is None:
-        return ClusterFeatures(False, f"kube-apiserver metric {_METRIC}: no {GATE} (before Kubernetes 1.37: off)")
+        return ClusterFeatures(
+            False, f"kube-apiserver metric {_METRIC}: no {GATE} (before Kubernetes 1.37: off)"
+        )
     return ClusterFeatures(enabled, f"kube-apiserver metric {_METRIC}{{name={GATE!r}}}")
 
 

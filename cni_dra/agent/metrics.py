@@ -103,7 +103,9 @@ class NodeCollector(Collector):
                 ("remaining", "capacity minus consumed"),
             )
         }
-        att = GaugeMetricFamily("cni_dra_attachments", "CNI attachments per device and phase", labels=["device", "phase"])
+        att = GaugeMetricFamily(
+            "cni_dra_attachments", "CNI attachments per device and phase", labels=["device", "phase"]
+        )
         counts = {(d["name"], p): 0 for d in report["devices"] for p in _PHASES}
         for a in report["attachments"]:
             counts[(a["device"], a["phase"])] = counts.get((a["device"], a["phase"]), 0) + 1
@@ -116,14 +118,18 @@ class NodeCollector(Collector):
         yield from fams.values()
         yield att
         shaped = GaugeMetricFamily(
-            "cni_dra_attachment_shaped_rate", "rate an attachment's traffic is shaped to (bits per second)",
-            labels=["device", "network", "pod", "container", "ifname", "direction"])
+            "cni_dra_attachment_shaped_rate",
+            "rate an attachment's traffic is shaped to (bits per second)",
+            labels=["device", "network", "pod", "container", "ifname", "direction"],
+        )
         for a in report["attachments"]:
             pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else (a["podUID"] or "")
             for direction, bucket in (a["shaping"] or {}).items():
                 if direction in ("egress", "ingress"):
-                    shaped.add_metric([a["device"], a["network"], pod, a["containerID"], a["ifname"], direction],
-                                      bucket["rateBps"])
+                    shaped.add_metric(
+                        [a["device"], a["network"], pod, a["containerID"], a["ifname"], direction],
+                        bucket["rateBps"],
+                    )
         yield shaped
         claims = GaugeMetricFamily("cni_dra_prepared_claims", "prepared ResourceClaim copies (one per pod)")
         claims.add_metric([], len(report["preparedClaims"]))
@@ -141,22 +147,39 @@ class AgentMetrics:
         self.registry.register(NodeCollector(state_dir, inventory))
         r = self.registry
         self.calls = {
-            verb: Counter(f"cni_dra_{verb}", f"NodePrepareResources/NodeUnprepareResources claims ({verb})",
-                          ["result"], registry=r)
+            verb: Counter(
+                f"cni_dra_{verb}",
+                f"NodePrepareResources/NodeUnprepareResources claims ({verb})",
+                ["result"],
+                registry=r,
+            )
             for verb in ("prepare", "unprepare")
         }
         self.seconds = {
             verb: Histogram(f"cni_dra_{verb}_seconds", f"time to {verb} one claim", registry=r)
             for verb in ("prepare", "unprepare")
         }
-        self.publish = Counter("cni_dra_publish", "ResourceSlice publish attempts by outcome", ["outcome"], registry=r)
-        self.publish_errors = Counter("cni_dra_publish_errors", "failed ResourceSlice publish attempts", registry=r)
-        self.status = Counter("cni_dra_status_updates", "claim status writes by outcome", ["outcome"], registry=r)
-        self.link_up = Gauge("cni_dra_device_link_up", "1 while the device's host NIC is healthy (debounced)",
-                             ["device", "ifname"], registry=r)
-        self.link_transitions = Counter("cni_dra_device_link_transitions",
-                                        "NIC health transitions by the state entered (debounced)",
-                                        ["device", "ifname", "state"], registry=r)
+        self.publish = Counter(
+            "cni_dra_publish", "ResourceSlice publish attempts by outcome", ["outcome"], registry=r
+        )
+        self.publish_errors = Counter(
+            "cni_dra_publish_errors", "failed ResourceSlice publish attempts", registry=r
+        )
+        self.status = Counter(
+            "cni_dra_status_updates", "claim status writes by outcome", ["outcome"], registry=r
+        )
+        self.link_up = Gauge(
+            "cni_dra_device_link_up",
+            "1 while the device's host NIC is healthy (debounced)",
+            ["device", "ifname"],
+            registry=r,
+        )
+        self.link_transitions = Counter(
+            "cni_dra_device_link_transitions",
+            "NIC health transitions by the state entered (debounced)",
+            ["device", "ifname", "state"],
+            registry=r,
+        )
         self._server: Any = None
 
     def observe(self, verb: str, ok: bool, seconds: float) -> None:

@@ -64,7 +64,11 @@ def rfc3339(wall_s: float) -> str:
     return datetime.datetime.fromtimestamp(int(wall_s), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-_WHAT = {"missing": "does not exist", "admin-down": "is administratively down", "carrier-lost": "has no carrier"}
+_WHAT = {
+    "missing": "does not exist",
+    "admin-down": "is administratively down",
+    "carrier-lost": "has no carrier",
+}
 
 
 @dataclass(frozen=True)
@@ -170,8 +174,15 @@ class NicHealth:
 
     def _first(self, device: str, ifname: str, raw: str | None, now: float, wall: float) -> NicStatus:
         self._pending.pop(device, None)
-        st = NicStatus(device, ifname, raw, now, wall, unhealthy_since_wall_s=None if raw is None else wall,
-                       missing_since_wall_s=wall if raw == "missing" else None)
+        st = NicStatus(
+            device,
+            ifname,
+            raw,
+            now,
+            wall,
+            unhealthy_since_wall_s=None if raw is None else wall,
+            missing_since_wall_s=wall if raw == "missing" else None,
+        )
         self._status[device] = st
         if raw is not None:
             log.warning("device %s: %s", device, describe(st))
@@ -182,7 +193,9 @@ class NicHealth:
         device = st.device
         if raw == st.problem:
             if device in self._pending:
-                log.debug("device %s: ignored a flap of %s shorter than %.1fs", device, st.ifname, self.debounce_s)
+                log.debug(
+                    "device %s: ignored a flap of %s shorter than %.1fs", device, st.ifname, self.debounce_s
+                )
             self._pending.pop(device, None)
             return None
         pend = self._pending.get(device)
@@ -195,12 +208,25 @@ class NicHealth:
         del self._pending[device]
         unhealthy = None if raw is None else (st.unhealthy_since_wall_s or pend.since_wall_s)
         missing = pend.since_wall_s if raw == "missing" else st.missing_since_wall_s
-        new = NicStatus(device, st.ifname, raw, pend.since_s, pend.since_wall_s, unhealthy, missing,
-                        recovered_wall_s=pend.since_wall_s if raw is None else None)
+        new = NicStatus(
+            device,
+            st.ifname,
+            raw,
+            pend.since_s,
+            pend.since_wall_s,
+            unhealthy,
+            missing,
+            recovered_wall_s=pend.since_wall_s if raw is None else None,
+        )
         self._status[device] = new
         if raw is None:
-            log.info("device %s: %s again, after %.0fs unhealthy (%s)", device, describe(new),
-                     pend.since_wall_s - (st.unhealthy_since_wall_s or pend.since_wall_s), st.problem)
+            log.info(
+                "device %s: %s again, after %.0fs unhealthy (%s)",
+                device,
+                describe(new),
+                pend.since_wall_s - (st.unhealthy_since_wall_s or pend.since_wall_s),
+                st.problem,
+            )
         else:
             log.warning("device %s: %s", device, describe(new))
         return new
@@ -218,14 +244,19 @@ class NicHealth:
         pending change's debounce ends, or a missing NIC is to be dropped (until the next
         :meth:`observe` after that). None: nothing."""
         times = [p.since_s + self.debounce_s for p in self._pending.values()]
-        times += [st.since_s + self.keep_missing_s for st in self._status.values() if st.problem == "missing"
-                  and st.since_s + self.keep_missing_s > self._observed_s]
+        times += [
+            st.since_s + self.keep_missing_s
+            for st in self._status.values()
+            if st.problem == "missing" and st.since_s + self.keep_missing_s > self._observed_s
+        ]
         return min(times) if times else None
 
 
 def health_reports(pool: str, statuses: Mapping[str, NicStatus]) -> list[DeviceHealth]:
     """The kubelet's report: one entry per device of ``pool``, sorted by name."""
     return [
-        DeviceHealth(pool=pool, device=d, healthy=st.healthy, message=describe(st), updated_s=int(st.since_wall_s))
+        DeviceHealth(
+            pool=pool, device=d, healthy=st.healthy, message=describe(st), updated_s=int(st.since_wall_s)
+        )
         for d, st in sorted(statuses.items())
     ]

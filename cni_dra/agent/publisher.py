@@ -40,8 +40,16 @@ if TYPE_CHECKING:
     from cni_dra.k8s.api import KubeApi
     from cni_dra.netlink.info import LinkInfo
 
-__all__ = ["slice_name", "desired_slice", "pci_info", "Publisher", "PCIE_ROOT_ATTRIBUTE", "TAINT_EFFECTS",
-           "taint_key", "device_taints"]
+__all__ = [
+    "slice_name",
+    "desired_slice",
+    "pci_info",
+    "Publisher",
+    "PCIE_ROOT_ATTRIBUTE",
+    "TAINT_EFFECTS",
+    "taint_key",
+    "device_taints",
+]
 
 log = logging.getLogger("cni_dra.agent.publisher")
 
@@ -63,8 +71,12 @@ def device_taints(driver: str, status: NicStatus | None, effect: str = "NoSchedu
     """The device taints for a NIC in ``status`` (none when healthy or unknown)."""
     if status is None or status.problem is None:
         return []
-    since = status.unhealthy_since_wall_s if status.unhealthy_since_wall_s is not None else status.since_wall_s
-    return [{"key": taint_key(driver), "value": status.problem, "effect": effect, "timeAdded": rfc3339(since)}]
+    since = (
+        status.unhealthy_since_wall_s if status.unhealthy_since_wall_s is not None else status.since_wall_s
+    )
+    return [
+        {"key": taint_key(driver), "value": status.problem, "effect": effect, "timeAdded": rfc3339(since)}
+    ]
 
 
 def slice_name(node_name: str, pool: str, driver: str) -> str:
@@ -140,11 +152,21 @@ def desired_slice(
         devices.append(dev)
     spec["devices"] = devices
     spec["nodeName"] = node_name
-    spec["pool"] = {"name": pool, "generation": int(spec["pool"].get("generation") or 1), "resourceSliceCount": 1}
+    spec["pool"] = {
+        "name": pool,
+        "generation": int(spec["pool"].get("generation") or 1),
+        "resourceSliceCount": 1,
+    }
     meta: dict[str, Any] = {"name": slice_name(node_name, pool, driver)}
     if node is not None and (node.get("metadata") or {}).get("uid"):
         meta["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node["metadata"]["uid"], "controller": True}
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": node_name,
+                "uid": node["metadata"]["uid"],
+                "controller": True,
+            }
         ]
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": meta, "spec": spec}
 
@@ -183,7 +205,9 @@ def _when(text: Any) -> datetime.datetime | None:
 
 def _taints_note(obj: dict[str, Any]) -> str:
     """``; tainted: eth-b=carrier-lost`` for the log, or ``""``."""
-    tainted = [f"{d['name']}={t.get('value', '')}" for d in obj["spec"]["devices"] for t in d.get("taints") or []]
+    tainted = [
+        f"{d['name']}={t.get('value', '')}" for d in obj["spec"]["devices"] for t in d.get("taints") or []
+    ]
     return f"; tainted: {', '.join(tainted)}" if tainted else ""
 
 
@@ -254,14 +278,26 @@ class Publisher:
         cur = self.api.get_resource_slice(name)
         for dev in (cur or {}).get("spec", {}).get("devices") or []:  # after a restart: what was published
             self._known.setdefault(dev["name"], dev.get("attributes") or {})
-        want = desired_slice(inv, node_name=self.node_name, node=node, link=self.link, pci=self.pci,
-                             health=None if self.health is None else self.health(),
-                             taint_effect=self.taint_effect, known=self._known)
+        want = desired_slice(
+            inv,
+            node_name=self.node_name,
+            node=node,
+            link=self.link,
+            pci=self.pci,
+            health=None if self.health is None else self.health(),
+            taint_effect=self.taint_effect,
+            known=self._known,
+        )
         self._known.update({dev["name"]: dev["attributes"] for dev in want["spec"]["devices"]})
         _keep_taint_times(want, cur)
         if cur is None:
             self.api.create_resource_slice(want)
-            log.info("published slice %s (generation %d%s)", name, want["spec"]["pool"]["generation"], _taints_note(want))
+            log.info(
+                "published slice %s (generation %d%s)",
+                name,
+                want["spec"]["pool"]["generation"],
+                _taints_note(want),
+            )
             return "created"
         if _content(cur) == _content(want):
             return "unchanged"
@@ -270,7 +306,9 @@ class Publisher:
         )
         want["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
         self.api.replace_resource_slice(name, want)
-        log.info("updated slice %s (generation %d%s)", name, want["spec"]["pool"]["generation"], _taints_note(want))
+        log.info(
+            "updated slice %s (generation %d%s)", name, want["spec"]["pool"]["generation"], _taints_note(want)
+        )
         return "updated"
 
     def cleanup(self) -> bool:

@@ -77,7 +77,9 @@ class AgentConfig:
     inventory: str
     state_dir: str
     kubeconfig: str | None = None
-    kubernetes: bool = True  # False: no API server (the fast path, the link watch, the metrics; kubernetes_mode)
+    kubernetes: bool = (
+        True  # False: no API server (the fast path, the link watch, the metrics; kubernetes_mode)
+    )
     conflists: tuple[str, ...] = ()  # whose cni-dra entries' 'profiles' limit device profiles at prepare
     plugin_dir: str | None = None  # default /var/lib/kubelet/plugins/<driver>
     registry_dir: str = "/var/lib/kubelet/plugins_registry"
@@ -111,7 +113,9 @@ class KubeParts:
     claimwatch: ClaimWatch
 
 
-def kubernetes_mode(no_kubernetes: bool, kubeconfig: str | None, environ: Mapping[str, str]) -> tuple[bool, str]:
+def kubernetes_mode(
+    no_kubernetes: bool, kubeconfig: str | None, environ: Mapping[str, str]
+) -> tuple[bool, str]:
     """Whether ``cni-dra agent`` talks to Kubernetes, and why: not with ``--no-kubernetes``;
     else with a kubeconfig, or in a pod (``KUBERNETES_SERVICE_HOST``, the in-cluster
     service account); else not (a host with containerd and nerdctl, or podman)."""
@@ -145,8 +149,13 @@ class Agent:
         self.driver_name = load_inventory(cfg.inventory).spec.driver  # a bad inventory fails first
         self.metrics = AgentMetrics(cfg.state_dir, cfg.inventory)
         self.pool = ""
-        self.nics = NicHealth(self._inventory_nics, host_link, debounce_s=cfg.nic_debounce_s,
-                              keep_missing_s=cfg.keep_missing_s, on_transition=self._nic_transition)
+        self.nics = NicHealth(
+            self._inventory_nics,
+            host_link,
+            debounce_s=cfg.nic_debounce_s,
+            keep_missing_s=cfg.keep_missing_s,
+            on_transition=self._nic_transition,
+        )
         self.kube = self._kube_parts(api) if cfg.kubernetes else None
         self.features: FeatureSync | None = None
         if self.kube is not None:
@@ -155,11 +164,17 @@ class Agent:
             self.features = FeatureSync(None, cfg.state_dir, cfg.fractional_capacity_range)
         self.links_changed = threading.Event()
         self.linkwatch = LinkWatch(self.links_changed.set)
-        self.fastpath = FastpathService(cfg.fastpath_socket, processes=cfg.fastpath_processes,
-                                        mount_ns=cfg.fastpath_mount_ns)
+        self.fastpath = FastpathService(
+            cfg.fastpath_socket, processes=cfg.fastpath_processes, mount_ns=cfg.fastpath_mount_ns
+        )
         if self.kube is not None:
-            self.services: list[Service] = [self.kube.plugin, self.linkwatch, self.kube.claimwatch, self.fastpath,
-                                            *cfg.extra]
+            self.services: list[Service] = [
+                self.kube.plugin,
+                self.linkwatch,
+                self.kube.claimwatch,
+                self.fastpath,
+                *cfg.extra,
+            ]
         else:
             self.services = [self.linkwatch, self.fastpath, *cfg.extra]
         self.metrics_port: int | None = None
@@ -202,12 +217,22 @@ class Agent:
                 on_result=self.metrics.published,
             ),
             driver=driver,
-            plugin=KubeletPlugin(self.driver_name, driver, plugin_dir=cfg.plugin_dir, registry_dir=cfg.registry_dir,
-                                 health=health_feed),
+            plugin=KubeletPlugin(
+                self.driver_name,
+                driver,
+                plugin_dir=cfg.plugin_dir,
+                registry_dir=cfg.registry_dir,
+                health=health_feed,
+            ),
             health_feed=health_feed,
             status=StatusWriter(
-                api, StateStore(cfg.state_dir), field_manager=self.driver_name, count=self.metrics.status_update,
-                health=lambda: {(self.driver_name, self.pool, d): st for d, st in self.nics.statuses().items()},
+                api,
+                StateStore(cfg.state_dir),
+                field_manager=self.driver_name,
+                count=self.metrics.status_update,
+                health=lambda: {
+                    (self.driver_name, self.pool, d): st for d, st in self.nics.statuses().items()
+                },
             ),
             claimwatch=ClaimWatch(api, lambda uid, pods: share_prepared_claim(cfg.state_dir, uid, pods)),
         )
@@ -252,7 +277,9 @@ class Agent:
 
         inv = load_inventory(self.cfg.inventory)
         self.pool = inv.spec.pool.name
-        return [(d.name, str(device_attribute(d, "ifName", inv.spec.driver) or d.name)) for d in inv.spec.devices]
+        return [
+            (d.name, str(device_attribute(d, "ifName", inv.spec.driver) or d.name)) for d in inv.spec.devices
+        ]
 
     def _nic_transition(self, status: NicStatus, first: bool) -> None:
         self.metrics.link_state(status.device, status.ifname, status.problem, transition=not first)
@@ -277,8 +304,11 @@ class Agent:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_address)
             log.info("metrics on %s (port %d)", self.cfg.metrics_address, self.metrics_port)
         if self.kube is None:
-            log.info("running without Kubernetes: serving the fast path on %s, the link watch and the metrics; "
-                     "no ResourceSlice, no kubelet plugin, no claim status", self.cfg.fastpath_socket)
+            log.info(
+                "running without Kubernetes: serving the fast path on %s, the link watch and the metrics; "
+                "no ResourceSlice, no kubelet plugin, no claim status",
+                self.cfg.fastpath_socket,
+            )
         self.observe_nics()  # the kubelet's first health report is ready when it connects
         for svc in self.services:
             svc.start()
@@ -351,7 +381,9 @@ class Agent:
             if self.features is not None and now >= next_features:
                 try:
                     self.features.sync()
-                    next_features = now + (self.cfg.features_interval_s if self.kube is not None else float("inf"))
+                    next_features = now + (
+                        self.cfg.features_interval_s if self.kube is not None else float("inf")
+                    )
                 except CniError as exc:
                     log.warning("cluster features (retry in 30s): %s %s", exc.msg, exc.details)
                     next_features = now + 30.0

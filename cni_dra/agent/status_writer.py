@@ -69,8 +69,10 @@ def _ready_keys(state: Any, uid: str, health: Health | None = None) -> frozenset
     for a in state.attachments:
         if a.claim is not None and a.claim.uid == uid and a.phase == "ready" and a.result:
             st = (health or {}).get((a.driver, a.pool, a.device))
-            seen.setdefault((a.driver, a.pool, a.device, a.shareID or None),
-                            a.key + (_link_reason(a, st), st and st.problem))
+            seen.setdefault(
+                (a.driver, a.pool, a.device, a.shareID or None),
+                a.key + (_link_reason(a, st), st and st.problem),
+            )
     return frozenset(k + v for k, v in seen.items())
 
 
@@ -107,16 +109,30 @@ def _ready_condition(att: Any, st: NicStatus | None, recorded: str | None) -> di
     if st is not None and reason is not None:
         if st.problem is None:  # back, but this interface went with the vanished NIC
             assert st.missing_since_wall_s is not None
-            return {"type": "Ready", "status": "False", "reason": reason, "lastTransitionTime":
-                    rfc3339(st.missing_since_wall_s), "message":
-                    f"{where} went with host NIC {att.parent}, which vanished at {rfc3339(st.missing_since_wall_s)}"}
-        return {"type": "Ready", "status": "False", "reason": reason, "message": f"{where}: {describe(st)}",
-                "lastTransitionTime": rfc3339(st.unhealthy_since_wall_s or st.since_wall_s)}
+            return {
+                "type": "Ready",
+                "status": "False",
+                "reason": reason,
+                "lastTransitionTime": rfc3339(st.missing_since_wall_s),
+                "message": f"{where} went with host NIC {att.parent}, which vanished at {rfc3339(st.missing_since_wall_s)}",
+            }
+        return {
+            "type": "Ready",
+            "status": "False",
+            "reason": reason,
+            "message": f"{where}: {describe(st)}",
+            "lastTransitionTime": rfc3339(st.unhealthy_since_wall_s or st.since_wall_s),
+        }
     when = recorded or _now()
     if st is not None and st.recovered_wall_s is not None and (_wall(att.readyAt) or 0) < st.recovered_wall_s:
         when = rfc3339(st.recovered_wall_s)  # ready again since its NIC recovered
-    return {"type": "Ready", "status": "True", "reason": "InterfaceReady",
-            "message": f"{where} on host NIC {att.parent}", "lastTransitionTime": when}
+    return {
+        "type": "Ready",
+        "status": "True",
+        "reason": "InterfaceReady",
+        "message": f"{where} on host NIC {att.parent}",
+        "lastTransitionTime": when,
+    }
 
 
 def claim_status_body(
@@ -150,10 +166,15 @@ def claim_status_body(
         key = _entry_key(entry)
         if key in entries and "networkData" in entries[key]:  # a ready share: its ADD failed before
             continue
-        entry["conditions"] = [{
-            "type": "Ready", "status": "False", "reason": rec.get("reason") or "AddFailed",
-            "message": rec.get("message") or "CNI ADD failed", "lastTransitionTime": rec.get("time") or _now(),
-        }]
+        entry["conditions"] = [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": rec.get("reason") or "AddFailed",
+                "message": rec.get("message") or "CNI ADD failed",
+                "lastTransitionTime": rec.get("time") or _now(),
+            }
+        ]
         entries[key] = entry
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -274,8 +295,12 @@ class StatusWriter:
                 claim["namespace"], claim["name"], body, field_manager=self.field_manager
             )
         except TryAgainLaterError as exc:
-            log.warning("claim %s was replaced (UID %s no longer matches); dropping its status: %s",
-                        where, claim["uid"], exc.msg)
+            log.warning(
+                "claim %s was replaced (UID %s no longer matches); dropping its status: %s",
+                where,
+                claim["uid"],
+                exc.msg,
+            )
             return "gone"
         except CniError as exc:
             log.warning("failed to write status of claim %s (will retry): %s %s", where, exc.msg, exc.details)

@@ -136,7 +136,9 @@ def uses_milli(rng: CapacityRequestPolicyRange, fractional_capacity_range: bool)
     return rng.step is None or (_milli(rng.step) or 0) >= 1
 
 
-def _round_up_range(requested: Quantity, rng: CapacityRequestPolicyRange, fractional_capacity_range: bool) -> Quantity:
+def _round_up_range(
+    requested: Quantity, rng: CapacityRequestPolicyRange, fractional_capacity_range: bool
+) -> Quantity:
     """Upstream ``roundUpRange``. Raises :class:`RequestNotRepresentable`."""
     if requested < rng.min:
         return rng.min
@@ -146,11 +148,15 @@ def _round_up_range(requested: Quantity, rng: CapacityRequestPolicyRange, fracti
     if uses_milli(rng, fractional_capacity_range):
         req = _milli(requested)
         if req is None:
-            raise RequestNotRepresentable(f"request {requested} has no exact milli value (the range is in milli-units)")
+            raise RequestNotRepresentable(
+                f"request {requested} has no exact milli value (the range is in milli-units)"
+            )
         base, unit = _milli(rng.min) or 0, _milli(step) or 1
         k = -(-(req - base) // unit)
         if k > (_MAX_INT64 - base) // unit:
-            raise RequestNotRepresentable(f"rounding request {requested} up to the next step passes the milli-value range")
+            raise RequestNotRepresentable(
+                f"rounding request {requested} up to the next step passes the milli-value range"
+            )
         milli = base + k * unit
         if milli % 1000 == 0:
             return Quantity.from_int(milli // 1000, step.format)
@@ -164,7 +170,9 @@ def _round_up_range(requested: Quantity, rng: CapacityRequestPolicyRange, fracti
     return Quantity.from_int(base + k * unit, step.format)
 
 
-def _calculate_consumed(capacity: DeviceCapacity, requested: Quantity | None, fractional_capacity_range: bool) -> Quantity:
+def _calculate_consumed(
+    capacity: DeviceCapacity, requested: Quantity | None, fractional_capacity_range: bool
+) -> Quantity:
     """Upstream ``calculateConsumedCapacity``: what one allocation consumes, before the
     policy check. Raises :class:`RequestNotRepresentable`."""
     policy = capacity.request_policy

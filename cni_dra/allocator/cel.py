@@ -178,7 +178,9 @@ def compile_selector(expression: str) -> _Selector:
     return _Selector(expression, program, frozenset(_DOMAIN_RE.findall(expression)))
 
 
-def device_variable(device: Device, driver: str, extra_domains: frozenset[str] = frozenset()) -> dict[str, Any]:
+def device_variable(
+    device: Device, driver: str, extra_domains: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """The ``device`` CEL variable for ``device`` published by ``driver``."""
     attrs: dict[str, dict[str, Any]] = {d: {} for d in extra_domains}
     attrs.setdefault(driver, {})
@@ -218,7 +220,9 @@ def device_matches(selectors: Sequence[str], device: Device, driver: str) -> boo
 
     for expression in selectors:
         sel = compile_selector(expression)
-        ctx = cel.Context(variables={"device": device_variable(device, driver, sel.domains)}, functions=_FUNCTIONS)
+        ctx = cel.Context(
+            variables={"device": device_variable(device, driver, sel.domains)}, functions=_FUNCTIONS
+        )
         try:
             result = sel.program.execute(ctx)
         except (KeyError, RuntimeError, ValueError, TypeError) as exc:

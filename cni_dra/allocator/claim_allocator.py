@@ -168,7 +168,11 @@ def allocate_claim(
     if slice_.spec.node_name:
         node_selector = {
             "nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [slice_.spec.node_name]}]}
+                {
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": [slice_.spec.node_name]}
+                    ]
+                }
             ]
         }
     return AllocationResult(devices=DeviceAllocationResult(results=results), node_selector=node_selector)
@@ -189,7 +193,13 @@ def allocate_claims(
     out: list[AllocationResult | ClaimNoFit] = []
     for claim in claims:
         res = allocate_claim(
-            claim, slice_, usage, share_id, policy, classes, fractional_capacity_range=fractional_capacity_range
+            claim,
+            slice_,
+            usage,
+            share_id,
+            policy,
+            classes,
+            fractional_capacity_range=fractional_capacity_range,
         )
         if isinstance(res, AllocationResult):
             usage = usage.with_results(res.devices.results, slice_.spec.devices)

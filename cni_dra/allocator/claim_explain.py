@@ -120,7 +120,9 @@ class _Explain:
             if len(users) < 2:
                 continue
             if not d.shared:
-                msgs.append(f"{d.name} is dedicated (one allocation at a time): {_names([u.name for u in users])} compete for it")
+                msgs.append(
+                    f"{d.name} is dedicated (one allocation at a time): {_names([u.name for u in users])} compete for it"
+                )
                 continue
             msgs.extend(self._capacity_conflicts(d, users))
         return msgs
@@ -137,7 +139,7 @@ class _Explain:
                 total = total + a
             value = d.capacity[key].value
             if total > value:
-                terms = ([f"{node[key]} in use"] if not node.get(key, _ZERO).is_zero() else [])
+                terms = [f"{node[key]} in use"] if not node.get(key, _ZERO).is_zero() else []
                 terms += [f"{u.name} {a}" for u, a in amounts]
                 msgs.append(f"combined {key} {total} > {value} on {d.name} ({' + '.join(terms)})")
         return msgs
@@ -161,8 +163,10 @@ class _Explain:
         if not self.devices:
             parts.append("no devices")
         elif req.all_mode and not matching:
-            parts.append("allocationMode All needs at least one matching device"
-                         + (" that has the requested capacity" if req.capacity else ""))
+            parts.append(
+                "allocationMode All needs at least one matching device"
+                + (" that has the requested capacity" if req.capacity else "")
+            )
         elif fitting and (not req.all_mode or len(fitting) == len(matching)):
             # Every device it needs takes one allocation: the request as a whole fails.
             parts.append(self._whole_request_failure(req, fitting))
@@ -215,7 +219,11 @@ class _Explain:
             why = " / ".join([self.describe_constraints(cs, reqs), *self.sharing_conflicts(reqs)])
         else:
             why = self.describe_sharing(reqs)
-        head = f"requests {names} fit alone but not together" if len(chosen) > 1 else f"request {names} does not fit"
+        head = (
+            f"requests {names} fit alone but not together"
+            if len(chosen) > 1
+            else f"request {names} does not fit"
+        )
         return f"{head}: {why}"
 
     def reasons(self) -> dict[str, str]:

@@ -56,7 +56,10 @@ class ClaimRequest:
 
 
 def _alternative(
-    name: str, base: str, spec: ExactDeviceRequest | DeviceSubRequest, classes: Mapping[str, Sequence[str]] | None
+    name: str,
+    base: str,
+    spec: ExactDeviceRequest | DeviceSubRequest,
+    classes: Mapping[str, Sequence[str]] | None,
 ) -> ClaimRequest:
     selectors = [s.cel.expression for s in spec.selectors or [] if s.cel is not None]
     if classes is not None:
@@ -83,7 +86,9 @@ def _alternative(
 def _check_constraints(claim: ResourceClaim, requests: list[list[ClaimRequest]]) -> None:
     for i, c in enumerate(claim.spec.devices.constraints):
         if (c.match_attribute is None) == (c.distinct_attribute is None):
-            raise SearchAbort(f"constraint #{i}: exactly one of matchAttribute or distinctAttribute is required")
+            raise SearchAbort(
+                f"constraint #{i}: exactly one of matchAttribute or distinctAttribute is required"
+            )
         for ref in c.requests or []:
             base, _, sub = ref.partition("/")
             alts_for = next((a for a in requests if a and a[0].base == base), None)
@@ -91,7 +96,9 @@ def _check_constraints(claim: ResourceClaim, requests: list[list[ClaimRequest]])
                 raise SearchAbort(f"constraint #{i}: unknown request {ref}")
 
 
-def expand_requests(claim: ResourceClaim, classes: Mapping[str, Sequence[str]] | None) -> list[list[ClaimRequest]]:
+def expand_requests(
+    claim: ResourceClaim, classes: Mapping[str, Sequence[str]] | None
+) -> list[list[ClaimRequest]]:
     """The alternatives of each request of ``claim``, in claim order.
 
     ``classes`` maps DeviceClass names to their CEL selectors (None: ``deviceClassName``

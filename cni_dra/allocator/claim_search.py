@@ -78,12 +78,16 @@ class ClaimSearch:
         self.max_steps = problem.max_steps
         self.fractional = problem.fractional_capacity_range
         self.steps = 0
-        self.constraints = list(problem.claim.spec.devices.constraints if constraints is None else constraints)
+        self.constraints = list(
+            problem.claim.spec.devices.constraints if constraints is None else constraints
+        )
         self.constraint_values: list[list[DeviceAttribute]] = [[] for _ in self.constraints]
         self.alloc_consumed: dict[str, dict[str, Quantity]] = {}
         self.alloc_dedicated: set[str] = set()
         self.picks: list[Pick] = []
-        self.selectable_cache: dict[tuple[str, str], bool] = {} if selectable_cache is None else selectable_cache
+        self.selectable_cache: dict[tuple[str, str], bool] = (
+            {} if selectable_cache is None else selectable_cache
+        )
         self._all_devices: dict[str, list[Device]] = {}
 
     # -- per-device checks ------------------------------------------------------------
@@ -93,8 +97,9 @@ class ClaimSearch:
         a request the device's range cannot compute stops the search (:class:`SearchAbort`),
         as it aborts the scheduler's allocation."""
         try:
-            return device_consumption(device, req.capacity, self.driver, fractional_capacity_range=self.fractional,
-                                      exact_names=True)
+            return device_consumption(
+                device, req.capacity, self.driver, fractional_capacity_range=self.fractional, exact_names=True
+            )
         except RequestNotRepresentable as exc:
             raise SearchAbort(f"request {req.name}: device {device.name}: {exc.msg}") from exc
 
@@ -215,8 +220,10 @@ class ClaimSearch:
         ok, added = self.constraint_ok(req, device)
         if not ok:
             if must:
-                raise SearchAbort(f"request {req.name}: cannot add device {device.name} because a claim "
-                                  "constraint would not be satisfied")
+                raise SearchAbort(
+                    f"request {req.name}: cannot add device {device.name} because a claim "
+                    "constraint would not be satisfied"
+                )
             return False
         self.picks.append(Pick(req, device, cons, added))
         if req.admin_access:
@@ -255,8 +262,13 @@ class ClaimSearch:
             key: tuple[int, ...] = ()
             if self.policy != "first-fit":
                 try:
-                    cons = device_consumption(d, req.capacity, self.driver, fractional_capacity_range=self.fractional,
-                                              exact_names=True)
+                    cons = device_consumption(
+                        d,
+                        req.capacity,
+                        self.driver,
+                        fractional_capacity_range=self.fractional,
+                        exact_names=True,
+                    )
                 except RequestNotRepresentable:  # ranking only: placing it will stop the search
                     cons = NoFit()
                 key = rank_key(d, on_node, {} if isinstance(cons, NoFit) else cons, req.capacity, self.driver)
@@ -287,7 +299,13 @@ class ClaimSearch:
         return False
 
     def place_n(
-        self, requests: list[list[ClaimRequest]], ri: int, req: ClaimRequest, n: int, order: list[Device], start: int
+        self,
+        requests: list[list[ClaimRequest]],
+        ri: int,
+        req: ClaimRequest,
+        n: int,
+        order: list[Device],
+        start: int,
     ) -> bool:
         if n == 0:
             return self.solve(requests, ri + 1)

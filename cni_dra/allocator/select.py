@@ -145,7 +145,9 @@ def select_device(
         if dedicated_in_use(device, on_node):
             reasons[device.name] = "dedicated device already allocated"
             continue
-        consumption = device_consumption(device, requests, driver, fractional_capacity_range=fractional_capacity_range)
+        consumption = device_consumption(
+            device, requests, driver, fractional_capacity_range=fractional_capacity_range
+        )
         if isinstance(consumption, NoFit):
             reasons.update(consumption.reasons)
             continue
@@ -154,7 +156,9 @@ def select_device(
             reasons[device.name] = why
             continue
         key = rank_key(device, on_node, consumption, requests, driver)
-        candidates.append((policy_sort_key(policy, key, device.name), Selection(device, consumption, device.shared)))
+        candidates.append(
+            (policy_sort_key(policy, key, device.name), Selection(device, consumption, device.shared))
+        )
     if not candidates:
         return NoFit(reasons)
     candidates.sort(key=lambda c: c[0])

@@ -102,11 +102,15 @@ class NodeUsage:
         return NodeUsage(consumed_out, frozenset(dedicated), frozenset(shared), frozenset(shares))
 
     @classmethod
-    def from_consumed(cls, consumed: Mapping[str, Mapping[str, Quantity]], devices: Iterable[Device]) -> NodeUsage:
+    def from_consumed(
+        cls, consumed: Mapping[str, Mapping[str, Quantity]], devices: Iterable[Device]
+    ) -> NodeUsage:
         """From the simple ``{device: {capacity: quantity}}`` shape (``--consumed FILE``):
         each entry one charge, dedicated when the inventory's device is."""
         by_name = {d.name: d for d in devices}
-        return cls().plus((name, caps, is_dedicated(by_name.get(name), ""), None) for name, caps in consumed.items())
+        return cls().plus(
+            (name, caps, is_dedicated(by_name.get(name), ""), None) for name, caps in consumed.items()
+        )
 
     @classmethod
     def from_results(

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 from cni_dra.errors import ClaimError, CniError
 
 if TYPE_CHECKING:
+    from cni_dra.attach.invocation import Invocation
     from cni_dra.protocol.config import NetConf
     from cni_dra.state.schema import PreparedClaim, PreparedResult
-    from cni_dra.attach.invocation import Invocation
 
 __all__ = ["conf_for", "describe"]
 
@@ -45,7 +45,9 @@ def conf_for(inv: Invocation, picked: tuple[PreparedClaim, PreparedResult] | Non
     claim, res = picked
     where = f"claim {claim.namespace}/{claim.name} request {res.request!r}"
     if res.profileError is not None:
-        raise ClaimError(f"failed to honour {where}: its device configuration is not valid: {res.profileError}")
+        raise ClaimError(
+            f"failed to honour {where}: its device configuration is not valid: {res.profileError}"
+        )
     if res.profile is None:
         return inv.conf
     from cni_dra.protocol.config import load_conf

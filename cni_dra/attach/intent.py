@@ -27,15 +27,21 @@ import logging
 import time
 from typing import Any
 
+from cni_dra.attach.invocation import Invocation
+from cni_dra.attach.rebuild import REPAIR_NETWORK
+from cni_dra.attach.recover import recover_pending
 from cni_dra.errors import StateError, StateWriteError, TryAgainLaterError
 from cni_dra.state import Attachment
 from cni_dra.state.owner import current_owner, owner_alive
-from cni_dra.attach.invocation import Invocation
-from cni_dra.attach.recover import recover_pending
-from cni_dra.attach.rebuild import REPAIR_NETWORK
 
-__all__ = ["AddIntent", "RecoveryInProgressError", "begin_delete", "finish_delete", "recovery_holds",
-           "wait_for_recovery"]
+__all__ = [
+    "AddIntent",
+    "RecoveryInProgressError",
+    "begin_delete",
+    "finish_delete",
+    "recovery_holds",
+    "wait_for_recovery",
+]
 
 log = logging.getLogger("cni_dra.intent")
 
@@ -61,7 +67,9 @@ def recovery_in_progress(inv: Invocation, att: Attachment, verb: str) -> Recover
     pid = att.owner.pid if att.owner else "?"
     return RecoveryInProgressError(
         f"failed to {verb} {inv.env.ifname} for container {inv.env.container_id}: its interrupted "
-        f"{'ADD' if att.phase == 'adding' else 'DEL'} is still being recovered by process {pid}", att.key)
+        f"{'ADD' if att.phase == 'adding' else 'DEL'} is still being recovered by process {pid}",
+        att.key,
+    )
 
 
 def wait_for_recovery(inv: Invocation, busy: RecoveryInProgressError, deadline: float) -> None:
@@ -111,16 +119,19 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
         with inv.store.transaction(durable=False) as txn:
             att = txn.find(*key)
             if att is None:
-                from cni_dra.netlink.netns import netns_identity_or_none
                 from cni_dra.attach.release import names_recorded_netns
+                from cni_dra.netlink.netns import netns_identity_or_none
 
                 # A placeholder that ``state repair`` made for this pod's untracked link (the
                 # same namespace by identity: repair names it /var/run/netns/..., the runtime
                 # may say /run/netns/...).
                 ident = None
                 for placeholder in txn.attachments:
-                    if placeholder.network != REPAIR_NETWORK or placeholder.ifname != inv.env.ifname \
-                            or not inv.env.netns:
+                    if (
+                        placeholder.network != REPAIR_NETWORK
+                        or placeholder.ifname != inv.env.ifname
+                        or not inv.env.netns
+                    ):
                         continue
                     ident = ident or netns_identity_or_none(inv.env.netns)
                     if names_recorded_netns(placeholder, inv.env.netns, ident):
@@ -139,7 +150,9 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
     except StateWriteError:
         raise  # nothing written, nothing removed: the runtime retries the DEL
     except StateError as exc:
-        log.error("DEL %s: %s; removing the link and releasing IPAM from the runtime's config only", key, exc.msg)
+        log.error(
+            "DEL %s: %s; removing the link and releasing IPAM from the runtime's config only", key, exc.msg
+        )
         return None
 
 
@@ -180,8 +193,17 @@ class AddIntent:
             if recorded is None:  # pragma: no cover - only a concurrent GC/repair could do this
                 raise ClaimError(f"failed to complete ADD of {self.key}: the attachment vanished from state")
             extra = {"shaping": shaping} if shaping is not None else {}
-            ready = txn.update(recorded, phase="ready", result=result, owner=None, steps=(), tempName=None,
-                                 recovering=None, readyAt=ready_at(time.time()), **extra)  # GC spares it for a grace period
+            ready = txn.update(
+                recorded,
+                phase="ready",
+                result=result,
+                owner=None,
+                steps=(),
+                tempName=None,
+                recovering=None,
+                readyAt=ready_at(time.time()),
+                **extra,
+            )  # GC spares it for a grace period
             if ready.claim is not None:  # claim mode: the agent writes it into the claim's status
                 txn.add_status_update(claim_status_record(ready))
 

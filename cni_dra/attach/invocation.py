@@ -62,7 +62,9 @@ class Invocation:
     ) -> Invocation:
         """This invocation with ``conf`` as its config (a device profile applied, from the
         result ``profile_source``), sharing its state store and inventory once loaded."""
-        other = Invocation(env=self.env, conf=conf, raw=self.raw, environ=self.environ, profile_source=profile_source)
+        other = Invocation(
+            env=self.env, conf=conf, raw=self.raw, environ=self.environ, profile_source=profile_source
+        )
         for name in ("store", "inventory", "fractional_capacity_range"):
             if name in self.__dict__:
                 other.__dict__[name] = self.__dict__[name]
@@ -91,8 +93,10 @@ def claim_results_for(
         return named[0]
     if len(results) == 1:
         return results[0]
-    which = ", ".join(f"claim {c.namespace}/{c.name} request {r.request!r}"
-                      for c, r in sorted(results, key=lambda cr: (cr[0].namespace, cr[0].name, cr[1].request)))
+    which = ", ".join(
+        f"claim {c.namespace}/{c.name} request {r.request!r}"
+        for c, r in sorted(results, key=lambda cr: (cr[0].namespace, cr[0].name, cr[1].request))
+    )
     raise ClaimError(
         f"failed to choose claim result for interface {ifname}: the pod has {len(results)} "
         f"results from driver {driver} ({which}) and none is named {ifname!r}: an interface takes the "

@@ -25,19 +25,27 @@ from dataclasses import dataclass
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
+from cni_dra.attach.invocation import claim_results_for
 from cni_dra.errors import ClaimError, InvalidConfigError, InventoryError, NoCapacityError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
 from cni_dra.state.ledger import node_usage
 from cni_dra.state.schema import PreparedClaim, PreparedResult, whole_capacity
-from cni_dra.attach.invocation import claim_results_for
 
 if TYPE_CHECKING:
     from cni_dra.dra.objects import Device, ResourceSlice
     from cni_dra.netlink.info import LinkInfo
     from cni_dra.protocol.config import NetConf
 
-__all__ = ["Placement", "pick_result", "place", "place_claim", "place_standalone", "link_type_conflicts", "device_if_name"]
+__all__ = [
+    "Placement",
+    "pick_result",
+    "place",
+    "place_claim",
+    "place_standalone",
+    "link_type_conflicts",
+    "device_if_name",
+]
 
 _DOWN = frozenset({"DOWN", "LOWERLAYERDOWN", "NOTPRESENT"})  # RFC 2863 operstates that carry no traffic
 
@@ -55,8 +63,13 @@ class Placement:
 
     def fields(self) -> dict[str, Any]:
         """The :class:`~cni_dra.state.schema.Attachment` fields this placement sets."""
-        return {"device": self.device, "parent": self.parent, "consumedCapacity": dict(self.consumedCapacity),
-                "shareID": self.shareID, "claim": self.claim}
+        return {
+            "device": self.device,
+            "parent": self.parent,
+            "consumedCapacity": dict(self.consumedCapacity),
+            "shareID": self.shareID,
+            "claim": self.claim,
+        }
 
 
 @dataclass(frozen=True)
@@ -70,11 +83,15 @@ class Asker:
     ifname: str
 
     def __str__(self) -> str:
-        who = f"pod {self.pod_namespace}/{self.pod_name}" if self.pod_name else f"container {self.container_id}"
+        who = (
+            f"pod {self.pod_namespace}/{self.pod_name}" if self.pod_name else f"container {self.container_id}"
+        )
         return f"{who} interface {self.ifname}"
 
 
-def link_type_conflicts(attachments: Iterable[Attachment], link_type: str, driver: str, pool: str) -> dict[str, str]:
+def link_type_conflicts(
+    attachments: Iterable[Attachment], link_type: str, driver: str, pool: str
+) -> dict[str, str]:
     """Devices of (``driver``, ``pool``) that cannot take a link of ``link_type`` now.
 
     A parent NIC that carries macvlan children cannot take an ipvlan and the reverse
@@ -114,7 +131,11 @@ def pick_result(state: NodeState, conf: NetConf, asker: Asker) -> tuple[Prepared
 
 
 def place(
-    state: NodeState, slice_: ResourceSlice, host_links: Mapping[str, LinkInfo], conf: NetConf, asker: Asker,
+    state: NodeState,
+    slice_: ResourceSlice,
+    host_links: Mapping[str, LinkInfo],
+    conf: NetConf,
+    asker: Asker,
     picked: tuple[PreparedClaim, PreparedResult] | None | EllipsisType = ...,
     *,
     fractional_capacity_range: bool = False,
@@ -130,7 +151,9 @@ def place(
         picked = pick_result(state, conf, asker)
     if picked is not None:
         return place_claim(state, slice_, host_links, picked, conf.linkType, asker)
-    return place_standalone(state, slice_, host_links, conf, asker, fractional_capacity_range=fractional_capacity_range)
+    return place_standalone(
+        state, slice_, host_links, conf, asker, fractional_capacity_range=fractional_capacity_range
+    )
 
 
 def place_claim(
@@ -179,7 +202,9 @@ def place_claim(
         held = node_usage(state, driver, pool, devices, prepared=False).consumed_on(name)
         reason = check_fits(device, held, consumption)
         if reason:
-            raise ClaimError(f"failed to honour {where} on device {name}: allocation no longer fits: {reason}")
+            raise ClaimError(
+                f"failed to honour {where} on device {name}: allocation no longer fits: {reason}"
+            )
     return Placement(device=name, parent=parent, consumedCapacity=consumption, shareID=res.shareID, claim=ref)
 
 
@@ -245,8 +270,14 @@ def place_standalone(
             if a.podUID == asker.pod_uid and a.driver == driver:
                 exclude.setdefault(a.device, "already used by this pod (distinctFrom: pod)")
     choice = select_device(
-        usable, consumed, requests, conf.selectionPolicy, exclude=exclude, driver=driver,
-        selectors=[s.cel.expression for s in conf.selectors], fractional_capacity_range=fractional_capacity_range,
+        usable,
+        consumed,
+        requests,
+        conf.selectionPolicy,
+        exclude=exclude,
+        driver=driver,
+        selectors=[s.cel.expression for s in conf.selectors],
+        fractional_capacity_range=fractional_capacity_range,
     )
     if isinstance(choice, NoFit):
         reasons = [f"{dev}: {exclude.get(dev, why)}" for dev, why in sorted(choice.reasons.items())] + skipped

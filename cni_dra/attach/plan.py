@@ -52,8 +52,8 @@ def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> 
     for an inventory of another driver, and TryAgainLaterError (11) when the pod's
     allocation result in ``state`` is not the one ``inv``'s config was made from (its
     claims changed since the ADD started)."""
-    from cni_dra.state.schema import STEP_IPAM
     from cni_dra.attach.device_profile import describe
+    from cni_dra.state.schema import STEP_IPAM
 
     if inv.profile_source is ...:
         raise ValueError("plan needs the ADD's effective invocation (effective_invocation)")
@@ -79,10 +79,19 @@ def plan(inv: Invocation, state: NodeState, host_links: dict[str, LinkInfo]) -> 
     fractional = picked is None and inv.fractional_capacity_range
     placement = place(state, slice_, host_links, conf, asker, picked, fractional_capacity_range=fractional)
     att = Attachment(
-        network=conf.name, containerID=env.container_id, ifname=env.ifname, netns=env.netns or "",
-        podUID=asker.pod_uid, podNamespace=asker.pod_namespace, podName=asker.pod_name,
-        driver=driver, pool=pool, linkType=conf.linkType, ipamType=conf.ipam_type,
-        ipamConf=inv.raw.decode() if conf.ipam_type else None, phase="adding",
+        network=conf.name,
+        containerID=env.container_id,
+        ifname=env.ifname,
+        netns=env.netns or "",
+        podUID=asker.pod_uid,
+        podNamespace=asker.pod_namespace,
+        podName=asker.pod_name,
+        driver=driver,
+        pool=pool,
+        linkType=conf.linkType,
+        ipamType=conf.ipam_type,
+        ipamConf=inv.raw.decode() if conf.ipam_type else None,
+        phase="adding",
         steps=(STEP_IPAM,) if conf.ipam_type else (),  # recovery runs the IPAM DEL (a no-op if none ran)
         profile=describe(conf, picked[1] if picked else None),
         **placement.fields(),
@@ -95,7 +104,9 @@ def refuse_duplicate_mac(mac: str, att: Attachment, parent: LinkInfo, state: Nod
     attachment on the same NIC (the kernel would refuse it with EADDRINUSE at link up;
     saying which attachment holds it is clearer)."""
     if parent.mac and parent.mac.lower() == mac:
-        raise InvalidConfigError(f"invalid MAC {mac}: it is the address of the parent NIC {att.parent} (device {att.device})")
+        raise InvalidConfigError(
+            f"invalid MAC {mac}: it is the address of the parent NIC {att.parent} (device {att.device})"
+        )
     for other in state.attachments:
         if other.parent != att.parent or not other.result:
             continue

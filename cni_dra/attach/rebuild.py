@@ -16,12 +16,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cni_dra.attach.recover import RecoveryReport, describe_attachment, undo_attachment
 from cni_dra.errors import CniError
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state.schema import Attachments
 from cni_dra.state.owner import boot_id, owner_alive
 from cni_dra.state.salvage import RepairView
-from cni_dra.attach.recover import RecoveryReport, describe_attachment, undo_attachment
+from cni_dra.state.schema import Attachments
 
 if TYPE_CHECKING:
     from cni_dra.dra.objects import ResourceSlice
@@ -36,8 +36,8 @@ def _live_links(state: NodeState) -> dict[tuple[str, str, str], str]:
     """Attachment key → host parent name, for each attachment whose link is alive in the
     namespace it was added in (:func:`~cni_dra.attach.release.recorded_netns_path`: a path
     that names another namespace now does not count)."""
-    from cni_dra.netlink import info
     from cni_dra.attach.release import recorded_netns_path
+    from cni_dra.netlink import info
 
     out = {}
     for att in state.attachments:
@@ -80,7 +80,9 @@ def _pod_netns_paths() -> list[str]:
     return [path for path in (f"/var/run/netns/{name}" for name in names) if _netns_usable(path)]
 
 
-def _known_links(state: NodeState, live: Mapping[tuple[str, str, str], str]) -> set[tuple[NetnsIdentity, str]]:
+def _known_links(
+    state: NodeState, live: Mapping[tuple[str, str, str], str]
+) -> set[tuple[NetnsIdentity, str]]:
     """(namespace identity, ifname) of the attachments' live links (``live``: :func:`_live_links`):
     a namespace is the same whatever path names it."""
     from cni_dra.netlink.netns import netns_identity_or_none
@@ -109,7 +111,9 @@ def _untracked_links(
         try:
             ident = netns_identity(path)
             with in_netns(path):
-                kids = [(li.name, li.kind) for li in info.list_host_links() if li.kind in ("macvlan", "ipvlan")]
+                kids = [
+                    (li.name, li.kind) for li in info.list_host_links() if li.kind in ("macvlan", "ipvlan")
+                ]
             for kid, kind in kids:
                 if (ident, kid) in known:
                     continue
@@ -216,8 +220,9 @@ def _repair_base(store: StateStore, view: RepairView, report: RecoveryReport) ->
         )
         return base
     why = view.backup_error.msg if view.backup_error else "no backup"
-    report.changes.append(f"{why}: starting from an empty state (prepared claims are lost; "
-                          "the kubelet prepares them again)")
+    report.changes.append(
+        f"{why}: starting from an empty state (prepared claims are lost; the kubelet prepares them again)"
+    )
     return NodeState()
 
 
@@ -277,9 +282,9 @@ def _as_ready(att: Attachment, parent: str, report: RecoveryReport) -> Attachmen
     refused; CHECK and DEL need none)."""
     import time
 
+    from cni_dra.attach.shaping_plan import record
     from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
     from cni_dra.state.schema import ready_at
-    from cni_dra.attach.shaping_plan import record
 
     try:
         found = tc.read_shaping(att.netns, att.ifname)
@@ -291,8 +296,18 @@ def _as_ready(att: Attachment, parent: str, report: RecoveryReport) -> Attachmen
         f"kept {describe_attachment(att)} as ready: its link is live on {parent} and the records after a bad one are "
         f"lost (its ADD may have completed); shaping found: {_shaping_words(shaping)}"
     )
-    return Attachment.model_validate({**att.__dict__, "phase": "ready", "owner": None, "steps": (), "tempName": None,
-                                      "recovering": None, "shaping": shaping, "readyAt": ready_at(time.time())})
+    return Attachment.model_validate(
+        {
+            **att.__dict__,
+            "phase": "ready",
+            "owner": None,
+            "steps": (),
+            "tempName": None,
+            "recovering": None,
+            "shaping": shaping,
+            "readyAt": ready_at(time.time()),
+        }
+    )
 
 
 def _shaping_words(recorded: Mapping[str, Any]) -> str:
@@ -302,16 +317,20 @@ def _shaping_words(recorded: Mapping[str, Any]) -> str:
     return ", ".join(parts) or "none"
 
 
-def _remove_temp_links(found: Sequence[tuple[str, str, str, str]], kept: Sequence[Attachment],
-                       report: RecoveryReport) -> None:
+def _remove_temp_links(
+    found: Sequence[tuple[str, str, str, str]], kept: Sequence[Attachment], report: RecoveryReport
+) -> None:
     """Delete the links of ``found`` (:func:`_untracked_links`) left under a temporary name,
     except those an ADD still running may be renaming (the names of its ``tempName``)."""
     from cni_dra.netlink import sublink
     from cni_dra.netlink.netns import netns_identity_or_none
 
-    running = {(ident, name) for a in kept if a.tempName and a.phase == "adding"
-               and (ident := netns_identity_or_none(a.netns)) is not None
-               for name in sublink.temp_names(a.tempName)}
+    running = {
+        (ident, name)
+        for a in kept
+        if a.tempName and a.phase == "adding" and (ident := netns_identity_or_none(a.netns)) is not None
+        for name in sublink.temp_names(a.tempName)
+    }
     for netns, kid, _kind, _parent in found:
         if (netns_identity_or_none(netns), kid) in running:
             continue
@@ -323,7 +342,9 @@ def _remove_temp_links(found: Sequence[tuple[str, str, str, str]], kept: Sequenc
 
 
 def _charge_untracked(
-    found: Sequence[tuple[str, str, str, str]], slice_: ResourceSlice | None, report: RecoveryReport,
+    found: Sequence[tuple[str, str, str, str]],
+    slice_: ResourceSlice | None,
+    report: RecoveryReport,
 ) -> list[Attachment]:
     """Placeholder attachments charging untracked links on inventory NICs (see :func:`repair`)."""
     from cni_dra.netlink.netns import netns_identity_or_none
@@ -340,12 +361,22 @@ def _charge_untracked(
         if device is None or slice_ is None:
             report.changes.append(f"untracked link {where}: not charged (no inventory device for it)")
             continue
-        out.append(Attachment(
-            network=REPAIR_NETWORK, containerID=f"repair-{netns.rsplit('/', 1)[-1]}"[:128], ifname=kid,
-            netns=netns, netnsIdentity=netns_identity_or_none(netns), driver=slice_.spec.driver,
-            pool=slice_.spec.pool.name, device=device.name, parent=parent_name, linkType=kind, phase="ready",
-            consumedCapacity={k: c.value for k, c in device.capacity.items()},
-        ))
+        out.append(
+            Attachment(
+                network=REPAIR_NETWORK,
+                containerID=f"repair-{netns.rsplit('/', 1)[-1]}"[:128],
+                ifname=kid,
+                netns=netns,
+                netnsIdentity=netns_identity_or_none(netns),
+                driver=slice_.spec.driver,
+                pool=slice_.spec.pool.name,
+                device=device.name,
+                parent=parent_name,
+                linkType=kind,
+                phase="ready",
+                consumedCapacity={k: c.value for k, c in device.capacity.items()},
+            )
+        )
         report.changes.append(
             f"untracked link {where}: charged the whole capacity of device {device.name} "
             "(its share is unknown) until its pod's DEL"

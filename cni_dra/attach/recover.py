@@ -36,11 +36,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from cni_dra.attach.invocation import Invocation
 from cni_dra.errors import CniError, TryAgainLaterError
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state.schema import STEP_IPAM, STEP_LINK, Owner
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
-from cni_dra.attach.invocation import Invocation
+from cni_dra.state.schema import STEP_IPAM, STEP_LINK, Owner
 
 __all__ = ["RecoveryReport", "describe_attachment", "recover", "recover_pending", "undo_attachment"]
 
@@ -96,13 +96,18 @@ def undo_attachment(
     # of nothing is a no-op). STEP_LINK is only in such older records.
     ipam = finishing or STEP_LINK in att.steps or STEP_IPAM in att.steps or earlier_boot
     done = release_temp_link(att)  # an ADD killed before its rename
-    done += release_attachment(att, environ, cni_path, delete_link=where is not None, release_ipam=ipam, netns=where)
+    done += release_attachment(
+        att, environ, cni_path, delete_link=where is not None, release_ipam=ipam, netns=where
+    )
     done.append(f"{_charge(att)} on {att.device} released")
     return "; ".join(done)
 
 
 def _charge(att: Attachment) -> str:
-    return ",".join(f"{k} {v}" for k, v in sorted(att.consumedCapacity.items())) or "the whole device (no amount recorded)"
+    return (
+        ",".join(f"{k} {v}" for k, v in sorted(att.consumedCapacity.items()))
+        or "the whole device (no amount recorded)"
+    )
 
 
 def describe_attachment(att: Attachment) -> str:
@@ -168,8 +173,13 @@ def recover(
         if att.phase == "adding" and att.claim is not None:  # claim mode: the agent reports it on the claim
             from cni_dra.state.claim_status import record_add_failure
 
-            record_add_failure(store, att, TryAgainLaterError(
-                f"the ADD of {att.ifname} for container {att.containerID} was interrupted (its process died); undone"))
+            record_add_failure(
+                store,
+                att,
+                TryAgainLaterError(
+                    f"the ADD of {att.ifname} for container {att.containerID} was interrupted (its process died); undone"
+                ),
+            )
         report.changes.append(f"{describe_attachment(att)}: {what}")
         log.warning("recovered %s: %s", att.key, what)
     return report

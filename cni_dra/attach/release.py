@@ -30,10 +30,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cni_dra.attach.invocation import Concurrently, ipam_codes
 from cni_dra.errors import CniError
 from cni_dra.faults import fault_point
 from cni_dra.state import Attachment
-from cni_dra.attach.invocation import Concurrently, ipam_codes
 
 __all__ = [
     "IpamRelease",
@@ -131,13 +131,18 @@ def release_attachment(
     record is written at the end, the ifb device may exist before)."""
     ipam = None
     if release_ipam and att.ipamType and att.ipamConf:
-        env = dict(environ) | {"CNI_CONTAINERID": att.containerID, "CNI_IFNAME": att.ifname, "CNI_NETNS": att.netns}
+        env = dict(environ) | {
+            "CNI_CONTAINERID": att.containerID,
+            "CNI_IFNAME": att.ifname,
+            "CNI_NETNS": att.netns,
+        }
         if cni_path:
             env["CNI_PATH"] = ":".join(cni_path)
         ipam = IpamRelease(att.ipamType, att.ipamConf.encode(), env)
     shaped = att.shaping is not None or att.phase == "adding"
-    return release(netns or att.netns, att.ifname, delete_link=delete_link, ipam=ipam, cni_path=cni_path,
-                   shaped=shaped)
+    return release(
+        netns or att.netns, att.ifname, delete_link=delete_link, ipam=ipam, cni_path=cni_path, shaped=shaped
+    )
 
 
 def release_temp_link(att: Attachment) -> list[str]:

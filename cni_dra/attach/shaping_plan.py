@@ -75,11 +75,21 @@ def _capacity_key(conf: ShapingConfig, direction: str) -> str:
     """The config key that names ``direction``'s capacity, for messages."""
     if conf.ingressCapacity is not None or conf.egressCapacity is not None:
         return f"shaping.{direction}Capacity"
-    return "shaping.capacity" if conf.capacity is not None else f"shaping.capacity (default {DEFAULT_SHAPING_CAPACITY!r})"
+    return (
+        "shaping.capacity"
+        if conf.capacity is not None
+        else f"shaping.capacity (default {DEFAULT_SHAPING_CAPACITY!r})"
+    )
 
 
-def _allocated(conf: ShapingConfig, direction: str, name: str | None, consumed: Mapping[str, Any], device: str,
-               driver: str) -> tuple[int, str] | None:
+def _allocated(
+    conf: ShapingConfig,
+    direction: str,
+    name: str | None,
+    consumed: Mapping[str, Any],
+    device: str,
+    driver: str,
+) -> tuple[int, str] | None:
     """(whole bits per second, where from) of capacity ``name`` in ``consumed``; None: no allocation.
     Raises InvalidConfigError (7) for a name the device has no capacity of."""
     if name is None or not consumed:
@@ -89,7 +99,8 @@ def _allocated(conf: ShapingConfig, direction: str, name: str | None, consumed: 
         raise InvalidConfigError(
             f"invalid shaping: {_capacity_key(conf, direction)} names capacity {name!r}, which device {device} "
             f"does not have (its capacities: {', '.join(sorted(consumed))}); name one of them, or set "
-            '"shaping": false to leave the interface unshaped')
+            '"shaping": false to leave the interface unshaped'
+        )
     amount = Quantity.parse(consumed[key])
     if amount.sign() <= 0:
         return None
@@ -97,8 +108,11 @@ def _allocated(conf: ShapingConfig, direction: str, name: str | None, consumed: 
 
 
 def _direction(
-    direction: str, allocated: tuple[int, str] | None, conf_burst_bytes: int | None,
-    runtime: RuntimeBandwidth | None, mtu: int,
+    direction: str,
+    allocated: tuple[int, str] | None,
+    conf_burst_bytes: int | None,
+    runtime: RuntimeBandwidth | None,
+    mtu: int,
 ) -> tuple[int | None, int | None]:
     """(rate in bit/s, burst in bytes or None for the default) of one direction; (None, None):
     unshaped. Raises InvalidConfigError (7) naming the key of a rate or burst tbf cannot hold."""
@@ -111,14 +125,17 @@ def _direction(
         return None, None
     rate, rate_from = min(asked, key=lambda a: a[0])  # a tie: the allocation's
     if rate > MAX_RATE_BPS:
-        log.warning("%s not shaped: rate %d bit/s is above the %d bit/s tbf can hold", direction, rate, MAX_RATE_BPS)
+        log.warning(
+            "%s not shaped: rate %d bit/s is above the %d bit/s tbf can hold", direction, rate, MAX_RATE_BPS
+        )
         return None, None
     lowest = min_rate_bps(mtu)
     if rate < lowest:
         raise InvalidConfigError(
             f"invalid shaping: {direction} rate {_rate(rate)} ({rate_from}) is below {_rate(lowest)}, the lowest at "
             f"which tbf passes a full frame on an interface of MTU {mtu} ({frame_bytes(mtu)} bytes in "
-            f"{PACKET_WINDOW_NS / 1e9:.2f} s of the rate)")
+            f"{PACKET_WINDOW_NS / 1e9:.2f} s of the rate)"
+        )
     held = rate - rate % 8  # what tbf keeps: whole bytes per second
     burst, burst_from = conf_burst_bytes, f"shaping.{direction}BurstBytes {conf_burst_bytes}"
     if runtime_burst:
@@ -138,16 +155,23 @@ def _check_burst(burst: int, burst_from: str, rate_bps: int, mtu: int) -> None:
         raise InvalidConfigError(
             f"invalid shaping: {burst_from} is below {smallest} bytes, the smallest bucket at "
             f"{_rate(rate_bps)} on an interface of MTU {mtu}: a full frame ({frame_bytes(mtu)} bytes) and the "
-            "2 µs of the rate that tbf's rounding may take off")
+            "2 µs of the rate that tbf's rounding may take off"
+        )
     if burst > largest:
         raise InvalidConfigError(
             f"invalid shaping: {burst_from} is above {largest} bytes, the largest bucket tbf "
-            f"holds at {_rate(rate_bps)} ({MAX_BUCKET_US / 1e6:.1f} s of the rate, at most 2^32-1 bytes)")
+            f"holds at {_rate(rate_bps)} ({MAX_BUCKET_US / 1e6:.1f} s of the rate, at most 2^32-1 bytes)"
+        )
 
 
 def shape_spec(
-    conf: ShapingConfig | None, consumed: Mapping[str, Any], runtime: RuntimeBandwidth | None = None, *,
-    mtu: int = DEFAULT_MTU, device: str = "of the attachment", driver: str = "",
+    conf: ShapingConfig | None,
+    consumed: Mapping[str, Any],
+    runtime: RuntimeBandwidth | None = None,
+    *,
+    mtu: int = DEFAULT_MTU,
+    device: str = "of the attachment",
+    driver: str = "",
 ) -> ShapeSpec | None:
     """The shaping of an attachment that consumed ``consumed`` (capacity name -> quantity, bits
     per second) of ``device`` (the driver ``driver``'s) under ``conf`` (None: shaping off),
@@ -195,7 +219,11 @@ def mismatch(recorded: Mapping[str, Any], info: ShapeInfo | None) -> str | None:
         if not want:
             continue
         got: Tbf | None = getattr(info, direction) if info is not None else None
-        what = "the root tbf qdisc" if direction == "egress" else f"the ingress redirect to {recorded.get('ifb')} and its tbf"
+        what = (
+            "the root tbf qdisc"
+            if direction == "egress"
+            else f"the ingress redirect to {recorded.get('ifb')} and its tbf"
+        )
         if got is None:
             return f"{direction} is not shaped ({what} is missing), expected {_rate(want['rateBps'])}"
         if got.rate_bps != want["rateBps"]:
@@ -214,4 +242,3 @@ def mismatch(recorded: Mapping[str, Any], info: ShapeInfo | None) -> str | None:
 
 def _rate(bps: int) -> str:
     return f"{Quantity.from_int(bps)}bit/s"
-

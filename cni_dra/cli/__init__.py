@@ -46,9 +46,16 @@ def cli() -> None:
 @cli.command()
 @STATE_DIR_OPT
 @INVENTORY_OPT
-@click.option("--json", "as_json", is_flag=True, envvar="CNI_DRA_JSON", help="Print the stable JSON document.")
-@click.option("--prometheus", "prom_file", default=None, envvar="CNI_DRA_PROMETHEUS_FILE",
-              help="Write the node gauges to FILE (node_exporter textfile collector format) instead.")
+@click.option(
+    "--json", "as_json", is_flag=True, envvar="CNI_DRA_JSON", help="Print the stable JSON document."
+)
+@click.option(
+    "--prometheus",
+    "prom_file",
+    default=None,
+    envvar="CNI_DRA_PROMETHEUS_FILE",
+    help="Write the node gauges to FILE (node_exporter textfile collector format) instead.",
+)
 def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None) -> None:
     """Capacity per NIC (capacity, consumed, remaining) and every attachment."""
     from cni_dra.report import status_report
@@ -68,7 +75,9 @@ def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None)
 
     rows: list[tuple[str, ...]] = [("DEVICE", "IFNAME", "CAPACITY", "CONSUMED", "REMAINING")]
     for d in report["devices"]:
-        rows.append((d["name"], str(d["ifName"]), fmt(d["capacity"]), fmt(d["consumed"]), fmt(d["remaining"])))
+        rows.append(
+            (d["name"], str(d["ifName"]), fmt(d["capacity"]), fmt(d["consumed"]), fmt(d["remaining"]))
+        )
     _table(rows)
     click.echo("")
     rows = [("POD", "CONTAINER", "IFNAME", "DEVICE", "CONSUMED", "SHAPED", "LINK", "SHAREID", "PHASE")]
@@ -78,12 +87,25 @@ def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None)
         if not a["consumedRecorded"]:
             charged += " (not recorded: whole device)"
         shaped = ",".join(f"{d}={b['rate']}" for d, b in (a["shaping"] or {}).items() if d != "ifb") or "-"
-        rows.append((pod, a["containerID"][:12], a["ifname"], a["device"], charged, shaped, _link(a),
-                     a["shareID"] or "-", a["phase"]))
+        rows.append(
+            (
+                pod,
+                a["containerID"][:12],
+                a["ifname"],
+                a["device"],
+                charged,
+                shaped,
+                _link(a),
+                a["shareID"] or "-",
+                a["phase"],
+            )
+        )
     _table(rows)
     if report["preparedClaims"]:
         click.echo("")
-        click.echo("prepared claims (their results reserve capacity until an attachment uses them or they are unprepared):")
+        click.echo(
+            "prepared claims (their results reserve capacity until an attachment uses them or they are unprepared):"
+        )
         rows = [("POD UID", "CLAIM", "CLAIM UID")]
         for c in report["preparedClaims"]:
             rows.append((c["podUID"], f"{c['namespace']}/{c['name']}", str(c["uid"])))
@@ -132,9 +154,13 @@ def _read_text(path: str) -> str:
 @STATE_DIR_OPT
 @INVENTORY_OPT
 @CONFLIST_OPT
-@click.option("--pod-uid", required=True, envvar="CNI_DRA_POD_UID", help="UID of the pod the claim is reserved for.")
+@click.option(
+    "--pod-uid", required=True, envvar="CNI_DRA_POD_UID", help="UID of the pod the claim is reserved for."
+)
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-def claims_prepare(state_dir: str, inventory: str, conflists: tuple[str, ...], pod_uid: str, file: str) -> None:
+def claims_prepare(
+    state_dir: str, inventory: str, conflists: tuple[str, ...], pod_uid: str, file: str
+) -> None:
     """Add the allocated ResourceClaim(s) in FILE (JSON or YAML, a List or several
     documents; '-' for stdin) for a pod, all or none. Results of the inventory's driver
     must name its pool and devices (checked when the inventory file exists), the device
@@ -179,21 +205,49 @@ def inventory() -> None:
 
 
 @inventory.command("discover")
-@click.option("--interface", "-i", "interfaces", multiple=True, envvar="CNI_DRA_INTERFACES",
-              help="Only these host interfaces (repeatable; the variable: separated by spaces).")
-@click.option("--default-bandwidth", default="10G", show_default=True, envvar="CNI_DRA_DEFAULT_BANDWIDTH",
-              help="Bandwidth (bits/s quantity) when the driver reports no speed.")
-@click.option("--request-policy", default=None, envvar="CNI_DRA_REQUEST_POLICY",
-              help="requestPolicy (YAML or JSON, as in a ResourceSlice) of every device that names none "
-                   "[default: default 1G or the whole NIC, validRange min 1M].")
-@click.option("--devices", "devices_file", default=None, envvar="CNI_DRA_DEVICES", type=click.Path(dir_okay=False),
-              help="YAML or JSON list of NICs to publish, each {ifName, name, bandwidth, requestPolicy} (all but "
-                   "ifName optional): exactly these, instead of -i or every eligible NIC.")
+@click.option(
+    "--interface",
+    "-i",
+    "interfaces",
+    multiple=True,
+    envvar="CNI_DRA_INTERFACES",
+    help="Only these host interfaces (repeatable; the variable: separated by spaces).",
+)
+@click.option(
+    "--default-bandwidth",
+    default="10G",
+    show_default=True,
+    envvar="CNI_DRA_DEFAULT_BANDWIDTH",
+    help="Bandwidth (bits/s quantity) when the driver reports no speed.",
+)
+@click.option(
+    "--request-policy",
+    default=None,
+    envvar="CNI_DRA_REQUEST_POLICY",
+    help="requestPolicy (YAML or JSON, as in a ResourceSlice) of every device that names none "
+    "[default: default 1G or the whole NIC, validRange min 1M].",
+)
+@click.option(
+    "--devices",
+    "devices_file",
+    default=None,
+    envvar="CNI_DRA_DEVICES",
+    type=click.Path(dir_okay=False),
+    help="YAML or JSON list of NICs to publish, each {ifName, name, bandwidth, requestPolicy} (all but "
+    "ifName optional): exactly these, instead of -i or every eligible NIC.",
+)
 @click.option("--driver", default=DEFAULT_DRIVER, show_default=True, envvar="CNI_DRA_DRIVER")
 @click.option("--node-name", default=None, envvar="NODE_NAME", help="spec.nodeName (default: hostname).")
 @click.option("--output", "-o", default="-", help="File to write (default stdout).")
-def inventory_discover(interfaces: tuple[str, ...], default_bandwidth: str, request_policy: str | None,
-                       devices_file: str | None, driver: str, node_name: str | None, output: str) -> None:
+def inventory_discover(
+    interfaces: tuple[str, ...],
+    default_bandwidth: str,
+    request_policy: str | None,
+    devices_file: str | None,
+    driver: str,
+    node_name: str | None,
+    output: str,
+) -> None:
     """Write a ResourceSlice for the host's NICs (speed from sysfs, else --default-bandwidth).
 
     The slice is checked as the plugin and the agent will read it before it is written
@@ -213,12 +267,20 @@ def inventory_discover(interfaces: tuple[str, ...], default_bandwidth: str, requ
     policy = _yaml_option(request_policy, "--request-policy", dict) if request_policy else None
     devices = _nic_specs(devices_file) if devices_file else None
     try:
-        doc = discover_slice(interfaces=list(interfaces), default_bandwidth=default_bandwidth, driver=driver,
-                             node_name=node_name, request_policy=policy, devices=devices)
+        doc = discover_slice(
+            interfaces=list(interfaces),
+            default_bandwidth=default_bandwidth,
+            driver=driver,
+            node_name=node_name,
+            request_policy=policy,
+            devices=devices,
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--devices") from exc
     text = yaml.safe_dump(doc, sort_keys=False)
-    parse_inventory(text, output if output != "-" else "<discovered>")  # raises InvalidConfigError naming the field
+    parse_inventory(
+        text, output if output != "-" else "<discovered>"
+    )  # raises InvalidConfigError naming the field
     if output == "-":
         click.echo(text, nl=False)
         return
@@ -254,8 +316,9 @@ def _nic_specs(path: str) -> list[Any]:
     try:
         return [NicSpec.model_validate(entry) for entry in entries]
     except ValidationError as exc:
-        raise click.BadParameter(f"{path}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}",
-                                 param_hint="--devices") from exc
+        raise click.BadParameter(
+            f"{path}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}", param_hint="--devices"
+        ) from exc
 
 
 # -- the commands of the other modules -----------------------------------------------------

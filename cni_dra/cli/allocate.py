@@ -67,6 +67,7 @@ __all__ = [
 
 FRACTIONAL_CHOICES = ("auto", "on", "off")
 
+
 class AllocateEntry(TypedDict, total=False):
     """One claim's line of the output: ``claim`` (namespace/name) and either its
     ``allocation`` (the API's AllocationResult) or an ``error`` with ``reasons`` (request
@@ -170,18 +171,32 @@ def _dump(entries: list[AllocateEntry], output: str) -> str:
 
 
 # The long options of ``allocate`` (make_allocate_command), each a click decorator.
-_INVENTORY_OPTION = click.option("--inventory", "inventory", required=True, envvar="CNI_DRA_INVENTORY",
-                                 help="ResourceSlice file (YAML or JSON) listing the node's devices; checked with the "
-                                      "API server's rules only, so a slice of another driver (no ifName) is accepted.")
-_STATE_DIR_OPTION = state_dir_option(default=None, deprecated_alias="--state",
-                                     help="Node state directory: start from what is allocated there. Read-only: a "
-                                          "snapshot of state.json taken without the state lock (nothing is created, "
-                                          "not even state.lock), so a concurrent ADD/DEL may make it stale at once.")
-_FRACTIONAL_OPTION = click.option("--fractional-capacity-range", "fractional", type=click.Choice(list(FRACTIONAL_CHOICES)),
-                                  default="auto", show_default=True, envvar="CNI_DRA_FRACTIONAL_CAPACITY_RANGE",
-                                  help="The cluster's DRAFractionalCapacityRange feature gate, which decides how a stepped "
-                                       "validRange rounds: on (milli-units), off (whole units, Kubernetes 1.37's default), "
-                                       "auto (what the agent recorded in --state-dir, else off).")
+_INVENTORY_OPTION = click.option(
+    "--inventory",
+    "inventory",
+    required=True,
+    envvar="CNI_DRA_INVENTORY",
+    help="ResourceSlice file (YAML or JSON) listing the node's devices; checked with the "
+    "API server's rules only, so a slice of another driver (no ifName) is accepted.",
+)
+_STATE_DIR_OPTION = state_dir_option(
+    default=None,
+    deprecated_alias="--state",
+    help="Node state directory: start from what is allocated there. Read-only: a "
+    "snapshot of state.json taken without the state lock (nothing is created, "
+    "not even state.lock), so a concurrent ADD/DEL may make it stale at once.",
+)
+_FRACTIONAL_OPTION = click.option(
+    "--fractional-capacity-range",
+    "fractional",
+    type=click.Choice(list(FRACTIONAL_CHOICES)),
+    default="auto",
+    show_default=True,
+    envvar="CNI_DRA_FRACTIONAL_CAPACITY_RANGE",
+    help="The cluster's DRAFractionalCapacityRange feature gate, which decides how a stepped "
+    "validRange rounds: on (milli-units), off (whole units, Kubernetes 1.37's default), "
+    "auto (what the agent recorded in --state-dir, else off).",
+)
 
 
 def make_allocate_command(
@@ -197,16 +212,39 @@ def make_allocate_command(
 
     @click.command("allocate")
     @_INVENTORY_OPTION
-    @click.option("--claim", "claim_paths", multiple=True, required=True, envvar="CNI_DRA_CLAIM",
-                  help="ResourceClaim file; repeat to allocate several claims in order.")
+    @click.option(
+        "--claim",
+        "claim_paths",
+        multiple=True,
+        required=True,
+        envvar="CNI_DRA_CLAIM",
+        help="ResourceClaim file; repeat to allocate several claims in order.",
+    )
     @_STATE_DIR_OPTION
-    @click.option("--consumed", "consumed", default=None, envvar="CNI_DRA_CONSUMED",
-                  help='JSON/YAML file {"<device>": {"<capacity>": "<quantity>"}} of what is consumed.')
-    @click.option("--policy", type=click.Choice(list(POLICIES)), default="first-fit", show_default=True,
-                  envvar="CNI_DRA_POLICY", help="Order in which candidate devices are tried.")
+    @click.option(
+        "--consumed",
+        "consumed",
+        default=None,
+        envvar="CNI_DRA_CONSUMED",
+        help='JSON/YAML file {"<device>": {"<capacity>": "<quantity>"}} of what is consumed.',
+    )
+    @click.option(
+        "--policy",
+        type=click.Choice(list(POLICIES)),
+        default="first-fit",
+        show_default=True,
+        envvar="CNI_DRA_POLICY",
+        help="Order in which candidate devices are tried.",
+    )
     @_FRACTIONAL_OPTION
-    @click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default="json", show_default=True,
-                  envvar="CNI_DRA_OUTPUT")
+    @click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["json", "yaml"]),
+        default="json",
+        show_default=True,
+        envvar="CNI_DRA_OUTPUT",
+    )
     def allocate(
         inventory: str,
         claim_paths: tuple[str, ...],
@@ -222,7 +260,9 @@ def make_allocate_command(
             claims = [c for path in claim_paths for c in load_claims(path)]
             usage = _usage(slice_, state_dir, consumed, state_reader)
             gate = fractional == "on" if fractional != "auto" else read_fractional(state_dir)
-            entries, ok = run_allocate(slice_, claims, usage, share_id, policy, fractional_capacity_range=gate)
+            entries, ok = run_allocate(
+                slice_, claims, usage, share_id, policy, fractional_capacity_range=gate
+            )
         except CniError as exc:
             click.echo(f"{type(exc).__name__}: {exc.msg}", err=True)
             sys.exit(2)

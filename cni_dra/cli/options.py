@@ -51,16 +51,25 @@ def state_dir_option(
     a usage error (exit 2).
     """
     main = click.option(
-        "--state-dir", "state_dir", envvar="CNI_DRA_STATE_DIR", default=default,
-        show_default=default is not None, help=help,
+        "--state-dir",
+        "state_dir",
+        envvar="CNI_DRA_STATE_DIR",
+        default=default,
+        show_default=default is not None,
+        help=help,
         callback=_resolve_alias if deprecated_alias else None,
     )
     if deprecated_alias is None:
         return main
     # Eager, so it is read before --state-dir whatever the order on the command line.
     alias = click.option(
-        deprecated_alias, default=None, hidden=True, expose_value=False, is_eager=True,
-        deprecated="Use --state-dir.", callback=_remember_alias,
+        deprecated_alias,
+        default=None,
+        hidden=True,
+        expose_value=False,
+        is_eager=True,
+        deprecated="Use --state-dir.",
+        callback=_remember_alias,
     )
 
     def decorate(f: F) -> F:
@@ -71,12 +80,18 @@ def state_dir_option(
 
 STATE_DIR_OPT = state_dir_option()
 INVENTORY_OPT = click.option(
-    "--inventory", envvar="CNI_DRA_INVENTORY", default=DEFAULT_INVENTORY, show_default=True,
+    "--inventory",
+    envvar="CNI_DRA_INVENTORY",
+    default=DEFAULT_INVENTORY,
+    show_default=True,
     help="The node's ResourceSlice file (the plugin config's inventory).",
 )
 CONFLIST_OPT = click.option(
-    "--conflist", "conflists", multiple=True, envvar="CNI_DRA_CONFLIST",
+    "--conflist",
+    "conflists",
+    multiple=True,
+    envvar="CNI_DRA_CONFLIST",
     type=click.Path(dir_okay=False),
     help="A conflist whose cni-dra entries' 'profiles' limit the device profiles claims may ask "
-         "(repeatable; the strictest wins; none: the defaults). CNI_DRA_CONFLIST: paths separated by spaces.",
+    "(repeatable; the strictest wins; none: the defaults). CNI_DRA_CONFLIST: paths separated by spaces.",
 )

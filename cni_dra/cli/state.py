@@ -32,10 +32,15 @@ def state() -> None:
 
 
 _CNI_PATH = click.option(
-    "--cni-path", envvar="CNI_PATH", default="/opt/cni/bin", show_default=True,
+    "--cni-path",
+    envvar="CNI_PATH",
+    default="/opt/cni/bin",
+    show_default=True,
     help="Where the IPAM plugins are (':'-separated, like CNI_PATH).",
 )
-_JSON = click.option("--json", "as_json", is_flag=True, envvar="CNI_DRA_JSON", help="Print {changes, errors} as JSON.")
+_JSON = click.option(
+    "--json", "as_json", is_flag=True, envvar="CNI_DRA_JSON", help="Print {changes, errors} as JSON."
+)
 
 
 def _print(report: RecoveryReport, as_json: bool) -> None:
@@ -62,8 +67,8 @@ def _cni_path(value: str) -> list[str]:
 @_JSON
 def recover_cmd(state_dir: str, cni_path: str, as_json: bool) -> None:
     """Finish or undo interrupted ADD/DEL runs; release attachments of a previous boot whose netns is gone."""
-    from cni_dra.state import StateStore
     from cni_dra.attach.recover import recover
+    from cni_dra.state import StateStore
 
     report = recover(StateStore(state_dir), environ=dict(os.environ), cni_path=_cni_path(cni_path))
     _print(report, as_json)
@@ -72,8 +77,13 @@ def recover_cmd(state_dir: str, cni_path: str, as_json: bool) -> None:
 @state.command("repair")
 @STATE_DIR_OPT
 @_CNI_PATH
-@click.option("--inventory", envvar="CNI_DRA_INVENTORY", default=DEFAULT_INVENTORY, show_default=True,
-              help="The node's ResourceSlice (its NICs are searched for untracked links).")
+@click.option(
+    "--inventory",
+    envvar="CNI_DRA_INVENTORY",
+    default=DEFAULT_INVENTORY,
+    show_default=True,
+    help="The node's ResourceSlice (its NICs are searched for untracked links).",
+)
 @_JSON
 def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> None:
     """Reconcile the state with the live links, reporting each change; an unreadable state
@@ -85,9 +95,9 @@ def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> 
     macvlan/ipvlan links there on an inventory NIC that no attachment names are charged
     their device's whole capacity until their pod's DEL, links left under a temporary name
     and ifb devices that shape no link any more are deleted."""
+    from cni_dra.attach.rebuild import repair
     from cni_dra.errors import CniError
     from cni_dra.state import StateStore
-    from cni_dra.attach.rebuild import repair
 
     parents: list[str] = []
     slice_ = None
@@ -99,6 +109,11 @@ def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> 
         parents = [str(device_attribute(d, "ifName", slice_.spec.driver)) for d in slice_.spec.devices]
     except CniError as exc:
         click.echo(f"warning: inventory not used ({exc.msg}); untracked links are not searched", err=True)
-    report = repair(StateStore(state_dir), environ=dict(os.environ), cni_path=_cni_path(cni_path), parents=parents,
-                    slice_=slice_)
+    report = repair(
+        StateStore(state_dir),
+        environ=dict(os.environ),
+        cni_path=_cni_path(cni_path),
+        parents=parents,
+        slice_=slice_,
+    )
     _print(report, as_json)

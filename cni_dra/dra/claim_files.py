@@ -39,7 +39,9 @@ def _documents(text: str, source: str, what: str) -> list[Any]:
         try:
             return [json.loads(text)]
         except json.JSONDecodeError as exc:
-            raise InvalidConfigError(f"failed to load {what} {source}: invalid JSON: {exc}", str(exc)) from exc
+            raise InvalidConfigError(
+                f"failed to load {what} {source}: invalid JSON: {exc}", str(exc)
+            ) from exc
     import yaml  # lazy
 
     try:
@@ -84,7 +86,9 @@ def parse_claims(text: str, source: str = "<claim>") -> list[ResourceClaim]:
             err = exc.errors(include_url=False)[0]
             where = ".".join(str(p) for p in err["loc"])
             msg = str(err["msg"]).removeprefix("Value error, ")
-            raise InvalidConfigError(f"failed to load claim {source}: item #{i}: {where}: {msg}", str(exc)) from exc
+            raise InvalidConfigError(
+                f"failed to load claim {source}: item #{i}: {where}: {msg}", str(exc)
+            ) from exc
     return claims
 
 

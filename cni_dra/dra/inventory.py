@@ -119,7 +119,9 @@ def parse_inventory(text: str, source: str = "<inventory>", *, plugin_rules: boo
         import yaml  # lazy: only YAML inventories pay for it
 
         try:
-            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: ~10x less CPU
+            data = yaml.load(
+                text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+            )  # libyaml: ~10x less CPU
         except yaml.YAMLError as exc:
             raise InventoryError(f"failed to load inventory {source}: invalid YAML: {exc}", str(exc)) from exc
     if not isinstance(data, dict):
@@ -194,7 +196,11 @@ def _slice_problems(slice_: ResourceSlice, plugin_rules: bool) -> Iterable[str]:
     if len(driver) > 63 or not _DNS_SUBDOMAIN.fullmatch(driver):
         yield f"spec.driver: {driver!r} must be a DNS subdomain of at most 63 characters"
     pool = spec.pool
-    if not pool.name or len(pool.name) > 253 or not all(_DNS_SUBDOMAIN.fullmatch(p) for p in pool.name.split("/")):
+    if (
+        not pool.name
+        or len(pool.name) > 253
+        or not all(_DNS_SUBDOMAIN.fullmatch(p) for p in pool.name.split("/"))
+    ):
         yield f"spec.pool.name: {pool.name!r} must be '/'-separated DNS subdomains, at most 253 characters"
     if pool.resource_slice_count <= 0:
         yield "spec.pool.resourceSliceCount: must be greater than zero"
@@ -267,7 +273,9 @@ def device_problems(device: Device, driver: str) -> list[str]:
             problems.append(f"attributes.{name}: invalid name: {why}")
         for kind, text in (("string", attr.string_value), ("version", attr.version_value)):
             if text is not None and len(text) > _MAX_ATTRIBUTE_VALUE_LENGTH:
-                problems.append(f"attributes.{name}.{kind}: longer than {_MAX_ATTRIBUTE_VALUE_LENGTH} characters")
+                problems.append(
+                    f"attributes.{name}.{kind}: longer than {_MAX_ATTRIBUTE_VALUE_LENGTH} characters"
+                )
         if attr.version_value is not None and not _SEMVER.fullmatch(attr.version_value):
             problems.append(f"attributes.{name}.version: {attr.version_value!r} is not semver 2.0.0")
     for name, cap in device.capacity.items():

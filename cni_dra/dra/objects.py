@@ -101,7 +101,9 @@ class DeviceAttribute(ApiModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DeviceAttribute:
-        n = sum(v is not None for v in (self.string_value, self.int_value, self.bool_value, self.version_value))
+        n = sum(
+            v is not None for v in (self.string_value, self.int_value, self.bool_value, self.version_value)
+        )
         if n != 1:
             raise ValueError("exactly one of string, int, bool, version must be set")
         return self

@@ -49,7 +49,9 @@ def _unit(q: Quantity, milli: bool) -> int:
     return q.milli_value() if milli else q.value()
 
 
-def _values_problems(default: Quantity, value: Quantity, values: list[Quantity], fractional: bool) -> list[str]:
+def _values_problems(
+    default: Quantity, value: Quantity, values: list[Quantity], fractional: bool
+) -> list[str]:
     out: list[str] = []
     if len(values) > MAX_VALID_VALUES:
         return [f"requestPolicy.validValues: {len(values)} values, at most {MAX_VALID_VALUES} allowed"]
@@ -71,7 +73,9 @@ def _values_problems(default: Quantity, value: Quantity, values: list[Quantity],
     return out
 
 
-def _range_problems(default: Quantity, value: Quantity, rng: CapacityRequestPolicyRange, fractional: bool) -> list[str]:
+def _range_problems(
+    default: Quantity, value: Quantity, rng: CapacityRequestPolicyRange, fractional: bool
+) -> list[str]:
     mn, mx, step = rng.min, rng.max, rng.step
     out: list[str] = []
     if mn > value:
@@ -88,8 +92,11 @@ def _range_problems(default: Quantity, value: Quantity, rng: CapacityRequestPoli
     named = [("default", default), ("validRange.min", mn), ("validRange.max", mx), ("validRange.step", step)]
     milli = fractional and any(q is not None and _fractional(q) for q in (default, mn, mx, step))
     if milli:
-        bad = [f"requestPolicy.{n}: {q} cannot be represented as a milli value" for n, q in named
-               if q is not None and not _milli_exact(q)]
+        bad = [
+            f"requestPolicy.{n}: {q} cannot be represented as a milli value"
+            for n, q in named
+            if q is not None and not _milli_exact(q)
+        ]
         if bad:
             return out + bad
     if step is None:
@@ -97,20 +104,29 @@ def _range_problems(default: Quantity, value: Quantity, rng: CapacityRequestPoli
     if step.sign() <= 0:
         return out + [f"requestPolicy.validRange.step: {step} must be positive"]
     if mn + step > value:
-        out.append(f"requestPolicy.validRange.step: one step {mn + step} (min + step) is larger than the capacity value {value}")
+        out.append(
+            f"requestPolicy.validRange.step: one step {mn + step} (min + step) is larger than the capacity value {value}"
+        )
     if not milli:
-        bad = [f"requestPolicy.{n}: {q} must be a whole number from 0 to 2^63-1 here" for n, q in named
-               if q is not None and (q.sign() < 0 or q.nanos > _MAX_INT64 * 10**9)]
+        bad = [
+            f"requestPolicy.{n}: {q} must be a whole number from 0 to 2^63-1 here"
+            for n, q in named
+            if q is not None and (q.sign() < 0 or q.nanos > _MAX_INT64 * 10**9)
+        ]
         if bad:
             return out + bad
     arithmetic = "milli-units" if milli else "whole numbers"
     for name, q in (("default", default), ("validRange.max", mx)):
         if q is not None and (_unit(q, milli) - _unit(mn, milli)) % _unit(step, milli):
-            out.append(f"requestPolicy.{name}: {q} is not min {mn} + a multiple of step {step} (in {arithmetic})")
+            out.append(
+                f"requestPolicy.{name}: {q} is not min {mn} + a multiple of step {step} (in {arithmetic})"
+            )
     return out
 
 
-def policy_problems(value: Quantity, policy: CapacityRequestPolicy, *, fractional_capacity_range: bool) -> list[str]:
+def policy_problems(
+    value: Quantity, policy: CapacityRequestPolicy, *, fractional_capacity_range: bool
+) -> list[str]:
     """What the API server refuses in ``policy`` of a capacity of ``value``, its
     ``DRAFractionalCapacityRange`` gate being ``fractional_capacity_range``; each problem as
     ``"requestPolicy.<field>: <rule>"``."""

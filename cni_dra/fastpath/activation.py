@@ -51,8 +51,9 @@ class InheritedFd:
     name: str
 
 
-def listen_fds(environ: MutableMapping[str, str] | None = None, *, pid: int | None = None,
-               unset_environment: bool = True) -> list[InheritedFd]:
+def listen_fds(
+    environ: MutableMapping[str, str] | None = None, *, pid: int | None = None, unset_environment: bool = True
+) -> list[InheritedFd]:
     """The descriptors passed to this process (``pid``, default ``os.getpid()``) by the
     socket-activation protocol, in order; empty when none were, or when they were meant for
     another process.
@@ -78,15 +79,19 @@ def _listen_fds(env: MutableMapping[str, str], pid: int) -> list[InheritedFd]:
     try:
         target, n = int(listen_pid), int(count)
     except ValueError:
-        raise ValueError(f"failed to read the socket-activation environment: LISTEN_PID={listen_pid!r} "
-                         f"LISTEN_FDS={count!r} are not numbers") from None
+        raise ValueError(
+            f"failed to read the socket-activation environment: LISTEN_PID={listen_pid!r} "
+            f"LISTEN_FDS={count!r} are not numbers"
+        ) from None
     if target != pid or n <= 0:
         return []
     names_var = env.get("LISTEN_FDNAMES")
     names = names_var.split(":") if names_var is not None else ["unknown"] * n
     if len(names) != n:
-        raise ValueError(f"failed to read the socket-activation environment: LISTEN_FDNAMES={names_var!r} "
-                         f"names {len(names)} descriptors, LISTEN_FDS={n}")
+        raise ValueError(
+            f"failed to read the socket-activation environment: LISTEN_FDNAMES={names_var!r} "
+            f"names {len(names)} descriptors, LISTEN_FDS={n}"
+        )
     fds = []
     for i, name in enumerate(names):
         fd = SD_LISTEN_FDS_START + i
@@ -126,8 +131,10 @@ def take_listener(socket_path: str, fds: list[InheritedFd] | None = None) -> soc
             return sock
         sock.close()
         seen.append(f"fd {f.fd} ({f.name}): {bound}")
-    raise OSError(f"failed to take the fast-path socket from systemd: none of the sockets passed is a listening "
-                  f"unix stream socket bound to {want} ({'; '.join(seen)})")
+    raise OSError(
+        f"failed to take the fast-path socket from systemd: none of the sockets passed is a listening "
+        f"unix stream socket bound to {want} ({'; '.join(seen)})"
+    )
 
 
 def _describe(sock: socket.socket) -> str:
@@ -148,15 +155,19 @@ def _check_file(path: str) -> None:
     uid = os.geteuid()
     st = os.lstat(path)
     if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
-        raise PermissionError(f"failed to take the fast-path socket from systemd: {path} must be a socket owned by "
-                              f"uid {uid} that group and others cannot write (mode {stat.S_IMODE(st.st_mode):o}, "
-                              f"uid {st.st_uid}; SocketMode=0600 in the .socket unit)")
+        raise PermissionError(
+            f"failed to take the fast-path socket from systemd: {path} must be a socket owned by "
+            f"uid {uid} that group and others cannot write (mode {stat.S_IMODE(st.st_mode):o}, "
+            f"uid {st.st_uid}; SocketMode=0600 in the .socket unit)"
+        )
     directory = os.path.dirname(path)
     dst = os.stat(directory)
     if dst.st_uid != uid or dst.st_mode & 0o077:
-        raise PermissionError(f"failed to take the fast-path socket from systemd: directory {directory} must be owned "
-                              f"by uid {uid} and closed to group and others (mode {stat.S_IMODE(dst.st_mode):o}; "
-                              f"DirectoryMode=0700 in the .socket unit)")
+        raise PermissionError(
+            f"failed to take the fast-path socket from systemd: directory {directory} must be owned "
+            f"by uid {uid} and closed to group and others (mode {stat.S_IMODE(dst.st_mode):o}; "
+            f"DirectoryMode=0700 in the .socket unit)"
+        )
 
 
 def bind_listener(socket_path: str) -> socket.socket:

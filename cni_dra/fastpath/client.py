@@ -81,7 +81,9 @@ def ask_agent(
     if not _socket_is_ours(socket_path):
         return None
     try:
-        request = encode_frames(caller_identity(), os.fsencode(os.getcwd()), encode_environment(environ), stdin)
+        request = encode_frames(
+            caller_identity(), os.fsencode(os.getcwd()), encode_environment(environ), stdin
+        )
     except OSError as exc:
         last_refusal = f"cannot describe the caller: {exc}"
         return None

@@ -112,7 +112,7 @@ def reroot_paths(paths: list[str], pinned: dict[str, int]) -> list[str]:
     for path in paths:
         for top in sorted(pinned, key=len, reverse=True):
             if path == top or path.startswith(top.rstrip("/") + "/"):
-                out.append(f"/proc/self/fd/{pinned[top]}{path[len(top.rstrip('/')):]}")
+                out.append(f"/proc/self/fd/{pinned[top]}{path[len(top.rstrip('/')) :]}")
                 break
     return out
 
@@ -128,7 +128,12 @@ def _pin_import_dirs() -> dict[str, int]:
     outside them: path -> descriptor."""
     pinned: dict[str, int] = {}
     for path in [*sys.path, *(p for paths in _package_paths() for p in paths)]:
-        if not os.path.isabs(path) or path in pinned or reroot_paths([path], pinned) or not os.path.isdir(path):
+        if (
+            not os.path.isabs(path)
+            or path in pinned
+            or reroot_paths([path], pinned)
+            or not os.path.isdir(path)
+        ):
             continue
         pinned[path] = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     return pinned

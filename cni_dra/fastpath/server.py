@@ -155,8 +155,11 @@ class FastpathServer:
         while not self._stopped.wait(1.0):
             for i, child in enumerate(self._children):
                 if child.poll() is not None and self._spawn is not None and not self._stopped.is_set():
-                    log.error("fastpath: worker process %d exited (status %s); starting another",
-                              child.pid, child.returncode)
+                    log.error(
+                        "fastpath: worker process %d exited (status %s); starting another",
+                        child.pid,
+                        child.returncode,
+                    )
                     self._children[i] = self._spawn()
 
     def _serve(self) -> None:
@@ -199,7 +202,9 @@ class FastpathServer:
     def _handle(self, conn: socket.socket) -> None:
         with conn:
             try:
-                pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+                pid, uid, _gid = struct.unpack(
+                    "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                )
                 if uid != os.geteuid():
                     log.warning("fastpath: refused connection from pid %d uid %d", pid, uid)
                     return
@@ -234,8 +239,11 @@ class FastpathServer:
         with self._count_lock:
             self.served += 1
         log.debug(
-            "fastpath: %s exit %d in %.1f ms (%.1f ms CPU in this thread)", environ.get("CNI_COMMAND"), code,
-            (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3,
+            "fastpath: %s exit %d in %.1f ms (%.1f ms CPU in this thread)",
+            environ.get("CNI_COMMAND"),
+            code,
+            (time.perf_counter() - t0) * 1e3,
+            (time.thread_time() - c0) * 1e3,
         )
         return STATUS_OK + f" {code}".encode(), out.getvalue().encode()
 
@@ -260,8 +268,13 @@ def _recv_all(conn: socket.socket) -> bytes | None:
 
 
 def start_fastpath(
-    socket_path: str, *, warm: bool = True, workers: int = DEFAULT_WORKERS, processes: int = 1,
-    join_mount_ns: str | None = None, listener: socket.socket | None = None,
+    socket_path: str,
+    *,
+    warm: bool = True,
+    workers: int = DEFAULT_WORKERS,
+    processes: int = 1,
+    join_mount_ns: str | None = None,
+    listener: socket.socket | None = None,
 ) -> FastpathServer:
     """Listen on ``socket_path`` and serve plugin invocations in ``workers`` threads; returns the handle.
 
@@ -329,8 +342,16 @@ def _spawn_worker_processes(server: FastpathServer, count: int, workers: int, jo
     )
     rfd, wfd = os.pipe()  # neither inheritable (PEP 446); rfd is passed to each worker process
     listen_fd = server._sock.fileno()
-    argv = [*interpreter_command(), "-c", code, str(listen_fd), str(rfd), str(workers), server.socket_path,
-            join_mount_ns]
+    argv = [
+        *interpreter_command(),
+        "-c",
+        code,
+        str(listen_fd),
+        str(rfd),
+        str(workers),
+        server.socket_path,
+        join_mount_ns,
+    ]
     cwd = os.getcwd()
     level = logging.getLevelName(logging.getLogger("cni_dra").getEffectiveLevel())
     env = {**os.environ, "CNI_DRA_LOG_LEVEL": level}  # they log what this process logs
@@ -340,7 +361,9 @@ def _spawn_worker_processes(server: FastpathServer, count: int, workers: int, jo
 
     server._lifeline, server._lifeline_r, server._spawn = wfd, rfd, spawn
     server._children.extend(spawn() for _ in range(count))
-    server._monitor = threading.Thread(target=server._watch_children, name="cni-dra-fastpath-monitor", daemon=True)
+    server._monitor = threading.Thread(
+        target=server._watch_children, name="cni-dra-fastpath-monitor", daemon=True
+    )
     server._monitor.start()
 
 
@@ -360,6 +383,8 @@ def interpreter_command() -> list[str]:
 
 def warm_imports() -> None:
     """Import everything an ADD/DEL touches, so the first request does not pay for it."""
+    import cni_dra.attach.intent
+    import cni_dra.attach.release
     import cni_dra.cni
     import cni_dra.dra.inventory
     import cni_dra.ipam
@@ -367,16 +392,21 @@ def warm_imports() -> None:
     import cni_dra.protocol.config
     import cni_dra.verbs.add
     import cni_dra.verbs.check
-    import cni_dra.verbs.delete
-    import cni_dra.attach.intent
-    import cni_dra.attach.release  # noqa: F401
+    import cni_dra.verbs.delete  # noqa: F401 (imported to be loaded, not called)
     from cni_dra.netlink import info
 
     info.host_link("lo")  # loads pyroute2 and opens the main thread's kept socket
 
 
-def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, log_level: str,
-          join_mount_ns: str | None = None) -> int:
+def serve(
+    socket_path: str | None,
+    *,
+    workers: int,
+    processes: int,
+    cwd: str,
+    log_level: str,
+    join_mount_ns: str | None = None,
+) -> int:
     """Serve on ``socket_path`` (default: the client's) until SIGTERM/SIGINT; returns 0.
 
     Changes to ``cwd`` first (``/`` is where a runtime usually runs plugins; requests from
@@ -393,8 +423,9 @@ def serve(socket_path: str | None, *, workers: int, processes: int, cwd: str, lo
     done = threading.Event()
     from cni_dra.fastpath.activation import take_listener
 
-    server = start_fastpath(path, workers=workers, processes=processes, join_mount_ns=join_mount_ns,
-                            listener=take_listener(path))
+    server = start_fastpath(
+        path, workers=workers, processes=processes, join_mount_ns=join_mount_ns, listener=take_listener(path)
+    )
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     print(f"ready {path} pids={','.join(map(str, server.pids))}", flush=True)
@@ -416,20 +447,50 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
     @click.command(context_settings={"help_option_names": ["-h", "--help"]})
     @click.option("--socket", "socket_path", default=None, help="socket path (default: the client's default)")
-    @click.option("--workers", type=int, default=DEFAULT_WORKERS, show_default=True,
-                  help="invocations served at once, per process")
-    @click.option("--processes", type=int, default=DEFAULT_PROCESSES, show_default=True,
-                  help="processes accepting on the socket")
+    @click.option(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        show_default=True,
+        help="invocations served at once, per process",
+    )
+    @click.option(
+        "--processes",
+        type=int,
+        default=DEFAULT_PROCESSES,
+        show_default=True,
+        help="processes accepting on the socket",
+    )
     @click.option("--cwd", default="/", show_default=True, help="working directory of the agent")
-    @click.option("--log-level", envvar="CNI_DRA_LOG_LEVEL", default="WARNING", show_default=True,
-                  help="level of the cni_dra loggers")
-    @click.option("--join-mount-ns", default=None,
-                  help="serve only from worker processes that joined this mount namespace (e.g. /proc/1/ns/mnt)")
-    def command(socket_path: str | None, workers: int, processes: int, cwd: str, log_level: str,
-                join_mount_ns: str | None) -> None:
+    @click.option(
+        "--log-level",
+        envvar="CNI_DRA_LOG_LEVEL",
+        default="WARNING",
+        show_default=True,
+        help="level of the cni_dra loggers",
+    )
+    @click.option(
+        "--join-mount-ns",
+        default=None,
+        help="serve only from worker processes that joined this mount namespace (e.g. /proc/1/ns/mnt)",
+    )
+    def command(
+        socket_path: str | None,
+        workers: int,
+        processes: int,
+        cwd: str,
+        log_level: str,
+        join_mount_ns: str | None,
+    ) -> None:
         """Serve plugin invocations on a unix socket until SIGTERM/SIGINT."""
-        serve(socket_path, workers=workers, processes=processes, cwd=cwd, log_level=log_level,
-              join_mount_ns=join_mount_ns)
+        serve(
+            socket_path,
+            workers=workers,
+            processes=processes,
+            cwd=cwd,
+            log_level=log_level,
+            join_mount_ns=join_mount_ns,
+        )
 
     command.main(args=argv, prog_name="python -m cni_dra.fastpath.server")
     raise SystemExit(0)  # not reached: click's standalone mode exits

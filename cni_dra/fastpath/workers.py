@@ -24,6 +24,7 @@ log = logging.getLogger("cni_dra.fastpath")
 
 __all__ = ["worker_process_main"]
 
+
 def worker_process_main(argv: list[str]) -> int:
     """A worker process: join the mount namespace ``argv[4]`` names, if any (before any
     thread starts); accept on the inherited listening socket until the agent's pipe closes
@@ -62,9 +63,20 @@ def _join(target: str) -> None:
     try:
         joined = join_mount_namespace(target)
     except OSError as exc:
-        log.error("fastpath: worker process %d cannot join the mount namespace %s, so it declines every "
-                  "caller: %s", os.getpid(), target, exc)
+        log.error(
+            "fastpath: worker process %d cannot join the mount namespace %s, so it declines every caller: %s",
+            os.getpid(),
+            target,
+            exc,
+        )
         return
-    log.info("fastpath: worker process %d %s the mount namespace %s (%d libraries loaded first); serving as %s "
-             "in %s", os.getpid(), "joined" if joined.moved else "is already in", target, joined.libraries,
-             caller_identity().decode(), joined.cwd)
+    log.info(
+        "fastpath: worker process %d %s the mount namespace %s (%d libraries loaded first); serving as %s "
+        "in %s",
+        os.getpid(),
+        "joined" if joined.moved else "is already in",
+        target,
+        joined.libraries,
+        caller_identity().decode(),
+        joined.cwd,
+    )

@@ -63,7 +63,12 @@ class KubeApi:
     # -- helpers ---------------------------------------------------------------------------
     @overload
     def _call(
-        self, what: str, fn: Callable[..., object], *args: Any, missing_ok: Literal[False] = False, **kwargs: Any
+        self,
+        what: str,
+        fn: Callable[..., object],
+        *args: Any,
+        missing_ok: Literal[False] = False,
+        **kwargs: Any,
     ) -> dict[str, Any]: ...
 
     @overload
@@ -82,7 +87,9 @@ class KubeApi:
         try:
             obj = fn(*args, _request_timeout=_TIMEOUT_S, **kwargs)
         except ValidationError as exc:  # the client's models refuse what we would send
-            raise InvalidConfigError(f"failed to {what}: the request does not fit the API's schema", str(exc)) from exc
+            raise InvalidConfigError(
+                f"failed to {what}: the request does not fit the API's schema", str(exc)
+            ) from exc
         except ApiException as exc:
             if exc.status == 404 and missing_ok:
                 return None
@@ -113,18 +120,23 @@ class KubeApi:
         client = self._client
         try:
             method, url, headers, body, post = client.param_serialize(
-                method="GET", resource_path="/metrics", query_params=[("name[]", f) for f in families],
-                header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"],
+                method="GET",
+                resource_path="/metrics",
+                query_params=[("name[]", f) for f in families],
+                header_params={"Accept": "text/plain"},
+                auth_settings=["BearerToken"],
             )
-            resp = client.call_api(method, url, header_params=headers, body=body, post_params=post,
-                                   _request_timeout=_TIMEOUT_S)
+            resp = client.call_api(
+                method, url, header_params=headers, body=body, post_params=post, _request_timeout=_TIMEOUT_S
+            )
             resp.read()
             data = client.response_deserialize(resp, {"200": "bytearray"}).data
         except ApiException as exc:
             if exc.status in (403, 404):
                 return None
-            raise IOFailureError(f"failed to {what}: HTTP {exc.status} {exc.reason or ''}".rstrip(),
-                                 _message(exc.body)) from exc
+            raise IOFailureError(
+                f"failed to {what}: HTTP {exc.status} {exc.reason or ''}".rstrip(), _message(exc.body)
+            ) from exc
         except (HTTPError, OSError) as exc:
             raise IOFailureError(f"failed to {what}: {exc}") from exc
         return bytes(data).decode("utf-8", "replace")
@@ -137,7 +149,9 @@ class KubeApi:
     # -- resource.k8s.io/v1 ResourceSlices ----------------------------------------------------
     def get_resource_slice(self, name: str) -> dict[str, Any] | None:
         """ResourceSlice ``name`` or None. Raises IOFailureError (5)."""
-        return self._call(f"get resourceslice {name}", self._resource.read_resource_slice, name, missing_ok=True)
+        return self._call(
+            f"get resourceslice {name}", self._resource.read_resource_slice, name, missing_ok=True
+        )
 
     def list_resource_slices(self, *, driver: str, node_name: str) -> list[dict[str, Any]]:
         """The slices of ``driver`` on ``node_name`` (fieldSelector spec.driver, spec.nodeName)."""
@@ -159,7 +173,9 @@ class KubeApi:
 
     def delete_resource_slice(self, name: str) -> bool:
         """DELETE a ResourceSlice; False when it was already gone."""
-        out = self._call(f"delete resourceslice {name}", self._resource.delete_resource_slice, name, missing_ok=True)
+        out = self._call(
+            f"delete resourceslice {name}", self._resource.delete_resource_slice, name, missing_ok=True
+        )
         return out is not None
 
     # -- resource.k8s.io/v1 ResourceClaims ----------------------------------------------------
@@ -179,7 +195,9 @@ class KubeApi:
         out = self._call("list resourceclaims", self._resource.list_resource_claim_for_all_namespaces)
         return list(out.get("items") or []), str((out.get("metadata") or {}).get("resourceVersion") or "")
 
-    def watch_resource_claims(self, resource_version: str, *, timeout_s: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    def watch_resource_claims(
+        self, resource_version: str, *, timeout_s: int
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
         """ResourceClaim events of all namespaces after ``resource_version``, as (type, claim)
         with type ADDED, MODIFIED, DELETED or BOOKMARK (only its resourceVersion); the server ends the
         watch after ``timeout_s``. A resourceVersion too old to watch from (HTTP 410 Gone) →

@@ -79,8 +79,9 @@ class HealthFeed:
         with self._cond:
             return self._version, self._devices
 
-    def wait(self, after: int, timeout_s: float, *, cancelled: Callable[[], bool] = lambda: False
-             ) -> tuple[int, tuple[DeviceHealth, ...]] | None:
+    def wait(
+        self, after: int, timeout_s: float, *, cancelled: Callable[[], bool] = lambda: False
+    ) -> tuple[int, tuple[DeviceHealth, ...]] | None:
         """Block until the version differs from ``after`` (a report was published), or
         ``timeout_s`` passed; returns the current (version, devices), or None once the feed
         is closed or ``cancelled()`` is true. A report was published at least once when

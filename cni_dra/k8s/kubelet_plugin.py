@@ -54,7 +54,9 @@ def _error_text(exc: BaseException) -> str:
     from cni_dra.errors import CniError
 
     if isinstance(exc, CniError):
-        return f"{type(exc).__name__} (CNI code {exc.code}): {exc.msg}" + (f": {exc.details}" if exc.details else "")
+        return f"{type(exc).__name__} (CNI code {exc.code}): {exc.msg}" + (
+            f": {exc.details}" if exc.details else ""
+        )
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -197,7 +199,9 @@ class KubeletPlugin:
                 path.unlink()  # a stale socket of an earlier run
         except OSError as exc:
             raise IOFailureError(f"failed to prepare socket {path}: {exc}") from exc
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="grpc"))
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="grpc")
+        )
         for servicer, add in servicers:
             add(servicer, server)
         try:
@@ -228,8 +232,12 @@ class KubeletPlugin:
         self._serve(self.dra_socket, servicers + [_health_servicer(self.serving, names)])
         self.serving.set()
         self._serve(self.registration_socket, [_registration_servicer(self)])
-        log.info("kubelet plugin %s on %s, registration on %s", self.driver_name, self.dra_socket,
-                 self.registration_socket)
+        log.info(
+            "kubelet plugin %s on %s, registration on %s",
+            self.driver_name,
+            self.dra_socket,
+            self.registration_socket,
+        )
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving (registration first) and remove the socket files."""

@@ -23,13 +23,23 @@ from types import ModuleType
 
 __all__ = ["PROTOS", "load", "DRA_SERVICES", "RESOURCE_HEALTH_SERVICES"]
 
-PROTOS = ("pluginregistration_v1", "dra_v1", "dra_v1beta1", "dra_health_v1", "dra_health_v1alpha1", "health_v1")
+PROTOS = (
+    "pluginregistration_v1",
+    "dra_v1",
+    "dra_v1beta1",
+    "dra_health_v1",
+    "dra_health_v1alpha1",
+    "health_v1",
+)
 # What the registration's supported_versions announces for each DRA proto (the kubelet's
 # service names, "<proto package>.<service>"), newest first.
 DRA_SERVICES = {"dra_v1": "v1.DRAPlugin", "dra_v1beta1": "v1beta1.DRAPlugin"}
 # The same for the optional resource health service: a 1.37 kubelet watches the first of
 # these it finds in supported_versions (v1 before v1alpha1) and none when none is listed.
-RESOURCE_HEALTH_SERVICES = {"dra_health_v1": "v1.DRAResourceHealth", "dra_health_v1alpha1": "v1alpha1.DRAResourceHealth"}
+RESOURCE_HEALTH_SERVICES = {
+    "dra_health_v1": "v1.DRAResourceHealth",
+    "dra_health_v1alpha1": "v1alpha1.DRAResourceHealth",
+}
 
 _ROOT = Path(__file__).resolve().parents[2]  # the directory holding the cni_dra package
 

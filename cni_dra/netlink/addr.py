@@ -146,7 +146,11 @@ def _add_addresses(ipr: Any, index: int, ifname: str, addresses: list[_Interface
 
 def _add_routes(ipr: Any, index: int, ifname: str, routes: list[tuple[_Network, _Address | None]]) -> None:
     for net, gw_ip in routes:
-        spec: dict[str, Any] = {"dst": str(net), "oif": index, "family": _AF_INET6 if net.version == 6 else _AF_INET}
+        spec: dict[str, Any] = {
+            "dst": str(net),
+            "oif": index,
+            "family": _AF_INET6 if net.version == 6 else _AF_INET,
+        }
         if gw_ip is not None:
             spec["gateway"] = str(gw_ip)
         else:

@@ -234,7 +234,10 @@ def host_parent_of(netns: str, ifname: str) -> LinkInfo | None:
     except OSError as exc:
         raise IOFailureError(f"failed to open host netns: {exc.strerror}", details=str(exc)) from exc
     try:
-        with sockets.netns_iproute(netns) as ipr, _pyroute2.translated(f"resolve parent of {ifname} in netns {netns}"):
+        with (
+            sockets.netns_iproute(netns) as ipr,
+            _pyroute2.translated(f"resolve parent of {ifname} in netns {netns}"),
+        ):
             msg = get_link(ipr, ifname=ifname)
             if msg is None:
                 return None

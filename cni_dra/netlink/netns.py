@@ -142,7 +142,9 @@ def new_netns() -> int:
     thread.join()
     if failed or not made:
         exc = failed[0] if failed else OSError("no namespace")
-        raise IOFailureError(f"failed to create a network namespace: {exc.strerror or exc}", details=str(exc)) from exc
+        raise IOFailureError(
+            f"failed to create a network namespace: {exc.strerror or exc}", details=str(exc)
+        ) from exc
     return made[0]
 
 
@@ -178,16 +180,16 @@ def open_netns(path: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError as exc:
-        raise ContainerUnknownError(
-            f"failed to open netns {path}: no such file", details=str(exc)
-        ) from exc
+        raise ContainerUnknownError(f"failed to open netns {path}: no such file", details=str(exc)) from exc
     except NotADirectoryError as exc:
         raise ContainerUnknownError(
             f"failed to open netns {path}: no such file (a component of the path is not a directory)",
             details=str(exc),
         ) from exc
     except OSError as exc:
-        raise InvalidEnvironmentError(f"failed to open netns {path}: {exc.strerror}", details=str(exc)) from exc
+        raise InvalidEnvironmentError(
+            f"failed to open netns {path}: {exc.strerror}", details=str(exc)
+        ) from exc
     try:
         _check_is_netns(fd, path)
     except BaseException:
@@ -436,4 +438,3 @@ def in_netns(path: str) -> Iterator[None]:
             yield
     finally:
         os.close(fd)
-

@@ -146,7 +146,10 @@ def ifb_name(ifname: str) -> str:
     short = IFB_PREFIX + ifname
     if len(short.encode()) <= _IFNAMSIZ:
         return short
-    return _HASHED_IFB_PREFIX + hashlib.sha256(ifname.encode()).hexdigest()[:_IFNAMSIZ - len(_HASHED_IFB_PREFIX)]
+    return (
+        _HASHED_IFB_PREFIX
+        + hashlib.sha256(ifname.encode()).hexdigest()[: _IFNAMSIZ - len(_HASHED_IFB_PREFIX)]
+    )
 
 
 _HASHED_IFB = re.compile(r"ifb[0-9a-f]{12}")
@@ -159,12 +162,13 @@ def is_ifb_name(name: str) -> bool:
     if not name.startswith(IFB_PREFIX):
         return False
     try:
-        return ifb_name(name[len(IFB_PREFIX):]) == name
+        return ifb_name(name[len(IFB_PREFIX) :]) == name
     except InvalidEnvironmentError:
         return False
 
 
 # -- the kernel side ------------------------------------------------------------------------
+
 
 def _code(exc: BaseException) -> int | None:
     return _pyroute2.errno_of(exc)
@@ -323,15 +327,25 @@ def _marked_ifb(ipr: Any, name: str, what: str) -> int:
     if msgs[0].get_attr("IFLA_GROUP") != IFB_GROUP:
         raise NetlinkError(
             f"failed to {what}: {name} exists and cni-dra did not make it (not in cni-dra's netdev group "
-            f"{IFB_GROUP:#x}); it is left alone: remove it, or use another interface name")
+            f"{IFB_GROUP:#x}); it is left alone: remove it, or use another interface name"
+        )
     return idx
 
 
 def _add_redirect(ipr: Any, pod_idx: int, ifb_idx: int) -> None:
     """Ingress qdisc on the pod interface, and its u32 match-all filter redirecting to the ifb."""
     ipr.tc("add", "ingress", pod_idx, _INGRESS_HANDLE)
-    ipr.tc("add-filter", "u32", pod_idx, parent=_INGRESS_HANDLE, prio=_FILTER_PRIO, protocol=_ETH_P_ALL,
-           target=_FILTER_CLASSID, keys=["0x0/0x0+0"], action=dict(kind="mirred", direction="egress", action="redirect", ifindex=ifb_idx))
+    ipr.tc(
+        "add-filter",
+        "u32",
+        pod_idx,
+        parent=_INGRESS_HANDLE,
+        prio=_FILTER_PRIO,
+        protocol=_ETH_P_ALL,
+        target=_FILTER_CLASSID,
+        keys=["0x0/0x0+0"],
+        action=dict(kind="mirred", direction="egress", action="redirect", ifindex=ifb_idx),
+    )
 
 
 def _remove_all(ipr: Any, ifname: str) -> bool:
@@ -392,15 +406,27 @@ def apply_shaping(netns: str, ifname: str, spec: ShapeSpec, *, new_link: bool = 
                 pass
             raise
         if new_link:
-            return ShapeInfo(ifname=ifname, egress=egress, ingress=ingress,
-                             ifb=ifb_name(ifname) if ingress is not None else None,
-                             ifb_up=True if ingress is not None else None)
+            return ShapeInfo(
+                ifname=ifname,
+                egress=egress,
+                ingress=ingress,
+                ifb=ifb_name(ifname) if ingress is not None else None,
+                ifb_up=True if ingress is not None else None,
+            )
         with _pyroute2.translated(f"read shaping of {ifname} in netns {netns}"):
             return _read(ipr, ifname) or ShapeInfo(ifname=ifname, egress=None, ingress=None, ifb=None)
 
 
-def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, mtu: int, egress: Tbf | None, ingress: Tbf | None,
-           new_link: bool) -> None:
+def _apply(
+    ipr: Any,
+    netns: str,
+    ifname: str,
+    pod_idx: int,
+    mtu: int,
+    egress: Tbf | None,
+    ingress: Tbf | None,
+    new_link: bool,
+) -> None:
     where = f"{ifname} in netns {netns}"
     if egress is not None:
         try:
@@ -428,8 +454,9 @@ def _apply(ipr: Any, netns: str, ifname: str, pod_idx: int, mtu: int, egress: Tb
     try:
         _add_redirect(ipr, pod_idx, ifb_idx)
     except (OSError, _pyroute2.load().NetlinkError) as exc:
-        raise _kernel_lacks(exc, LACKS_REDIRECT,
-                            f"redirect ingress of {where} to {ifb_name(ifname)}") from exc
+        raise _kernel_lacks(
+            exc, LACKS_REDIRECT, f"redirect ingress of {where} to {ifb_name(ifname)}"
+        ) from exc
 
 
 def _in_pod_netns(netns: str, what: str, work: Callable[[Any], _T], gone: _T) -> _T:
@@ -461,8 +488,9 @@ def remove_shaping(netns: str, ifname: str) -> bool:
         NetlinkError: (102) the kernel refused a request.
     """
     validate_ifname(ifname)
-    return _in_pod_netns(netns, f"remove shaping of {ifname} in netns {netns}",
-                         lambda ipr: _remove_all(ipr, ifname), False)
+    return _in_pod_netns(
+        netns, f"remove shaping of {ifname} in netns {netns}", lambda ipr: _remove_all(ipr, ifname), False
+    )
 
 
 _BATCH_GROUP_BASE = 0x7CD40000  # netdev groups tried for a batched deletion (any unused one does)
@@ -485,8 +513,12 @@ def delete_shaped_link(netns: str, ifname: str) -> tuple[bool, bool]:
         NetlinkError: (102) the kernel refused a request.
     """
     validate_ifname(ifname)
-    return _in_pod_netns(netns, f"delete link {ifname} and its ifb device in netns {netns}",
-                         lambda ipr: _delete_pair_racing(ipr, ifname), (False, False))
+    return _in_pod_netns(
+        netns,
+        f"delete link {ifname} and its ifb device in netns {netns}",
+        lambda ipr: _delete_pair_racing(ipr, ifname),
+        (False, False),
+    )
 
 
 def _delete_pair_racing(ipr: Any, ifname: str) -> tuple[bool, bool]:
@@ -541,7 +573,10 @@ def read_shaping(netns: str, ifname: str) -> ShapeInfo | None:
         NetlinkError: (102) the interface does not exist or a request failed.
     """
     validate_ifname(ifname)
-    with sockets.netns_iproute(netns) as ipr, _pyroute2.translated(f"read shaping of {ifname} in netns {netns}"):
+    with (
+        sockets.netns_iproute(netns) as ipr,
+        _pyroute2.translated(f"read shaping of {ifname} in netns {netns}"),
+    ):
         info = _read(ipr, ifname)
     if info is None:
         raise NetlinkError(f"failed to shape {ifname} in netns {netns}: no such interface")
@@ -592,7 +627,11 @@ def remove_leaked_ifbs(netns_path: str) -> list[str]:
 def _remove_leaked(ipr: Any) -> list[str]:
     dump = list(ipr.link("dump"))
     links = {int(msg["index"]): msg.get_attr("IFLA_IFNAME") for msg in dump}
-    ours = {int(msg["index"]) for msg in dump if _link_kind(msg) == "ifb" and msg.get_attr("IFLA_GROUP") == IFB_GROUP}
+    ours = {
+        int(msg["index"])
+        for msg in dump
+        if _link_kind(msg) == "ifb" and msg.get_attr("IFLA_GROUP") == IFB_GROUP
+    }
     owned = set()
     for name in links.values():
         try:
@@ -602,8 +641,11 @@ def _remove_leaked(ipr: Any) -> list[str]:
     orphans = {i: n for i, n in links.items() if i in ours and is_ifb_name(n) and n not in owned}
     if not orphans:
         return []
-    redirected = {_redirect_target(ipr, int(msg["index"])) for msg in ipr.get_qdiscs()
-                  if int(msg["parent"]) == _TC_H_INGRESS}
+    redirected = {
+        _redirect_target(ipr, int(msg["index"]))
+        for msg in ipr.get_qdiscs()
+        if int(msg["parent"]) == _TC_H_INGRESS
+    }
     removed = []
     for idx, name in sorted(orphans.items()):
         if idx not in redirected:

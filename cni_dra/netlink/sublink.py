@@ -39,7 +39,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from cni_dra.errors import CniError, ContainerUnknownError, InvalidConfigError, InvalidEnvironmentError, NetlinkError
+from cni_dra.errors import (
+    CniError,
+    ContainerUnknownError,
+    InvalidConfigError,
+    InvalidEnvironmentError,
+    NetlinkError,
+)
 from cni_dra.faults import fault_point
 from cni_dra.iface import IPVLAN_FLAGS, IPVLAN_MODES, MACVLAN_MODES, validate_ifname, validate_mac
 from cni_dra.netlink import _pyroute2, info, sockets
@@ -101,8 +107,15 @@ class SubLinkSpec:
 
     @classmethod
     def macvlan(
-        cls, *, parent: str, netns: str, ifname: str, mode: str = "bridge", mtu: int | None = None,
-        mac: str | None = None, bcqueuelen: int | None = None,
+        cls,
+        *,
+        parent: str,
+        netns: str,
+        ifname: str,
+        mode: str = "bridge",
+        mtu: int | None = None,
+        mac: str | None = None,
+        bcqueuelen: int | None = None,
     ) -> SubLinkSpec:
         """A macvlan (``mode`` one of :data:`cni_dra.iface.MACVLAN_MODES`; ``bcqueuelen`` the
         broadcast queue length in packets, IFLA_MACVLAN_BC_QUEUE_LEN, None: the kernel's 1000).
@@ -113,7 +126,11 @@ class SubLinkSpec:
             )
         data = {"macvlan_mode": MACVLAN_MODES[mode]}
         if bcqueuelen is not None:
-            if isinstance(bcqueuelen, bool) or not isinstance(bcqueuelen, int) or not 0 <= bcqueuelen <= _MAX_U32:
+            if (
+                isinstance(bcqueuelen, bool)
+                or not isinstance(bcqueuelen, int)
+                or not 0 <= bcqueuelen <= _MAX_U32
+            ):
                 raise InvalidConfigError(
                     f"failed to create macvlan {ifname}: bcqueuelen {bcqueuelen!r} is not in [0, 2**32-1]"
                 )
@@ -122,7 +139,14 @@ class SubLinkSpec:
 
     @classmethod
     def ipvlan(
-        cls, *, parent: str, netns: str, ifname: str, mode: str = "l2", flag: str = "bridge", mtu: int | None = None
+        cls,
+        *,
+        parent: str,
+        netns: str,
+        ifname: str,
+        mode: str = "l2",
+        flag: str = "bridge",
+        mtu: int | None = None,
     ) -> SubLinkSpec:
         """An ipvlan (``mode`` l2/l3/l3s, ``flag`` bridge/private/vepa). Raises InvalidConfigError (7)."""
         if mode not in IPVLAN_MODES:
@@ -154,7 +178,9 @@ def temp_name() -> str:
 def temp_names(first: str) -> tuple[str, ...]:
     """The temporary names a link is tried under, in order: ``first`` (a :func:`temp_name`),
     then names derived from it (SHA-256), :data:`_TEMP_NAME_ATTEMPTS` in all."""
-    derived = (hashlib.sha256(f"{first}/{i}".encode()).hexdigest()[:10] for i in range(1, _TEMP_NAME_ATTEMPTS))
+    derived = (
+        hashlib.sha256(f"{first}/{i}".encode()).hexdigest()[:10] for i in range(1, _TEMP_NAME_ATTEMPTS)
+    )
     return (first, *(f"{TEMP_NAME_PREFIX}{h}" for h in derived))
 
 
@@ -164,8 +190,16 @@ def is_temp_name(name: str) -> bool:
 
 
 def create_macvlan(
-    *, parent: str, netns: str, ifname: str, mode: str = "bridge", mtu: int | None = None, mac: str | None = None,
-    bcqueuelen: int | None = None, parent_link: LinkInfo | None = None, temp: str | None = None,
+    *,
+    parent: str,
+    netns: str,
+    ifname: str,
+    mode: str = "bridge",
+    mtu: int | None = None,
+    mac: str | None = None,
+    bcqueuelen: int | None = None,
+    parent_link: LinkInfo | None = None,
+    temp: str | None = None,
 ) -> LinkInfo:
     """Create a macvlan on host link ``parent`` as ``ifname`` in the netns ``netns``; set it up.
 
@@ -181,8 +215,15 @@ def create_macvlan(
 
 
 def create_ipvlan(
-    *, parent: str, netns: str, ifname: str, mode: str = "l2", flag: str = "bridge", mtu: int | None = None,
-    parent_link: LinkInfo | None = None, temp: str | None = None,
+    *,
+    parent: str,
+    netns: str,
+    ifname: str,
+    mode: str = "l2",
+    flag: str = "bridge",
+    mtu: int | None = None,
+    parent_link: LinkInfo | None = None,
+    temp: str | None = None,
 ) -> LinkInfo:
     """Create an ipvlan (``mode`` l2/l3/l3s, ``flag`` bridge/private/vepa) like :func:`create_macvlan`.
 
@@ -194,7 +235,9 @@ def create_ipvlan(
     return create_sublink(spec, parent_link=parent_link, temp=temp)
 
 
-def create_sublink(spec: SubLinkSpec, *, parent_link: LinkInfo | None = None, temp: str | None = None) -> LinkInfo:
+def create_sublink(
+    spec: SubLinkSpec, *, parent_link: LinkInfo | None = None, temp: str | None = None
+) -> LinkInfo:
     """Create ``spec`` in its netns, renamed to its ``ifname`` and up; return it as seen there.
 
     ``parent_link``: the host link ``spec.parent`` as the caller already read it
@@ -238,7 +281,9 @@ def _add_in_netns(spec: SubLinkSpec, fd: int, parent_link: LinkInfo | None, firs
     with sockets.host_iproute() as ipr, _pyroute2.translated(what):
         parent_index, parent_mtu = _parent_index_and_mtu(ipr, spec, what, parent_link)
         if spec.mtu is not None and parent_mtu is not None and spec.mtu > parent_mtu:
-            raise InvalidConfigError(f"failed to {what}: mtu {spec.mtu} exceeds parent {spec.parent} mtu {parent_mtu}")
+            raise InvalidConfigError(
+                f"failed to {what}: mtu {spec.mtu} exceeds parent {spec.parent} mtu {parent_mtu}"
+            )
         newlink = spec.newlink(parent_index=parent_index, netns_fd=fd)
         for temp in temp_names(first):
             try:
@@ -248,7 +293,8 @@ def _add_in_netns(spec: SubLinkSpec, fd: int, parent_link: LinkInfo | None, firs
                     continue
                 if exc.code == errno.EOPNOTSUPP:
                     raise NetlinkError(
-                        f"failed to {what}: the kernel does not support link kind {spec.kind}", details=repr(exc)
+                        f"failed to {what}: the kernel does not support link kind {spec.kind}",
+                        details=repr(exc),
                     ) from exc
                 if exc.code == errno.EBUSY:
                     other = "ipvlan" if spec.kind == "macvlan" else "macvlan"
@@ -297,7 +343,9 @@ def _rename_and_up(ipr: Any, spec: SubLinkSpec, temp: str) -> LinkInfo:
 def _setlink_error(exc: Any, spec: SubLinkSpec, what: str) -> CniError | None:
     """What a failed rename-and-up means: the name taken (4), the MAC taken (7), else None."""
     if exc.code == errno.EEXIST:
-        return InvalidEnvironmentError(f"failed to {what}: interface {spec.ifname} already exists", details=repr(exc))
+        return InvalidEnvironmentError(
+            f"failed to {what}: interface {spec.ifname} already exists", details=repr(exc)
+        )
     if exc.code == errno.EADDRINUSE:
         whose = f"MAC {spec.mac}" if spec.mac else "its MAC"
         return InvalidConfigError(

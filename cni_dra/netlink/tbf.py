@@ -141,8 +141,13 @@ class Tbf:
     limit_bytes: int
 
     @classmethod
-    def for_rate(cls, rate_bps: int, burst_bytes: int | None = None,
-                 latency_s: float = DEFAULT_LATENCY_S, mtu: int = DEFAULT_MTU) -> Tbf:
+    def for_rate(
+        cls,
+        rate_bps: int,
+        burst_bytes: int | None = None,
+        latency_s: float = DEFAULT_LATENCY_S,
+        mtu: int = DEFAULT_MTU,
+    ) -> Tbf:
         """A bucket for ``rate_bps`` on an interface of MTU ``mtu``, with the defaults below.
 
         * ``burst_bytes`` (None: :func:`default_burst_bytes`) = max(⌈rate_bps / 8 ×
@@ -171,7 +176,8 @@ class Tbf:
         if rate_bps < lowest:
             raise InvalidConfigError(
                 f"invalid shaping: rate {rate_bps} bit/s is below {lowest} bit/s, the lowest at which tbf passes "
-                f"a full frame at MTU {mtu} ({frame_bytes(mtu)} bytes in {PACKET_WINDOW_NS / 1e9:.2f} s of the rate)")
+                f"a full frame at MTU {mtu} ({frame_bytes(mtu)} bytes in {PACKET_WINDOW_NS / 1e9:.2f} s of the rate)"
+            )
         rate_bps -= rate_bps % 8  # lowest is a whole number of bytes per second: still above it
         if burst_bytes is None:
             burst_bytes = default_burst_bytes(rate_bps)
@@ -180,11 +186,13 @@ class Tbf:
         if burst_bytes < smallest:
             raise InvalidConfigError(
                 f"invalid shaping: burst {burst_bytes} bytes is below {smallest} bytes, the smallest bucket at "
-                f"{rate_bps} bit/s and MTU {mtu} (a full frame of {frame_bytes(mtu)} bytes and 2 µs of the rate)")
+                f"{rate_bps} bit/s and MTU {mtu} (a full frame of {frame_bytes(mtu)} bytes and 2 µs of the rate)"
+            )
         if burst_bytes > largest:
             raise InvalidConfigError(
                 f"invalid shaping: burst {burst_bytes} bytes is above {largest} bytes, the largest bucket tbf "
-                f"holds at {rate_bps} bit/s")
+                f"holds at {rate_bps} bit/s"
+            )
         if isinstance(latency_s, bool) or not isinstance(latency_s, (int, float)) or not 0 < latency_s <= 10:
             raise InvalidConfigError(f"invalid shaping: latency {latency_s!r} s is not in (0, 10]")
         limit_bytes = min(math.ceil(rate_bps // 8 * latency_s) + burst_bytes, _MAX_U32)
@@ -210,7 +218,10 @@ class ShapeSpec:
 
     def __post_init__(self) -> None:
         for direction in ("egress", "ingress"):
-            if getattr(self, f"{direction}_rate_bps") is None and getattr(self, f"{direction}_burst_bytes") is not None:
+            if (
+                getattr(self, f"{direction}_rate_bps") is None
+                and getattr(self, f"{direction}_burst_bytes") is not None
+            ):
                 raise InvalidConfigError(f"invalid shaping: {direction} burst without an {direction} rate")
         self.egress  # noqa: B018 - validates
         self.ingress  # noqa: B018
@@ -237,8 +248,12 @@ class ShapeSpec:
     @classmethod
     def symmetric(cls, rate_bps: int, burst_bytes: int | None = None) -> ShapeSpec:
         """Both directions at ``rate_bps``."""
-        return cls(egress_rate_bps=rate_bps, egress_burst_bytes=burst_bytes,
-                   ingress_rate_bps=rate_bps, ingress_burst_bytes=burst_bytes)
+        return cls(
+            egress_rate_bps=rate_bps,
+            egress_burst_bytes=burst_bytes,
+            ingress_rate_bps=rate_bps,
+            ingress_burst_bytes=burst_bytes,
+        )
 
 
 def tbf_parameters(tbf: Tbf) -> dict[str, int]:

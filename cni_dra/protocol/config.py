@@ -160,13 +160,19 @@ class ShapingConfig(BaseModel):
     @classmethod
     def _capacity_name(cls, v: str | None) -> str | None:
         if v is not None and not _CAPACITY_NAME.fullmatch(v):
-            raise ValueError(f"{v!r} is not a capacity name ([<DNS subdomain>/]<C identifier of at most 32 characters>)")
+            raise ValueError(
+                f"{v!r} is not a capacity name ([<DNS subdomain>/]<C identifier of at most 32 characters>)"
+            )
         return v
 
     @model_validator(mode="after")
     def _one_way_to_name_capacities(self) -> ShapingConfig:
-        if self.capacity is not None and (self.ingressCapacity is not None or self.egressCapacity is not None):
-            raise ValueError("capacity (both directions) and ingressCapacity/egressCapacity (one each) are exclusive")
+        if self.capacity is not None and (
+            self.ingressCapacity is not None or self.egressCapacity is not None
+        ):
+            raise ValueError(
+                "capacity (both directions) and ingressCapacity/egressCapacity (one each) are exclusive"
+            )
         return self
 
     @property
@@ -213,8 +219,10 @@ def gc_attachments(raw: Any) -> list[dict[str, str]]:
     whole is no list (the spec: each entry holds both, the values of CNI_CONTAINERID and
     CNI_IFNAME at ADD). Raises ``ValueError``."""
     if not isinstance(raw, list):
-        raise ValueError(f"must be a list of {{{', '.join(map(repr, GC_ATTACHMENT_KEYS))}}} objects, "
-                         f"not {json.dumps(raw)[:80]}")
+        raise ValueError(
+            f"must be a list of {{{', '.join(map(repr, GC_ATTACHMENT_KEYS))}}} objects, "
+            f"not {json.dumps(raw)[:80]}"
+        )
     fields = {name.lower(): name for name in GC_ATTACHMENT_KEYS}
     out: list[dict[str, str]] = []
     for i, entry in enumerate(raw):
@@ -231,8 +239,10 @@ def gc_attachments(raw: Any) -> list[dict[str, str]]:
             got[name] = value
         missing = [name for name in GC_ATTACHMENT_KEYS if not got.get(name)]
         if missing:
-            raise ValueError(f"entry {i} {shown} has no {' and no '.join(map(repr, missing))} (an entry names an "
-                             f"attachment by both {' and '.join(map(repr, GC_ATTACHMENT_KEYS))})")
+            raise ValueError(
+                f"entry {i} {shown} has no {' and no '.join(map(repr, missing))} (an entry names an "
+                f"attachment by both {' and '.join(map(repr, GC_ATTACHMENT_KEYS))})"
+            )
         out.append(got)
     return out
 
@@ -324,7 +334,9 @@ class NetConf(BaseModel):
         if self.linkType == "macvlan":
             mode = self.mode or "bridge"
             if mode not in CONFIG_MACVLAN_MODES:
-                raise ValueError(f"mode {mode!r} is not a macvlan mode (one of {', '.join(CONFIG_MACVLAN_MODES)})")
+                raise ValueError(
+                    f"mode {mode!r} is not a macvlan mode (one of {', '.join(CONFIG_MACVLAN_MODES)})"
+                )
             if self.ipvlanFlag is not None:
                 raise ValueError("ipvlanFlag applies to linkType ipvlan only")
             object.__setattr__(self, "mode", mode)
@@ -365,8 +377,12 @@ class NetConf(BaseModel):
                 raise ValueError(f"runtimeConfig.bandwidth: {_format_validation_error(exc)[1]}") from exc
             unknown = runtime_bandwidth_keys(raw)[1]
             if unknown:
-                log.warning("network %r: runtimeConfig.bandwidth: ignoring unknown key(s) %s (known: %s, in any case)",
-                            self.name, ", ".join(map(repr, unknown)), ", ".join(RuntimeBandwidth.model_fields))
+                log.warning(
+                    "network %r: runtimeConfig.bandwidth: ignoring unknown key(s) %s (known: %s, in any case)",
+                    self.name,
+                    ", ".join(map(repr, unknown)),
+                    ", ".join(RuntimeBandwidth.model_fields),
+                )
         return self
 
     @field_validator("mac")

@@ -164,7 +164,9 @@ def _parse_bool(key: str, value: str) -> bool:
         return True
     if lowered in ("0", "false"):
         return False
-    raise InvalidEnvironmentError(f"invalid CNI_ARGS: {key}={value!r} is not a boolean", "use 1, true, 0 or false")
+    raise InvalidEnvironmentError(
+        f"invalid CNI_ARGS: {key}={value!r} is not a boolean", "use 1, true, 0 or false"
+    )
 
 
 def parse_cni_args(raw: str, extra_known: Iterable[str] = ()) -> CniArgs:
@@ -202,11 +204,15 @@ def parse_cni_args(raw: str, extra_known: Iterable[str] = ()) -> CniArgs:
         if not key:
             raise InvalidEnvironmentError(f"invalid CNI_ARGS: segment {segment!r} has an empty key")
         if len(value.encode("utf-8")) > MAX_ARG_VALUE_BYTES:
-            raise InvalidEnvironmentError(f"invalid CNI_ARGS: value of {key} is longer than {MAX_ARG_VALUE_BYTES} bytes")
+            raise InvalidEnvironmentError(
+                f"invalid CNI_ARGS: value of {key} is longer than {MAX_ARG_VALUE_BYTES} bytes"
+            )
         pairs.pop(key, None)  # keep insertion order of the last occurrence
         pairs[key] = value
 
-    ignore_unknown = _parse_bool("IgnoreUnknown", pairs.pop("IgnoreUnknown")) if "IgnoreUnknown" in pairs else False
+    ignore_unknown = (
+        _parse_bool("IgnoreUnknown", pairs.pop("IgnoreUnknown")) if "IgnoreUnknown" in pairs else False
+    )
     fields: dict[str, str] = {}
     extra: dict[str, str] = {}
     unknown: list[str] = []
@@ -267,7 +273,9 @@ def parse_env(env: Mapping[str, str], extra_known_args: Iterable[str] = ()) -> C
     """
     command = env.get("CNI_COMMAND", "")
     if not command:
-        raise InvalidEnvironmentError("required env variable CNI_COMMAND missing", f"one of {', '.join(COMMANDS)}")
+        raise InvalidEnvironmentError(
+            "required env variable CNI_COMMAND missing", f"one of {', '.join(COMMANDS)}"
+        )
     if command not in REQUIRED_ENV:
         raise InvalidEnvironmentError(f"unknown CNI_COMMAND {command!r}", f"one of {', '.join(COMMANDS)}")
     raw = MappingProxyType(dict(env))

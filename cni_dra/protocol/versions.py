@@ -59,7 +59,9 @@ def parse_version(version: object) -> tuple[int, int, int]:
             (empty, non-numeric, more than three parts, signs, spaces).
     """
     if not isinstance(version, str) or not _VERSION_RE.fullmatch(version):
-        raise DecodeError(f"failed to parse CNI version {version!r}", "expected MAJOR.MINOR.PATCH, e.g. 1.1.0")
+        raise DecodeError(
+            f"failed to parse CNI version {version!r}", "expected MAJOR.MINOR.PATCH, e.g. 1.1.0"
+        )
     parts = [int(p) for p in version.split(".")]
     parts += [0] * (3 - len(parts))
     return parts[0], parts[1], parts[2]

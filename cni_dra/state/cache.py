@@ -51,4 +51,3 @@ def decoded(data: bytes, source: str, ident: tuple[int, int, int, int] | None = 
     state, journal = decode_snapshot(data, source)
     jid, seq = journal if journal is not None else (None, 0)
     return Cached(ident, len(data), jid, seq, state)
-

@@ -40,11 +40,17 @@ def network_data(result: dict[str, Any], ifname: str) -> dict[str, Any]:
     form (as CNI prints them); ``hardwareAddress``: its MAC. Keys without a value are left out.
     """
     interfaces = result.get("interfaces") or []
-    index = next((i for i, itf in enumerate(interfaces) if itf.get("name") == ifname and itf.get("sandbox")), None)
+    index = next(
+        (i for i, itf in enumerate(interfaces) if itf.get("name") == ifname and itf.get("sandbox")), None
+    )
     if index is None:
         index = next((i for i, itf in enumerate(interfaces) if itf.get("name") == ifname), None)
     out: dict[str, Any] = {"interfaceName": ifname}
-    ips = [ip["address"] for ip in result.get("ips") or [] if ip.get("address") and ip.get("interface", index) == index]
+    ips = [
+        ip["address"]
+        for ip in result.get("ips") or []
+        if ip.get("address") and ip.get("interface", index) == index
+    ]
     if ips:
         out["ips"] = ips
     if index is not None and interfaces[index].get("mac"):
@@ -65,8 +71,12 @@ def interface_data(att: Attachment) -> dict[str, Any]:
     from cni_dra.protocol.profile import API_VERSION  # the driver's one API group and version
     from cni_dra.state.frozen import thaw
 
-    out: dict[str, Any] = {"apiVersion": API_VERSION, "kind": "InterfaceStatus",
-                           "linkType": att.linkType, "parentInterface": att.parent}
+    out: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": "InterfaceStatus",
+        "linkType": att.linkType,
+        "parentInterface": att.parent,
+    }
     if att.profile is not None:
         out["profile"] = thaw(att.profile)
     return out

@@ -69,7 +69,9 @@ def read_features(store: StateStore) -> ClusterFeatures | None:
     value = doc.get("fractionalCapacityRange") if isinstance(doc, dict) else None
     source = doc.get("source", "") if isinstance(doc, dict) else ""
     if not isinstance(value, bool) or not isinstance(source, str):
-        raise StateError(f"failed to read {path}: fractionalCapacityRange must be true or false, source a string")
+        raise StateError(
+            f"failed to read {path}: fractionalCapacityRange must be true or false, source a string"
+        )
     return ClusterFeatures(value, source)
 
 

@@ -84,10 +84,11 @@ def decode_state(data: bytes, source: str = STATE_FILE) -> NodeState:
 
 def decode_snapshot(data: bytes, source: str = STATE_FILE) -> tuple[NodeState, tuple[str, int] | None]:
     """:func:`decode_state` plus the snapshot's journal reference (id, seq), if any."""
+
     def corrupt(why: str, details: str = "") -> StateError:
         return StateError(
             f"failed to read state {source}: file is corrupt ({len(data)} bytes, {why}); it is not "
-            "treated as empty. Run `cni-dra state repair` (see README \"Failure modes\")",
+            'treated as empty. Run `cni-dra state repair` (see README "Failure modes")',
             details,
         )
 
@@ -119,7 +120,6 @@ def decode_snapshot(data: bytes, source: str = STATE_FILE) -> tuple[NodeState, t
         return NodeState.model_validate(migrate(obj)), journal
     except (ValidationError, ValueError) as exc:
         raise corrupt("does not match the schema", str(exc)) from exc
-
 
 
 def encode_record(jid: str | None, seq: int, ops: list[bytes]) -> bytes:

@@ -93,7 +93,9 @@ def parse_plan(text: str) -> Plan:
     for item in filter(None, (s.strip() for s in text.split(","))):
         m = _PLAN_RE.match(item)
         if m is None:
-            raise ValueError(f"{FAULT_ENV}: {item!r} is not op@n=kind (op: any, {', '.join(OPS)}; kind: {', '.join(KINDS)})")
+            raise ValueError(
+                f"{FAULT_ENV}: {item!r} is not op@n=kind (op: any, {', '.join(OPS)}; kind: {', '.join(KINDS)})"
+            )
         plan.faults.append((m.group(1), int(m.group(2)), m.group(3)))
     return plan
 

@@ -42,8 +42,8 @@ from cni_dra.state.codec import (
     encode_state,
 )
 from cni_dra.state.files import StateFiles
-from cni_dra.state.schema import NodeState
 from cni_dra.state.owner import boot_id
+from cni_dra.state.schema import NodeState
 
 __all__ = ["replay", "append", "write_snapshot", "write_synced"]
 
@@ -61,11 +61,10 @@ def write_synced(path: Path, data: bytes, flag: int) -> None:
         os.close(fd)
 
 
-
 def corrupt_journal(files: StateFiles, why: str) -> StateError:
     return StateError(
         f"failed to read state {files.journal_path}: journal is corrupt ({why}); it is not skipped. "
-        "Run `cni-dra state repair` (see README \"Failure modes\")"
+        'Run `cni-dra state repair` (see README "Failure modes")'
     )
 
 
@@ -116,9 +115,10 @@ def replay(files: StateFiles, entry: Cached, *, strict: bool = True) -> StateErr
             if rec is None:
                 bad = corrupt_journal(files, f"bad record at byte {start + pos}")
             else:
-                bad = corrupt_journal(files,
+                bad = corrupt_journal(
+                    files,
                     f"record at byte {start + pos} is seq {rec.get('seq')!r} of journal {rec.get('j')!r}, "
-                    f"expected seq {seq + 1} of {entry.jid!r}"
+                    f"expected seq {seq + 1} of {entry.jid!r}",
                 )
             if strict:
                 raise bad
@@ -173,7 +173,9 @@ def write_snapshot(files: StateFiles, state: NodeState) -> None:
         for t in (tmp, bak_tmp):
             with contextlib.suppress(OSError):
                 os.unlink(t)
-        raise StateWriteError(f"failed to write state {files.path}: {exc.strerror}; nothing was changed") from exc
+        raise StateWriteError(
+            f"failed to write state {files.path}: {exc.strerror}; nothing was changed"
+        ) from exc
     fault_point("state:renamed")
     after: tuple[tuple[str, Callable[[], None]], ...] = (
         ("rename the backup copy", lambda: fsio.rename(bak_tmp, files.backup_path)),
@@ -192,6 +194,7 @@ def write_snapshot(files: StateFiles, state: NodeState) -> None:
     st = os.stat(files.path)
     CACHE[key] = Cached(ident(st), len(data), jid, seq, state)
 
+
 def append(files: StateFiles, entry: Cached, ops: list[bytes], durable: bool = True) -> None:
     """Commit ``ops`` (encoded) as the next journal record of ``entry`` (fdatasync'ed
     when ``durable``). A record is committed only when it was written whole and synced:
@@ -203,7 +206,9 @@ def append(files: StateFiles, entry: Cached, ops: list[bytes], durable: bool = T
     try:
         fd = fsio.open_write(files.journal_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise StateWriteError(f"failed to write state {files.journal_path}: {exc.strerror}; nothing was changed") from exc
+        raise StateWriteError(
+            f"failed to write state {files.journal_path}: {exc.strerror}; nothing was changed"
+        ) from exc
     end = 0
     try:
         st = os.fstat(fd)
@@ -226,7 +231,9 @@ def append(files: StateFiles, entry: Cached, ops: list[bytes], durable: bool = T
             os.ftruncate(fd, end)
         except OSError as cut:
             _log.error("failed to cut an uncommitted record off %s: %s", files.journal_path, cut.strerror)
-        raise StateWriteError(f"failed to write state {files.journal_path}: {exc.strerror}; nothing was changed") from exc
+        raise StateWriteError(
+            f"failed to write state {files.journal_path}: {exc.strerror}; nothing was changed"
+        ) from exc
     finally:
         os.close(fd)
     entry.seq = seq

@@ -19,7 +19,12 @@ __all__ = ["node_usage", "node_charges"]
 
 
 def node_usage(
-    state: NodeState, driver: str, pool: str, devices: Mapping[str, Device] | None = None, *, prepared: bool = True
+    state: NodeState,
+    driver: str,
+    pool: str,
+    devices: Mapping[str, Device] | None = None,
+    *,
+    prepared: bool = True,
 ) -> NodeUsage:
     """What the devices of (``driver``, ``pool``) hold in ``state``: :func:`node_charges`
     added up (``usage.consumed``: device name -> capacity name -> amount)."""
@@ -27,7 +32,12 @@ def node_usage(
 
 
 def node_charges(
-    state: NodeState, driver: str, pool: str, devices: Mapping[str, Device] | None = None, *, prepared: bool = True
+    state: NodeState,
+    driver: str,
+    pool: str,
+    devices: Mapping[str, Device] | None = None,
+    *,
+    prepared: bool = True,
 ) -> list[Charge]:
     """The charges of ``state`` on (``driver``, ``pool``), in order: every attachment
     (``adding``, ``ready`` and ``deleting``), then, unless ``prepared`` is False, every
@@ -77,5 +87,7 @@ def node_charges(
                 continue
             dev = devices.get(res.device)
             consumed = res.consumedCapacity or whole_capacity(dev)
-            charges.append((res.device, consumed, is_dedicated(dev, res.shareID), (res.device, pclaim.uid, res.shareID)))
+            charges.append(
+                (res.device, consumed, is_dedicated(dev, res.shareID), (res.device, pclaim.uid, res.shareID))
+            )
     return charges

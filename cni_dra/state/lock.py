@@ -81,7 +81,6 @@ def _flock(fd: int, timeout_s: float) -> bool:
             delay = min(delay * 2, 0.05)
 
 
-
 @contextlib.contextmanager
 def thread_lock(lock_path: Path, timeout_s: float) -> Iterator[None]:
     """The in-process lock of the state directory whose lock file is ``lock_path``.

@@ -43,7 +43,8 @@ class PreparedResult(BaseModel):
     pool: str = ""
     device: str = ""
     consumedCapacity: Annotated[dict[str, QuantityField], AfterValidator(FrozenDict)] = Field(
-        default_factory=FrozenDict)
+        default_factory=FrozenDict
+    )
     shareID: str | None = None
     adminAccess: bool | None = None  # holds nothing (KEP-5075), as the scheduler counts it
     profile: InterfaceProfile | None = None
@@ -57,7 +58,11 @@ class PreparedResult(BaseModel):
         profile, error = None, None
         if config:
             profile, error = decode_result_profile(
-                config, str(result.get("driver") or ""), str(result.get("request") or ""), result.get("shareID"))
+                config,
+                str(result.get("driver") or ""),
+                str(result.get("request") or ""),
+                result.get("shareID"),
+            )
         return cls.model_validate({**result, "profile": profile, "profileError": error})
 
 
@@ -81,9 +86,12 @@ class PreparedClaim(BaseModel):
         meta = claim.get("metadata") or {}
         devices = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
         config = devices.get("config")
-        return cls(namespace=meta.get("namespace") or "", name=meta.get("name") or "",
-                   uid=meta.get("uid") or "",
-                   results=tuple(PreparedResult.decode(r, config) for r in devices.get("results") or ()))
+        return cls(
+            namespace=meta.get("namespace") or "",
+            name=meta.get("name") or "",
+            uid=meta.get("uid") or "",
+            results=tuple(PreparedResult.decode(r, config) for r in devices.get("results") or ()),
+        )
 
     @property
     def identity(self) -> str:

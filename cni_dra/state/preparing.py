@@ -26,8 +26,15 @@ if TYPE_CHECKING:
     from cni_dra.protocol.profile import ProfileLimits
     from cni_dra.state.prepared import PreparedClaim
 
-__all__ = ["validate_claim", "check_pod_interfaces", "prepare_claims", "prepare_claim", "unprepare_claims",
-           "check_claim_against_inventory", "share_prepared_claim"]
+__all__ = [
+    "validate_claim",
+    "check_pod_interfaces",
+    "prepare_claims",
+    "prepare_claim",
+    "unprepare_claims",
+    "check_claim_against_inventory",
+    "share_prepared_claim",
+]
 
 
 _SHARE_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -56,8 +63,9 @@ def check_claim_against_inventory(claim_obj: dict[str, Any], slice_: ResourceSli
             raise InvalidConfigError(f"{where}: shareID {share!r} is not a lowercase UUID")
 
 
-def validate_claim(claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER,
-                   limits: ProfileLimits | None = None) -> PreparedClaim:
+def validate_claim(
+    claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER, limits: ProfileLimits | None = None
+) -> PreparedClaim:
     """Check a resource.k8s.io/v1 ResourceClaim before it is stored: it validates, it is
     allocated, and the device profiles its config gives the results of ``driver`` validate
     and keep within ``limits`` (the node's, default
@@ -78,9 +86,13 @@ def validate_claim(claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER,
     try:
         claim = ResourceClaim.model_validate(claim_obj)
     except (ValidationError, ValueError) as exc:
-        raise InvalidConfigError(f"failed to prepare claim: not a valid resource.k8s.io/v1 ResourceClaim: {exc}") from exc
+        raise InvalidConfigError(
+            f"failed to prepare claim: not a valid resource.k8s.io/v1 ResourceClaim: {exc}"
+        ) from exc
     if claim.status is None or claim.status.allocation is None:
-        raise InvalidConfigError(f"failed to prepare claim {claim.metadata.name}: it has no status.allocation")
+        raise InvalidConfigError(
+            f"failed to prepare claim {claim.metadata.name}: it has no status.allocation"
+        )
     claim_profiles(claim_obj, driver, limits if limits is not None else ProfileLimits())
     try:
         return PreparedClaim.decode(claim_obj)
@@ -88,8 +100,9 @@ def validate_claim(claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER,
         raise InvalidConfigError(f"failed to prepare claim {claim.metadata.name}: {exc}") from exc
 
 
-def check_pod_interfaces(held: Sequence[PreparedClaim], adding: Sequence[PreparedClaim], *, driver: str,
-                         pod: str) -> None:
+def check_pod_interfaces(
+    held: Sequence[PreparedClaim], adding: Sequence[PreparedClaim], *, driver: str, pod: str
+) -> None:
     """Refuse to give a pod that holds ``held`` the claims ``adding`` (a held claim of the
     same identity is replaced) when one of its interfaces would then have several
     allocation results of ``driver`` to choose from
@@ -112,7 +125,8 @@ def check_pod_interfaces(held: Sequence[PreparedClaim], adding: Sequence[Prepare
     names = ", ".join(f"{c.namespace}/{c.name}" for c in adding)
     why = "; ".join(
         f"interface {name!r} would have {len(found)} allocation results of {driver} to choose from ("
-        + ", ".join(f"claim {c.namespace}/{c.name} request {r.request!r}" for c, r in found) + ")"
+        + ", ".join(f"claim {c.namespace}/{c.name} request {r.request!r}" for c, r in found)
+        + ")"
         for name, found in sorted(conflicts.items())
     )
     raise ClaimError(
@@ -122,9 +136,15 @@ def check_pod_interfaces(held: Sequence[PreparedClaim], adding: Sequence[Prepare
     )
 
 
-def prepare_claims(state_dir: str, pod_uid: str, claim_objs: Sequence[dict[str, Any]], *,
-                   driver: str = DEFAULT_DRIVER, limits: ProfileLimits | None = None,
-                   pod: str | None = None) -> list[bool]:
+def prepare_claims(
+    state_dir: str,
+    pod_uid: str,
+    claim_objs: Sequence[dict[str, Any]],
+    *,
+    driver: str = DEFAULT_DRIVER,
+    limits: ProfileLimits | None = None,
+    pod: str | None = None,
+) -> list[bool]:
     """Store resource.k8s.io/v1 ResourceClaims (with ``status.allocation``) for ``pod_uid``,
     all or none, in one transaction.
 
@@ -161,8 +181,14 @@ def prepare_claims(state_dir: str, pod_uid: str, claim_objs: Sequence[dict[str, 
         return changed
 
 
-def prepare_claim(state_dir: str, pod_uid: str, claim_obj: dict[str, Any], *, driver: str = DEFAULT_DRIVER,
-                  limits: ProfileLimits | None = None) -> bool:
+def prepare_claim(
+    state_dir: str,
+    pod_uid: str,
+    claim_obj: dict[str, Any],
+    *,
+    driver: str = DEFAULT_DRIVER,
+    limits: ProfileLimits | None = None,
+) -> bool:
     """Store one claim for ``pod_uid`` (:func:`prepare_claims`). Returns True when the state
     changed. Raises as :func:`prepare_claims`."""
     return prepare_claims(state_dir, pod_uid, [claim_obj], driver=driver, limits=limits)[0]
@@ -174,7 +200,11 @@ def unprepare_claims(state_dir: str, pod_uid: str, claim_uid: str | None = None)
 
     with StateStore(state_dir).transaction() as txn:
         existing = txn.claims.get(pod_uid, ())
-        keep = [raw for raw, c in zip(existing, txn.state.prepared(pod_uid), strict=True) if claim_uid and c.uid != claim_uid]
+        keep = [
+            raw
+            for raw, c in zip(existing, txn.state.prepared(pod_uid), strict=True)
+            if claim_uid and c.uid != claim_uid
+        ]
         removed = len(existing) - len(keep)
         if removed:
             txn.set_claims(pod_uid, keep)
@@ -198,7 +228,11 @@ def share_prepared_claim(state_dir: str, claim_uid: str, pod_uids: set[str]) -> 
         if not holders:  # unprepared meanwhile
             return []
         holder = min(holders)
-        prepared = next(raw for raw, c in zip(txn.claims[holder], txn.state.prepared(holder), strict=True) if c.uid == claim_uid)
+        prepared = next(
+            raw
+            for raw, c in zip(txn.claims[holder], txn.state.prepared(holder), strict=True)
+            if c.uid == claim_uid
+        )
         added = sorted(pod_uids - holders)
         for pod in added:
             txn.set_claims(pod, [*txn.claims.get(pod, ()), prepared])

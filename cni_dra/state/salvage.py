@@ -18,8 +18,8 @@ from cni_dra.state import fsio, journal
 from cni_dra.state.cache import CACHE, decoded
 from cni_dra.state.codec import JOURNAL_FILE, STATE_FILE
 from cni_dra.state.files import StateFiles
-from cni_dra.state.schema import NodeState
 from cni_dra.state.reading import read_current
+from cni_dra.state.schema import NodeState
 
 __all__ = ["RepairView", "replace", "read_backup"]
 

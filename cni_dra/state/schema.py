@@ -77,7 +77,15 @@ import datetime
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Annotated, Any, Literal, overload
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, PrivateAttr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    PrivateAttr,
+    model_validator,
+)
 from pydantic_core import CoreSchema, core_schema
 
 from cni_dra.allocator.usage import whole_capacity
@@ -166,7 +174,8 @@ class Attachment(BaseModel):
     parent: str
     linkType: str = "macvlan"
     consumedCapacity: Annotated[dict[str, QuantityField], AfterValidator(FrozenDict)] = Field(
-        default_factory=FrozenDict)
+        default_factory=FrozenDict
+    )
     shareID: str | None = None
     claim: ClaimRef | None = None
     phase: Literal["adding", "ready", "deleting"] = "adding"
@@ -176,10 +185,16 @@ class Attachment(BaseModel):
     tempName: str | None = None  # while adding: the link's first temporary name (see above)
     ipamType: str | None = None
     ipamConf: str | None = None  # the network config given to IPAM ADD, for release without the runtime
-    result: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # CNI result (1.1.0 schema) of the ADD
+    result: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = (
+        None  # CNI result (1.1.0 schema) of the ADD
+    )
     readyAt: str | None = None  # when ADD made it ready, RFC 3339 UTC (see ready_at); GC spares young ones
-    shaping: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # traffic control ADD installed (see below)
-    profile: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = None  # the device profile applied (see below)
+    shaping: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = (
+        None  # traffic control ADD installed (see below)
+    )
+    profile: Annotated[dict[str, Any] | None, AfterValidator(deep_freeze)] = (
+        None  # the device profile applied (see below)
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -212,7 +227,9 @@ class Attachment(BaseModel):
         it. A device unknown to the inventory has nothing to charge.
         """
         if self.consumedCapacity:
-            return {k: v if type(v) is Quantity else Quantity.parse(v) for k, v in self.consumedCapacity.items()}
+            return {
+                k: v if type(v) is Quantity else Quantity.parse(v) for k, v in self.consumedCapacity.items()
+            }
         return whole_capacity(device)
 
     def ready_age_s(self, now_s: float) -> float | None:
@@ -228,7 +245,6 @@ class Attachment(BaseModel):
         if when.tzinfo is None:
             return None
         return now_s - when.timestamp()
-
 
 
 class Attachments(Sequence[Attachment]):
@@ -247,7 +263,8 @@ class Attachments(Sequence[Attachment]):
         """Validated and serialised as a ``list[Attachment]``."""
         as_list = handler(list[Attachment])
         return core_schema.no_info_after_validator_function(
-            cls, as_list,
+            cls,
+            as_list,
             serialization=core_schema.plain_serializer_function_ser_schema(list, return_schema=as_list),
         )
 
@@ -310,13 +327,17 @@ class NodeState(BaseModel):
     bootID: str | None = None
     # prepared ResourceClaims by pod UID (cni_dra.state.preparing)
     claims: Annotated[dict[str, list[dict[str, Any]]], AfterValidator(deep_freeze)] = Field(
-        default_factory=FrozenDict)
+        default_factory=FrozenDict
+    )
     attachments: Attachments = Field(default_factory=Attachments)
     # ResourceClaim status records left by ADD for the agent (cni_dra.state.claim_status)
     statusUpdates: Annotated[list[dict[str, Any]], AfterValidator(deep_freeze)] = Field(
-        default_factory=FrozenList)
+        default_factory=FrozenList
+    )
     # pod UID -> (its claims, decoded): see prepared
-    _decoded: dict[str, tuple[list[dict[str, Any]], tuple[PreparedClaim, ...]]] = PrivateAttr(default_factory=dict)
+    _decoded: dict[str, tuple[list[dict[str, Any]], tuple[PreparedClaim, ...]]] = PrivateAttr(
+        default_factory=dict
+    )
 
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None (an index lookup)."""
@@ -366,7 +387,8 @@ def _v1_to_v2(obj: dict[str, Any]) -> dict[str, Any]:
     if isinstance(atts, list):
         out["attachments"] = [
             {k: v for k, v in a.items() if k != "consumedCapacity"}
-            if isinstance(a, dict) and a.get("consumedCapacity", {}) is None else a
+            if isinstance(a, dict) and a.get("consumedCapacity", {}) is None
+            else a
             for a in atts
         ]
     return out

@@ -73,14 +73,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from cni_dra.state import reading
-
 from cni_dra.state import salvage as repair
 from cni_dra.state.cache import ident
 from cni_dra.state.codec import BACKUP_FILE, JOURNAL_FILE, LOCK_FILE, STATE_FILE, decode_state, encode_state
 from cni_dra.state.files import DEFAULT_JOURNAL_LIMIT_BYTES, StateFiles
-from cni_dra.state.schema import NodeState
 from cni_dra.state.owner import BOOT_ID_PATH, boot_id, current_owner, owner_alive
 from cni_dra.state.salvage import RepairView
+from cni_dra.state.schema import NodeState
 from cni_dra.state.txn import VERIFY_ENV, Txn, transaction
 
 __all__ = [

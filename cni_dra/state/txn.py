@@ -32,8 +32,8 @@ from cni_dra.state import journal, ops
 from cni_dra.state.cache import CACHE
 from cni_dra.state.files import StateFiles
 from cni_dra.state.frozen import deep_freeze
-from cni_dra.state.schema import Attachment, Attachments, NodeState
 from cni_dra.state.reading import read_current, read_fresh
+from cni_dra.state.schema import Attachment, Attachments, NodeState
 
 __all__ = ["VERIFY_ENV", "Txn", "TxnClosedError", "transaction"]
 

@@ -63,11 +63,11 @@ if TYPE_CHECKING:
     from cni_dra.netlink.info import LinkInfo
     from cni_dra.netlink.netns import NetnsIdentity
     from cni_dra.netlink.tbf import ShapeSpec
-from cni_dra.state.claim_status import record_add_failure
-from cni_dra.attach.invocation import Concurrently, Invocation, ipam_codes
 from cni_dra.attach.intent import AddIntent
+from cni_dra.attach.invocation import Concurrently, Invocation, ipam_codes
 from cni_dra.attach.placement import device_if_name, link_type_conflicts
 from cni_dra.attach.plan import effective_invocation, plan, refuse_duplicate_mac
+from cni_dra.state.claim_status import record_add_failure
 from cni_dra.verbs.status import dhcp_socket_missing
 
 __all__ = ["cmd_add", "link_type_conflicts"]
@@ -81,8 +81,8 @@ def cmd_add(runtime: Invocation) -> Result:
     first (:func:`effective_invocation`: the device profile of the pod's allocation result
     merged into the runtime's config before it is parsed), and every step after sees that
     one object."""
-    from cni_dra.netlink import addr, netns  # called through the module: the seam tests patch
     from cni_dra.attach.recover import recover_pending
+    from cni_dra.netlink import addr, netns  # called through the module: the seam tests patch
 
     inv = effective_invocation(runtime, runtime.store.peek() if runtime.env.args.pod_uid else NodeState())
     _refuse_early(inv)
@@ -107,10 +107,14 @@ def cmd_add(runtime: Invocation) -> Result:
             ipam_result = _ipam_result(inv, ipam_job, undo)
             if ipam_result is not None:
                 addr.configure_interface(
-                    inv.env.netns, inv.env.ifname,
+                    inv.env.netns,
+                    inv.env.ifname,
                     addresses=[(ip.address, ip.gateway) for ip in ipam_result.ips],
                     routes=[(r.dst, r.gw) for r in ipam_result.routes],
-                    wait_ipv6=True, nodad=inv.conf.nodad, settle_timeout_s=inv.conf.dadTimeoutSeconds, describe=False,
+                    wait_ipv6=True,
+                    nodad=inv.conf.nodad,
+                    settle_timeout_s=inv.conf.dadTimeoutSeconds,
+                    describe=False,
                 )
             result = _result_from(inv, link, ipam_result)
             # The runtime gets the result in the config's version; one that cannot be expressed
@@ -170,7 +174,9 @@ def _undo_with(undo: ExitStack, step: Callable[[], object]) -> None:
     undo.callback(safely)
 
 
-def _reserve_after_recovery(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdentity) -> AddIntent | Result:
+def _reserve_after_recovery(
+    inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdentity
+) -> AddIntent | Result:
     """:func:`_reserve`; while a live recovery holds this attachment's interrupted intent,
     wait for it (at most ``lockTimeoutSeconds``, :func:`cni_dra.attach.intent.wait_for_recovery`)
     and try again, after recovering whatever its process may have left if it died."""
@@ -206,9 +212,16 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdent
             return _repeated(inv, existing, ident)
         att, conf = plan(inv, txn.state, host_links)
         parent = host_links[att.parent]
-        if conf.mtu is not None and conf.mtu > parent.mtu and att.profile and "mtu" in att.profile["fromConfig"]:
+        if (
+            conf.mtu is not None
+            and conf.mtu > parent.mtu
+            and att.profile
+            and "mtu" in att.profile["fromConfig"]
+        ):
             claim = att.claim
-            where = f"claim {claim.namespace}/{claim.name} request {claim.request!r}" if claim else "the claim"
+            where = (
+                f"claim {claim.namespace}/{claim.name} request {claim.request!r}" if claim else "the claim"
+            )
             raise ClaimError(
                 f"failed to honour {where}: its device profile asks mtu {conf.mtu}, above the MTU {parent.mtu} "
                 f"of the allocated parent {att.parent} (device {att.device})"
@@ -222,7 +235,9 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdent
             refuse_duplicate_mac(conf.mac, att, parent, txn.state)
         # The link's temporary name, recorded before the link exists: recovery finds a link
         # left under it by a kill before the rename.
-        intent = att.model_copy(update={"owner": current_owner(), "tempName": temp_name(), "netnsIdentity": ident})
+        intent = att.model_copy(
+            update={"owner": current_owner(), "tempName": temp_name(), "netnsIdentity": ident}
+        )
         return AddIntent(inv, txn.put(intent))
 
 
@@ -298,13 +313,26 @@ def _create_link(inv: Invocation, att: Attachment, parent: LinkInfo, undo: ExitS
     env, conf = inv.env, inv.conf
     if conf.linkType == "ipvlan":
         link = sublink.create_ipvlan(
-            parent=att.parent, netns=env.netns, ifname=env.ifname, mode=conf.mode,
-            flag=conf.ipvlanFlag or "bridge", mtu=conf.mtu, parent_link=parent, temp=att.tempName,
+            parent=att.parent,
+            netns=env.netns,
+            ifname=env.ifname,
+            mode=conf.mode,
+            flag=conf.ipvlanFlag or "bridge",
+            mtu=conf.mtu,
+            parent_link=parent,
+            temp=att.tempName,
         )
     else:
         link = sublink.create_macvlan(
-            parent=att.parent, netns=env.netns, ifname=env.ifname, mode=conf.mode, mtu=conf.mtu,
-            mac=conf.mac, bcqueuelen=conf.bcqueuelen, parent_link=parent, temp=att.tempName,
+            parent=att.parent,
+            netns=env.netns,
+            ifname=env.ifname,
+            mode=conf.mode,
+            mtu=conf.mtu,
+            mac=conf.mac,
+            bcqueuelen=conf.bcqueuelen,
+            parent_link=parent,
+            temp=att.tempName,
         )
     fault_point("add:link-renamed")
     _undo_with(undo, lambda: sublink.delete_link(env.netns, env.ifname))
@@ -321,16 +349,22 @@ def _shape_spec(inv: Invocation, att: Attachment, parent: LinkInfo) -> ShapeSpec
     from cni_dra.attach.shaping_plan import shape_spec
 
     conf = inv.conf
-    return shape_spec(conf.shaping, att.consumedCapacity, conf.runtime_bandwidth, mtu=conf.mtu or parent.mtu,
-                      device=att.device, driver=att.driver)
+    return shape_spec(
+        conf.shaping,
+        att.consumedCapacity,
+        conf.runtime_bandwidth,
+        mtu=conf.mtu or parent.mtu,
+        device=att.device,
+        driver=att.driver,
+    )
 
 
 def _shape(inv: Invocation, spec: ShapeSpec | None, undo: ExitStack) -> dict[str, Any] | None:
     """Traffic control on the new link as ``spec`` says (:func:`_shape_spec`), with its undo
     (the ifb device would outlive the link); returns the record for the attachment, None
     when nothing is shaped. Raises NetlinkError (102), having left nothing behind."""
-    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
     from cni_dra.attach.shaping_plan import record
+    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
 
     env = inv.env
     if spec is None:
@@ -368,7 +402,10 @@ def _result_from(inv: Invocation, link: LinkInfo, ipam_result: Result | None) ->
     dns = ipam_result.dns if ipam_result else None
     if conf.dns:
         dns = DNS(
-            nameservers=conf.dns.nameservers, domain=conf.dns.domain, search=conf.dns.search, options=conf.dns.options
+            nameservers=conf.dns.nameservers,
+            domain=conf.dns.domain,
+            search=conf.dns.search,
+            options=conf.dns.options,
         )
     return merge_prev_result(prev, iface, ips, routes, dns)
 

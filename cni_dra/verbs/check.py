@@ -28,9 +28,9 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING, Any
 
+from cni_dra.attach.invocation import Concurrently, Invocation, ipam_codes
 from cni_dra.errors import CheckFailedError, ContainerUnknownError, InvalidConfigError
 from cni_dra.protocol.results import parse_result
-from cni_dra.attach.invocation import Concurrently, Invocation, ipam_codes
 
 if TYPE_CHECKING:
     from cni_dra.state import Attachment
@@ -48,7 +48,9 @@ def cmd_check(inv: Invocation) -> None:
     att = inv.store.read().find(*key)
     what = f"interface {env.ifname} of container {env.container_id}"
     if att is None or att.phase != "ready":
-        raise ContainerUnknownError(f"failed to check {what}: no attachment on network {conf.name!r} in state")
+        raise ContainerUnknownError(
+            f"failed to check {what}: no attachment on network {conf.name!r} in state"
+        )
     ipam_check = None
     ipam_type = conf.ipam_type
     if ipam_type:  # read-only: runs while the link is verified
@@ -72,8 +74,10 @@ def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
     env, conf = inv.env, inv.conf
     ident = netns_identity_or_none(env.netns) if att.netnsIdentity is not None else None
     if ident is not None and ident != att.netnsIdentity:  # a path that names nothing: code 3/4 below
-        raise CheckFailedError(f"failed to check {what}: CNI_NETNS {env.netns} is not the namespace it was added in "
-                               "(that one is gone, or the path names another now)")
+        raise CheckFailedError(
+            f"failed to check {what}: CNI_NETNS {env.netns} is not the namespace it was added in "
+            "(that one is gone, or the path names another now)"
+        )
     link = info.link_in_netns(env.netns, env.ifname)
     if link is None:
         raise CheckFailedError(f"failed to check {what}: the link is not in netns {env.netns}")
@@ -93,7 +97,9 @@ def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
         )
     # Working as configured also means able to pass traffic: the specific cause first.
     if not link.admin_up:
-        raise CheckFailedError(f"failed to check {what}: the link is administratively down in netns {env.netns}")
+        raise CheckFailedError(
+            f"failed to check {what}: the link is administratively down in netns {env.netns}"
+        )
     if not parent.admin_up:
         raise CheckFailedError(
             f"failed to check {what}: its parent NIC {att.parent} (device {att.device}) is administratively down"
@@ -107,7 +113,9 @@ def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
     ours = [i for i, iface in enumerate(prev.interfaces) if iface.name == env.ifname and iface.sandbox]
     sandbox = prev.interfaces[ours[-1]].sandbox if ours else att.netns
     if sandbox and not same_netns(sandbox, env.netns):
-        raise CheckFailedError(f"failed to check {what}: it was added in netns {sandbox}, not in CNI_NETNS {env.netns}")
+        raise CheckFailedError(
+            f"failed to check {what}: it was added in netns {sandbox}, not in CNI_NETNS {env.netns}"
+        )
     if ours:
         want_mac = prev.interfaces[ours[-1]].mac
         if want_mac and want_mac.lower() != (link.mac or "").lower():
@@ -124,10 +132,9 @@ def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
 
 def _check_shaping(recorded: dict[str, Any], netns: str, ifname: str, what: str) -> None:
     """The kernel's shaping of ``ifname`` against the ``recorded`` one; CheckFailedError (105)."""
-    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
     from cni_dra.attach.shaping_plan import mismatch
+    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
 
     problem = mismatch(recorded, tc.read_shaping(netns, ifname))
     if problem is not None:
         raise CheckFailedError(f"failed to check {what}: {problem}")
-

@@ -44,8 +44,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from cni_dra.faults import fault_point
 from cni_dra.attach.invocation import Invocation
+from cni_dra.faults import fault_point
 
 if TYPE_CHECKING:
     from cni_dra.netlink.netns import NetnsIdentity
@@ -58,9 +58,9 @@ log = logging.getLogger("cni_dra.del")
 
 def cmd_del(inv: Invocation) -> None:
     """Run DEL for ``inv`` (idempotent). See module docstring."""
-    from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
     from cni_dra.attach.intent import begin_delete, finish_delete
     from cni_dra.attach.release import IpamRelease, release, release_temp_link
+    from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
 
     env, conf = inv.env, inv.conf
     given = netns_ops.netns_lookup(env.netns) if env.netns else None  # code 4 here, before any effect
@@ -74,8 +74,9 @@ def cmd_del(inv: Invocation) -> None:
     netns, delete_link = _link_to_delete(inv, att, given)
     # Shaping: the recorded one, or any when there is no record (state lost, an ADD's crash).
     shaped = att is None or att.shaping is not None
-    release(netns, env.ifname, delete_link=delete_link, ipam=ipam, cni_path=env.path, faults="del",
-            shaped=shaped)
+    release(
+        netns, env.ifname, delete_link=delete_link, ipam=ipam, cni_path=env.path, faults="del", shaped=shaped
+    )
     if att is not None:
         release_temp_link(att)  # an ADD of it killed before its rename, whose undo failed
         finish_delete(inv)
@@ -84,8 +85,8 @@ def cmd_del(inv: Invocation) -> None:
 def _link_to_delete(inv: Invocation, att: Attachment | None, given: NetnsIdentity | None) -> tuple[str, bool]:
     """(the namespace path, whether CNI_IFNAME is deleted there): see the module docstring.
     ``given``: CNI_NETNS's namespace identity, None when it is empty or names nothing."""
-    from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
     from cni_dra.attach.release import names_recorded_netns, recorded_link_place
+    from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
 
     env = inv.env
     key = (inv.conf.name, env.container_id, env.ifname)
@@ -96,8 +97,13 @@ def _link_to_delete(inv: Invocation, att: Attachment | None, given: NetnsIdentit
         if given is not None and not host and names_recorded_netns(att, env.netns, given):
             return env.netns, True  # its own record names this link
         if given is not None:
-            log.warning("DEL %s: CNI_NETNS %s is not the namespace recorded at ADD; the link is looked for in "
-                        "the recorded one, %s", key, env.netns, att.netns or "(none)")
+            log.warning(
+                "DEL %s: CNI_NETNS %s is not the namespace recorded at ADD; the link is looked for in "
+                "the recorded one, %s",
+                key,
+                env.netns,
+                att.netns or "(none)",
+            )
         where = recorded_link_place(att)
         if where is None:
             return att.netns or env.netns, False  # gone with its namespace, or not ours
@@ -117,8 +123,13 @@ def _unowned(inv: Invocation, netns: str) -> bool:
     env = inv.env
     owner = _recorded_elsewhere(inv, netns)
     if owner is not None:
-        log.warning("DEL %s: %s in %s belongs to attachment %s/%s/%s; left alone",
-                    (inv.conf.name, env.container_id, env.ifname), env.ifname, netns, *owner.key)
+        log.warning(
+            "DEL %s: %s in %s belongs to attachment %s/%s/%s; left alone",
+            (inv.conf.name, env.container_id, env.ifname),
+            env.ifname,
+            netns,
+            *owner.key,
+        )
     return owner is None
 
 
@@ -127,9 +138,9 @@ def _recorded_elsewhere(inv: Invocation, netns: str) -> Attachment | None:
     identity, :func:`cni_dra.attach.release.names_recorded_netns`), or None. An unreadable
     state answers None (DEL then judges the link alone, as it did before there were
     records). Raises TryAgainLaterError (11) on lock timeout."""
+    from cni_dra.attach.release import names_recorded_netns
     from cni_dra.errors import StateError
     from cni_dra.netlink.netns import netns_identity_or_none
-    from cni_dra.attach.release import names_recorded_netns
 
     env = inv.env
     key = (inv.conf.name, env.container_id, env.ifname)

@@ -36,8 +36,8 @@ import json
 import logging
 import time
 
-from cni_dra.errors import CniError
 from cni_dra.attach.invocation import Invocation, ipam_codes
+from cni_dra.errors import CniError
 
 __all__ = ["GRACE_S", "cmd_gc"]
 
@@ -69,14 +69,15 @@ def cmd_gc(inv: Invocation) -> None:
     if valid is None:
         log.warning(
             "GC of network %r: the config has neither cni.dev/valid-attachments nor cni.dev/attachments; "
-            "nothing collected (an absent list is not an empty one)", conf.name,
+            "nothing collected (an absent list is not an empty one)",
+            conf.name,
         )
         return
 
     from cni_dra import ipam
+    from cni_dra.attach.rebuild import REPAIR_NETWORK
     from cni_dra.attach.recover import recover_pending
     from cni_dra.attach.release import recorded_link_place, release_attachment
-    from cni_dra.attach.rebuild import REPAIR_NETWORK
 
     recover_pending(inv)  # stale intents and attachments lost in a reboot, before judging the rest
     keep = {(a["containerID"], a["ifname"]) for a in valid}
@@ -88,12 +89,23 @@ def cmd_gc(inv: Invocation) -> None:
         age_s = att.ready_age_s(now_s)
         if att.phase != "ready":
             spared.append(att)
-            log.info("GC of network %r: %s/%s is %s (in progress); left alone", conf.name, att.containerID,
-                     att.ifname, att.phase)
+            log.info(
+                "GC of network %r: %s/%s is %s (in progress); left alone",
+                conf.name,
+                att.containerID,
+                att.ifname,
+                att.phase,
+            )
         elif age_s is not None and age_s < GRACE_S:
             spared.append(att)
-            log.info("GC of network %r: %s/%s became ready %.0f s ago (< %.0f s); left alone", conf.name,
-                     att.containerID, att.ifname, age_s, GRACE_S)
+            log.info(
+                "GC of network %r: %s/%s became ready %.0f s ago (< %.0f s); left alone",
+                conf.name,
+                att.containerID,
+                att.ifname,
+                age_s,
+                GRACE_S,
+            )
         else:
             stale.append(att)
     errors: list[CniError] = []
@@ -108,8 +120,11 @@ def cmd_gc(inv: Invocation) -> None:
             exc.msg = f"failed to garbage-collect attachment {att.containerID}/{att.ifname}: {exc.msg}"
             errors.append(exc)
     if conf.ipam_type:
-        raw = inv.raw if not spared else _with_valid(inv.raw, [{"containerID": a.containerID, "ifname": a.ifname}
-                                                               for a in spared])
+        raw = (
+            inv.raw
+            if not spared
+            else _with_valid(inv.raw, [{"containerID": a.containerID, "ifname": a.ifname} for a in spared])
+        )
         try:
             with ipam_codes():
                 ipam.ipam_gc(conf.ipam_type, raw, inv.environ, inv.env.path)

@@ -33,9 +33,9 @@ import json
 import os
 from pathlib import Path
 
+from cni_dra.attach.invocation import Invocation, ipam_codes
 from cni_dra.errors import CniError, PluginNotAvailableError
 from cni_dra.state import StateStore
-from cni_dra.attach.invocation import Invocation, ipam_codes
 
 __all__ = ["cmd_status", "DHCP_DEFAULT_SOCKET", "SHAPING_PROBE_FILE", "dhcp_socket_missing", "shaping_lacks"]
 
@@ -83,7 +83,8 @@ def _check_shaping(store: StateStore) -> None:
         lacks = shaping_lacks(store)
     except CniError as exc:
         raise PluginNotAvailableError(
-            f"plugin not available: cannot check the kernel's traffic control for shaping: {exc.msg}") from exc
+            f"plugin not available: cannot check the kernel's traffic control for shaping: {exc.msg}"
+        ) from exc
     if lacks is None:
         return
     from cni_dra.netlink.shaping import KERNEL_PIECES
@@ -162,5 +163,3 @@ def _is_socket(path: str) -> bool:
         return stat.S_ISSOCK(os.stat(path).st_mode)
     except OSError:
         return False
-
-

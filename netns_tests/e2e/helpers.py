@@ -53,13 +53,20 @@ def to_dict(api, obj) -> dict[str, Any]:
 
 def make_template(api, name: str, bandwidth: str, *, on_nic: str | None = None) -> None:
     """A ResourceClaimTemplate with one request ``net1`` (kept when it exists already)."""
-    exactly: dict[str, Any] = {"deviceClassName": "cni-dra-shared-nic",
-                               "capacity": {"requests": {"bandwidth": bandwidth}}}
+    exactly: dict[str, Any] = {
+        "deviceClassName": "cni-dra-shared-nic",
+        "capacity": {"requests": {"bandwidth": bandwidth}},
+    }
     if on_nic:
-        exactly["selectors"] = [{"cel": {"expression": f'device.attributes["net.cni-dra.dev"].ifName == "{on_nic}"'}}]
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "net1", "exactly": exactly}]}}}}
+        exactly["selectors"] = [
+            {"cel": {"expression": f'device.attributes["net.cni-dra.dev"].ifName == "{on_nic}"'}}
+        ]
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"spec": {"devices": {"requests": [{"name": "net1", "exactly": exactly}]}}},
+    }
     try:
         resource(api).create_namespaced_resource_claim_template(NS, body)
     except ApiException as exc:
@@ -67,9 +74,18 @@ def make_template(api, name: str, bandwidth: str, *, on_nic: str | None = None) 
             raise
 
 
-def make_pod(api, cluster, name: str, *, template: str | None = None, claim: str | None = None,
-             templates: tuple[str, ...] = (), annotations: dict[str, str] | None = None,
-             node: str | None = None, anywhere: bool = False) -> dict:
+def make_pod(
+    api,
+    cluster,
+    name: str,
+    *,
+    template: str | None = None,
+    claim: str | None = None,
+    templates: tuple[str, ...] = (),
+    annotations: dict[str, str] | None = None,
+    node: str | None = None,
+    anywhere: bool = False,
+) -> dict:
     """A pod of the test image; its claim from ``template`` or ``claim`` (named ``nic``), or
     one claim per entry of ``templates`` (``nic-0``, ``nic-1``...). Pinned to ``node``
     (default: the first node) by a nodeSelector, so the scheduler still allocates its
@@ -80,7 +96,9 @@ def make_pod(api, cluster, name: str, *, template: str | None = None, claim: str
     }
     if not anywhere:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node or cluster.NODE}
-    refs: list[dict[str, str]] = [{"name": f"nic-{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)]
+    refs: list[dict[str, str]] = [
+        {"name": f"nic-{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)
+    ]
     if template or claim:
         ref = {"name": "nic"}
         ref["resourceClaimTemplateName" if template else "resourceClaimName"] = template or claim
@@ -105,8 +123,13 @@ def pod(api, name: str) -> dict | None:
 
 
 def wait_running(api, name: str, timeout_s: float = 90.0) -> dict:
-    return wait_for(lambda: (p := pod(api, name)) and p["status"].get("phase") == "Running" and p["status"].get("podIP")
-                    and p, f"pod {name} Running", timeout_s)
+    return wait_for(
+        lambda: (
+            (p := pod(api, name)) and p["status"].get("phase") == "Running" and p["status"].get("podIP") and p
+        ),
+        f"pod {name} Running",
+        timeout_s,
+    )
 
 
 def delete_pods(api, *names: str) -> None:
@@ -122,9 +145,15 @@ def delete_pods(api, *names: str) -> None:
 
 def node_http(cluster, node: str, url: str) -> str:
     """GET ``url`` from inside ``node``'s netns (its 127.0.0.1 is the node's own)."""
-    code = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
-    out = subprocess.run(["nsenter", f"--net={cluster.node(node).netns}", "python3", "-c", code, url],
-                         capture_output=True, text=True, check=True)
+    code = (
+        "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+    )
+    out = subprocess.run(
+        ["nsenter", f"--net={cluster.node(node).netns}", "python3", "-c", code, url],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout
 
 
@@ -138,11 +167,25 @@ def status_entry(claim: dict, share_id: str) -> dict | None:
 GIB = Decimal(10) ** 9
 
 
-
 def make_claim(api, name: str, bandwidth: str) -> None:
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": NS},
-            "spec": {"devices": {"requests": [{"name": "net1", "exactly": {
-                "deviceClassName": "cni-dra-shared-nic", "capacity": {"requests": {"bandwidth": bandwidth}}}}]}}}
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "net1",
+                        "exactly": {
+                            "deviceClassName": "cni-dra-shared-nic",
+                            "capacity": {"requests": {"bandwidth": bandwidth}},
+                        },
+                    }
+                ]
+            }
+        },
+    }
     resource(api).create_namespaced_resource_claim(NS, body)
 
 
@@ -176,7 +219,9 @@ def scheduled(api, cluster, node: str | None = None) -> dict[str, Decimal]:
     out = {nic: Decimal(0) for nic in cluster.NICS}
     for c in resource(api).list_resource_claim_for_all_namespaces().items:
         c = to_dict(api, c)
-        for res in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
+        for res in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []:
             if res["driver"] == cluster.DRIVER and res["pool"] == (node or cluster.NODE):
                 out[res["device"]] += parse_quantity(res["consumedCapacity"]["bandwidth"])
     return out
@@ -235,8 +280,9 @@ def node_mtu(cluster, node: str, ifname: str) -> int:
 
 def ip_json(uid: str, *args: str) -> Any:
     """``ip -j <args>`` in pod ``uid``'s netns."""
-    out = subprocess.run(["nsenter", f"--net={pod_netns(uid)}", "ip", "-j", *args],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["nsenter", f"--net={pod_netns(uid)}", "ip", "-j", *args], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout or "[]")
 
 
@@ -262,22 +308,31 @@ def ip_link(uid: str, ifname: str = "eth0") -> dict:
 
 def tc(uid: str, *args: str) -> list[dict]:
     """``tc -j <args>`` in pod ``uid``'s netns: the kernel's traffic control, in tc's words."""
-    out = subprocess.run(["nsenter", f"--net={pod_netns(uid)}", "tc", "-j", *args],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["nsenter", f"--net={pod_netns(uid)}", "tc", "-j", *args], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout or "[]")
 
 
 def kernel_rates(uid: str, ifname: str = "eth0") -> dict[str, int]:
     """The rates (bit/s) the kernel shapes pod ``uid``'s ``ifname`` to: egress, the root tbf
     on it; ingress, the root tbf on the device its ingress filter redirects to (mirred)."""
+
     def root_tbf(dev: str) -> dict:
         (q,) = [q for q in tc(uid, "qdisc", "show", "dev", dev) if q["kind"] == "tbf" and q.get("root")]
         return q
 
-    (to_dev,) = {a["to_dev"] for f in tc(uid, "filter", "show", "dev", ifname, "ingress")
-                 for a in (f.get("options") or {}).get("actions") or [] if a.get("kind") == "mirred"}
+    (to_dev,) = {
+        a["to_dev"]
+        for f in tc(uid, "filter", "show", "dev", ifname, "ingress")
+        for a in (f.get("options") or {}).get("actions") or []
+        if a.get("kind") == "mirred"
+    }
     # tc -j gives a tbf's rate in bytes per second
-    return {"egress": root_tbf(ifname)["options"]["rate"] * 8, "ingress": root_tbf(to_dev)["options"]["rate"] * 8}
+    return {
+        "egress": root_tbf(ifname)["options"]["rate"] * 8,
+        "ingress": root_tbf(to_dev)["options"]["rate"] * 8,
+    }
 
 
 def pod_events(api, pod_obj: dict) -> list[tuple[str, str]]:
@@ -355,7 +410,9 @@ def check_attached(api, cluster, name: str, bandwidth: str) -> tuple[dict, dict,
     uid = p["metadata"]["uid"]
     held = books(cluster, node)
     atts = [a for a in held["attachments"] if a["podUID"] == uid]
-    assert [(a["device"], a["shareID"], a["ifname"]) for a in atts] == [(res["device"], res["shareID"], "eth0")]
+    assert [(a["device"], a["shareID"], a["ifname"]) for a in atts] == [
+        (res["device"], res["shareID"], "eth0")
+    ]
     assert parse_quantity(atts[0]["consumedCapacity"]["bandwidth"]) == parse_quantity(bandwidth)
     prepared = [c for c in held["preparedClaims"] if c["podUID"] == uid]
     assert [c["uid"] for c in prepared] == [claim["metadata"]["uid"]]
@@ -364,8 +421,15 @@ def check_attached(api, cluster, name: str, bandwidth: str) -> tuple[dict, dict,
     assert eth0_parent(uid) == (node, node_ifindex(cluster, node, res["device"]))
     assert [c.split("/")[0] for c in eth0["ipv4"]] == [p["status"]["podIP"]]
     # the claim's status: networkData by server-side apply under the driver's field manager
-    claim = wait_for(lambda: (c := to_dict(api, resource(api).read_namespaced_resource_claim(
-        claim["metadata"]["name"], NS))) and status_entry(c, res["shareID"]) and c, "networkData written", 60)
+    claim = wait_for(
+        lambda: (
+            (c := to_dict(api, resource(api).read_namespaced_resource_claim(claim["metadata"]["name"], NS)))
+            and status_entry(c, res["shareID"])
+            and c
+        ),
+        "networkData written",
+        60,
+    )
     entry = status_entry(claim, res["shareID"])
     assert (entry["driver"], entry["pool"], entry["device"]) == (cluster.DRIVER, node, res["device"])
     nd = entry["networkData"]
@@ -373,7 +437,9 @@ def check_attached(api, cluster, name: str, bandwidth: str) -> tuple[dict, dict,
     assert nd["ips"] == eth0["ipv4"] and nd["ips"][0].split("/")[0] == p["status"]["podIP"]
     assert nd["hardwareAddress"].lower() == eth0["mac"].lower()
     assert {(c["type"], c["status"]) for c in entry.get("conditions") or []} >= {("Ready", "True")}
-    managers = [(m["manager"], m["operation"], m.get("subresource")) for m in claim["metadata"]["managedFields"]]
+    managers = [
+        (m["manager"], m["operation"], m.get("subresource")) for m in claim["metadata"]["managedFields"]
+    ]
     assert (cluster.DRIVER, "Apply", "status") in managers
     return p, claim, res
 

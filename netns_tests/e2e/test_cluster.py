@@ -28,14 +28,46 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from netns_tests.e2e.helpers import (GIB, NS, booked, books, books_match, check_attached, claim_of,  # noqa: F401
-                                     clean_namespace, consistently, core, delete_cluster_objects,
-                                     delete_pods, forbidden, ip_link, kernel_rates, make_claim, make_pod,
-                                     make_template, node_http, node_link, node_mtu, nothing_held, on_nic,
-                                     pod, pod_events, pod_netns, refused, resource, result_of, scheduled,
-                                     status_entry, to_dict, wait_event, wait_for, wait_running)
+from netns_tests.e2e.helpers import (  # noqa: F401
+    GIB,
+    NS,
+    booked,
+    books,
+    books_match,
+    check_attached,
+    claim_of,
+    clean_namespace,
+    consistently,
+    core,
+    delete_cluster_objects,
+    delete_pods,
+    forbidden,
+    ip_link,
+    kernel_rates,
+    make_claim,
+    make_pod,
+    make_template,
+    node_http,
+    node_link,
+    node_mtu,
+    nothing_held,
+    on_nic,
+    pod,
+    pod_events,
+    pod_netns,
+    refused,
+    resource,
+    result_of,
+    scheduled,
+    status_entry,
+    to_dict,
+    wait_event,
+    wait_for,
+    wait_running,
+)
 
 # -- scenarios -----------------------------------------------------------------------------
+
 
 def test_agent_registers_and_its_slice_is_accepted_and_kept(api, cluster):
     """The kubelet registers the agent's DRA plugin; the API server accepts its
@@ -53,15 +85,20 @@ def test_agent_registers_and_its_slice_is_accepted_and_kept(api, cluster):
         assert parse_quantity(cap["value"]) == 10 * GIB
         assert parse_quantity(cap["requestPolicy"]["default"]) == GIB
         assert {k: parse_quantity(v) for k, v in cap["requestPolicy"]["validRange"].items()} == {
-            "min": Decimal(10) ** 8, "step": Decimal(10) ** 8}
+            "min": Decimal(10) ** 8,
+            "step": Decimal(10) ** 8,
+        }
     node = to_dict(api, core(api).read_node(cluster.NODE))
     assert slc["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
     assert slc["spec"]["nodeName"] == cluster.NODE
     # The kubelet wiped its node's slices when it started; this one was published after
     # (the agent registers after the kubelet's start) and stays.
     uid = slc["metadata"]["uid"]
-    consistently(lambda: to_dict(api, resource(api).read_resource_slice(name))["metadata"]["uid"] == uid,
-                 "the slice stays", 5)
+    consistently(
+        lambda: to_dict(api, resource(api).read_resource_slice(name))["metadata"]["uid"] == uid,
+        "the slice stays",
+        5,
+    )
     import yaml
 
     want = yaml.safe_load((cluster.REPO / "conf/k8s/deviceclass.yaml").read_text())
@@ -89,10 +126,13 @@ def test_both_nodes_are_ready_and_each_agent_publishes_its_own_nics(api, cluster
         machine_ids.add(node_obj["status"]["nodeInfo"]["machineID"])
         assert n.agent_registered(), f"{n.name}: the kubelet's log shows no connection to the plugin"
         name = f"{n.name}-{cluster.DRIVER}"
-        slc = wait_for(lambda name=name: to_dict(api, resource(api).read_resource_slice(name)), f"slice {name}")
+        slc = wait_for(
+            lambda name=name: to_dict(api, resource(api).read_resource_slice(name)), f"slice {name}"
+        )
         assert (slc["spec"]["nodeName"], slc["spec"]["pool"]["name"]) == (n.name, n.name)
         assert [(o["kind"], o["uid"]) for o in slc["metadata"]["ownerReferences"]] == [
-            ("Node", node_obj["metadata"]["uid"])]
+            ("Node", node_obj["metadata"]["uid"])
+        ]
         kernel = {nic: node_link(cluster, n.name, nic)["mac"] for nic in cluster.NICS}
         published = {d["name"]: d["attributes"]["mac"]["string"] for d in slc["spec"]["devices"]}
         assert published == kernel, (n.name, published, kernel)
@@ -106,8 +146,10 @@ def test_both_nodes_are_ready_and_each_agent_publishes_its_own_nics(api, cluster
         # default ports, each node's own: the kubelet's healthz and the agent's metrics
         assert node_http(cluster, n.name, "http://127.0.0.1:10248/healthz").strip() == "ok"
         metrics = node_http(cluster, n.name, "http://127.0.0.1:9412/metrics")
-        assert {f'cni_dra_device_capacity{{device="{nic}",ifname="{nic}",resource="bandwidth"}} 1e+10'
-                for nic in cluster.NICS} <= set(metrics.splitlines()), metrics
+        assert {
+            f'cni_dra_device_capacity{{device="{nic}",ifname="{nic}",resource="bandwidth"}} 1e+10'
+            for nic in cluster.NICS
+        } <= set(metrics.splitlines()), metrics
         agent_log = cluster.agent_log(n)
         assert f"published slice {name} " in agent_log
         others = [m.name for m in cluster.NODES if m.name != n.name]
@@ -160,14 +202,18 @@ def test_scheduler_keeps_an_8g_pod_pending_until_a_share_is_released(api, cluste
         b = pod(api, "pod-b")
         if b["spec"].get("nodeName") or b["status"].get("phase") != "Pending" or not unschedulable():
             return False
-        claims = [c for c in resource(api).list_namespaced_resource_claim(NS).items
-                  if any(o.name == "pod-b" for o in c.metadata.owner_references or [])]
+        claims = [
+            c
+            for c in resource(api).list_namespaced_resource_claim(NS).items
+            if any(o.name == "pod-b" for o in c.metadata.owner_references or [])
+        ]
         return all(not (c.status and c.status.allocation) for c in claims)
 
     consistently(still_pending, "pod B Pending (not scheduled, no allocation)", 10)
     events = core(api).list_namespaced_event(NS, field_selector="involvedObject.name=pod-b").items
-    assert not [e for e in events if e.reason in ("FailedCreatePodSandBox", "Scheduled")], \
-        [(e.reason, e.message) for e in events]
+    assert not [e for e in events if e.reason in ("FailedCreatePodSandBox", "Scheduled")], [
+        (e.reason, e.message) for e in events
+    ]
     assert books_match(api, cluster)
     # deleting A frees 4G on A's NIC: B now fits there (8G)
     delete_pods(api, "pod-a")
@@ -187,7 +233,9 @@ def test_pod_deletion_runs_del_and_releases_the_share(api, cluster):
     claims = {n: check_attached(api, cluster, n, bw)[1] for n, bw in (("pod-d", "4G"), ("pod-e", "8G"))}
     ips = {n: pod(api, n)["status"]["podIP"] for n in ("pod-d", "pod-e")}
     node = cluster.node()
-    ipam = node.host_path(f"/var/lib/cni/networks/{cluster.NETWORK}")  # host-local's default dataDir, in the node
+    ipam = node.host_path(
+        f"/var/lib/cni/networks/{cluster.NETWORK}"
+    )  # host-local's default dataDir, in the node
     for ip in ips.values():
         assert (ipam / ip).exists(), f"host-local does not hold {ip}"
     wait_for(lambda: books_match(api, cluster), "books", 30)
@@ -200,8 +248,17 @@ def test_pod_deletion_runs_del_and_releases_the_share(api, cluster):
     for ip in ips.values():
         assert not (ipam / ip).exists(), f"host-local still holds {ip}"
     for c in claims.values():
-        wait_for(lambda: not [x for x in resource(api).list_namespaced_resource_claim(NS).items
-                              if x.metadata.uid == c["metadata"]["uid"]], f"claim {c['metadata']['name']} deleted", 60)
+        wait_for(
+            lambda: (
+                not [
+                    x
+                    for x in resource(api).list_namespaced_resource_claim(NS).items
+                    if x.metadata.uid == c["metadata"]["uid"]
+                ]
+            ),
+            f"claim {c['metadata']['name']} deleted",
+            60,
+        )
     assert books_match(api, cluster)
     assert runtime_log.read_text().count(node.runtime.teardown_phrase) >= torn_down + 2
 
@@ -233,11 +290,19 @@ def test_pods_spread_over_both_nodes_and_each_nodes_books_match_its_allocations(
     print(f"\ne2e: placed {placed}")
     assert {placed[n] for n in free} == {n.name for n in cluster.NODES}, placed
     for n in cluster.NODES:
-        wait_for(lambda n=n: books_match(api, cluster, n.name), f"{n.name}: books == the scheduler's allocations", 30)
+        wait_for(
+            lambda n=n: books_match(api, cluster, n.name),
+            f"{n.name}: books == the scheduler's allocations",
+            30,
+        )
         held = books(cluster, n.name)
-        assert sorted(a["podName"] for a in held["attachments"]) == sorted(k for k, v in placed.items() if v == n.name)
-        assert sum(booked(cluster, n.name).values()) == sum(
-            (8 if placed[k] == n.name else 0) * GIB for k in free) + GIB
+        assert sorted(a["podName"] for a in held["attachments"]) == sorted(
+            k for k, v in placed.items() if v == n.name
+        )
+        assert (
+            sum(booked(cluster, n.name).values())
+            == sum((8 if placed[k] == n.name else 0) * GIB for k in free) + GIB
+        )
     delete_pods(api, *placed)
     for n in cluster.NODES:
         wait_for(lambda n=n: nothing_held(cluster, n.name), f"{n.name}: everything released", 60)
@@ -285,8 +350,11 @@ def test_one_claim_shared_by_two_pods_is_charged_once(api, cluster):
     (left,) = books(cluster)["attachments"]
     assert left["podName"] == "pod-s2" and booked(cluster) == scheduled(api, cluster)
     delete_pods(api, "pod-s2")
-    wait_for(lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
-             "shared claim unprepared after its last pod", 60)
+    wait_for(
+        lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
+        "shared claim unprepared after its last pod",
+        60,
+    )
 
 
 def test_standalone_pod_is_charged_but_invisible_to_the_scheduler(api, cluster):
@@ -350,18 +418,29 @@ def test_profile_jumbo_claim_gets_mtu_9000_on_a_jumbo_nic(api, cluster):
         assert configs[0].get("requests") in (None, ["net1"]), configs
         link = ip_link(p["metadata"]["uid"])
         assert (link["linkinfo"]["info_kind"], link["linkinfo"]["info_data"]["mode"], link["mtu"]) == (
-            "macvlan", "bridge", 9000), link
+            "macvlan",
+            "bridge",
+            9000,
+        ), link
         assert node_mtu(cluster, cluster.NODE, cluster.JUMBO_NIC) == cluster.JUMBO_MTU
         # what cni-dra recorded (status --json) and wrote in the claim's status agrees
         (att,) = [a for a in books(cluster)["attachments"] if a["podUID"] == p["metadata"]["uid"]]
         prof = att["profile"]
         assert att["linkType"] == "macvlan"
         assert {k: prof.get(k) for k in ("linkType", "mode", "mtu", "fromConfig")} == {
-            "linkType": "macvlan", "mode": "bridge", "mtu": 9000, "fromConfig": ["mtu"]}, prof
+            "linkType": "macvlan",
+            "mode": "bridge",
+            "mtu": 9000,
+            "fromConfig": ["mtu"],
+        }, prof
         assert prof["shaping"] == (att["shaping"] is not None)
         data = status_entry(claim, res["shareID"])["data"]
         assert (data["kind"], data["linkType"], data["parentInterface"], data["profile"]) == (
-            "InterfaceStatus", "macvlan", cluster.JUMBO_NIC, prof), data
+            "InterfaceStatus",
+            "macvlan",
+            cluster.JUMBO_NIC,
+            prof,
+        ), data
         wait_for(lambda: books_match(api, cluster), "books", 30)
     finally:
         delete_pods(api, "pod-jumbo")
@@ -388,7 +467,10 @@ def test_profile_ipvlan_l3_reaches_add(api, cluster):
         if link_kind_supported("ipvlan"):
             p, _, res = check_attached(api, cluster, "pod-ipvlan", "1G")
             link = ip_link(p["metadata"]["uid"])
-            assert (link["linkinfo"]["info_kind"], link["linkinfo"]["info_data"]["mode"]) == ("ipvlan", "l3"), link
+            assert (link["linkinfo"]["info_kind"], link["linkinfo"]["info_data"]["mode"]) == (
+                "ipvlan",
+                "l3",
+            ), link
         else:
             p = pod(api, "pod-ipvlan")
             uid = p["metadata"]["uid"]
@@ -397,8 +479,13 @@ def test_profile_ipvlan_l3_reaches_add(api, cluster):
                 now = pod(api, "pod-ipvlan")
                 if now["status"].get("phase") == "Running":
                     kind = ip_link(uid)["linkinfo"]["info_kind"]
-                    raise AssertionError(f"pod-ipvlan runs with a {kind} eth0: ADD did not apply the class's ipvlan")
-                return next((m for r, m in pod_events(api, p) if r == "FailedCreatePodSandBox" and "ipvlan" in m), None)
+                    raise AssertionError(
+                        f"pod-ipvlan runs with a {kind} eth0: ADD did not apply the class's ipvlan"
+                    )
+                return next(
+                    (m for r, m in pod_events(api, p) if r == "FailedCreatePodSandBox" and "ipvlan" in m),
+                    None,
+                )
 
             msg = wait_for(refused, "pod-ipvlan: a FailedCreatePodSandBox event about ipvlan", 90)
             print(f"\ne2e profile: pod-ipvlan: FailedCreatePodSandBox: {msg}")
@@ -406,18 +493,26 @@ def test_profile_ipvlan_l3_reaches_add(api, cluster):
             assert p["status"].get("phase") == "Pending" and not p["status"].get("podIP"), p["status"]
             # prepare took the claim (the profile is valid on this node); ADD refused the link
             claim = claim_of(api, p)
-            assert (f'plugin type="cni-dra" failed (add): failed to create ipvlan eth0 on {result_of(claim)["device"]}: '
-                    "the kernel does not support link kind ipvlan") in msg, msg
+            assert (
+                f'plugin type="cni-dra" failed (add): failed to create ipvlan eth0 on {result_of(claim)["device"]}: '
+                "the kernel does not support link kind ipvlan"
+            ) in msg, msg
             assert [c["uid"] for c in books(cluster)["preparedClaims"] if c["podUID"] == uid] == [
-                claim["metadata"]["uid"]]
-            assert [(c["source"], c["opaque"]["parameters"]["linkType"], c["opaque"]["parameters"]["mode"])
-                    for c in claim["status"]["allocation"]["devices"]["config"]] == [("FromClass", "ipvlan", "l3")]
+                claim["metadata"]["uid"]
+            ]
+            assert [
+                (c["source"], c["opaque"]["parameters"]["linkType"], c["opaque"]["parameters"]["mode"])
+                for c in claim["status"]["allocation"]["devices"]["config"]
+            ] == [("FromClass", "ipvlan", "l3")]
             assert not [a for a in books(cluster)["attachments"] if a["podUID"] == uid]
     finally:
         delete_pods(api, "pod-ipvlan")
         delete_cluster_objects(api, classes=classes, templates=templates)
-    wait_for(lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
-             "ipvlan claim unprepared", 60)
+    wait_for(
+        lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
+        "ipvlan claim unprepared",
+        60,
+    )
 
 
 def test_profile_the_node_forbids_fails_at_prepare(api, cluster):
@@ -427,21 +522,49 @@ def test_profile_the_node_forbids_fails_at_prepare(api, cluster):
     its event names the claim, the request, the field, the limit and the config entry.
     Nothing is stored: no prepared claim, no attachment, nothing charged."""
     before = books(cluster)
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "fixed-mac", "namespace": NS},
-            "spec": {"devices": {
-                "requests": [{"name": "net1", "exactly": {"deviceClassName": "cni-dra-shared-nic",
-                                                          "capacity": {"requests": {"bandwidth": "1G"}}}}],
-                "config": [{"requests": ["net1"], "opaque": {"driver": cluster.DRIVER, "parameters": {
-                    "apiVersion": "net.cni-dra.dev/v1alpha1", "kind": "InterfaceConfig",
-                    "linkType": "macvlan", "mac": "02:00:00:00:00:42"}}}]}}}
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "fixed-mac", "namespace": NS},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "net1",
+                        "exactly": {
+                            "deviceClassName": "cni-dra-shared-nic",
+                            "capacity": {"requests": {"bandwidth": "1G"}},
+                        },
+                    }
+                ],
+                "config": [
+                    {
+                        "requests": ["net1"],
+                        "opaque": {
+                            "driver": cluster.DRIVER,
+                            "parameters": {
+                                "apiVersion": "net.cni-dra.dev/v1alpha1",
+                                "kind": "InterfaceConfig",
+                                "linkType": "macvlan",
+                                "mac": "02:00:00:00:00:42",
+                            },
+                        },
+                    }
+                ],
+            }
+        },
+    }
     resource(api).create_namespaced_resource_claim(NS, body)
     make_pod(api, cluster, "pod-mac", claim="fixed-mac")
     try:
-        msg = wait_event(api, "pod-mac", "FailedPrepareDynamicResources",
-                         "failed to prepare claim default/fixed-mac request 'net1': mac 02:00:00:00:00:42 is fixed, "
-                         "which this node does not allow (profiles.allowMac: false), "
-                         "asked by config[0] (FromClaim")
+        msg = wait_event(
+            api,
+            "pod-mac",
+            "FailedPrepareDynamicResources",
+            "failed to prepare claim default/fixed-mac request 'net1': mac 02:00:00:00:00:42 is fixed, "
+            "which this node does not allow (profiles.allowMac: false), "
+            "asked by config[0] (FromClaim",
+        )
         assert "InvalidConfigError (CNI code 7)" in msg, msg
         print(f"\ne2e profile: pod-mac: FailedPrepareDynamicResources: {msg}")
         p = pod(api, "pod-mac")
@@ -451,8 +574,11 @@ def test_profile_the_node_forbids_fails_at_prepare(api, cluster):
         assert result_of(claim)["device"] in cluster.NICS
         assert [r["uid"] for r in claim["status"]["reservedFor"]] == [p["metadata"]["uid"]]
         after = books(cluster)
-        assert not [c for c in after["preparedClaims"]
-                    if c["uid"] == claim["metadata"]["uid"] or c["podUID"] == p["metadata"]["uid"]]
+        assert not [
+            c
+            for c in after["preparedClaims"]
+            if c["uid"] == claim["metadata"]["uid"] or c["podUID"] == p["metadata"]["uid"]
+        ]
         assert after["attachments"] == before["attachments"] == []
         assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
         assert not (claim.get("status") or {}).get("devices"), "no networkData for a claim the node refused"
@@ -467,8 +593,13 @@ def test_bandwidth_annotations_lower_a_pods_rate_and_never_raise_it(api, cluster
     (``EgressRate``...). The kernel shapes what the pod sends to 100M and what it receives
     to the 1G share (the annotation lowers, never raises), and cni-dra's record says the same."""
     make_template(api, "nic-1g", "1G")
-    make_pod(api, cluster, "pod-bw", template="nic-1g",
-             annotations={"kubernetes.io/egress-bandwidth": "100M", "kubernetes.io/ingress-bandwidth": "5G"})
+    make_pod(
+        api,
+        cluster,
+        "pod-bw",
+        template="nic-1g",
+        annotations={"kubernetes.io/egress-bandwidth": "100M", "kubernetes.io/ingress-bandwidth": "5G"},
+    )
     p, _, res = check_attached(api, cluster, "pod-bw", "1G")
     uid = p["metadata"]["uid"]
     allocated = int(parse_quantity(res["consumedCapacity"]["bandwidth"]))
@@ -476,7 +607,10 @@ def test_bandwidth_annotations_lower_a_pods_rate_and_never_raise_it(api, cluster
     egress = int(parse_quantity(p["metadata"]["annotations"]["kubernetes.io/egress-bandwidth"]))
     assert kernel_rates(uid) == {"egress": egress, "ingress": allocated}
     (att,) = [a for a in books(cluster)["attachments"] if a["podUID"] == uid]
-    assert {d: att["shaping"][d]["rateBps"] for d in ("egress", "ingress")} == {"egress": egress, "ingress": allocated}
+    assert {d: att["shaping"][d]["rateBps"] for d in ("egress", "ingress")} == {
+        "egress": egress,
+        "ingress": allocated,
+    }
     delete_pods(api, "pod-bw")
 
 
@@ -490,8 +624,12 @@ def test_a_pod_whose_claims_give_one_interface_two_results_is_refused_at_prepare
     make_template(api, "nic-1g", "1G")
     p = make_pod(api, cluster, "pod-two", templates=("nic-1g", "nic-1g"))
     uid = p["metadata"]["uid"]
-    msg = wait_event(api, "pod-two", "FailedPrepareDynamicResources",
-                     "interface 'net1' would have 2 allocation results of net.cni-dra.dev to choose from")
+    msg = wait_event(
+        api,
+        "pod-two",
+        "FailedPrepareDynamicResources",
+        "interface 'net1' would have 2 allocation results of net.cni-dra.dev to choose from",
+    )
     print(f"\ne2e: pod-two: FailedPrepareDynamicResources: {msg}")
     assert "ClaimError (CNI code 101): failed to prepare claims default/pod-two-nic-" in msg, msg
     names = [st["resourceClaimName"] for st in pod(api, "pod-two")["status"]["resourceClaimStatuses"]]
@@ -505,10 +643,14 @@ def test_a_pod_whose_claims_give_one_interface_two_results_is_refused_at_prepare
     def refused_and_nothing_held() -> bool:
         now = pod(api, "pod-two")
         held = books(cluster)
-        return (now["status"].get("phase") == "Pending" and not now["status"].get("podIP")
-                and not [e for e in pod_events(api, now) if e[0] == "FailedCreatePodSandBox"]
-                and not held["attachments"] and not held["preparedClaims"]
-                and booked(cluster) == {n: Decimal(0) for n in cluster.NICS})
+        return (
+            now["status"].get("phase") == "Pending"
+            and not now["status"].get("podIP")
+            and not [e for e in pod_events(api, now) if e[0] == "FailedCreatePodSandBox"]
+            and not held["attachments"]
+            and not held["preparedClaims"]
+            and booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
+        )
 
     consistently(refused_and_nothing_held, "pod-two Pending, no sandbox, nothing prepared or charged", 10)
     delete_pods(api, "pod-two")
@@ -533,36 +675,58 @@ def test_each_agents_token_writes_only_its_own_nodes_slices_and_claim_status(api
         user = review.status.user_info
         assert user.username == "system:serviceaccount:kube-system:cni-dra"
         assert user.extra["authentication.kubernetes.io/node-name"] == [n.name]
-        assert user.extra["authentication.kubernetes.io/pod-name"] == [cluster.agent_pod(api, n.name).metadata.name]
+        assert user.extra["authentication.kubernetes.io/pod-name"] == [
+            cluster.agent_pod(api, n.name).metadata.name
+        ]
 
     def scratch(slice_name: str, node: str | None) -> dict:
-        spec: dict[str, Any] = {"driver": "scratch.cni-dra.dev", "devices": [],
-                                "pool": {"name": slice_name, "generation": 1, "resourceSliceCount": 1}}
+        spec: dict[str, Any] = {
+            "driver": "scratch.cni-dra.dev",
+            "devices": [],
+            "pool": {"name": slice_name, "generation": 1, "resourceSliceCount": 1},
+        }
         spec.update({"nodeName": node} if node else {"allNodes": True})
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": slice_name},
-                "spec": spec}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": slice_name},
+            "spec": spec,
+        }
 
     pairs = [(a, b) for a in cluster.NODES for b in cluster.NODES if a is not b]
     made = [f"cde2e-scratch-{a.index}" for a in cluster.NODES]
     try:
         # the API server's admission sees the policy shortly after it is created
         first, second = pairs[0]
-        wait_for(lambda: forbidden(lambda: resource(tokens[first.name]).create_resource_slice(
-            scratch("cde2e-scratch-probe", second.name), dry_run="All")), "the admission policy in force", 30)
+        wait_for(
+            lambda: forbidden(
+                lambda: resource(tokens[first.name]).create_resource_slice(
+                    scratch("cde2e-scratch-probe", second.name), dry_run="All"
+                )
+            ),
+            "the admission policy in force",
+            30,
+        )
         for a, b in pairs:
             mine = resource(tokens[a.name])
             theirs = f"{b.name}-{cluster.DRIVER}"
-            not_that_node = (f"cni-dra's service account on node '{a.name}' may write only that node's "
-                             f"ResourceSlices, not those of node '{b.name}'")
+            not_that_node = (
+                f"cni-dra's service account on node '{a.name}' may write only that node's "
+                f"ResourceSlices, not those of node '{b.name}'"
+            )
             before = to_dict(api, resource(api).read_resource_slice(theirs))
-            refused(lambda: mine.create_resource_slice(scratch(f"cde2e-scratch-{a.index}-foreign", b.name)),
-                    why=not_that_node)
+            refused(
+                lambda: mine.create_resource_slice(scratch(f"cde2e-scratch-{a.index}-foreign", b.name)),
+                why=not_that_node,
+            )
             changed = {**before, "metadata": {**before["metadata"], "labels": {"cde2e/taken": "yes"}}}
             refused(lambda: mine.replace_resource_slice(theirs, changed), why=not_that_node)
             refused(lambda: mine.delete_resource_slice(theirs), why=not_that_node)
             after = to_dict(api, resource(api).read_resource_slice(theirs))
             assert (after["metadata"]["uid"], after["metadata"]["resourceVersion"]) == (
-                before["metadata"]["uid"], before["metadata"]["resourceVersion"])
+                before["metadata"]["uid"],
+                before["metadata"]["resourceVersion"],
+            )
             # its own node's: a scratch slice for real, the agent's own slice in a dry run
             own = f"cde2e-scratch-{a.index}"
             mine.create_resource_slice(scratch(own, a.name))
@@ -574,11 +738,16 @@ def test_each_agents_token_writes_only_its_own_nodes_slices_and_claim_status(api
             relabelled = {**agents, "metadata": {**agents["metadata"], "labels": {"cde2e/probe": "yes"}}}
             mine.replace_resource_slice(agents["metadata"]["name"], relabelled, dry_run="All")
             mine.delete_resource_slice(agents["metadata"]["name"], dry_run="All")
-            refused(lambda: mine.create_resource_slice(scratch(f"cde2e-scratch-{a.index}-all", None)),
-                    why=f"on node '{a.name}' may write only that node's ResourceSlices, not a slice for no "
-                        "single node (allNodes, nodeSelector or perDeviceNodeSelection)")
-        assert not [s for s in resource(api).list_resource_slice().items
-                    if s.metadata.name.startswith("cde2e-scratch-")]
+            refused(
+                lambda: mine.create_resource_slice(scratch(f"cde2e-scratch-{a.index}-all", None)),
+                why=f"on node '{a.name}' may write only that node's ResourceSlices, not a slice for no "
+                "single node (allNodes, nodeSelector or perDeviceNodeSelection)",
+            )
+        assert not [
+            s
+            for s in resource(api).list_resource_slice().items
+            if s.metadata.name.startswith("cde2e-scratch-")
+        ]
     finally:
         for name in made:
             try:
@@ -594,18 +763,45 @@ def test_each_agents_token_writes_only_its_own_nodes_slices_and_claim_status(api
     for a in cluster.NODES:
         for b in cluster.NODES:
             claim, res = on[b.name]
-            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                    "metadata": {"name": claim["metadata"]["name"], "namespace": NS, "uid": claim["metadata"]["uid"]},
-                    "status": {"devices": [{
-                        "driver": res["driver"], "pool": res["pool"], "device": res["device"],
-                        "shareID": res["shareID"],
-                        "conditions": [{"type": "cde2e-probe", "status": "True", "reason": "Probe", "message": "probe",
-                                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]}}
+            body = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {
+                    "name": claim["metadata"]["name"],
+                    "namespace": NS,
+                    "uid": claim["metadata"]["uid"],
+                },
+                "status": {
+                    "devices": [
+                        {
+                            "driver": res["driver"],
+                            "pool": res["pool"],
+                            "device": res["device"],
+                            "shareID": res["shareID"],
+                            "conditions": [
+                                {
+                                    "type": "cde2e-probe",
+                                    "status": "True",
+                                    "reason": "Probe",
+                                    "message": "probe",
+                                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                                }
+                            ],
+                        }
+                    ]
+                },
+            }
 
             def write(a=a, body=body) -> None:
                 resource(tokens[a.name]).patch_namespaced_resource_claim_status(
-                    body["metadata"]["name"], NS, body, field_manager="cde2e-probe", force=True, dry_run="All",
-                    _content_type="application/apply-patch+yaml")
+                    body["metadata"]["name"],
+                    NS,
+                    body,
+                    field_manager="cde2e-probe",
+                    force=True,
+                    dry_run="All",
+                    _content_type="application/apply-patch+yaml",
+                )
 
             if a is b:
                 write()
@@ -617,15 +813,20 @@ def test_each_agents_token_writes_only_its_own_nodes_slices_and_claim_status(api
             assert err.value.status == 422, (err.value.status, err.value.body)
             (cause,) = json.loads(err.value.body)["details"]["causes"]
             assert (cause["reason"], cause["field"]) == ("FieldValueForbidden", "status.devices"), cause
-            assert ('changing status.devices requires resource="resourceclaims/driver", '
-                    'verb="[arbitrary-node:patch]" permission') in cause["message"], cause
-            assert ('User "system:serviceaccount:kube-system:cni-dra" cannot arbitrary-node:patch resource '
-                    '"resourceclaims/driver"') in cause["message"], cause
+            assert (
+                'changing status.devices requires resource="resourceclaims/driver", '
+                'verb="[arbitrary-node:patch]" permission'
+            ) in cause["message"], cause
+            assert (
+                'User "system:serviceaccount:kube-system:cni-dra" cannot arbitrary-node:patch resource '
+                '"resourceclaims/driver"'
+            ) in cause["message"], cause
     for claim, res in on.values():
         now = to_dict(api, resource(api).read_namespaced_resource_claim(claim["metadata"]["name"], NS))
         entry = status_entry(now, res["shareID"])
-        assert [c["type"] for c in entry["conditions"]] == [c["type"] for c in status_entry(claim, res["shareID"])[
-            "conditions"]] and "cde2e-probe" not in [c["type"] for c in entry["conditions"]]
+        assert [c["type"] for c in entry["conditions"]] == [
+            c["type"] for c in status_entry(claim, res["shareID"])["conditions"]
+        ] and "cde2e-probe" not in [c["type"] for c in entry["conditions"]]
     delete_pods(api, *(f"pod-tok-{n.index}" for n in cluster.NODES))
     for c in tokens.values():
         c.close()
@@ -636,7 +837,7 @@ def test_a_pods_rate_is_the_share_the_scheduler_gave_it(api, cluster, tmp_path):
     one NIC; TCP between them (the host's iperf3 run in each pod's netns) gets pod-slow's
     consumedCapacity both ways (its egress, then its ingress), within ±10 % (tbf counts
     whole frames: goodput is about 4.4 % below the rate at MTU 1500)."""
-    from netns_tests.traffic import IPERF3, M, TOLERANCE, Client, IperfServer, median_bps
+    from netns_tests.traffic import IPERF3, TOLERANCE, Client, IperfServer, M, median_bps
 
     if IPERF3 is None:
         pytest.fail("iperf3 is not installed (make deps installs it)")
@@ -650,15 +851,19 @@ def test_a_pods_rate_is_the_share_the_scheduler_gave_it(api, cluster, tmp_path):
     allocated = int(parse_quantity(res["consumedCapacity"]["bandwidth"]))
     assert allocated == 300 * M
     (att,) = [a for a in books(cluster)["attachments"] if a["podUID"] == slow["metadata"]["uid"]]
-    assert {d: att["shaping"][d]["rateBps"] for d in ("egress", "ingress")} == {"egress": allocated,
-                                                                               "ingress": allocated}
+    assert {d: att["shaping"][d]["rateBps"] for d in ("egress", "ingress")} == {
+        "egress": allocated,
+        "ingress": allocated,
+    }
     server_ip = fast["status"]["podIP"]
     with IperfServer(pod_netns(fast["metadata"]["uid"]), server_ip, tmp_path):
         for reverse in (False, True):
             bps = median_bps(Client(pod_netns(slow["metadata"]["uid"]), server_ip, reverse=reverse))
             direction = "ingress" if reverse else "egress"
             print(f"\ne2e shaping: pod-slow {direction}: {bps / M:.1f} Mbit/s for {allocated // M}M")
-            assert abs(bps / allocated - 1) <= TOLERANCE, f"{direction}: {bps / M:.1f} Mbit/s for {allocated // M}M"
+            assert abs(bps / allocated - 1) <= TOLERANCE, (
+                f"{direction}: {bps / M:.1f} Mbit/s for {allocated // M}M"
+            )
     delete_pods(api, "pod-slow", "pod-fast")
 
 
@@ -688,16 +893,26 @@ def test_agent_restart_keeps_pods_and_republishes(api, cluster):
 
     wait_for(lambda: kubelet_saw("connected=false"), "the kubelet lost the plugin", 30)
     assert on_nic(cluster, uid, node.name, res["device"])
-    wait_for(lambda: (q := cluster.agent_pod(api, node.name)) and q.metadata.uid == agent.metadata.uid
-             and q.status.container_statuses[0].restart_count > restarts, "the agent container restarted", 90)
+    wait_for(
+        lambda: (
+            (q := cluster.agent_pod(api, node.name))
+            and q.metadata.uid == agent.metadata.uid
+            and q.status.container_statuses[0].restart_count > restarts
+        ),
+        "the agent container restarted",
+        90,
+    )
     wait_for(lambda: kubelet_saw("connected=true"), "the kubelet registered the plugin again", 60)
     slc = wait_for(lambda: to_dict(api, resource(api).read_resource_slice(name)), "slice published", 60)
     assert sorted(d["name"] for d in slc["spec"]["devices"]) == sorted(cluster.NICS)
     assert on_nic(cluster, uid, node.name, res["device"])
     wait_for(lambda: books_match(api, cluster), "books after restart", 30)
     delete_pods(api, "pod-r")
-    wait_for(lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
-             "everything released after the restart", 60)
+    wait_for(
+        lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
+        "everything released after the restart",
+        60,
+    )
     assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
 
 
@@ -724,8 +939,15 @@ def test_kubelet_restart_keeps_pods_and_the_slice_comes_back(api, cluster):
     wait_for(registered_again, "the restarted kubelet registered the plugin again", 90)
     wait_for(lambda: cluster.node_ready(api), "Node Ready after the kubelet restart", 90)
     # the start-up wipe deleted the slice; the agent published it again (a new object)
-    slc = wait_for(lambda: (s := to_dict(api, resource(api).read_resource_slice(name)))
-                   and s["metadata"]["uid"] != before and s, "slice wiped and published again", 120)
+    slc = wait_for(
+        lambda: (
+            (s := to_dict(api, resource(api).read_resource_slice(name)))
+            and s["metadata"]["uid"] != before
+            and s
+        ),
+        "slice wiped and published again",
+        120,
+    )
     assert slc["spec"]["nodeName"] == cluster.NODE and len(slc["spec"]["devices"]) == len(cluster.NICS)
     assert pod(api, "pod-k")["status"]["phase"] == "Running"
     assert on_nic(cluster, uid, node.name, res["device"])
@@ -735,7 +957,9 @@ def test_kubelet_restart_keeps_pods_and_the_slice_comes_back(api, cluster):
     # prepared again after a restart (and would be idempotent if it were)
     assert prepared_after == prepared_before
     delete_pods(api, "pod-k")
-    wait_for(lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
-             "everything released after the kubelet restart", 60)
+    wait_for(
+        lambda: not books(cluster)["attachments"] and not books(cluster)["preparedClaims"],
+        "everything released after the kubelet restart",
+        60,
+    )
     assert booked(cluster) == {n: Decimal(0) for n in cluster.NICS}
-

@@ -57,7 +57,9 @@ MIN_CLAIMS = 0 if ONLY or {"CNI_DRA_DIFF_BATCHES", "CNI_DRA_DIFF_CLAIMS"} & set(
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cni_dra_e2e_differential", REPO / "scripts/e2e/differential.py")
+    spec = importlib.util.spec_from_file_location(
+        "cni_dra_e2e_differential", REPO / "scripts/e2e/differential.py"
+    )
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
@@ -125,14 +127,20 @@ def fake_nodes(cluster, api) -> Iterator[None]:
 def test_each_control_plane_reports_its_gate(cluster, plane_on) -> None:
     # the bed keeps Kubernetes 1.37's default; --min-compatibility-version=1.37 turns it on
     assert diff.component_gates(cluster, plane_on) == {
-        "kube-apiserver": False, "kube-scheduler": False, plane_on.APISERVER: True, plane_on.SCHEDULER: True}
+        "kube-apiserver": False,
+        "kube-scheduler": False,
+        plane_on.APISERVER: True,
+        plane_on.SCHEDULER: True,
+    }
 
 
 def test_the_agent_records_the_api_servers_gate(cluster) -> None:
     # the agent read kubernetes_feature_enabled from the API server (RBAC: /metrics get)
     record = json.loads((cluster.state_dir() / "cluster-features.json").read_text())
-    assert record == {"fractionalCapacityRange": False,
-                      "source": "kube-apiserver metric kubernetes_feature_enabled{name='DRAFractionalCapacityRange'}"}
+    assert record == {
+        "fractionalCapacityRange": False,
+        "source": "kube-apiserver metric kubernetes_feature_enabled{name='DRAFractionalCapacityRange'}",
+    }
 
 
 # -- the fake node: random claims, the scheduler against cni-dra allocate ------------------------------
@@ -156,11 +164,16 @@ def outcome_mismatch(entry: dict[str, Any], cond: dict[str, Any], claim: dict[st
     if cond["status"] == "True":
         if "allocation" not in entry:
             return f"scheduler allocated {diff.results_key(alloc['devices']['results'])}; cni-dra: {entry['error']}"
-        got, want = diff.results_key(alloc["devices"]["results"]), diff.results_key(entry["allocation"]["devices"]["results"])
+        got, want = (
+            diff.results_key(alloc["devices"]["results"]),
+            diff.results_key(entry["allocation"]["devices"]["results"]),
+        )
         return None if got == want else f"scheduler {got}; cni-dra {want}"
     if "allocation" in entry:
-        return (f"scheduler {cond['reason']}: {cond.get('message')}; cni-dra allocated "
-                f"{diff.results_key(entry['allocation']['devices']['results'])}")
+        return (
+            f"scheduler {cond['reason']}: {cond.get('message')}; cni-dra allocated "
+            f"{diff.results_key(entry['allocation']['devices']['results'])}"
+        )
     if bool(entry.get("aborted")) != (cond["reason"] == "SchedulerError"):
         return f"scheduler {cond['reason']}: {cond.get('message')}; cni-dra (aborted={bool(entry.get('aborted'))}): {entry['error']}"
     return None
@@ -172,13 +185,22 @@ def policy_refusals(slice_: dict[str, Any], gate_on: bool) -> list[str]:
     from cni_dra.dra.request_policy import policy_problems
     from cni_dra.quantity import Quantity
 
-    return [f"{d['name']}/{k}: {p}" for d in slice_["spec"]["devices"] for k, c in d["capacity"].items()
-            if "requestPolicy" in c
-            for p in policy_problems(Quantity.parse(c["value"]), CapacityRequestPolicy.model_validate(c["requestPolicy"]),
-                                     fractional_capacity_range=gate_on)]
+    return [
+        f"{d['name']}/{k}: {p}"
+        for d in slice_["spec"]["devices"]
+        for k, c in d["capacity"].items()
+        if "requestPolicy" in c
+        for p in policy_problems(
+            Quantity.parse(c["value"]),
+            CapacityRequestPolicy.model_validate(c["requestPolicy"]),
+            fractional_capacity_range=gate_on,
+        )
+    ]
 
 
-def publish_slice(api: client.ApiClient, rng: random.Random, name: str, gate_on: bool, tally: Tally) -> dict[str, Any]:
+def publish_slice(
+    api: client.ApiClient, rng: random.Random, name: str, gate_on: bool, tally: Tally
+) -> dict[str, Any]:
     """A kubelet-less Node ``name`` and a random slice of it the API server takes; each slice
     drawn is first tried (dry run) and the API server's verdict compared with cni-dra's
     reading of its rules under the same gate."""
@@ -194,12 +216,16 @@ def publish_slice(api: client.ApiClient, rng: random.Random, name: str, gate_on:
                 raise
             tally.slices_refused += 1
             if not mine:
-                tally.disagreements.append(f"{name}: the API server refused a slice cni-dra takes: "
-                                           f"{json.loads(exc.body).get('message')}\n  {json.dumps(slice_['spec']['devices'])}")
+                tally.disagreements.append(
+                    f"{name}: the API server refused a slice cni-dra takes: "
+                    f"{json.loads(exc.body).get('message')}\n  {json.dumps(slice_['spec']['devices'])}"
+                )
             continue
         if mine:
-            tally.disagreements.append(f"{name}: the API server took a slice cni-dra refuses: {mine}\n"
-                                       f"  {json.dumps(slice_['spec']['devices'])}")
+            tally.disagreements.append(
+                f"{name}: the API server took a slice cni-dra refuses: {mine}\n"
+                f"  {json.dumps(slice_['spec']['devices'])}"
+            )
         tally.slices += 1
         res.create_resource_slice(slice_)
         return slice_
@@ -221,10 +247,21 @@ def run_batch(cluster, api: client.ApiClient, gate_on: bool, batch: int, workdir
     for i, claim in enumerate(claims):
         if not predicted or i == CLAIMS // 2:  # again halfway, from the scheduler's books so far
             try:
-                start, predicted = i, diff.predict(EXE or cluster.CNI_EXE, workdir / f"{name}-{i}", slice_, claims[i:],
-                                                   gate_on=gate_on, consumed=diff.consumed_after(slice_, allocations))
+                start, predicted = (
+                    i,
+                    diff.predict(
+                        EXE or cluster.CNI_EXE,
+                        workdir / f"{name}-{i}",
+                        slice_,
+                        claims[i:],
+                        gate_on=gate_on,
+                        consumed=diff.consumed_after(slice_, allocations),
+                    ),
+                )
             except diff.InputRefused as exc:  # the API server took this slice: cni-dra must too
-                tally.disagreements.append(f"gate {gate} batch {batch}: cni-dra allocate refused its input: {exc}")
+                tally.disagreements.append(
+                    f"gate {gate} batch {batch}: cni-dra allocate refused its input: {exc}"
+                )
                 return
         entry = predicted[i - start]
         cname = claim["metadata"]["name"]
@@ -238,16 +275,19 @@ def run_batch(cluster, api: client.ApiClient, gate_on: bool, batch: int, workdir
             tally.claims_refused += 1
             predicted = []  # the prediction counted this claim in
             continue
-        core.create_namespaced_pod(diff.NAMESPACE, diff.pod_for(cname, cname, scheduler, image=cluster.TEST_IMAGE,
-                                                                node=name))
+        core.create_namespaced_pod(
+            diff.NAMESPACE, diff.pod_for(cname, cname, scheduler, image=cluster.TEST_IMAGE, node=name)
+        )
         cond = diff.wait_scheduled(lambda: plain(api, core.read_namespaced_pod(cname, diff.NAMESPACE)))
         got = plain(api, res.read_namespaced_resource_claim(cname, diff.NAMESPACE))
         tally.claims += 1
         why = outcome_mismatch(entry, cond, got)
         if why is not None:
-            tally.disagreements.append(f"gate {gate} batch {batch} claim {i} ({cname}): {why}\n"
-                                       f"  claim: {json.dumps(claim['spec'])}\n  slice: {json.dumps(slice_['spec']['devices'])}\n"
-                                       f"  consumed before: {json.dumps(diff.consumed_after(slice_, allocations))}")
+            tally.disagreements.append(
+                f"gate {gate} batch {batch} claim {i} ({cname}): {why}\n"
+                f"  claim: {json.dumps(claim['spec'])}\n  slice: {json.dumps(slice_['spec']['devices'])}\n"
+                f"  consumed before: {json.dumps(diff.consumed_after(slice_, allocations))}"
+            )
             predicted = []  # predict the rest from what the scheduler did
         if cond["status"] == "True":
             tally.allocated += 1
@@ -261,15 +301,22 @@ def run_batch(cluster, api: client.ApiClient, gate_on: bool, batch: int, workdir
 
 def replay_command(request: pytest.FixtureRequest, gate: str, batch: int) -> str:
     """The one command that runs batch ``batch`` of gate ``gate`` again, with this seed."""
-    return (f"  CNI_DRA_E2E=1 CNI_DRA_DIFF_SEED={SEED} CNI_DRA_DIFF_ONLY={gate}:{batch} flock /run/cni-dra-e2e.lock "
-            f"{sys.executable} -m pytest '{request.node.nodeid}'")
+    return (
+        f"  CNI_DRA_E2E=1 CNI_DRA_DIFF_SEED={SEED} CNI_DRA_DIFF_ONLY={gate}:{batch} flock /run/cni-dra-e2e.lock "
+        f"{sys.executable} -m pytest '{request.node.nodeid}'"
+    )
 
 
 @pytest.mark.parametrize("gate_on", [False, True], ids=["gate-off", "gate-on"])
-def test_cni_dra_allocates_as_the_scheduler(request, cluster, apis, fake_nodes, tmp_path, gate_on: bool) -> None:
+def test_cni_dra_allocates_as_the_scheduler(
+    request, cluster, apis, fake_nodes, tmp_path, gate_on: bool
+) -> None:
     gate = "on" if gate_on else "off"
-    say(request, f"differential: seed {SEED} (CNI_DRA_DIFF_SEED={SEED} replays it), gate {gate}, "
-                 f"{BATCHES} batches of {CLAIMS} claims")
+    say(
+        request,
+        f"differential: seed {SEED} (CNI_DRA_DIFF_SEED={SEED} replays it), gate {gate}, "
+        f"{BATCHES} batches of {CLAIMS} claims",
+    )
     tally = Tally()
     failed: list[int] = []
     for batch in range(BATCHES):
@@ -279,14 +326,20 @@ def test_cni_dra_allocates_as_the_scheduler(request, cluster, apis, fake_nodes, 
         run_batch(cluster, apis[gate_on], gate_on, batch, tmp_path, tally)
         if len(tally.disagreements) > before:
             failed.append(batch)
-    say(request, f"differential: gate {gate}: {tally.claims} claims ran ({tally.allocated} allocated, "
-                 f"{tally.unschedulable} unschedulable, {tally.errors} allocation errors), "
-                 f"{len(tally.disagreements)} disagreements (allocations and slice validation); "
-                 f"{tally.slices} slices published, {tally.slices_refused} drawn ones refused by the API server, "
-                 f"{tally.claims_refused} claims refused")
+    say(
+        request,
+        f"differential: gate {gate}: {tally.claims} claims ran ({tally.allocated} allocated, "
+        f"{tally.unschedulable} unschedulable, {tally.errors} allocation errors), "
+        f"{len(tally.disagreements)} disagreements (allocations and slice validation); "
+        f"{tally.slices} slices published, {tally.slices_refused} drawn ones refused by the API server, "
+        f"{tally.claims_refused} claims refused",
+    )
     assert tally.disagreements == [], (
         f"seed {SEED}: {len(tally.disagreements)} of {tally.claims} claims disagree; replay a batch with\n"
-        + "\n".join(replay_command(request, gate, b) for b in failed) + "\n" + "\n".join(tally.disagreements))
+        + "\n".join(replay_command(request, gate, b) for b in failed)
+        + "\n"
+        + "\n".join(tally.disagreements)
+    )
     assert tally.claims >= MIN_CLAIMS
 
 
@@ -295,8 +348,12 @@ def test_cni_dra_allocates_as_the_scheduler(request, cluster, apis, fake_nodes, 
 
 def real_slice(api: client.ApiClient, cluster) -> dict[str, Any]:
     obj = plain(api, client.ResourceV1Api(api).read_resource_slice(f"{cluster.NODE}-{cluster.DRIVER}"))
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": obj["metadata"]["name"]},
-            "spec": obj["spec"]}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": obj["metadata"]["name"]},
+        "spec": obj["spec"],
+    }
 
 
 def _nanos(text: str) -> int:
@@ -309,7 +366,9 @@ def scheduler_books(api: client.ApiClient, cluster) -> dict[str, int]:
     """Nano-units of bandwidth per NIC in the scheduler's allocations on the real node."""
     out = {nic: 0 for nic in cluster.NICS}
     for c in client.ResourceV1Api(api).list_resource_claim_for_all_namespaces().items:
-        for r in ((plain(api, c).get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
+        for r in ((plain(api, c).get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+            "results"
+        ) or []:
             if r["driver"] == cluster.DRIVER and r["pool"] == cluster.NODE:
                 out[r["device"]] += _nanos(r["consumedCapacity"]["bandwidth"])
     return out
@@ -317,27 +376,51 @@ def scheduler_books(api: client.ApiClient, cluster) -> dict[str, int]:
 
 def node_books(cluster) -> dict[str, int]:
     """Nano-units of bandwidth per NIC cni-dra charges (``cni-dra status --json``)."""
-    out = subprocess.run([cluster.CNI_EXE, "status", "--state-dir", str(cluster.state_dir()), "--inventory",
-                          str(cluster.inventory_path()), "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            cluster.CNI_EXE,
+            "status",
+            "--state-dir",
+            str(cluster.state_dir()),
+            "--inventory",
+            str(cluster.inventory_path()),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return {d["name"]: _nanos(d["consumed"]["bandwidth"]) for d in json.loads(out.stdout)["devices"]}
 
 
 def real_claim(rng: random.Random, name: str, cluster, gate_on: bool) -> dict[str, Any]:
     """One request of the class the bed's NICs serve: bandwidth on and off the 100M grid,
     below min, above a NIC, finer than a milli-unit; now and then a CEL selector."""
-    milli = rng.choice([100, 250, 1000, 1500, 2000, 3300, 4000, 12000]) * 10**9 + rng.choice([0, 0, 1, 7 * 10**8])
+    milli = rng.choice([100, 250, 1000, 1500, 2000, 3300, 4000, 12000]) * 10**9 + rng.choice(
+        [0, 0, 1, 7 * 10**8]
+    )
     amount = f"{milli * 10**6 + 500}n" if rng.random() < (0.3 if gate_on else 0.15) else diff.q(milli)
-    exactly: dict[str, Any] = {"deviceClassName": "cni-dra-shared-nic", "capacity": {"requests": {"bandwidth": amount}}}
+    exactly: dict[str, Any] = {
+        "deviceClassName": "cni-dra-shared-nic",
+        "capacity": {"requests": {"bandwidth": amount}},
+    }
     if rng.random() < 0.3:
         nic = rng.choice(sorted(cluster.NICS))
-        exactly["selectors"] = [{"cel": {"expression": f'device.attributes["{cluster.DRIVER}"].ifName == "{nic}"'}}]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": diff.NAMESPACE},
-            "spec": {"devices": {"requests": [{"name": "eth0", "exactly": exactly}]}}}
+        exactly["selectors"] = [
+            {"cel": {"expression": f'device.attributes["{cluster.DRIVER}"].ifName == "{nic}"'}}
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": diff.NAMESPACE},
+        "spec": {"devices": {"requests": [{"name": "eth0", "exactly": exactly}]}},
+    }
 
 
 @pytest.mark.parametrize("gate_on", [False, True], ids=["gate-off", "gate-on"])
-def test_the_node_books_equal_the_schedulers(request, cluster, apis, fake_nodes, tmp_path, gate_on: bool) -> None:
+def test_the_node_books_equal_the_schedulers(
+    request, cluster, apis, fake_nodes, tmp_path, gate_on: bool
+) -> None:
     gate = "on" if gate_on else "off"
     api = apis[gate_on]
     core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
@@ -346,33 +429,54 @@ def test_the_node_books_equal_the_schedulers(request, cluster, apis, fake_nodes,
     pods: list[str] = []
     disagreements: list[str] = []
     # earlier scenarios' pods and claims settled: the books start equal
-    diff.wait_until(lambda: node_books(cluster) == scheduler_books(api, cluster), "the books equal at the start", 120)
+    diff.wait_until(
+        lambda: node_books(cluster) == scheduler_books(api, cluster), "the books equal at the start", 120
+    )
     try:
         for i in range(REAL_NODE_CLAIMS):
             name = f"real-{gate}-{i}"
             claim = real_claim(rng, name, cluster, gate_on)
             # the prediction from the node's own books; with the gate off, the gate the agent recorded
-            (entry,) = diff.predict(cluster.CNI_EXE, tmp_path / name, real_slice(api, cluster), [claim],
-                                    gate_on=True if gate_on else None, state_dir=cluster.state_dir())
+            (entry,) = diff.predict(
+                cluster.CNI_EXE,
+                tmp_path / name,
+                real_slice(api, cluster),
+                [claim],
+                gate_on=True if gate_on else None,
+                state_dir=cluster.state_dir(),
+            )
             res.create_namespaced_resource_claim(diff.NAMESPACE, claim)
-            core.create_namespaced_pod(diff.NAMESPACE, diff.pod_for(name, name, scheduler, image=cluster.TEST_IMAGE,
-                                                                    node=cluster.NODE))
+            core.create_namespaced_pod(
+                diff.NAMESPACE,
+                diff.pod_for(name, name, scheduler, image=cluster.TEST_IMAGE, node=cluster.NODE),
+            )
             pods.append(name)
             cond = diff.wait_scheduled(lambda: plain(api, core.read_namespaced_pod(name, diff.NAMESPACE)))
-            why = outcome_mismatch(entry, cond, plain(api, res.read_namespaced_resource_claim(name, diff.NAMESPACE)))
+            why = outcome_mismatch(
+                entry, cond, plain(api, res.read_namespaced_resource_claim(name, diff.NAMESPACE))
+            )
             if why:
                 disagreements.append(f"{name}: {why}; claim {json.dumps(claim['spec'])}")
             if cond["status"] == "True":
-                diff.wait_until(lambda: plain(api, core.read_namespaced_pod(name, diff.NAMESPACE))["status"].get("phase")
-                                == "Running", f"pod {name} Running", 90)
+                diff.wait_until(
+                    lambda: (
+                        plain(api, core.read_namespaced_pod(name, diff.NAMESPACE))["status"].get("phase")
+                        == "Running"
+                    ),
+                    f"pod {name} Running",
+                    90,
+                )
             else:  # gone at once: it must not take what later pods free
                 core.delete_namespaced_pod(name, diff.NAMESPACE, grace_period_seconds=0)
                 res.delete_namespaced_resource_claim(name, diff.NAMESPACE)
                 diff.wait_until(lambda: not _exists(core, name), f"pod {name} gone", 60)
             books, scheduled = node_books(cluster), scheduler_books(api, cluster)
             assert books == scheduled, f"{name}: the node's books {books} != the scheduler's {scheduled}"
-        say(request, f"differential: real node, gate {gate}: {REAL_NODE_CLAIMS} claims, {len(disagreements)} disagreed, "
-                     "books equal to the scheduler's after each")
+        say(
+            request,
+            f"differential: real node, gate {gate}: {REAL_NODE_CLAIMS} claims, {len(disagreements)} disagreed, "
+            "books equal to the scheduler's after each",
+        )
         assert disagreements == [], f"seed {SEED}:\n" + "\n".join(disagreements)
     finally:
         for name in pods:
@@ -388,7 +492,9 @@ def test_the_node_books_equal_the_schedulers(request, cluster, apis, fake_nodes,
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-        diff.wait_until(lambda: not any(_claim_exists(res, p) for p in pods), "the real node's claims gone", 120)
+        diff.wait_until(
+            lambda: not any(_claim_exists(res, p) for p in pods), "the real node's claims gone", 120
+        )
 
 
 def _namespace_exists(core: client.CoreV1Api) -> bool:

@@ -31,8 +31,21 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from netns_tests.e2e.helpers import (NS, consistently, core, delete_pods, make_pod, make_template, node_http, pod,
-                                     resource, status_entry, to_dict, wait_for, wait_running)
+from netns_tests.e2e.helpers import (
+    NS,
+    consistently,
+    core,
+    delete_pods,
+    make_pod,
+    make_template,
+    node_http,
+    pod,
+    resource,
+    status_entry,
+    to_dict,
+    wait_for,
+    wait_running,
+)
 
 DEBOUNCE_S = 2.0
 KEEP_MISSING_S = 8.0
@@ -44,6 +57,7 @@ SETTLE_S = DEBOUNCE_S + 6.0
 
 
 # -- node-level actions (the bed's; a DaemonSet bed keeps their meaning) ----------------------------
+
 
 def set_nic(node: str, nic: str, state: str) -> None:
     """``ip link set <nic> up|down`` inside ``node``'s network namespace."""
@@ -73,18 +87,30 @@ def restart_agent(cluster, node: str, flags: list[str]) -> None:
         tail = log.read_bytes()[offset:].decode(errors="replace")
         return any(all(x in line for x in needles) for line in tail.splitlines())
 
-    wait_for(lambda: kubelet_said(f'driverName="{cluster.DRIVER}"', "connected=true"),
-             f"{node}: the kubelet registered the restarted agent", 60)
-    wait_for(lambda: kubelet_said("Successfully started WatchResources health stream"),
-             f"{node}: the kubelet opened the health stream", 60)
+    wait_for(
+        lambda: kubelet_said(f'driverName="{cluster.DRIVER}"', "connected=true"),
+        f"{node}: the kubelet registered the restarted agent",
+        60,
+    )
+    wait_for(
+        lambda: kubelet_said("Successfully started WatchResources health stream"),
+        f"{node}: the kubelet opened the health stream",
+        60,
+    )
 
 
 def agent_flags() -> list[str]:
     """The chart's values for a short debounce and keep-missing (both nodes' agents)."""
-    return ["--set", f"nicHealth.debounce={DEBOUNCE_S:g}", "--set", f"nicHealth.keepMissing={KEEP_MISSING_S:g}"]
+    return [
+        "--set",
+        f"nicHealth.debounce={DEBOUNCE_S:g}",
+        "--set",
+        f"nicHealth.keepMissing={KEEP_MISSING_S:g}",
+    ]
 
 
 # -- what the components show -----------------------------------------------------------------------
+
 
 def node_slice(api, cluster, node: str = NODE) -> dict[str, Any]:
     return to_dict(api, resource(api).read_resource_slice(f"{node}-{cluster.DRIVER}"))
@@ -122,7 +148,7 @@ def transitions(cluster, nic: str = NIC, node: str = NODE) -> dict[str, float]:
     """The agent's ``cni_dra_device_link_transitions_total`` for ``nic``, by state entered."""
     text = node_http(cluster, node, "http://127.0.0.1:9412/metrics")
     out: dict[str, float] = {}
-    for m in re.finditer(r'^cni_dra_device_link_transitions_total\{([^}]*)\} (\S+)$', text, re.M):
+    for m in re.finditer(r"^cni_dra_device_link_transitions_total\{([^}]*)\} (\S+)$", text, re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
         if labels.get("ifname") == nic:
             out[labels["state"]] = float(m.group(2))
@@ -137,12 +163,24 @@ def check(cluster, uid: str, node: str = NODE) -> tuple[int, dict[str, Any]]:
     (att,) = [a for a in n.books()["attachments"] if a["podUID"] == uid]
     cache = n.host_path("/var/lib/cni/results") / f"{cluster.NETWORK}-{att['containerID']}-{att['ifname']}"
     cached = json.loads(cache.read_text())
-    conflist = json.loads(base64.b64decode(cached["config"])) if cached.get("config") else cluster.conflist(node)
-    conf = {**conflist["plugins"][0], "name": conflist["name"], "cniVersion": conflist["cniVersion"],
-            "prevResult": cached["result"]}
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": "CHECK", "CNI_CONTAINERID": att["containerID"],
-           "CNI_NETNS": att["netns"], "CNI_IFNAME": att["ifname"], "CNI_PATH": "/opt/cni/bin",
-           "CNI_ARGS": ";".join(f"{k}={v}" for k, v in cached.get("cniArgs") or [])}
+    conflist = (
+        json.loads(base64.b64decode(cached["config"])) if cached.get("config") else cluster.conflist(node)
+    )
+    conf = {
+        **conflist["plugins"][0],
+        "name": conflist["name"],
+        "cniVersion": conflist["cniVersion"],
+        "prevResult": cached["result"],
+    }
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "CNI_COMMAND": "CHECK",
+        "CNI_CONTAINERID": att["containerID"],
+        "CNI_NETNS": att["netns"],
+        "CNI_IFNAME": att["ifname"],
+        "CNI_PATH": "/opt/cni/bin",
+        "CNI_ARGS": ";".join(f"{k}={v}" for k, v in cached.get("cniArgs") or []),
+    }
     res = n.run("/opt/cni/bin/cni-dra", input=json.dumps(conf), env=env, check=False)
     return res.returncode, json.loads(res.stdout) if res.stdout.strip() else {}
 
@@ -164,11 +202,16 @@ def attached(api, cluster, name: str) -> tuple[dict, str, str]:
     claim = to_dict(api, resource(api).read_namespaced_resource_claim(claim_name, NS))
     (res,) = claim["status"]["allocation"]["devices"]["results"]
     assert (res["pool"], res["device"]) == (NODE, NIC), res
-    wait_for(lambda: ready(api, claim_name, res["shareID"]) == ("True", "InterfaceReady"), f"{name}: claim Ready", 60)
+    wait_for(
+        lambda: ready(api, claim_name, res["shareID"]) == ("True", "InterfaceReady"),
+        f"{name}: claim Ready",
+        60,
+    )
     return p, claim_name, res["shareID"]
 
 
 # -- fixtures ------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def health_node(api, cluster) -> Iterator[str]:
@@ -204,31 +247,51 @@ def _clean(api, cluster, health_node) -> Iterator[None]:
 
 # -- scenarios -------------------------------------------------------------------------------------------
 
+
 def _down_or_gone(api, cluster, *, gone: bool) -> None:
     make_template(api, "nic-1g-health", "1G", on_nic=NIC)
     make_pod(api, cluster, "pod-h", template="nic-1g-health", node=NODE)
     p, claim_name, share = attached(api, cluster, "pod-h")
     uid = p["metadata"]["uid"]
     resource_id = f"{cluster.DRIVER}/{NODE}/{NIC}"
-    wait_for(lambda: ("claim:nic", resource_id, "Healthy") in health(api, "pod-h"), "the kubelet shows Healthy", 60)
+    wait_for(
+        lambda: ("claim:nic", resource_id, "Healthy") in health(api, "pod-h"), "the kubelet shows Healthy", 60
+    )
     assert check(cluster, uid)[0] == 0, "CHECK passes on a healthy NIC"
     before = transitions(cluster)
     reason, condition = ("missing", "LinkMissing") if gone else ("admin-down", "LinkDown")
 
     t0 = time.monotonic()
     delete_nic(NODE, NIC) if gone else set_nic(NODE, NIC, "down")
-    wait_for(lambda: taints(api, cluster) == [(KEY, reason, "NoSchedule")], f"the device tainted {reason}", SETTLE_S)
+    wait_for(
+        lambda: taints(api, cluster) == [(KEY, reason, "NoSchedule")],
+        f"the device tainted {reason}",
+        SETTLE_S,
+    )
     tainted_after = time.monotonic() - t0
     assert tainted_after >= DEBOUNCE_S - 0.5, f"tainted {tainted_after:.1f}s after, before the debounce"
-    wait_for(lambda: ("claim:nic", resource_id, "Unhealthy") in health(api, "pod-h"),
-             "the kubelet shows the device Unhealthy in the pod's status", SETTLE_S)
-    wait_for(lambda: ready(api, claim_name, share) == ("False", condition), f"the claim Ready=False {condition}", SETTLE_S)
+    wait_for(
+        lambda: ("claim:nic", resource_id, "Unhealthy") in health(api, "pod-h"),
+        "the kubelet shows the device Unhealthy in the pod's status",
+        SETTLE_S,
+    )
+    wait_for(
+        lambda: ready(api, claim_name, share) == ("False", condition),
+        f"the claim Ready=False {condition}",
+        SETTLE_S,
+    )
     assert transitions(cluster).get(reason, 0) == before.get(reason, 0) + 1
     code, out = check(cluster, uid)
     if not gone:
-        assert code != 0 and out.get("code") == 105 and "administratively down" in out.get("msg", ""), (code, out)
+        assert code != 0 and out.get("code") == 105 and "administratively down" in out.get("msg", ""), (
+            code,
+            out,
+        )
     else:  # the macvlan went with its parent
-        assert code != 0 and out.get("code") == 105 and "the link is not in netns" in out.get("msg", ""), (code, out)
+        assert code != 0 and out.get("code") == 105 and "the link is not in netns" in out.get("msg", ""), (
+            code,
+            out,
+        )
     assert pod(api, "pod-h")["status"]["phase"] == "Running", "NoSchedule leaves running pods alone"
 
     # a new pod that only this NIC can serve: Pending, the scheduler's own reason
@@ -237,8 +300,13 @@ def _down_or_gone(api, cluster, *, gone: bool) -> None:
     assert "cannot allocate all claims" in why, why
     if gone:  # kept tainted for --keep-missing, then left out of the slice
         wait_for(lambda: taints(api, cluster) is None, "the vanished NIC left the slice", KEEP_MISSING_S + 10)
-    consistently(lambda: pending_reason(api, "pod-h2") is not None and pod(api, "pod-h2")["spec"].get("nodeName") is None,
-                 "the new pod stays Pending", 5)
+    consistently(
+        lambda: (
+            pending_reason(api, "pod-h2") is not None and pod(api, "pod-h2")["spec"].get("nodeName") is None
+        ),
+        "the new pod stays Pending",
+        5,
+    )
 
     t1 = time.monotonic()
     restore_nics(cluster, NODE) if gone else set_nic(NODE, NIC, "up")
@@ -247,15 +315,29 @@ def _down_or_gone(api, cluster, *, gone: bool) -> None:
     p2 = wait_running(api, "pod-h2", 60)
     bound_after = time.monotonic() - t1
     assert p2["spec"]["nodeName"] == NODE
-    wait_for(lambda: ("claim:nic", resource_id, "Healthy") in health(api, "pod-h"), "the kubelet shows Healthy again", SETTLE_S)
+    wait_for(
+        lambda: ("claim:nic", resource_id, "Healthy") in health(api, "pod-h"),
+        "the kubelet shows Healthy again",
+        SETTLE_S,
+    )
     if gone:  # its eth0 went with the old NIC: the share stays LinkMissing
-        consistently(lambda: ready(api, claim_name, share) == ("False", "LinkMissing"), "the old pod's claim LinkMissing", 3)
+        consistently(
+            lambda: ready(api, claim_name, share) == ("False", "LinkMissing"),
+            "the old pod's claim LinkMissing",
+            3,
+        )
     else:
-        wait_for(lambda: ready(api, claim_name, share) == ("True", "InterfaceReady"), "the claim Ready again", SETTLE_S)
+        wait_for(
+            lambda: ready(api, claim_name, share) == ("True", "InterfaceReady"),
+            "the claim Ready again",
+            SETTLE_S,
+        )
         assert check(cluster, uid)[0] == 0, "CHECK passes again"
     assert transitions(cluster).get("up", 0) == before.get("up", 0) + 1
-    print(f"{'deleted' if gone else 'down'}: tainted {tainted_after:.1f}s after, untainted {untainted_after:.1f}s "
-          f"and the pending pod Running {bound_after:.1f}s after the NIC was back; scheduler: {why!r}; CHECK: {out}")
+    print(
+        f"{'deleted' if gone else 'down'}: tainted {tainted_after:.1f}s after, untainted {untainted_after:.1f}s "
+        f"and the pending pod Running {bound_after:.1f}s after the NIC was back; scheduler: {why!r}; CHECK: {out}"
+    )
 
 
 def test_a_nic_set_down_is_tainted_unhealthy_not_ready_and_keeps_new_pods_pending_until_up(api, cluster):
@@ -271,16 +353,32 @@ def test_a_flap_shorter_than_the_debounce_changes_nothing(api, cluster):
     make_pod(api, cluster, "pod-f", template="nic-1g-health", node=NODE)
     _, claim_name, share = attached(api, cluster, "pod-f")
     resource_id = f"{cluster.DRIVER}/{NODE}/{NIC}"
-    wait_for(lambda: ("claim:nic", resource_id, "Healthy") in health(api, "pod-f"), "the kubelet shows Healthy", 60)
+    wait_for(
+        lambda: ("claim:nic", resource_id, "Healthy") in health(api, "pod-f"), "the kubelet shows Healthy", 60
+    )
     generation = node_slice(api, cluster)["spec"]["pool"]["generation"]
-    claim_rv = to_dict(api, resource(api).read_namespaced_resource_claim(claim_name, NS))["metadata"]["resourceVersion"]
+    claim_rv = to_dict(api, resource(api).read_namespaced_resource_claim(claim_name, NS))["metadata"][
+        "resourceVersion"
+    ]
     before = transitions(cluster)
     set_nic(NODE, NIC, "down")
     time.sleep(DEBOUNCE_S / 4)
     set_nic(NODE, NIC, "up")
-    consistently(lambda: taints(api, cluster) == [] and ("claim:nic", resource_id, "Healthy") in health(api, "pod-f")
-                 and ready(api, claim_name, share) == ("True", "InterfaceReady"),
-                 "no taint, Healthy, Ready", DEBOUNCE_S + 3, 0.25)
+    consistently(
+        lambda: (
+            taints(api, cluster) == []
+            and ("claim:nic", resource_id, "Healthy") in health(api, "pod-f")
+            and ready(api, claim_name, share) == ("True", "InterfaceReady")
+        ),
+        "no taint, Healthy, Ready",
+        DEBOUNCE_S + 3,
+        0.25,
+    )
     assert node_slice(api, cluster)["spec"]["pool"]["generation"] == generation
-    assert to_dict(api, resource(api).read_namespaced_resource_claim(claim_name, NS))["metadata"]["resourceVersion"] == claim_rv
+    assert (
+        to_dict(api, resource(api).read_namespaced_resource_claim(claim_name, NS))["metadata"][
+            "resourceVersion"
+        ]
+        == claim_rv
+    )
     assert transitions(cluster) == before

@@ -16,10 +16,26 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from netns_tests.e2e.helpers import (NS, core, delete_pods, make_pod, make_template, pod, resource,  # noqa: F401
-                                     to_dict, wait_for, wait_running)
-from netns_tests.e2e.helpers import (clean_namespace, books, books_match, check_attached,  # noqa: F401
-                                          eth0_parent, kernel_eth0, kernel_rates, on_nic)
+from netns_tests.e2e.helpers import (  # noqa: F401  # noqa: F401
+    NS,
+    books,
+    books_match,
+    check_attached,
+    clean_namespace,
+    core,
+    delete_pods,
+    eth0_parent,
+    kernel_eth0,
+    kernel_rates,
+    make_pod,
+    make_template,
+    on_nic,
+    pod,
+    resource,
+    to_dict,
+    wait_for,
+    wait_running,
+)
 
 AGENT_CAPS = ["NET_ADMIN", "SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"]
 
@@ -38,11 +54,16 @@ def rolled_out(api, cluster, image: str | None = None) -> bool:
     st = ds.status
     if ds.metadata.generation != st.observed_generation:
         return False
-    if not (st.desired_number_scheduled == st.updated_number_scheduled == st.number_ready == len(cluster.NODES)):
+    if not (
+        st.desired_number_scheduled == st.updated_number_scheduled == st.number_ready == len(cluster.NODES)
+    ):
         return False
     pods = [q for q in cluster.agent_pods(api) if q.metadata.deletion_timestamp is None]
-    return len(pods) == len(cluster.NODES) and all(cluster.pod_ready(q) for q in pods) and (
-        image is None or all(q.spec.containers[0].image == image for q in pods))
+    return (
+        len(pods) == len(cluster.NODES)
+        and all(cluster.pod_ready(q) for q in pods)
+        and (image is None or all(q.spec.containers[0].image == image for q in pods))
+    )
 
 
 def slice_of(api, cluster, node: str) -> dict | None:
@@ -61,17 +82,26 @@ def network_of(api, cluster, name: str) -> dict:
     assert p is not None and p["status"]["phase"] == "Running", name
     uid = p["metadata"]["uid"]
     eth0 = kernel_eth0(uid)
-    return {"ip": p["status"]["podIP"], "ipv4": eth0["ipv4"], "mac": eth0["mac"], "mtu": eth0["mtu"],
-            "parent": eth0_parent(uid), "rates": kernel_rates(uid)}
+    return {
+        "ip": p["status"]["podIP"],
+        "ipv4": eth0["ipv4"],
+        "mac": eth0["mac"],
+        "mtu": eth0["mtu"],
+        "parent": eth0_parent(uid),
+        "rates": kernel_rates(uid),
+    }
 
 
 def held(cluster, node: str) -> dict:
     """A node's books without what changes by itself (the time of a status write)."""
     b = books(cluster, node)
-    return {"attachments": sorted((a["podUID"], a["device"], a["shareID"], str(a["consumedCapacity"]))
-                                  for a in b["attachments"]),
-            "preparedClaims": sorted(c["uid"] for c in b["preparedClaims"]),
-            "devices": {d["name"]: d["consumed"] for d in b["devices"]}}
+    return {
+        "attachments": sorted(
+            (a["podUID"], a["device"], a["shareID"], str(a["consumedCapacity"])) for a in b["attachments"]
+        ),
+        "preparedClaims": sorted(c["uid"] for c in b["preparedClaims"]),
+        "devices": {d["name"]: d["consumed"] for d in b["devices"]},
+    }
 
 
 def serving(sock) -> bool:
@@ -100,6 +130,7 @@ def spread_pods(api, cluster, prefix: str, per_node: int, bandwidth: str = "1G")
 
 
 # -- scenarios -----------------------------------------------------------------------------
+
 
 def test_helm_install_runs_one_agent_pod_per_node_each_publishing_its_own_slice(api, cluster):
     """``helm install`` (done by the bed): the release is deployed; the DaemonSet runs one
@@ -159,8 +190,11 @@ def test_agent_pod_deleted_pods_keep_their_network_and_the_hosts_fallback_serves
     node.run(*ctr, "images", "rm", image)
     try:
         core(api).delete_namespaced_pod(old.metadata.name, cluster.RELEASE_NS)
-        wait_for(lambda: old.metadata.uid not in {q.metadata.uid for q in cluster.agent_pods(api, node.name)},
-                 "the old agent pod gone", 60)
+        wait_for(
+            lambda: old.metadata.uid not in {q.metadata.uid for q in cluster.agent_pods(api, node.name)},
+            "the old agent pod gone",
+            60,
+        )
         new = wait_for(lambda: cluster.agent_pods(api, node.name), "the DaemonSet's new agent pod", 30)[-1]
         assert new.metadata.uid != old.metadata.uid and not cluster.pod_ready(new)
         assert not serving(node.host_path("/run/cni-dra/agent.sock")), "something serves the fast path"
@@ -217,8 +251,11 @@ def test_helm_upgrade_to_a_second_image_keeps_every_pods_network_and_the_books(a
         check_attached(api, cluster, name, "1G")
     assert {name: network_of(api, cluster, name) for name in names} == before
     delete_pods(api, *during)
-    wait_for(lambda: {n.name: held(cluster, n.name) for n in cluster.NODES} == books_before,
-             "books after the upgrade == before", 60)
+    wait_for(
+        lambda: {n.name: held(cluster, n.name) for n in cluster.NODES} == books_before,
+        "books after the upgrade == before",
+        60,
+    )
     for n in cluster.NODES:
         assert books_match(api, cluster, n.name)
         log = cluster.agent_log(n)
@@ -241,13 +278,20 @@ def test_helm_uninstall_leaves_the_nodes_files_and_a_reinstall_charges_nothing_t
     adm = client.AdmissionregistrationV1Api(api)
     gone = {
         "DaemonSet": lambda: apps(api).read_namespaced_daemon_set(cluster.RELEASE, cluster.RELEASE_NS),
-        "ConfigMap": lambda: core(api).read_namespaced_config_map(f"{cluster.RELEASE}-conflist", cluster.RELEASE_NS),
-        "ServiceAccount": lambda: core(api).read_namespaced_service_account(cluster.RELEASE, cluster.RELEASE_NS),
+        "ConfigMap": lambda: core(api).read_namespaced_config_map(
+            f"{cluster.RELEASE}-conflist", cluster.RELEASE_NS
+        ),
+        "ServiceAccount": lambda: core(api).read_namespaced_service_account(
+            cluster.RELEASE, cluster.RELEASE_NS
+        ),
         "ClusterRole": lambda: rbac.read_cluster_role(cluster.RELEASE),
         "ClusterRoleBinding": lambda: rbac.read_cluster_role_binding(cluster.RELEASE),
-        "ValidatingAdmissionPolicy": lambda: adm.read_validating_admission_policy(f"{cluster.RELEASE}-resourceslices"),
+        "ValidatingAdmissionPolicy": lambda: adm.read_validating_admission_policy(
+            f"{cluster.RELEASE}-resourceslices"
+        ),
         "ValidatingAdmissionPolicyBinding": lambda: adm.read_validating_admission_policy_binding(
-            f"{cluster.RELEASE}-resourceslices"),
+            f"{cluster.RELEASE}-resourceslices"
+        ),
         "DeviceClass": lambda: resource(api).read_device_class("cni-dra-shared-nic"),
     }
 
@@ -263,8 +307,14 @@ def test_helm_uninstall_leaves_the_nodes_files_and_a_reinstall_charges_nothing_t
     wait_for(lambda: not cluster.agent_pods(api), "the agent pods gone", 60)
     for n in cluster.NODES:
         wait_for(lambda n=n: slice_of(api, cluster, n.name) is None, f"{n.name}'s slice removed", 60)
-        for path in ("/opt/cni/bin/cni-dra", "/opt/cni/bin/cni-dra.d", cluster.CONFLIST,
-                     "/etc/cni-dra/resourceslice.yaml", "/var/lib/cni-dra/state.json", "/run/cni-dra"):
+        for path in (
+            "/opt/cni/bin/cni-dra",
+            "/opt/cni/bin/cni-dra.d",
+            cluster.CONFLIST,
+            "/etc/cni-dra/resourceslice.yaml",
+            "/var/lib/cni-dra/state.json",
+            "/run/cni-dra",
+        ):
             assert n.host_path(path).exists(), f"{n.name}: {path} removed by helm uninstall"
         assert held(cluster, n.name) == books_before[n.name]
     assert {name: network_of(api, cluster, name) for name in names} == before

@@ -18,16 +18,37 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from kubernetes.utils import parse_quantity
 
-from netns_tests.e2e.helpers import (GIB, NS, clean_namespace, booked, books, books_match,  # noqa: F401
-                                          check_attached, claim_of, core, delete_pods, ip_json, kernel_rates,
-                                          make_pod, make_template, nothing_held, pod, pod_events, resource,
-                                          scheduled, to_dict, wait_event, wait_for, wait_running)
+from netns_tests.e2e.helpers import (  # noqa: F401
+    GIB,
+    NS,
+    booked,
+    books,
+    books_match,
+    check_attached,
+    claim_of,
+    clean_namespace,
+    core,
+    delete_pods,
+    ip_json,
+    kernel_rates,
+    make_pod,
+    make_template,
+    nothing_held,
+    pod,
+    pod_events,
+    resource,
+    scheduled,
+    to_dict,
+    wait_event,
+    wait_for,
+    wait_running,
+)
 
 
 def crio_only(cluster) -> None:
@@ -52,7 +73,9 @@ def restart_runtime(api, cluster, node) -> None:
     rt = node.runtime
     node.restart(rt.name)
     wait_for(lambda: rt.ready(node), f"{node.name}: {rt.name} socket after the restart", 60)
-    wait_for(lambda: cluster.node_ready(api, node.name), f"{node.name} Ready after the {rt.name} restart", 120)
+    wait_for(
+        lambda: cluster.node_ready(api, node.name), f"{node.name} Ready after the {rt.name} restart", 120
+    )
 
 
 def ipam_held(cluster, node, network: str) -> set[str]:
@@ -66,6 +89,7 @@ def node_links(node) -> set[str]:
 
 
 # -- every runtime ----------------------------------------------------------------------------
+
 
 def test_pod_with_a_claim_gets_its_share_through_this_runtime(api, cluster):
     """The basic path on this runtime: a 4G claim's pod runs on the scheduler's allocation,
@@ -97,8 +121,11 @@ def test_status_failure_makes_the_nodes_network_not_ready_until_it_recovers(api,
     t0 = time.monotonic()
     try:
         inventory.write_text("{not an inventory")
-        ready = wait_for(lambda: (c := node_ready_condition(api, node.name))["status"] != "True" and c,
-                         f"{node.name} NotReady after STATUS fails", 120)
+        ready = wait_for(
+            lambda: (c := node_ready_condition(api, node.name))["status"] != "True" and c,
+            f"{node.name} NotReady after STATUS fails",
+            120,
+        )
         took = time.monotonic() - t0
         print(f"\ne2e: {cluster.RUNTIME}: NotReady after {took:.1f}s: {ready['reason']}: {ready['message']}")
         assert "NetworkReady=false" in ready["message"], ready
@@ -131,8 +158,9 @@ def test_del_after_the_pods_netns_is_gone_releases_everything(api, cluster):
     # shared propagation) goes, then its processes
     tried = [node.run("umount", "-l", netns, check=False) for _ in range(3)]
     tried.append(node.run("rm", "-f", netns, check=False))
-    assert node.run("test", "-e", netns, check=False).returncode != 0, \
-        [(r.args[-3:], r.returncode, r.stderr) for r in tried]
+    assert node.run("test", "-e", netns, check=False).returncode != 0, [
+        (r.args[-3:], r.returncode, r.stderr) for r in tried
+    ]
     for procs in _pod_cgroup_procs(uid):
         for pid in procs:
             try:
@@ -153,8 +181,12 @@ def _pod_cgroup_procs(uid: str) -> list[list[str]]:
     out = []
     for d in (Path("/sys/fs/cgroup/pids") / "cni-dra-e2e").rglob(f"pod{uid}"):
         for procs in d.rglob("cgroup.procs"):
-            pids = [x for x in procs.read_text().split()
-                    if Path(f"/proc/{x}/comm").exists() and Path(f"/proc/{x}/comm").read_text().strip() != "conmon"]
+            pids = [
+                x
+                for x in procs.read_text().split()
+                if Path(f"/proc/{x}/comm").exists()
+                and Path(f"/proc/{x}/comm").read_text().strip() != "conmon"
+            ]
             out.append(pids)
     return out
 
@@ -192,9 +224,11 @@ def test_runtime_restart_keeps_every_pods_network_and_charges_once(api, cluster)
 
 # -- CRI-O ------------------------------------------------------------------------------------
 
-AGED_ADD = ("import sys, time; sys.path.append('/opt/cni/bin/cni-dra.d/lib/python3/dist-packages'); "
-            "real = time.time; time.time = lambda: real() - {age}; "
-            "from cni_dra.main import main; sys.exit(main())")
+AGED_ADD = (
+    "import sys, time; sys.path.append('/opt/cni/bin/cni-dra.d/lib/python3/dist-packages'); "
+    "real = time.time; time.time = lambda: real() - {age}; "
+    "from cni_dra.main import main; sys.exit(main())"
+)
 
 
 def aged_add(cluster, node, netns: str, container_id: str, age_s: int) -> dict:
@@ -204,12 +238,30 @@ def aged_add(cluster, node, netns: str, container_id: str, age_s: int) -> dict:
     leaves. In-process (CNI_DRA_AGENT_ASKED: the agent is not asked)."""
     tree = "/opt/cni/bin/cni-dra.d"
     conf = {**cluster.conflist(node.name)["plugins"][0], "cniVersion": "1.1.0", "name": cluster.NETWORK}
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/opt/cni/bin", "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=forgotten",
-           "CNI_DRA_AGENT_ASKED": "e2e", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    res = node.run("env", "-i", *(f"{k}={v}" for k, v in env.items()), f"{tree}/lib/ld-linux-x86-64.so.2",
-                   "--library-path", f"{tree}/lib", f"{tree}/bin/python3", "-IS", "-c", AGED_ADD.format(age=age_s),
-                   input=json.dumps(conf), check=False)
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": container_id,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=forgotten",
+        "CNI_DRA_AGENT_ASKED": "e2e",
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+    }
+    res = node.run(
+        "env",
+        "-i",
+        *(f"{k}={v}" for k, v in env.items()),
+        f"{tree}/lib/ld-linux-x86-64.so.2",
+        "--library-path",
+        f"{tree}/lib",
+        f"{tree}/bin/python3",
+        "-IS",
+        "-c",
+        AGED_ADD.format(age=age_s),
+        input=json.dumps(conf),
+        check=False,
+    )
     assert res.returncode == 0, (res.stdout, res.stderr)
     return json.loads(res.stdout)
 
@@ -239,8 +291,13 @@ def test_crio_gc_at_start_up_collects_what_no_pod_uses_and_keeps_running_pods(ap
         assert "eth0" in node.run("ip", "-n", ns_name, "-j", "link", "show").stdout
         charged = booked(cluster)
         restart_runtime(api, cluster, node)
-        wait_for(lambda: not [a for a in books(cluster)["attachments"] if a["containerID"].startswith("forgotten")],
-                 "CRI-O's start-up GC collected the forgotten attachment", 60)
+        wait_for(
+            lambda: (
+                not [a for a in books(cluster)["attachments"] if a["containerID"].startswith("forgotten")]
+            ),
+            "CRI-O's start-up GC collected the forgotten attachment",
+            60,
+        )
         assert ip not in ipam_held(cluster, node, cluster.NETWORK)
         assert "eth0" not in node.run("ip", "-n", ns_name, "-j", "link", "show").stdout
         after = booked(cluster)
@@ -266,8 +323,15 @@ def apply_multus_networks(api, cluster) -> None:
     cluster.apply_manifest(api, cluster.REPO / MULTUS_DIR / "networks.yaml")
 
 
-def multus_pod(api, cluster, path: str, *, name: str | None = None, annotations: dict | None = None,
-               template: str | None = None) -> dict:
+def multus_pod(
+    api,
+    cluster,
+    path: str,
+    *,
+    name: str | None = None,
+    annotations: dict | None = None,
+    template: str | None = None,
+) -> dict:
     """The pod of ``path`` (conf/k8s/multus/), pinned to the node that runs Multus (in a
     real cluster every node does; here only the second node)."""
     import yaml
@@ -320,7 +384,10 @@ def test_multus_gives_a_pod_net1_and_net2_from_its_claims_two_requests(api, clus
         assert link["linkinfo"]["info_kind"] == "macvlan", link
         parent = node.run("ip", "-j", "link", "show", "dev", results[ifname]["device"]).stdout
         assert link["link_index"] == json.loads(parent)[0]["ifindex"], (ifname, link, parent)
-        assert kernel_rates(uid, ifname) == {"egress": int(parse_quantity(bw)), "ingress": int(parse_quantity(bw))}
+        assert kernel_rates(uid, ifname) == {
+            "egress": int(parse_quantity(bw)),
+            "ingress": int(parse_quantity(bw)),
+        }
         ips = [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a["family"] == "inet"]
         kernel[ifname] = (ips, link["address"])
         assert status[ifname]["ips"] == [i.split("/")[0] for i in ips], status
@@ -329,8 +396,11 @@ def test_multus_gives_a_pod_net1_and_net2_from_its_claims_two_requests(api, clus
 
     def network_data() -> dict | None:
         c = to_dict(api, resource(api).read_namespaced_resource_claim(claim["metadata"]["name"], NS))
-        by_if = {d["networkData"]["interfaceName"]: d for d in (c.get("status") or {}).get("devices") or []
-                 if d.get("networkData")}
+        by_if = {
+            d["networkData"]["interfaceName"]: d
+            for d in (c.get("status") or {}).get("devices") or []
+            if d.get("networkData")
+        }
         return by_if if sorted(by_if) == ["net1", "net2"] else None
 
     by_if = wait_for(network_data, "networkData for net1 and net2", 60)
@@ -360,11 +430,27 @@ def test_multus_interface_no_request_is_named_after_is_refused_and_charges_nothi
     multus_only(cluster)
     node = cluster.multus_node()
     apply_multus_networks(api, cluster)
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "fast-slow", "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": r, "exactly": {"deviceClassName": "cni-dra-shared-nic",
-                                        "capacity": {"requests": {"bandwidth": "1G"}}}} for r in ("fast", "slow")]}}}}
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "fast-slow", "namespace": NS},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": r,
+                            "exactly": {
+                                "deviceClassName": "cni-dra-shared-nic",
+                                "capacity": {"requests": {"bandwidth": "1G"}},
+                            },
+                        }
+                        for r in ("fast", "slow")
+                    ]
+                }
+            }
+        },
+    }
     resource(api).create_namespaced_resource_claim_template(NS, body)
     try:
         p = multus_pod(api, cluster, f"{MULTUS_DIR}/pod.yaml", name="misnamed", template="fast-slow")
@@ -373,7 +459,9 @@ def test_multus_interface_no_request_is_named_after_is_refused_and_charges_nothi
         claim = claim_of(api, pod(api, "misnamed"))
         who = f"claim default/{claim['metadata']['name']}"
         assert f"{who} request 'fast'" in msg and f"{who} request 'slow'" in msg, msg
-        assert not [a for a in books(cluster, node.name)["attachments"] if a["podUID"] == p["metadata"]["uid"]]
+        assert not [
+            a for a in books(cluster, node.name)["attachments"] if a["podUID"] == p["metadata"]["uid"]
+        ]
         assert not ipam_held(cluster, node, "cni-dra-a")
         delete_pods(api, "misnamed")
         wait_for(lambda: nothing_held(cluster, node.name), "nothing held", 60)
@@ -388,11 +476,20 @@ def test_multus_network_without_a_claim_is_a_standalone_share(api, cluster):
     multus_only(cluster)
     node = cluster.multus_node()
     apply_multus_networks(api, cluster)
-    body = {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "plain-net1", "namespace": NS,
-                         "annotations": {"k8s.v1.cni.cncf.io/networks": "cni-dra-a"}},
-            "spec": {"terminationGracePeriodSeconds": 1, "nodeSelector": {"kubernetes.io/hostname": node.name},
-                     "containers": [{"name": "app", "image": cluster.TEST_IMAGE, "imagePullPolicy": "Never"}]}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "plain-net1",
+            "namespace": NS,
+            "annotations": {"k8s.v1.cni.cncf.io/networks": "cni-dra-a"},
+        },
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+            "containers": [{"name": "app", "image": cluster.TEST_IMAGE, "imagePullPolicy": "Never"}],
+        },
+    }
     core(api).create_namespaced_pod(NS, body)
     p = wait_running(api, "plain-net1", 120)
     uid = p["metadata"]["uid"]
@@ -420,16 +517,27 @@ def test_multus_runs_with_its_own_node_bound_token(api, cluster):
     kc = yaml.safe_load(node.host_path(cluster.cluster_multus.KUBECONFIG).read_text())
     mc = config.new_client_from_config_dict(kc)
     try:
-        me = client.AuthenticationV1Api(mc).create_self_subject_review({"apiVersion": "authentication.k8s.io/v1",
-                                                                        "kind": "SelfSubjectReview"})
+        me = client.AuthenticationV1Api(mc).create_self_subject_review(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        )
         assert me.status.user_info.username == "system:serviceaccount:kube-system:multus"
         assert me.status.user_info.extra["authentication.kubernetes.io/node-name"] == [node.name]
         authz = client.AuthorizationV1Api(mc)
 
         def can(verb: str, resource_: str, group: str = "", sub: str | None = None) -> bool:
-            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                      "spec": {"resourceAttributes": {"verb": verb, "resource": resource_, "group": group,
-                                                      "namespace": NS, **({"subresource": sub} if sub else {})}}}
+            review = {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {
+                    "resourceAttributes": {
+                        "verb": verb,
+                        "resource": resource_,
+                        "group": group,
+                        "namespace": NS,
+                        **({"subresource": sub} if sub else {}),
+                    }
+                },
+            }
             return authz.create_self_subject_access_review(review).status.allowed
 
         assert can("get", "pods") and can("update", "pods", sub="status")

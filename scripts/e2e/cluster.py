@@ -49,14 +49,44 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the modules beside this script
-from cluster_node import (APISERVER_PORT, BRIDGE, CNI_BIN, CONFLIST, DRIVER, HOST_IP,  # noqa: F401
-                          JUMBO_MTU, JUMBO_NIC, NETWORK, NICS, NODE_CNI_EXE, SERVICE_RANGE, Node,
-                          delete_bridge, make_bridge)
 import cluster_multus
+from cluster_node import (  # noqa: F401
+    APISERVER_PORT,
+    BRIDGE,
+    CNI_BIN,
+    CONFLIST,
+    DRIVER,
+    HOST_IP,
+    JUMBO_MTU,
+    JUMBO_NIC,
+    NETWORK,
+    NICS,
+    NODE_CNI_EXE,
+    SERVICE_RANGE,
+    Node,
+    delete_bridge,
+    make_bridge,
+)
 from cluster_pki import cert, kubeconfig, pki
-from cluster_procs import (CGROUP_ROOT, DIR, ClusterError, cgroup_hierarchies, kill_in_namespaces,
-                           log, logfile, make_cgroup, p, remove_cgroups, run, running, start, stop, stop_all,
-                           unmount_under, wait)
+from cluster_procs import (
+    CGROUP_ROOT,
+    DIR,
+    ClusterError,
+    cgroup_hierarchies,
+    kill_in_namespaces,
+    log,
+    logfile,
+    make_cgroup,
+    p,
+    remove_cgroups,
+    run,
+    running,
+    start,
+    stop,
+    stop_all,
+    unmount_under,
+    wait,
+)
 from cluster_runtime import RUNTIMES, SANDBOX_IMAGE, TEST_IMAGE  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,9 +155,12 @@ def tails(lines: int = 25) -> str:
 
 # -- binaries ------------------------------------------------------------------------------
 
+
 def binaries() -> dict[str, str]:
     """Paths of every binary; builds or fetches what is not cached yet."""
-    res = subprocess.run([str(REPO / "scripts/e2e/build-kube"), KUBE_VERSION], stdout=subprocess.PIPE, text=True)
+    res = subprocess.run(
+        [str(REPO / "scripts/e2e/build-kube"), KUBE_VERSION], stdout=subprocess.PIPE, text=True
+    )
     if res.returncode != 0:
         raise ClusterError(f"scripts/e2e/build-kube {KUBE_VERSION} failed (exit {res.returncode})")
     kube_bin = res.stdout.strip().splitlines()[-1]
@@ -135,8 +168,14 @@ def binaries() -> dict[str, str]:
     if res.returncode != 0:
         raise ClusterError(f"scripts/e2e/fetch-runtime failed (exit {res.returncode})")
     rt = dict(line.split("=", 1) for line in res.stdout.strip().splitlines() if "=" in line)
-    bins = {"kube": kube_bin, "etcd": rt["ETCD"], "containerd_bin": rt["CONTAINERD_BIN"], "runc": rt["RUNC"],
-            "images": rt["IMAGES"], "helm": binaries_helm()}
+    bins = {
+        "kube": kube_bin,
+        "etcd": rt["ETCD"],
+        "containerd_bin": rt["CONTAINERD_BIN"],
+        "runc": rt["RUNC"],
+        "images": rt["IMAGES"],
+        "helm": binaries_helm(),
+    }
     if RUNTIME == "cri-o":
         bins["crio_bin"] = _built("build-crio")
     if MULTUS:
@@ -160,7 +199,9 @@ def package_version() -> str:
 
 def _tree_key(version: str) -> str:
     """What ``make image`` builds from: every file git knows or would add, tests and docs aside."""
-    listed = run("git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard").stdout
+    listed = run(
+        "git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"
+    ).stdout
     h = hashlib.sha256(version.encode())
     for name in sorted(set(listed.split("\0"))):
         if not name or name.startswith(("tests/", "netns_tests/", "docs/", "bench/")) or name.endswith(".md"):
@@ -188,12 +229,28 @@ def image_archive(version: str | None = None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.monotonic()
         log(f"building cni-dra's image {IMAGE}:{version} (make image; cached afterwards)")
-        res = subprocess.run(["make", "-C", str(REPO), "--no-print-directory", "image", f"VENV={sys.prefix}",
-                              f"CNI_BIN={CNI_BIN}", f"IMAGE_DIR={tmp}", f"VERSION={version}", f"IMAGE_TAG={version}"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        res = subprocess.run(
+            [
+                "make",
+                "-C",
+                str(REPO),
+                "--no-print-directory",
+                "image",
+                f"VENV={sys.prefix}",
+                f"CNI_BIN={CNI_BIN}",
+                f"IMAGE_DIR={tmp}",
+                f"VERSION={version}",
+                f"IMAGE_TAG={version}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         if res.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise ClusterError(f"make image VERSION={version} failed (exit {res.returncode}): {res.stdout[-2000:]}")
+            raise ClusterError(
+                f"make image VERSION={version} failed (exit {res.returncode}): {res.stdout[-2000:]}"
+            )
         (built,) = tmp.glob("*.oci.tar")
         out.mkdir(exist_ok=True)
         built.rename(archive)
@@ -204,9 +261,12 @@ def image_archive(version: str | None = None) -> Path:
 
 def versions(bins: dict[str, str]) -> dict[str, str]:
     """One line per component, from the binaries themselves."""
+
     def first(*args: str) -> str:
         res = run(*args, check=False)
-        return (res.stdout or res.stderr).strip().splitlines()[0] if (res.stdout or res.stderr).strip() else "?"
+        return (
+            (res.stdout or res.stderr).strip().splitlines()[0] if (res.stdout or res.stderr).strip() else "?"
+        )
 
     out = {
         "kubernetes": first(f"{bins['kube']}/kube-apiserver", "--version"),
@@ -214,7 +274,9 @@ def versions(bins: dict[str, str]) -> dict[str, str]:
         "etcd": first(bins["etcd"], "--version"),
         **{name: first(*args) for name, args in NODES[0].runtime.versions(bins).items()},
         "helm": first(bins["helm"], "version", "--short"),
-        "cni-dra": first(sys.executable, "-c", "import importlib.metadata as m; print('cni-dra', m.version('cni-dra'))"),
+        "cni-dra": first(
+            sys.executable, "-c", "import importlib.metadata as m; print('cni-dra', m.version('cni-dra'))"
+        ),
     }
     if MULTUS:
         out["multus"] = first(f"{bins['multus_bin']}/multus", "-version")
@@ -223,11 +285,23 @@ def versions(bins: dict[str, str]) -> dict[str, str]:
 
 # -- certificates --------------------------------------------------------------------------
 
+
 def make_pki() -> None:
     cert("ca", "/CN=cni-dra-e2e-ca", ca=True)
-    cert("apiserver", "/CN=kube-apiserver", server=True,
-         sans=["IP:127.0.0.1", f"IP:{HOST_IP}", "IP:10.96.0.1", "DNS:localhost", "DNS:kubernetes",
-               "DNS:kubernetes.default", "DNS:kubernetes.default.svc"])
+    cert(
+        "apiserver",
+        "/CN=kube-apiserver",
+        server=True,
+        sans=[
+            "IP:127.0.0.1",
+            f"IP:{HOST_IP}",
+            "IP:10.96.0.1",
+            "DNS:localhost",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+        ],
+    )
     cert("admin", "/O=system:masters/CN=cni-dra-e2e-admin")
     cert("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
     cert("scheduler", "/CN=system:kube-scheduler")
@@ -236,83 +310,134 @@ def make_pki() -> None:
     run("openssl", "rsa", "-in", str(pki() / "sa.key"), "-pubout", "-out", str(pki() / "sa.pub"))
     kubeconfig(admin_kubeconfig(), APISERVER_URL, user="admin", cert_name="admin")
     kubeconfig(pki() / "scheduler.kubeconfig", APISERVER_URL, user="scheduler", cert_name="scheduler")
-    kubeconfig(pki() / "controller-manager.kubeconfig", APISERVER_URL, user="controller-manager",
-               cert_name="controller-manager")
+    kubeconfig(
+        pki() / "controller-manager.kubeconfig",
+        APISERVER_URL,
+        user="controller-manager",
+        cert_name="controller-manager",
+    )
     for n in NODES:
         cert(f"kubelet-{n.name}", f"/O=system:nodes/CN=system:node:{n.name}")
         cert(f"kubelet-serving-{n.name}", f"/CN={n.name}", server=True, sans=[f"IP:{n.ip}", f"DNS:{n.name}"])
         conf = pki() / f"kubelet-{n.name}.kubeconfig"
         kubeconfig(conf, APISERVER_URL, user=f"system:node:{n.name}", cert_name=f"kubelet-{n.name}")
-        n.write_kubelet_files(pki() / "ca.crt", conf.read_text(),
-                              (pki() / f"kubelet-serving-{n.name}.crt", pki() / f"kubelet-serving-{n.name}.key"))
+        n.write_kubelet_files(
+            pki() / "ca.crt",
+            conf.read_text(),
+            (pki() / f"kubelet-serving-{n.name}.crt", pki() / f"kubelet-serving-{n.name}.key"),
+        )
 
 
 # -- control plane (host namespaces) -------------------------------------------------------
 
+
 def start_etcd(bins: dict[str, str]) -> None:
     p("etcd").mkdir(parents=True, exist_ok=True)
-    start("etcd", [bins["etcd"], "--name", "e2e", "--data-dir", str(p("etcd")),
-                   "--listen-client-urls", f"http://127.0.0.1:{ETCD_PORT}",
-                   "--advertise-client-urls", f"http://127.0.0.1:{ETCD_PORT}",
-                   "--listen-peer-urls", f"http://127.0.0.1:{ETCD_PORT + 10}",
-                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{ETCD_PORT + 10}",
-                   "--initial-cluster", f"e2e=http://127.0.0.1:{ETCD_PORT + 10}",
-                   "--unsafe-no-fsync", "--log-level", "warn"])
+    start(
+        "etcd",
+        [
+            bins["etcd"],
+            "--name",
+            "e2e",
+            "--data-dir",
+            str(p("etcd")),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{ETCD_PORT}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{ETCD_PORT}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{ETCD_PORT + 10}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{ETCD_PORT + 10}",
+            "--initial-cluster",
+            f"e2e=http://127.0.0.1:{ETCD_PORT + 10}",
+            "--unsafe-no-fsync",
+            "--log-level",
+            "warn",
+        ],
+    )
 
 
 def start_apiserver(bins: dict[str, str]) -> None:
     d = pki()
-    start("kube-apiserver", [
-        f"{bins['kube']}/kube-apiserver",
-        f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
-        f"--bind-address={HOST_IP}", f"--secure-port={APISERVER_PORT}", f"--advertise-address={HOST_IP}",
-        f"--tls-cert-file={d}/apiserver.crt", f"--tls-private-key-file={d}/apiserver.key",
-        f"--client-ca-file={d}/ca.crt",
-        f"--kubelet-client-certificate={d}/apiserver-kubelet-client.crt",
-        f"--kubelet-client-key={d}/apiserver-kubelet-client.key",
-        f"--kubelet-certificate-authority={d}/ca.crt",
-        # the node names resolve nowhere (as kubeadm sets it: the address first)
-        "--kubelet-preferred-address-types=InternalIP,Hostname",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        f"--service-account-key-file={d}/sa.pub", f"--service-account-signing-key-file={d}/sa.key",
-        f"--service-cluster-ip-range={SERVICE_RANGE}",
-        "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-        "--allow-privileged=true",
-        "--runtime-config=resource.k8s.io/v1=true",
-        FEATURE_GATES,
-        "--profiling=false", "--v=1",
-    ])
+    start(
+        "kube-apiserver",
+        [
+            f"{bins['kube']}/kube-apiserver",
+            f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
+            f"--bind-address={HOST_IP}",
+            f"--secure-port={APISERVER_PORT}",
+            f"--advertise-address={HOST_IP}",
+            f"--tls-cert-file={d}/apiserver.crt",
+            f"--tls-private-key-file={d}/apiserver.key",
+            f"--client-ca-file={d}/ca.crt",
+            f"--kubelet-client-certificate={d}/apiserver-kubelet-client.crt",
+            f"--kubelet-client-key={d}/apiserver-kubelet-client.key",
+            f"--kubelet-certificate-authority={d}/ca.crt",
+            # the node names resolve nowhere (as kubeadm sets it: the address first)
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={d}/sa.pub",
+            f"--service-account-signing-key-file={d}/sa.key",
+            f"--service-cluster-ip-range={SERVICE_RANGE}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true",
+            "--runtime-config=resource.k8s.io/v1=true",
+            FEATURE_GATES,
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
 
 
 def _kubeconfig_flags(path: str) -> list[str]:
     """A controller's own, authentication and authorization kubeconfig: one file for all three."""
-    return [f"--kubeconfig={path}", f"--authentication-kubeconfig={path}", f"--authorization-kubeconfig={path}"]
+    return [
+        f"--kubeconfig={path}",
+        f"--authentication-kubeconfig={path}",
+        f"--authorization-kubeconfig={path}",
+    ]
 
 
 def start_controller_manager(bins: dict[str, str]) -> None:
     d = pki()
-    start("kube-controller-manager", [
-        f"{bins['kube']}/kube-controller-manager",
-        *_kubeconfig_flags(f"{d}/controller-manager.kubeconfig"),
-        "--bind-address=127.0.0.1", "--secure-port=10357",
-        f"--service-account-private-key-file={d}/sa.key", f"--root-ca-file={d}/ca.crt",
-        "--use-service-account-credentials=true", "--leader-elect=false",
-        f"--service-cluster-ip-range={SERVICE_RANGE}",
-        "--controllers=*,-nodeipam",
-        FEATURE_GATES, "--v=1",
-    ])
+    start(
+        "kube-controller-manager",
+        [
+            f"{bins['kube']}/kube-controller-manager",
+            *_kubeconfig_flags(f"{d}/controller-manager.kubeconfig"),
+            "--bind-address=127.0.0.1",
+            "--secure-port=10357",
+            f"--service-account-private-key-file={d}/sa.key",
+            f"--root-ca-file={d}/ca.crt",
+            "--use-service-account-credentials=true",
+            "--leader-elect=false",
+            f"--service-cluster-ip-range={SERVICE_RANGE}",
+            "--controllers=*,-nodeipam",
+            FEATURE_GATES,
+            "--v=1",
+        ],
+    )
 
 
 def start_scheduler(bins: dict[str, str]) -> None:
-    start("kube-scheduler", [
-        f"{bins['kube']}/kube-scheduler",
-        *_kubeconfig_flags(f"{pki()}/scheduler.kubeconfig"),
-        "--bind-address=127.0.0.1", "--secure-port=10359", "--leader-elect=false",
-        FEATURE_GATES, "--v=2",
-    ])
+    start(
+        "kube-scheduler",
+        [
+            f"{bins['kube']}/kube-scheduler",
+            *_kubeconfig_flags(f"{pki()}/scheduler.kubeconfig"),
+            "--bind-address=127.0.0.1",
+            "--secure-port=10359",
+            "--leader-elect=false",
+            FEATURE_GATES,
+            "--v=2",
+        ],
+    )
 
 
 # -- API objects ---------------------------------------------------------------------------
+
 
 def api_client():
     from kubernetes import config
@@ -368,11 +493,20 @@ def agent_token(api, node_uid: str, node_name: str = NODE, account: str = "cni-d
     API server puts the node's name in the token's user info, as in a DaemonSet pod's."""
     from kubernetes import client
 
-    req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
-        audiences=["https://kubernetes.default.svc.cluster.local"], expiration_seconds=24 * 3600,
-        bound_object_ref=client.V1BoundObjectReference(kind="Node", api_version="v1", name=node_name,
-                                                       uid=node_uid)))
-    return client.CoreV1Api(api).create_namespaced_service_account_token(account, "kube-system", req).status.token
+    req = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(
+            audiences=["https://kubernetes.default.svc.cluster.local"],
+            expiration_seconds=24 * 3600,
+            bound_object_ref=client.V1BoundObjectReference(
+                kind="Node", api_version="v1", name=node_name, uid=node_uid
+            ),
+        )
+    )
+    return (
+        client.CoreV1Api(api)
+        .create_namespaced_service_account_token(account, "kube-system", req)
+        .status.token
+    )
 
 
 def token_client(token: str, path: Path):
@@ -385,12 +519,16 @@ def token_client(token: str, path: Path):
 
 # -- cni-dra, installed by Helm ----------------------------------------------------------------
 
+
 def helm(*args: str, check: bool = True, timeout_s: float = 300) -> subprocess.CompletedProcess:
     """The bed's helm (scripts/e2e/build-helm) with the admin kubeconfig; its cache and
     config under the cluster's directory."""
     home = p("helm")
-    env = {**os.environ, "KUBECONFIG": str(admin_kubeconfig()),
-           **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")}}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(admin_kubeconfig()),
+        **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")},
+    }
     res = subprocess.run([binaries_helm(), *args], capture_output=True, text=True, env=env, timeout=timeout_s)
     if check and res.returncode != 0:
         raise ClusterError(f"helm {' '.join(args)}: exit {res.returncode}: {res.stderr.strip()}")
@@ -423,9 +561,12 @@ def rolled_out(api) -> bool:
     ds = client.AppsV1Api(api).read_namespaced_daemon_set(RELEASE, RELEASE_NS)
     st = ds.status
     pods = [q for q in agent_pods(api) if q.metadata.deletion_timestamp is None]
-    return (ds.metadata.generation == st.observed_generation
-            and st.desired_number_scheduled == st.updated_number_scheduled == st.number_ready == len(NODES)
-            and len(pods) == len(NODES) and all(pod_ready(q) for q in pods))
+    return (
+        ds.metadata.generation == st.observed_generation
+        and st.desired_number_scheduled == st.updated_number_scheduled == st.number_ready == len(NODES)
+        and len(pods) == len(NODES)
+        and all(pod_ready(q) for q in pods)
+    )
 
 
 def helm_upgrade(api, *extra: str, timeout_s: float = 240) -> None:
@@ -447,7 +588,8 @@ def agent_pods(api, name: str | None = None) -> list:
 
 def pod_ready(pod) -> bool:
     return pod.metadata.deletion_timestamp is None and any(
-        c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+        c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or [])
+    )
 
 
 def agent_pod(api, name: str = NODE):
@@ -495,13 +637,19 @@ def agent_client(n: Node, path: Path, api=None):
 
 # -- up / down / status --------------------------------------------------------------------
 
+
 def start_nodes(bins: dict[str, str]) -> None:
     """Each node's init (its PID namespace), runtime (the images imported into it), then its kubelet."""
     for n in NODES:
         n.start_init()
         n.start_runtime(bins)
     for n in NODES:
-        wait(lambda n=n: n.runtime.ready(n), f"{n.name}: {n.runtime.name} socket", 30, proc=n.proc(n.runtime.name))
+        wait(
+            lambda n=n: n.runtime.ready(n),
+            f"{n.name}: {n.runtime.name} socket",
+            30,
+            proc=n.proc(n.runtime.name),
+        )
         n.runtime.load_images(n, bins)
     for n in NODES:
         n.start_kubelet(bins)
@@ -540,27 +688,46 @@ def up() -> Path:
         api = api_client()
         from kubernetes import client
 
-        wait(lambda: client.VersionApi(api).get_code().git_version, "kube-apiserver answering", 90,
-             proc="kube-apiserver")
+        wait(
+            lambda: client.VersionApi(api).get_code().git_version,
+            "kube-apiserver answering",
+            90,
+            proc="kube-apiserver",
+        )
         # the bootstrap RBAC policy and the authentication ConfigMap the other components read at start
         rbac = client.RbacAuthorizationV1Api(api)
-        wait(lambda: rbac.read_cluster_role_binding("system:kube-controller-manager")
-             and rbac.read_cluster_role_binding("system:kube-scheduler")
-             and client.CoreV1Api(api).read_namespaced_config_map("extension-apiserver-authentication", "kube-system"),
-             "kube-apiserver's bootstrap RBAC policy", 90, proc="kube-apiserver")
+        wait(
+            lambda: (
+                rbac.read_cluster_role_binding("system:kube-controller-manager")
+                and rbac.read_cluster_role_binding("system:kube-scheduler")
+                and client.CoreV1Api(api).read_namespaced_config_map(
+                    "extension-apiserver-authentication", "kube-system"
+                )
+            ),
+            "kube-apiserver's bootstrap RBAC policy",
+            90,
+            proc="kube-apiserver",
+        )
         start_controller_manager(bins)
         start_scheduler(bins)
         start_nodes(bins)
         for n in NODES:
-            wait(lambda n=n: client.CoreV1Api(api).read_node(n.name), f"Node {n.name} registered", 90,
-                 proc=n.proc("kubelet"))
+            wait(
+                lambda n=n: client.CoreV1Api(api).read_node(n.name),
+                f"Node {n.name} registered",
+                90,
+                proc=n.proc("kubelet"),
+            )
         install_cni_dra(api, bins)
         if MULTUS:
             install_multus(api)
         for n in NODES:
             wait(lambda n=n: node_ready(api, n.name), f"Node {n.name} Ready", 120, proc=n.proc("kubelet"))
-        wait(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", "default"),
-             "default service account", 60)
+        wait(
+            lambda: client.CoreV1Api(api).read_namespaced_service_account("default", "default"),
+            "default service account",
+            60,
+        )
     except BaseException:
         log("bring-up failed; component log tails:")
         print(tails(), file=sys.stderr)
@@ -572,7 +739,9 @@ def up() -> Path:
 def _leftovers() -> list[str]:
     found = [str(DIR)] if DIR.exists() else []
     found += [n.netns for n in NODES if Path(n.netns).exists()]
-    found += [f"link {x}" for x in (BRIDGE, *(n.uplink for n in NODES)) if Path(f"/sys/class/net/{x}").exists()]
+    found += [
+        f"link {x}" for x in (BRIDGE, *(n.uplink for n in NODES)) if Path(f"/sys/class/net/{x}").exists()
+    ]
     found += [f"cgroup {h / CGROUP_ROOT}" for h in cgroup_hierarchies() if (h / CGROUP_ROOT).exists()]
     return found
 

@@ -40,18 +40,41 @@ MANIFESTS = ("crd.yaml", "rbac.yaml")
 
 def write_files(node: Node, bins: dict[str, str]) -> None:
     """The node's Multus conflist, its primary network and the binary in /opt/cni/bin."""
-    primary = {"cniVersion": "1.0.0", "name": PRIMARY_NETWORK, "plugins": [{
-        "type": "ptp", "ipMasq": False, "mtu": 1500,
-        "ipam": {"type": "host-local", "ranges": [[{"subnet": node.pod_subnet}]], "routes": [{"dst": "0.0.0.0/0"}]},
-    }]}
-    multus = {"cniVersion": "1.1.0", "name": "multus-cni-network", "plugins": [{
-        # a path, not the network's name: given a name, Multus v4.3.0 first looks for a
-        # NetworkAttachmentDefinition of it, and on STATUS (no pod) its "not found" event
-        # for a nil pod panics (k8sclient.getKubernetesDelegate -> Eventf(nil, ...))
-        "type": "multus", "kubeconfig": KUBECONFIG, "clusterNetwork": PRIMARY,
-        "confDir": "/etc/cni/net.d", "binDir": "/opt/cni/bin", "cniDir": CACHE_DIR,
-        "logFile": LOG, "logLevel": "verbose",
-    }]}
+    primary = {
+        "cniVersion": "1.0.0",
+        "name": PRIMARY_NETWORK,
+        "plugins": [
+            {
+                "type": "ptp",
+                "ipMasq": False,
+                "mtu": 1500,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": node.pod_subnet}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            }
+        ],
+    }
+    multus = {
+        "cniVersion": "1.1.0",
+        "name": "multus-cni-network",
+        "plugins": [
+            {
+                # a path, not the network's name: given a name, Multus v4.3.0 first looks for a
+                # NetworkAttachmentDefinition of it, and on STATUS (no pod) its "not found" event
+                # for a nil pod panics (k8sclient.getKubernetesDelegate -> Eventf(nil, ...))
+                "type": "multus",
+                "kubeconfig": KUBECONFIG,
+                "clusterNetwork": PRIMARY,
+                "confDir": "/etc/cni/net.d",
+                "binDir": "/opt/cni/bin",
+                "cniDir": CACHE_DIR,
+                "logFile": LOG,
+                "logLevel": "verbose",
+            }
+        ],
+    }
     node.host_path(PRIMARY).write_text(json.dumps(primary, indent=1))
     node.host_path(CONFLIST).write_text(json.dumps(multus, indent=1))
     link = node.host_path("/opt/cni/bin/multus")

@@ -52,7 +52,10 @@ pod in KUBERNETES_SERVICE_HOST and _PORT. No kube-proxy runs here; each node's n
 the one rule kube-proxy would make for it (DNAT to the API server)."""
 NETWORK = "cni-dra-e2e"  # the conflist's name (libcni's cache files are named after it)
 DRIVER = "net.cni-dra.dev"
-NICS = {"cde2e-nic0": "cde2e-nic0p", "cde2e-nic1": "cde2e-nic1p"}  # NIC -> its veth peer; the same on every node
+NICS = {
+    "cde2e-nic0": "cde2e-nic0p",
+    "cde2e-nic1": "cde2e-nic1p",
+}  # NIC -> its veth peer; the same on every node
 JUMBO_NIC = "cde2e-nic1"
 JUMBO_MTU = 9216
 """The MTU of the jumbo NIC (both veth ends; the other NIC keeps the kernel's 1500). Above
@@ -65,8 +68,17 @@ NODE_CNI_EXE = "/opt/cni/bin/cni-dra"
 CONFLIST = f"/etc/cni/net.d/10-{NETWORK}.conflist"
 INIT_PIDFILE = "/run/cni-dra-e2e-init.pid"
 """Where the node's init writes its pid in the host's PID namespace (a node path)."""
-PRIVATE_PATHS = ("/etc/kubernetes", "/etc/cni/net.d", "/etc/cni-dra", "/opt/cni/bin", "/var/lib/kubelet",
-                 "/var/lib/cni", "/var/lib/cni-dra", "/var/log/pods", "/var/log/containers")
+PRIVATE_PATHS = (
+    "/etc/kubernetes",
+    "/etc/cni/net.d",
+    "/etc/cni-dra",
+    "/opt/cni/bin",
+    "/var/lib/kubelet",
+    "/var/lib/cni",
+    "/var/lib/cni-dra",
+    "/var/log/pods",
+    "/var/log/containers",
+)
 """Node paths bind-mounted from the node's own directory (besides /run and the runtime's)."""
 OVERLAID = ("/etc", "/var/lib", "/var/log")
 """Parents of private paths that may not exist on the host: an overlay on each (upper dir
@@ -173,8 +185,21 @@ class Node:
         # a stand-in for kube-proxy, for the one Service the node's host-network processes
         # use: in-cluster config (KUBERNETES_SERVICE_HOST) then works as in a pod
         ip, port = KUBERNETES_SERVICE
-        rule = ["-t", "nat", "OUTPUT", "-d", f"{ip}/32", "-p", "tcp", "--dport", str(port),
-                "-j", "DNAT", "--to-destination", f"{HOST_IP}:{APISERVER_PORT}"]
+        rule = [
+            "-t",
+            "nat",
+            "OUTPUT",
+            "-d",
+            f"{ip}/32",
+            "-p",
+            "tcp",
+            "--dport",
+            str(port),
+            "-j",
+            "DNAT",
+            "--to-destination",
+            f"{HOST_IP}:{APISERVER_PORT}",
+        ]
         iptables = ["nsenter", f"--net={self.netns}", "iptables"]
         if run(*iptables, *rule[:2], "-C", *rule[2:], check=False).returncode != 0:
             run(*iptables, *rule[:2], "-A", *rule[2:])
@@ -204,17 +229,40 @@ class Node:
             f.touch()
         for path in (*self.private_paths(), "/run"):
             self.host_path(path).mkdir(parents=True, exist_ok=True)
-        run("nsenter", f"--net={self.netns}", "unshare", f"--mount={self.mnt}", f"--uts={self.uts}",
-            "--propagation", "private", sys.executable, str(HERE / "cluster_node.py"), "init", str(self.root),
-            self.name, *self.private_paths())
+        run(
+            "nsenter",
+            f"--net={self.netns}",
+            "unshare",
+            f"--mount={self.mnt}",
+            f"--uts={self.uts}",
+            "--propagation",
+            "private",
+            sys.executable,
+            str(HERE / "cluster_node.py"),
+            "init",
+            str(self.root),
+            self.name,
+            *self.private_paths(),
+        )
 
     def start_init(self) -> None:
         """The node's PID namespace and its init (:func:`pid1`), which mounts the node's /proc;
         everything started in the node afterwards runs in it. Stopping it ends the namespace
         (its every process gets SIGKILL)."""
         self.host_path(INIT_PIDFILE).unlink(missing_ok=True)
-        self.start("init", ["unshare", "--pid", "--fork", "--kill-child", sys.executable,
-                            str(HERE / "cluster_node.py"), "pid1", INIT_PIDFILE])
+        self.start(
+            "init",
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                sys.executable,
+                str(HERE / "cluster_node.py"),
+                "pid1",
+                INIT_PIDFILE,
+            ],
+        )
         end = time.monotonic() + 10
         while self.init_pid() is None:
             if time.monotonic() > end or not self.running("init"):
@@ -253,8 +301,10 @@ class Node:
             if not Path(f"/sys/class/net/{self.uplink}").exists():
                 return
             time.sleep(0.1)
-        log(f"{self.name}: its network namespace is still referenced (a process or a mount elsewhere); "
-            f"deleting {self.uplink} and the node's eth0")
+        log(
+            f"{self.name}: its network namespace is still referenced (a process or a mount elsewhere); "
+            f"deleting {self.uplink} and the node's eth0"
+        )
         run("ip", "link", "del", self.uplink, check=False)
 
     # -- the node's files ------------------------------------------------------------------------
@@ -295,42 +345,77 @@ class Node:
         """The kubelet with its defaults (root /var/lib/kubelet, ports 10250 and 10248 in the
         node's netns, the node's hostname as its name), cgroupfs under the node's cgroup."""
         cfg = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{self.cgroup}",
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": f"/{self.cgroup}",
             "containerRuntimeEndpoint": self.runtime.endpoint,
             "failSwapOn": False,
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": "/etc/kubernetes/pki/ca.crt"}},
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": "/etc/kubernetes/pki/ca.crt"},
+            },
             "authorization": {"mode": "Webhook"},
             "tlsCertFile": "/etc/kubernetes/pki/kubelet-serving.crt",
             "tlsPrivateKeyFile": "/etc/kubernetes/pki/kubelet-serving.key",
             "readOnlyPort": 0,
             "resolvConf": "/etc/resolv.conf",
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "evictionHard": {
+                "memory.available": "100Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
             "serializeImagePulls": False,
             "registerNode": True,
-            "kubeReserved": {}, "systemReserved": {},
+            "kubeReserved": {},
+            "systemReserved": {},
         }
         self.host_path("/var/lib/kubelet/config.yaml").write_text(json.dumps(cfg, indent=1))
-        self.start("kubelet", [f"{bins['kube']}/kubelet", "--config=/var/lib/kubelet/config.yaml",
-                               "--kubeconfig=/etc/kubernetes/kubelet.conf", f"--node-ip={self.ip}", "--v=2"])
+        self.start(
+            "kubelet",
+            [
+                f"{bins['kube']}/kubelet",
+                "--config=/var/lib/kubelet/config.yaml",
+                "--kubeconfig=/etc/kubernetes/kubelet.conf",
+                f"--node-ip={self.ip}",
+                "--v=2",
+            ],
+        )
 
     def agent_registered(self) -> bool:
         """The kubelet's log says it connected to the driver's DRA socket (its last word on it)."""
         f = self.logfile("kubelet")
-        lines = [ln for ln in f.read_text(errors="replace").splitlines()
-                 if f'driverName="{DRIVER}"' in ln and "connected=" in ln] if f.exists() else []
+        lines = (
+            [
+                ln
+                for ln in f.read_text(errors="replace").splitlines()
+                if f'driverName="{DRIVER}"' in ln and "connected=" in ln
+            ]
+            if f.exists()
+            else []
+        )
         return bool(lines) and "connected=true" in lines[-1]
 
     def books(self) -> dict:
         """``cni-dra status --json`` run inside the node (its state dir and inventory)."""
-        out = self.run(NODE_CNI_EXE, "status", "--state-dir", "/var/lib/cni-dra",
-                       "--inventory", "/etc/cni-dra/resourceslice.yaml", "--json")
+        out = self.run(
+            NODE_CNI_EXE,
+            "status",
+            "--state-dir",
+            "/var/lib/cni-dra",
+            "--inventory",
+            "/etc/cni-dra/resourceslice.yaml",
+            "--json",
+        )
         return json.loads(out.stdout)
 
 
 # -- host-side helpers -------------------------------------------------------------------------
+
 
 def _mount_points() -> set[str]:
     return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
@@ -353,6 +438,7 @@ def delete_bridge() -> None:
 
 
 # -- inside the new namespaces --------------------------------------------------------------------
+
 
 def _sh(*args: str) -> None:
     res = subprocess.run(list(args), capture_output=True, text=True)

@@ -30,7 +30,9 @@ def log(msg: str) -> None:
 def run(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     res = subprocess.run(list(args), capture_output=True, text=True, **kw)
     if check and res.returncode != 0:
-        raise ClusterError(f"failed to run {' '.join(args)}: exit {res.returncode}: {res.stderr.strip() or res.stdout.strip()}")
+        raise ClusterError(
+            f"failed to run {' '.join(args)}: exit {res.returncode}: {res.stderr.strip() or res.stdout.strip()}"
+        )
     return res
 
 
@@ -63,6 +65,7 @@ def wait(cond: Callable[[], object], what: str, timeout_s: float, *, proc: str |
 
 
 # -- cgroups -------------------------------------------------------------------------------
+
 
 def cgroup_hierarchies() -> list[Path]:
     out = []
@@ -134,7 +137,9 @@ def remove_cgroups() -> None:
             root = h / CGROUP_ROOT
             if not root.is_dir():
                 continue
-            dirs = sorted((d for d in root.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True)
+            dirs = sorted(
+                (d for d in root.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True
+            )
             for d in [*dirs, root]:
                 try:
                     d.rmdir()
@@ -171,11 +176,20 @@ def start(name: str, args: list[str], env: dict[str, str] | None = None, *, cgro
     with open(logfile(name), "ab") as out:
         out.write(f"=== {time.strftime('%H:%M:%S')} start: {' '.join(args)}\n".encode())
         out.flush()
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env=full_env, start_new_session=True, cwd="/",
-                                preexec_fn=cgroup_joiner(cgroup) if cgroup else None)
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+            cwd="/",
+            preexec_fn=cgroup_joiner(cgroup) if cgroup else None,
+        )
     pidfile(name).write_text(f"{proc.pid} {_start_time(proc.pid)}")
-    pidfile(name).with_suffix(".cmd").write_text(json.dumps({"args": args, "env": env or {}, "cgroup": cgroup}))
+    pidfile(name).with_suffix(".cmd").write_text(
+        json.dumps({"args": args, "env": env or {}, "cgroup": cgroup})
+    )
     _PROCS[name] = proc
     return proc.pid
 
@@ -266,7 +280,9 @@ def stop_all(names: list[str], *, timeout_s: float = 15.0) -> None:
     for pid in pids.values():
         _signal_group(pid, signal.SIGTERM)
     end = time.monotonic() + timeout_s
-    while time.monotonic() < end and any(pid_of(name) is not None or _group(pid) for name, pid in pids.items()):
+    while time.monotonic() < end and any(
+        pid_of(name) is not None or _group(pid) for name, pid in pids.items()
+    ):
         for pid in pids.values():
             _reap(pid)
         time.sleep(0.1)
@@ -311,6 +327,7 @@ def kill_in_namespaces(inodes: set[tuple[int, int]]) -> list[int]:
 
 
 # -- mounts --------------------------------------------------------------------------------
+
 
 def mounts_under(prefix: Path) -> list[str]:
     """Mount points at or under ``prefix`` in this process's mount namespace."""

@@ -72,7 +72,7 @@ class Containerd:
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = "{bins['runc']}"
+        BinaryName = "{bins["runc"]}"
         SystemdCgroup = false
 
 [plugins."io.containerd.cri.v1.images"]
@@ -106,7 +106,10 @@ class Containerd:
         _load_test_images(self, node, bins)
 
     def versions(self, bins: dict[str, str]) -> dict[str, list[str]]:
-        return {"containerd": [f"{bins['containerd_bin']}/containerd", "--version"], "runc": [bins["runc"], "--version"]}
+        return {
+            "containerd": [f"{bins['containerd_bin']}/containerd", "--version"],
+            "runc": [bins["runc"], "--version"],
+        }
 
 
 def _load_test_images(rt: Runtime, node: Node, bins: dict[str, str]) -> None:
@@ -184,8 +187,16 @@ class Crio:
     private_paths = ("/etc/crio", "/etc/containers", "/var/lib/containers", "/var/lib/crio")
     teardown_phrase = "Deleting pod "
     """What its log says when it tears a pod's network down (ocicni, before CNI DEL)."""
-    storage = ("--root", "/var/lib/containers/storage", "--runroot", "/run/containers/storage",
-               "--storage-driver", "overlay", "--signature-policy", "/etc/crio/policy.json")
+    storage = (
+        "--root",
+        "/var/lib/containers/storage",
+        "--runroot",
+        "/run/containers/storage",
+        "--storage-driver",
+        "overlay",
+        "--signature-policy",
+        "/etc/crio/policy.json",
+    )
     status_grace_s = 10
     """``cni_status_grace_period``: CRI-O polls STATUS (every 5 s) only when it is set, and
     reports the network not ready once STATUS has failed for that long."""
@@ -257,11 +268,19 @@ enable_nri = false
         """An OCI archive into the node's CRI-O storage with CRI-O's own ``copyimg`` (its
         containers/storage; no registry), under each name the archive's index gives."""
         for name in archive_names(archive):
-            node.run(f"{bins['crio_bin']}/copyimg", *self.storage, "--import-from", f"oci-archive:{archive}",
-                     "--image-name", name)
+            node.run(
+                f"{bins['crio_bin']}/copyimg",
+                *self.storage,
+                "--import-from",
+                f"oci-archive:{archive}",
+                "--image-name",
+                name,
+            )
 
     def images(self, node: Node, bins: dict[str, str]) -> list[str]:
-        out = node.run(f"{bins['crio_bin']}/crictl", "--runtime-endpoint", self.endpoint, "images", "-o", "json").stdout
+        out = node.run(
+            f"{bins['crio_bin']}/crictl", "--runtime-endpoint", self.endpoint, "images", "-o", "json"
+        ).stdout
         return [tag for img in json.loads(out).get("images") or [] for tag in img.get("repoTags") or []]
 
     def load_images(self, node: Node, bins: dict[str, str]) -> None:
@@ -269,8 +288,12 @@ enable_nri = false
 
     def versions(self, bins: dict[str, str]) -> dict[str, list[str]]:
         crio = bins["crio_bin"]
-        return {"cri-o": [f"{crio}/crio", "--version"], "conmon": [f"{crio}/conmon", "--version"],
-                "runc": [f"{crio}/runc", "--version"], "crictl": [f"{crio}/crictl", "--version"]}
+        return {
+            "cri-o": [f"{crio}/crio", "--version"],
+            "conmon": [f"{crio}/conmon", "--version"],
+            "runc": [f"{crio}/runc", "--version"],
+            "crictl": [f"{crio}/crictl", "--version"],
+        }
 
 
 RUNTIMES = {"containerd": Containerd, "cri-o": Crio}

@@ -46,6 +46,7 @@ TAINT = {"key": "cni-dra.dev/differential", "value": "true", "effect": "NoSchedu
 
 # -- the gate-on control plane -----------------------------------------------------------------------
 
+
 def _kubeconfig_on(cluster: ModuleType, src: Path, dst: Path, port: int) -> Path:
     cfg = json.loads(src.read_text())
     for c in cfg["clusters"]:
@@ -81,31 +82,62 @@ class GateOnControlPlane:
         c = self.cluster
         self.dir.mkdir(parents=True, exist_ok=True)
         saved = json.loads(c.p("pids", "kube-apiserver.cmd").read_text())
-        args = [a.replace(f"--secure-port={c.APISERVER_PORT}", f"--secure-port={self.port}") for a in saved["args"]]
+        args = [
+            a.replace(f"--secure-port={c.APISERVER_PORT}", f"--secure-port={self.port}")
+            for a in saved["args"]
+        ]
         # on the bed's address (where its certificate is valid), beside the bed's API server;
         # it leaves the kubernetes Service's endpoints to that one (both advertise one address)
         c.start(self.APISERVER, [*args, MIN_COMPAT, "--endpoint-reconciler-type=none"], saved["env"])
         _kubeconfig_on(c, c.admin_kubeconfig(), self.admin_kubeconfig, self.port)
-        kc = _kubeconfig_on(c, c.p("pki", "scheduler.kubeconfig"), self.dir / "scheduler-gate-on.kubeconfig", self.port)
-        c.wait(lambda: self.api_get("/readyz") == "ok", "gate-on kube-apiserver ready", 90, proc=self.APISERVER)
+        kc = _kubeconfig_on(
+            c, c.p("pki", "scheduler.kubeconfig"), self.dir / "scheduler-gate-on.kubeconfig", self.port
+        )
+        c.wait(
+            lambda: self.api_get("/readyz") == "ok", "gate-on kube-apiserver ready", 90, proc=self.APISERVER
+        )
         config = self.dir / "scheduler-gate-on.json"
-        config.write_text(json.dumps({
-            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(kc)}, "leaderElection": {"leaderElect": False},
-            "profiles": [{"schedulerName": SCHEDULER_ON}]}))
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": str(kc)},
+                    "leaderElection": {"leaderElect": False},
+                    "profiles": [{"schedulerName": SCHEDULER_ON}],
+                }
+            )
+        )
         kube_bin = Path(json.loads(c.p("pids", "kube-scheduler.cmd").read_text())["args"][0]).parent
-        c.start(self.SCHEDULER, [
-            str(kube_bin / "kube-scheduler"), f"--config={config}",
-            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-            "--bind-address=127.0.0.1", f"--secure-port={SCHEDULER_ON_PORT}", MIN_COMPAT, c.FEATURE_GATES,
-            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics", "--v=2"])
-        c.wait(lambda: _https(f"https://127.0.0.1:{SCHEDULER_ON_PORT}/healthz") == "ok",
-               "gate-on kube-scheduler healthy", 60, proc=self.SCHEDULER)
+        c.start(
+            self.SCHEDULER,
+            [
+                str(kube_bin / "kube-scheduler"),
+                f"--config={config}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={SCHEDULER_ON_PORT}",
+                MIN_COMPAT,
+                c.FEATURE_GATES,
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                "--v=2",
+            ],
+        )
+        c.wait(
+            lambda: _https(f"https://127.0.0.1:{SCHEDULER_ON_PORT}/healthz") == "ok",
+            "gate-on kube-scheduler healthy",
+            60,
+            proc=self.SCHEDULER,
+        )
 
     def api_get(self, path: str) -> str:
         pki = self.cluster.p("pki")
-        return _https(f"https://{self.cluster.HOST_IP}:{self.port}{path}", cert=(pki / "admin.crt", pki / "admin.key"),
-                      ca=pki / "ca.crt")
+        return _https(
+            f"https://{self.cluster.HOST_IP}:{self.port}{path}",
+            cert=(pki / "admin.crt", pki / "admin.key"),
+            ca=pki / "ca.crt",
+        )
 
     def __exit__(self, *exc: object) -> None:
         for name in (self.SCHEDULER, self.APISERVER):
@@ -119,7 +151,9 @@ def _https(url: str, *, cert: tuple[Path, Path] | None = None, ca: Path | None =
 
     import urllib3
 
-    kw: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED", "ca_certs": str(ca)} if ca else {"cert_reqs": "CERT_NONE"}
+    kw: dict[str, Any] = (
+        {"cert_reqs": "CERT_REQUIRED", "ca_certs": str(ca)} if ca else {"cert_reqs": "CERT_NONE"}
+    )
     if cert:
         kw.update(cert_file=str(cert[0]), key_file=str(cert[1]))
     with warnings.catch_warnings(), urllib3.PoolManager(**kw) as pool:
@@ -149,22 +183,38 @@ def component_gates(cluster: ModuleType, on: GateOnControlPlane) -> dict[str, bo
 
 # -- the kubelet-less node -------------------------------------------------------------------------
 
+
 def fake_node(name: str) -> dict[str, Any]:
     """A Node without a kubelet, its status as a kubelet would register it; one per batch,
     so that a batch's pods can only land where its own slice is."""
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, TAINT["key"]: "true"}},
-            "spec": {"taints": [TAINT]},
-            "status": {"capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
-                       "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
-                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                       "message": "no kubelet: the differential test's node"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, TAINT["key"]: "true"}},
+        "spec": {"taints": [TAINT]},
+        "status": {
+            "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
+            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "no kubelet: the differential test's node",
+                }
+            ],
+        },
+    }
 
 
 def class_and_namespace() -> list[dict[str, Any]]:
     """The DeviceClass of :data:`DRIVER`'s devices and the test's namespace."""
-    klass = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": CLASS},
-             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
+    klass = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     return [klass, ns]
 
@@ -172,17 +222,33 @@ def class_and_namespace() -> list[dict[str, Any]]:
 def pod_for(name: str, claim: str, scheduler: str, *, image: str, node: str) -> dict[str, Any]:
     """A pod naming ``claim``, for Node ``node`` (by name; every taint tolerated), scheduled
     by ``scheduler``."""
-    on_node = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {"schedulerName": scheduler,
-                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": on_node}},
-                     "tolerations": [{"operator": "Exists"}], "terminationGracePeriodSeconds": 1,
-                     "resourceClaims": [{"name": "nic", "resourceClaimName": claim}],
-                     "containers": [{"name": "app", "image": image, "imagePullPolicy": "Never",
-                                     "resources": {"claims": [{"name": "nic"}]}}]}}
+    on_node = {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "schedulerName": scheduler,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": on_node}},
+            "tolerations": [{"operator": "Exists"}],
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "nic", "resourceClaimName": claim}],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "resources": {"claims": [{"name": "nic"}]},
+                }
+            ],
+        },
+    }
 
 
 # -- random slices and claims ------------------------------------------------------------------------
+
 
 def q(milli: int) -> str:
     """A quantity string for ``milli`` milli-units (whole numbers without the suffix)."""
@@ -192,8 +258,9 @@ def q(milli: int) -> str:
 G = 10**12  # 1G in milli-units
 
 
-def _range_policy(rng: random.Random, value: int, mins: list[int], steps: list[int | None],
-                  loose_default: bool) -> dict[str, Any]:
+def _range_policy(
+    rng: random.Random, value: int, mins: list[int], steps: list[int | None], loose_default: bool
+) -> dict[str, Any]:
     mn = rng.choice([m for m in mins if m < value])
     step = rng.choice([s for s in steps if s is None or mn + s <= value])
     r: dict[str, Any] = {"min": q(mn)}
@@ -206,7 +273,9 @@ def _range_policy(rng: random.Random, value: int, mins: list[int], steps: list[i
     elif rng.random() < 0.4:
         top = rng.randint(mn, value)
         r["max"] = q(top)
-    default = mn if step is None or rng.random() < 0.7 else mn + rng.randint(0, min(3, (top - mn) // step)) * step
+    default = (
+        mn if step is None or rng.random() < 0.7 else mn + rng.randint(0, min(3, (top - mn) // step)) * step
+    )
     if loose_default and step is not None:  # off the exact grid: a gate-off API server may take it
         default = min(top, default + rng.randint(0, step))
     return {"default": q(default), "validRange": r}
@@ -221,16 +290,35 @@ def _capacity(rng: random.Random, kind: str, shared: bool, gate_on: bool) -> dic
     if kind == "bandwidth":
         value = rng.choice([10, 25, 40, 100]) * G
         pick = rng.random()
-        policy = None if not shared or pick < 0.12 else (
-            _range_policy(rng, value, [G // 10, G // 4, G // 2, G], [None, G // 10, G // 4, G // 2, G], False)
-            if pick < 0.7 else _values_policy(rng, value, [G // 2, G, 2 * G, 5 * G // 2, 5 * G, 10 * G]))
+        policy = (
+            None
+            if not shared or pick < 0.12
+            else (
+                _range_policy(
+                    rng, value, [G // 10, G // 4, G // 2, G], [None, G // 10, G // 4, G // 2, G], False
+                )
+                if pick < 0.7
+                else _values_policy(rng, value, [G // 2, G, 2 * G, 5 * G // 2, 5 * G, 10 * G])
+            )
+        )
     else:  # "slots": small numbers, the fractional policies
         value = rng.choice([2000, 4000, 7500, 8000, 16000])
         pick = rng.random()
-        policy = None if not shared or pick < 0.15 else (
-            _range_policy(rng, value, [0, 100, 250, 500, 1000, 1500], [None, 100, 250, 500, 750, 1000, 1500, 2500],
-                          not gate_on and rng.random() < 0.3)
-            if pick < 0.75 else _values_policy(rng, value, [250, 500, 750, 1000, 1500, 2000, 2500, 4000]))
+        policy = (
+            None
+            if not shared or pick < 0.15
+            else (
+                _range_policy(
+                    rng,
+                    value,
+                    [0, 100, 250, 500, 1000, 1500],
+                    [None, 100, 250, 500, 750, 1000, 1500, 2500],
+                    not gate_on and rng.random() < 0.3,
+                )
+                if pick < 0.75
+                else _values_policy(rng, value, [250, 500, 750, 1000, 1500, 2000, 2500, 4000])
+            )
+        )
     out: dict[str, Any] = {"value": q(value)}
     if policy is not None:
         out["requestPolicy"] = policy
@@ -249,14 +337,29 @@ def gen_slice(rng: random.Random, name: str, gate_on: bool, node: str) -> dict[s
         if rng.random() < 0.75:
             caps["slots"] = _capacity(rng, "slots", shared, gate_on)
         speed = int(caps["bandwidth"]["value"]) // 10**9  # G
-        dev: dict[str, Any] = {"name": f"nic-{i}", "capacity": caps, "attributes": {
-            "index": {"int": i}, "zone": {"string": rng.choice("ab")}, "speed": {"int": speed}}}
+        dev: dict[str, Any] = {
+            "name": f"nic-{i}",
+            "capacity": caps,
+            "attributes": {
+                "index": {"int": i},
+                "zone": {"string": rng.choice("ab")},
+                "speed": {"int": speed},
+            },
+        }
         if shared:
             dev["allowMultipleAllocations"] = True
         devices.append(dev)
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-            "spec": {"driver": DRIVER, "nodeName": node,
-                     "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
 
 
 def _milli(text: str) -> int:
@@ -274,7 +377,9 @@ def _amount(rng: random.Random, devices: list[dict[str, Any]], cap: str, gate_on
         mn, step = _milli(r["min"]), _milli(r.get("step", "0")) or max(1, value // 7)
         mx = _milli(r["max"]) if "max" in r else value
         k = rng.randint(0, max(0, min(6, (mx - mn) // step)))
-        milli = rng.choice([mn + k * step, mn + k * step, mn + k * step + rng.randint(1, step), mn // 2, mx, mx + 1])
+        milli = rng.choice(
+            [mn + k * step, mn + k * step, mn + k * step + rng.randint(1, step), mn // 2, mx, mx + 1]
+        )
     elif "validValues" in pol:
         vals = [_milli(v) for v in pol["validValues"]]
         i = rng.randrange(len(vals))
@@ -322,19 +427,29 @@ def gen_claim(rng: random.Random, slice_: dict[str, Any], name: str, gate_on: bo
     reqs: list[dict[str, Any]] = []
     for r in range(rng.choices([1, 2, 3], [65, 28, 7])[0]):
         if rng.random() < 0.15:
-            reqs.append({"name": f"r{r}", "firstAvailable": [
-                {"name": f"s{j}", **_exact(rng, devices, gate_on)} for j in range(2)]})
+            reqs.append(
+                {
+                    "name": f"r{r}",
+                    "firstAvailable": [{"name": f"s{j}", **_exact(rng, devices, gate_on)} for j in range(2)],
+                }
+            )
         else:
             reqs.append({"name": f"r{r}", "exactly": _exact(rng, devices, gate_on)})
     spec: dict[str, Any] = {"requests": reqs}
     if len(reqs) > 1 and rng.random() < 0.3:
-        spec["constraints"] = [rng.choice([{"matchAttribute": f"{DRIVER}/zone"},
-                                           {"distinctAttribute": f"{DRIVER}/index"}])]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"devices": spec}}
+        spec["constraints"] = [
+            rng.choice([{"matchAttribute": f"{DRIVER}/zone"}, {"distinctAttribute": f"{DRIVER}/index"}])
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": spec},
+    }
 
 
 # -- the two outcomes ------------------------------------------------------------------------------
+
 
 class InputRefused(AssertionError):
     """``cni-dra allocate`` refused its input (exit 2): the slice or a claim."""
@@ -348,9 +463,16 @@ def knows_the_gate(exe: str) -> bool:
     return "--fractional-capacity-range" in res.stdout
 
 
-def predict(exe: str, workdir: Path, slice_: dict[str, Any], claims: list[dict[str, Any]], *,
-            gate_on: bool | None, consumed: dict[str, dict[str, str]] | None = None,
-            state_dir: Path | None = None) -> list[dict[str, Any]]:
+def predict(
+    exe: str,
+    workdir: Path,
+    slice_: dict[str, Any],
+    claims: list[dict[str, Any]],
+    *,
+    gate_on: bool | None,
+    consumed: dict[str, dict[str, str]] | None = None,
+    state_dir: Path | None = None,
+) -> list[dict[str, Any]]:
     """``cni-dra allocate`` as a user runs it: the slice, the claims in order, the node's
     usage (``--consumed`` or ``--state-dir``), ``--fractional-capacity-range on|off`` (or
     ``auto`` when ``gate_on`` is None). Returns its JSON entries (exit 0 when every claim
@@ -384,13 +506,22 @@ def _nanos(text: str) -> int:
 
 def results_key(results: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """Allocation results without shareIDs, consumed amounts as exact values, in result order."""
-    return [(r["request"], r["pool"], r["device"],
-             None if r.get("consumedCapacity") is None
-             else tuple(sorted((k, _nanos(v)) for k, v in r["consumedCapacity"].items())))
-            for r in results]
+    return [
+        (
+            r["request"],
+            r["pool"],
+            r["device"],
+            None
+            if r.get("consumedCapacity") is None
+            else tuple(sorted((k, _nanos(v)) for k, v in r["consumedCapacity"].items())),
+        )
+        for r in results
+    ]
 
 
-def consumed_after(slice_: dict[str, Any], allocations: list[list[dict[str, Any]]]) -> dict[str, dict[str, str]]:
+def consumed_after(
+    slice_: dict[str, Any], allocations: list[list[dict[str, Any]]]
+) -> dict[str, dict[str, str]]:
     """``--consumed`` for what ``allocations`` (each a claim's results) hold: shared results
     summed per capacity; a dedicated device held whole (every capacity's value)."""
     from cni_dra.quantity import Quantity
@@ -429,8 +560,11 @@ def wait_scheduled(read_pod: Callable[[], dict[str, Any] | None], timeout_s: flo
         for cond in (pod.get("status") or {}).get("conditions") or []:
             if cond.get("type") == "PodScheduled":
                 last = cond
-        if last.get("status") == "True" or last.get("reason") == "SchedulerError" or \
-                "cannot allocate all claims" in (last.get("message") or ""):
+        if (
+            last.get("status") == "True"
+            or last.get("reason") == "SchedulerError"
+            or "cannot allocate all claims" in (last.get("message") or "")
+        ):
             return last
         time.sleep(0.05)
     raise AssertionError(f"no scheduling decision in {timeout_s:.0f}s (last condition: {last})")

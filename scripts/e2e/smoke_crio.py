@@ -13,9 +13,27 @@ import time
 import uuid
 from pathlib import Path
 
-from smoke_host import (CACHE, HERE, SUBNET, TAG, SmokeError, kill_mentioning, last_line, last_lines, log,
-                        make_cgroup_parent, netns_ipv4, ping, read_calls, remove_cgroup_parent, remove_cni_cache,
-                        run, unmount_under, wait_for, write_shim)
+from smoke_host import (
+    CACHE,
+    HERE,
+    SUBNET,
+    TAG,
+    SmokeError,
+    kill_mentioning,
+    last_line,
+    last_lines,
+    log,
+    make_cgroup_parent,
+    netns_ipv4,
+    ping,
+    read_calls,
+    remove_cgroup_parent,
+    remove_cni_cache,
+    run,
+    unmount_under,
+    wait_for,
+    write_shim,
+)
 
 # CRI-O gives the infra (pause) container oom_score_adj -998; lowering it needs
 # CAP_SYS_RESOURCE, which this host does not give, so runc fails ("failed to update
@@ -50,6 +68,7 @@ class CrioPass:
     """One run of CRI-O: the network's cniVersion, where the reference plugins come from,
     CRI-O's cni_status_grace_period, whether an infra (pause) container runs, and the
     Multus thin plugin to put in front of ptp (None: ptp alone)."""
+
     cni_version: str
     plugin_dir: Path
     grace: str = "0s"
@@ -67,8 +86,17 @@ def unstable_cni_plugins() -> Path:
     run("rm", "-rf", str(tmp))
     (tmp / "dl").mkdir(parents=True)
     env = {**os.environ, "APT_CONFIG": str(CACHE / "apt/apt.conf")}
-    run("apt-get", "-qq", "-o", "APT::Sandbox::User=root", "download", "containernetworking-plugins",
-        cwd=tmp / "dl", env=env, timeout=300)
+    run(
+        "apt-get",
+        "-qq",
+        "-o",
+        "APT::Sandbox::User=root",
+        "download",
+        "containernetworking-plugins",
+        cwd=tmp / "dl",
+        env=env,
+        timeout=300,
+    )
     (deb,) = (tmp / "dl").glob("*.deb")
     run("dpkg-deb", "-x", str(deb), str(tmp))
     (tmp / "stamp").write_text(deb.name + "\n")
@@ -151,13 +179,28 @@ class Crio:
         self.sock.unlink(missing_ok=True)
         with open(self.log, "a") as out:
             proc = self.proc = subprocess.Popen(
-                [str(self.bins / "crio"), "--config", str(self.tmp / "crio.conf"),
-                 "--config-dir", str(self.tmp / "crio.conf.d")],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={"PATH": f"{self.bins}:/usr/sbin:/usr/bin:/sbin:/bin"})
+                [
+                    str(self.bins / "crio"),
+                    "--config",
+                    str(self.tmp / "crio.conf"),
+                    "--config-dir",
+                    str(self.tmp / "crio.conf.d"),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={"PATH": f"{self.bins}:/usr/sbin:/usr/bin:/sbin:/bin"},
+            )
         try:
-            wait_for(lambda: proc.poll() is None and self.sock.exists()
-                     and self.crictl("version", check=False).returncode == 0, "CRI-O's socket", 60)
+            wait_for(
+                lambda: (
+                    proc.poll() is None
+                    and self.sock.exists()
+                    and self.crictl("version", check=False).returncode == 0
+                ),
+                "CRI-O's socket",
+                60,
+            )
         except SmokeError:
             raise SmokeError(f"CRI-O did not come up (exit {proc.poll()}):\n{self.tail()}") from None
 
@@ -173,8 +216,18 @@ class Crio:
 
     def crictl(self, *args: str, check: bool = True, timeout: float = 90) -> subprocess.CompletedProcess[str]:
         ep = f"unix://{self.sock}"
-        return run(str(self.bins / "crictl"), "--runtime-endpoint", ep, "--image-endpoint", ep,
-                   "--timeout", "60s", *args, check=check, timeout=timeout)
+        return run(
+            str(self.bins / "crictl"),
+            "--runtime-endpoint",
+            ep,
+            "--image-endpoint",
+            ep,
+            "--timeout",
+            "60s",
+            *args,
+            check=check,
+            timeout=timeout,
+        )
 
     def tail(self, n: int = 30) -> str:
         if not self.log.exists():
@@ -186,7 +239,18 @@ class Crio:
 def crio_setup(tmp: Path, bins: Path, images: Path, cp: CrioPass) -> Path:
     """Config, policy, CNI network (ptp, or Multus delegating to ptp, behind the shim),
     images and, with an infra container, the runc wrapper; returns the calls log."""
-    for d in ("crio.conf.d", "net.d", "ns", "pod-logs", "exits", "attach", "keys", "cdi", "hooks", "policies"):
+    for d in (
+        "crio.conf.d",
+        "net.d",
+        "ns",
+        "pod-logs",
+        "exits",
+        "attach",
+        "keys",
+        "cdi",
+        "hooks",
+        "policies",
+    ):
         (tmp / d).mkdir(parents=True, exist_ok=True)
     shim_dir, calls = tmp / "cni-shim", tmp / "cni-calls.jsonl"
     write_shim(shim_dir, cp.plugin_dir / "ptp", calls)
@@ -195,42 +259,94 @@ def crio_setup(tmp: Path, bins: Path, images: Path, cp: CrioPass) -> Path:
         (tmp / "runc-wrapper").write_text(RUNC_WRAPPER.format(real=bins / "runc"))
         (tmp / "runc-wrapper").chmod(0o755)
     (tmp / "policy.json").write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
-    ptp = {"type": "ptp", "ipMasq": False, "mtu": 1500, "ipam": {
-        "type": "host-local", "dataDir": str(tmp / "ipam"),
-        "ranges": [[{"subnet": f"{SUBNET}.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}
+    ptp = {
+        "type": "ptp",
+        "ipMasq": False,
+        "mtu": 1500,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": str(tmp / "ipam"),
+            "ranges": [[{"subnet": f"{SUBNET}.0/24"}]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+        },
+    }
     network = {"cniVersion": cp.cni_version, "name": TAG, "plugins": [ptp]}
     if cp.multus is not None:
         write_shim(shim_dir, cp.multus, calls)
-        network = {"cniVersion": cp.cni_version, "name": TAG, "plugins": [{
-            "type": "multus", "binDir": str(shim_dir), "cniDir": str(tmp / "multus"),
-            "logFile": str(tmp / "multus.log"), "logLevel": "verbose",
-            "delegates": [{**network, "name": f"{TAG}-ptp"}]}]}
+        network = {
+            "cniVersion": cp.cni_version,
+            "name": TAG,
+            "plugins": [
+                {
+                    "type": "multus",
+                    "binDir": str(shim_dir),
+                    "cniDir": str(tmp / "multus"),
+                    "logFile": str(tmp / "multus.log"),
+                    "logLevel": "verbose",
+                    "delegates": [{**network, "name": f"{TAG}-ptp"}],
+                }
+            ],
+        }
     (tmp / "net.d" / "10-smoke.conflist").write_text(json.dumps(network, indent=1))
-    for archive, name in (("pause.tar", "registry.k8s.io/pause:3.10"),
-                          ("sleeper.tar", "localhost/cni-dra-e2e/sleeper:1")):
-        run(str(bins / "copyimg"), "--root", str(tmp / "root"), "--runroot", str(tmp / "runroot"),
-            "--storage-driver", "overlay", "--signature-policy", str(tmp / "policy.json"),
-            "--import-from", f"oci-archive:{images / archive}", "--image-name", name)
+    for archive, name in (
+        ("pause.tar", "registry.k8s.io/pause:3.10"),
+        ("sleeper.tar", "localhost/cni-dra-e2e/sleeper:1"),
+    ):
+        run(
+            str(bins / "copyimg"),
+            "--root",
+            str(tmp / "root"),
+            "--runroot",
+            str(tmp / "runroot"),
+            "--storage-driver",
+            "overlay",
+            "--signature-policy",
+            str(tmp / "policy.json"),
+            "--import-from",
+            f"oci-archive:{images / archive}",
+            "--image-name",
+            name,
+        )
     return calls
 
 
 def pod_configs(tmp: Path) -> tuple[Path, Path]:
     pod, ctr = tmp / "pod.json", tmp / "ctr.json"
-    pod.write_text(json.dumps({
-        "metadata": {"name": "smoke", "namespace": "cni-dra-smoke", "uid": str(uuid.uuid4()), "attempt": 0},
-        "log_directory": str(tmp / "pod-logs" / "smoke"),
-        # as the kubelet sends it: the pod's containers do not share a PID namespace
-        # (CRI's default, POD, would make CRI-O run an infra container regardless of
-        # drop_infra_ctr)
-        "linux": {"cgroup_parent": f"/{TAG}",
-                  "security_context": {"namespace_options": {"pid": 1}}},  # CONTAINER
-    }))
-    ctr.write_text(json.dumps({
-        "metadata": {"name": "sleeper"}, "image": {"image": "localhost/cni-dra-e2e/sleeper:1"},
-        "log_path": "sleeper.log",
-        "linux": {"security_context": {"seccomp": {"profile_type": 0},  # RuntimeDefault
-                                       "namespace_options": {"pid": 1}}},
-    }))
+    pod.write_text(
+        json.dumps(
+            {
+                "metadata": {
+                    "name": "smoke",
+                    "namespace": "cni-dra-smoke",
+                    "uid": str(uuid.uuid4()),
+                    "attempt": 0,
+                },
+                "log_directory": str(tmp / "pod-logs" / "smoke"),
+                # as the kubelet sends it: the pod's containers do not share a PID namespace
+                # (CRI's default, POD, would make CRI-O run an infra container regardless of
+                # drop_infra_ctr)
+                "linux": {
+                    "cgroup_parent": f"/{TAG}",
+                    "security_context": {"namespace_options": {"pid": 1}},
+                },  # CONTAINER
+            }
+        )
+    )
+    ctr.write_text(
+        json.dumps(
+            {
+                "metadata": {"name": "sleeper"},
+                "image": {"image": "localhost/cni-dra-e2e/sleeper:1"},
+                "log_path": "sleeper.log",
+                "linux": {
+                    "security_context": {
+                        "seccomp": {"profile_type": 0},  # RuntimeDefault
+                        "namespace_options": {"pid": 1},
+                    }
+                },
+            }
+        )
+    )
     return pod, ctr
 
 
@@ -251,11 +367,15 @@ def check_pod(crio: Crio, pod_id: str, ctr_id: str, calls: Path, cp: CrioPass) -
         cmd = Path(f"/proc/{infra_pid}/cmdline").read_bytes() if infra_pid else b""
         adj = Path(f"/proc/{infra_pid}/oom_score_adj").read_text().strip() if infra_pid else "?"
         if cmd != b"/ENTRY\0":
-            raise SmokeError(f"the infra container (pid {infra_pid}) runs {cmd!r}, not the pause image's /ENTRY")
+            raise SmokeError(
+                f"the infra container (pid {infra_pid}) runs {cmd!r}, not the pause image's /ENTRY"
+            )
         log(f"  infra container pid {infra_pid} runs the pause image's /ENTRY, oom_score_adj {adj}")
     elif infra_pid:
         raise SmokeError(f"an infra container runs (pid {infra_pid}) with drop_infra_ctr = true")
-    netns = next(n["path"] for n in sp["info"]["runtimeSpec"]["linux"]["namespaces"] if n["type"] == "network")
+    netns = next(
+        n["path"] for n in sp["info"]["runtimeSpec"]["linux"]["namespaces"] if n["type"] == "network"
+    )
     top = "multus" if cp.multus else "ptp"  # the plugin CRI-O runs
     adds = [c for c in read_calls(calls) if c["env"].get("CNI_COMMAND") == "ADD" and c["plugin"] == top]
     if len(adds) != 1:
@@ -266,8 +386,10 @@ def check_pod(crio: Crio, pod_id: str, ctr_id: str, calls: Path, cp: CrioPass) -
         raise SmokeError(f"pod IP {ip}, ADD result {result_ips}, eth0 {netns_ipv4(netns, 'eth0')}")
     if not ping(ip):
         raise SmokeError(f"no echo reply from the pod at {ip}")
-    log(f"  pod {pod_id[:12]} ip {ip} (= ADD result = eth0 in {netns}), answers ping; "
-        f"container {ctr_id[:12]} pid {pid} running, Seccomp 2 (filter)")
+    log(
+        f"  pod {pod_id[:12]} ip {ip} (= ADD result = eth0 in {netns}), answers ping; "
+        f"container {ctr_id[:12]} pid {pid} running, Seccomp 2 (filter)"
+    )
     return ip
 
 
@@ -283,11 +405,15 @@ def show_calls(calls: Path, marks: list[tuple[float, str]]) -> dict[str, list[st
             extra, verb = f" {sorted(k for k in conf if k.startswith('cni.dev/'))}", f"GC[{ids}]"
         if verb in ("ADD", "DEL", "CHECK"):
             extra = f" id={e.get('CNI_CONTAINERID', '')[:12]} if={e.get('CNI_IFNAME')}"
-            extra += " netns=" + ("none" if not e.get("CNI_NETNS") else "present" if c["netns_exists"] else "gone")
+            extra += " netns=" + (
+                "none" if not e.get("CNI_NETNS") else "present" if c["netns_exists"] else "gone"
+            )
             extra += " prevResult" if "prevResult" in conf else ""
         verb = f"{c['plugin']} {verb}"
         said = f": {' '.join(c['out'].split())}" if c["rc"] else ""  # the error JSON on one line
-        rows.append((c["t"], f"{verb} cniVersion={conf.get('cniVersion')}{extra} -> exit {c['rc']}{said}", verb))
+        rows.append(
+            (c["t"], f"{verb} cniVersion={conf.get('cniVersion')}{extra} -> exit {c['rc']}{said}", verb)
+        )
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0] if rows else 0.0
     steps: dict[str, list[str]] = {}
@@ -323,7 +449,7 @@ def check_calls(steps: dict[str, list[str]], cp: CrioPass, pod_id: str) -> None:
         if got.get(step) != verbs:
             raise SmokeError(f"during '{step}' CRI-O called {got.get(step)}, expected {verbs}")
     for step in ("crio start", "crio restart (pod running)"):
-        first = steps[step][:steps[step].index(want[step][1])] if v11 else steps[step]
+        first = steps[step][: steps[step].index(want[step][1])] if v11 else steps[step]
         if ("STATUS" in first) != v11:
             raise SmokeError(f"during '{step}': {steps[step]} (STATUS before GC only with 1.1.0)")
     if cp.multus is not None:
@@ -344,8 +470,10 @@ def crio_pass(bins: Path, images: Path, cp: CrioPass) -> None:
     def mark(what: str) -> None:
         marks.append((time.time(), what))
 
-    log(f"crio pass: cniVersion {cp.cni_version}, plugins {cp.plugin_dir}, cni_status_grace_period {cp.grace}, "
-        f"drop_infra_ctr {not cp.infra}, {'Multus delegating to ptp' if cp.multus else 'ptp'}, dir {tmp}")
+    log(
+        f"crio pass: cniVersion {cp.cni_version}, plugins {cp.plugin_dir}, cni_status_grace_period {cp.grace}, "
+        f"drop_infra_ctr {not cp.infra}, {'Multus delegating to ptp' if cp.multus else 'ptp'}, dir {tmp}"
+    )
     try:
         calls = crio_setup(tmp, bins, images, cp)
         make_cgroup_parent()
@@ -395,7 +523,9 @@ def crio_pass(bins: Path, images: Path, cp: CrioPass) -> None:
 def check_crio() -> None:
     bins = Path(last_line(str(HERE / "build-crio")))
     env = dict(line.split("=", 1) for line in last_lines(str(HERE / "fetch-runtime")))
-    versions = [run(str(bins / b), "--version").stdout.splitlines()[0] for b in ("crio", "conmon", "runc", "crictl")]
+    versions = [
+        run(str(bins / b), "--version").stdout.splitlines()[0] for b in ("crio", "conmon", "runc", "crictl")
+    ]
     log(f"crio: {'; '.join(versions)}")
     images, unstable = Path(env["IMAGES"]), unstable_cni_plugins()
     crio_pass(bins, images, CrioPass("1.0.0", Path("/usr/lib/cni")))

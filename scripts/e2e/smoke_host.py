@@ -42,7 +42,6 @@ sys.exit(p.returncode)
 """
 
 
-
 class SmokeError(Exception):
     pass
 
@@ -74,6 +73,7 @@ def wait_for(cond: Callable[[], bool], what: str, timeout_s: float) -> None:
 
 
 # -- what the checks leave behind: processes, mounts, cgroups --------------------------------
+
 
 def cgroup_hierarchies() -> list[Path]:
     out: list[Path] = []
@@ -110,7 +110,9 @@ def remove_cgroup_parent() -> None:
             root = h / TAG
             if not root.is_dir():
                 continue
-            dirs = sorted((d for d in root.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True)
+            dirs = sorted(
+                (d for d in root.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True
+            )
             for d in [*dirs, root]:
                 try:
                     d.rmdir()
@@ -189,7 +191,7 @@ def ping(ip: str, timeout_s: float = 2.0) -> bool:
             except TimeoutError:
                 return False
             ihl = (data[0] & 0xF) * 4
-            if addr[0] == ip and data[ihl] == 0 and struct.unpack("!H", data[ihl + 4:ihl + 6])[0] == ident:
+            if addr[0] == ip and data[ihl] == 0 and struct.unpack("!H", data[ihl + 4 : ihl + 6])[0] == ident:
                 return True
     return False
 

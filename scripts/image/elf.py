@@ -38,7 +38,7 @@ def read_dynamic(path: Path) -> Dynamic:
     data = path.read_bytes()
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError(f"{path}: not a little-endian ELF64 file")
-    phoff, = struct.unpack_from("<Q", data, 0x20)
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
     loads, dynamic = [], None
     for i in range(phnum):
@@ -62,7 +62,7 @@ def read_dynamic(path: Path) -> Dynamic:
 
     def string(offset: int) -> str:
         end = data.index(b"\0", base + offset)
-        return data[base + offset:end].decode()
+        return data[base + offset : end].decode()
 
     needed = tuple(string(val) for tag, val in entries if tag == _DT_NEEDED)
     runpath = [string(val) for tag, val in entries if tag == _DT_RUNPATH]

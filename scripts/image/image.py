@@ -29,7 +29,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-
 import oci
 import tree
 
@@ -54,14 +53,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="cni-dra-image-", dir=args.out_dir) as tmpdir:
         work = Path(tmpdir)
         layers = _layers(args.venv, args.cache, work, epoch)
-        digest = oci.write_archive(out, layers, _config(args.version, epoch, layers), args.name, args.tag, epoch)
+        digest = oci.write_archive(
+            out, layers, _config(args.version, epoch, layers), args.name, args.tag, epoch
+        )
     size_mb = out.stat().st_size / 1e6
     print(f"archive: {out} ({size_mb:.1f} MB)\nimage: {args.name}:{args.tag}\ndigest: {digest}")
     return 0
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(SRC), *args], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(SRC), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def _layers(venv: Path, cache: Path, work: Path, epoch: int) -> list[oci.Layer]:
@@ -69,15 +72,31 @@ def _layers(venv: Path, cache: Path, work: Path, epoch: int) -> list[oci.Layer]:
     plugin_tree = work / tree.TREE_NAME
     base = tree.build(venv, plugin_tree, cache)
     client = work / "cni-dra"
-    subprocess.run(["cc", "-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o", str(client),
-                    str(SRC / "scripts" / "cni-dra-client.c")], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-O2",
+            "-static",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            str(client),
+            str(SRC / "scripts" / "cni-dra-client.c"),
+        ],
+        check=True,
+    )
     under = f"opt/cni/bin/{tree.TREE_NAME}"
     base_files = {p.relative_to(base).as_posix() for p in base.rglob("*")}
     own = {p.relative_to(plugin_tree).as_posix() for p in plugin_tree.rglob("*") if p.is_file()} - base_files
-    app = [*oci.tree_entries(plugin_tree, under, only=own),
-           oci.Entry("opt/cni/bin/cni-dra", "file", 0o755, client),
-           oci.Entry("usr", "dir"), oci.Entry("usr/local", "dir"), oci.Entry("usr/local/bin", "dir"),
-           oci.Entry("usr/local/bin/cni-dra", "symlink", target="../../../opt/cni/bin/cni-dra")]
+    app = [
+        *oci.tree_entries(plugin_tree, under, only=own),
+        oci.Entry("opt/cni/bin/cni-dra", "file", 0o755, client),
+        oci.Entry("usr", "dir"),
+        oci.Entry("usr/local", "dir"),
+        oci.Entry("usr/local/bin", "dir"),
+        oci.Entry("usr/local/bin/cni-dra", "symlink", target="../../../opt/cni/bin/cni-dra"),
+    ]
     return [_system_layer(base, cache, work), oci.write_layer(app, epoch, work)]
 
 
@@ -86,15 +105,20 @@ def _system_layer(base: Path, cache: Path, work: Path) -> oci.Layer:
     with the same interpreter, libraries and dependencies (so a new cni-dra pulls only layer
     2); kept in the cache by its inputs, since compressing it is most of a build's time."""
     (deb,) = tree.fetch_debs(cache / "debs", ["busybox-static"])
-    key = hashlib.sha256(f"{base.name} {deb.name}".encode() + (HERE / "oci.py").read_bytes()
-                         + (HERE / "image.py").read_bytes()).hexdigest()[:16]
+    key = hashlib.sha256(
+        f"{base.name} {deb.name}".encode() + (HERE / "oci.py").read_bytes() + (HERE / "image.py").read_bytes()
+    ).hexdigest()[:16]
     kept = cache / "layers" / key
     if not (kept / "layer.tar.gz").is_file():
         root = work / "busybox-root"
         subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
-        entries = [oci.Entry("bin", "dir"), oci.Entry("bin/busybox", "file", 0o755, root / "bin" / "busybox"),
-                   *(oci.Entry(f"bin/{applet}", "symlink", target="busybox") for applet in BUSYBOX_APPLETS),
-                   oci.Entry("tmp", "dir", 0o1777), *oci.tree_entries(base, f"opt/cni/bin/{tree.TREE_NAME}")]
+        entries = [
+            oci.Entry("bin", "dir"),
+            oci.Entry("bin/busybox", "file", 0o755, root / "bin" / "busybox"),
+            *(oci.Entry(f"bin/{applet}", "symlink", target="busybox") for applet in BUSYBOX_APPLETS),
+            oci.Entry("tmp", "dir", 0o1777),
+            *oci.tree_entries(base, f"opt/cni/bin/{tree.TREE_NAME}"),
+        ]
         layer = oci.write_layer(entries, 0, work)
         tree.prune(kept.parent, keep=2)
         staged = kept.with_name(key + ".tmp")
@@ -109,11 +133,18 @@ def _system_layer(base: Path, cache: Path, work: Path) -> oci.Layer:
 
 def _config(version: str, epoch: int, layers: list[oci.Layer]) -> dict[str, object]:
     created = oci.rfc3339(epoch)
-    revision = _git("rev-parse", "HEAD") + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+    revision = _git("rev-parse", "HEAD") + (
+        "-dirty" if _git("status", "--porcelain", "--untracked-files=no") else ""
+    )
     return {
-        "architecture": "amd64", "os": "linux", "created": created,
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
         "config": {
-            "Env": [f"PATH={PATH}"], "Cmd": ["cni-dra", "agent"], "WorkingDir": "/", "User": "0:0",
+            "Env": [f"PATH={PATH}"],
+            "Cmd": ["cni-dra", "agent"],
+            "WorkingDir": "/",
+            "User": "0:0",
             "Labels": {
                 "org.opencontainers.image.title": "cni-dra",
                 "org.opencontainers.image.description": "CNI plugin and DRA driver: pods share node NICs by bandwidth",
@@ -124,9 +155,15 @@ def _config(version: str, epoch: int, layers: list[oci.Layer]) -> dict[str, obje
             },
         },
         "history": [
-            {"created": created, "created_by": "scripts/image/image.py: busybox, the interpreter, libraries and "
-             "dependencies (scripts/image/tree.py)"},
-            {"created": created, "created_by": "scripts/image/image.py: cni-dra, its entry and the compiled client"},
+            {
+                "created": created,
+                "created_by": "scripts/image/image.py: busybox, the interpreter, libraries and "
+                "dependencies (scripts/image/tree.py)",
+            },
+            {
+                "created": created,
+                "created_by": "scripts/image/image.py: cni-dra, its entry and the compiled client",
+            },
         ][: len(layers)],
     }
 

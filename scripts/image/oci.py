@@ -20,7 +20,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -148,8 +148,9 @@ def rfc3339(epoch: int) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def write_archive(out: Path, layers: list[Layer], config: dict[str, Any], name: str, tag: str,
-                  mtime: int) -> str:
+def write_archive(
+    out: Path, layers: list[Layer], config: dict[str, Any], name: str, tag: str, mtime: int
+) -> str:
     """Write the archive to ``out`` (through a temporary file, then renamed): ``config`` (the
     image config without ``rootfs``, which is filled from ``layers``), one manifest, an index
     naming it ``name:tag`` (``io.containerd.image.name``) and ``tag``
@@ -157,21 +158,35 @@ def write_archive(out: Path, layers: list[Layer], config: dict[str, Any], name: 
     config = {**config, "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]}}
     config_blob = _json(config)
     manifest = {
-        "schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
+        "schemaVersion": 2,
+        "mediaType": MEDIA_MANIFEST,
         "config": {"mediaType": MEDIA_CONFIG, "digest": _digest(config_blob), "size": len(config_blob)},
-        "layers": [{"mediaType": MEDIA_LAYER, "digest": layer.digest, "size": layer.size} for layer in layers],
+        "layers": [
+            {"mediaType": MEDIA_LAYER, "digest": layer.digest, "size": layer.size} for layer in layers
+        ],
     }
     manifest_blob = _json(manifest)
     platform = {"architecture": config["architecture"], "os": config["os"]}
     index = {
-        "schemaVersion": 2, "mediaType": MEDIA_INDEX,
-        "manifests": [{
-            "mediaType": MEDIA_MANIFEST, "digest": _digest(manifest_blob), "size": len(manifest_blob),
-            "platform": platform,
-            "annotations": {"io.containerd.image.name": f"{name}:{tag}", "org.opencontainers.image.ref.name": tag},
-        }],
+        "schemaVersion": 2,
+        "mediaType": MEDIA_INDEX,
+        "manifests": [
+            {
+                "mediaType": MEDIA_MANIFEST,
+                "digest": _digest(manifest_blob),
+                "size": len(manifest_blob),
+                "platform": platform,
+                "annotations": {
+                    "io.containerd.image.name": f"{name}:{tag}",
+                    "org.opencontainers.image.ref.name": tag,
+                },
+            }
+        ],
     }
-    blobs: dict[str, Path | bytes] = {_digest(config_blob): config_blob, _digest(manifest_blob): manifest_blob}
+    blobs: dict[str, Path | bytes] = {
+        _digest(config_blob): config_blob,
+        _digest(manifest_blob): manifest_blob,
+    }
     for layer in layers:
         blobs[layer.digest] = layer.path
     tmp = out.with_name(out.name + ".tmp")
@@ -191,7 +206,15 @@ def _add_blob(tar: tarfile.TarFile, path: str, data: Path | bytes, mtime: int) -
         _add_entry(tar, Entry(path, "file", 0o644, data), mtime)
         return
     info = tarfile.TarInfo(path)
-    info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode, info.size = mtime, 0, 0, "", "", 0o644, len(data)
+    info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode, info.size = (
+        mtime,
+        0,
+        0,
+        "",
+        "",
+        0o644,
+        len(data),
+    )
     tar.addfile(info, io.BytesIO(data))
 
 

@@ -37,11 +37,20 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-
 import elf
 import pysource
 
-__all__ = ["PACKAGES", "TREE_NAME", "LOADER", "PYTHON", "ENTRY", "build", "interpreter", "fetch_debs", "prune"]
+__all__ = [
+    "PACKAGES",
+    "TREE_NAME",
+    "LOADER",
+    "PYTHON",
+    "ENTRY",
+    "build",
+    "interpreter",
+    "fetch_debs",
+    "prune",
+]
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent
@@ -49,10 +58,19 @@ DEFAULT_CACHE = Path(os.environ.get("CNI_DRA_TREE_CACHE", "/var/cache/cni-dra-tr
 PY_VERSION = "3.11"
 PACKAGES = (
     "python3.11-minimal",  # the interpreter
-    "libpython3.11-minimal", "libpython3.11-stdlib",  # the standard library
+    "libpython3.11-minimal",
+    "libpython3.11-stdlib",  # the standard library
     "libc6",  # glibc and its loader
-    "libgcc-s1", "libstdc++6",  # the C++ runtime of grpc and protobuf's extension modules
-    "zlib1g", "libexpat1", "libffi8", "libssl3", "libbz2-1.0", "liblzma5", "libuuid1", "libsqlite3-0",
+    "libgcc-s1",
+    "libstdc++6",  # the C++ runtime of grpc and protobuf's extension modules
+    "zlib1g",
+    "libexpat1",
+    "libffi8",
+    "libssl3",
+    "libbz2-1.0",
+    "liblzma5",
+    "libuuid1",
+    "libsqlite3-0",
 )
 TREE_NAME = "cni-dra.d"  # the tree's directory, beside the compiled client (scripts/cni-dra-client.c)
 LOADER = "lib/ld-linux-x86-64.so.2"
@@ -61,17 +79,39 @@ ENTRY = "libexec/cni-dra"
 SITE = "lib/python3/dist-packages"  # one of Debian's site directories of a prefix (site.py)
 STDLIB = f"lib/python{PY_VERSION}"
 # Never imported by cni-dra or its dependencies: tests, GUIs, REPL helpers, installers.
-STDLIB_EXCLUDE = {"test", "idlelib", "tkinter", "turtledemo", "turtle.py", "ensurepip", "lib2to3", "pydoc_data",
-                  "__phello__", "sitecustomize.py"}  # sitecustomize: a link to Debian's /etc/python3.11
+STDLIB_EXCLUDE = {
+    "test",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "turtle.py",
+    "ensurepip",
+    "lib2to3",
+    "pydoc_data",
+    "__phello__",
+    "sitecustomize.py",
+}  # sitecustomize: a link to Debian's /etc/python3.11
 # lib-dynload modules left out (module name prefixes): test modules, and those that need
 # libraries nothing else needs (curses, readline, gdbm/Berkeley DB, NIS, crypt).
-DYNLOAD_EXCLUDE = ("_test", "_ctypes_test", "_xxtestfuzz", "xxlimited", "_curses", "readline", "_dbm", "_gdbm",
-                   "nis", "_crypt")
+DYNLOAD_EXCLUDE = (
+    "_test",
+    "_ctypes_test",
+    "_xxtestfuzz",
+    "xxlimited",
+    "_curses",
+    "readline",
+    "_dbm",
+    "_gdbm",
+    "nis",
+    "_crypt",
+)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--venv", required=True, type=Path, help="the venv cni-dra is installed in (non-editable)")
+    parser.add_argument(
+        "--venv", required=True, type=Path, help="the venv cni-dra is installed in (non-editable)"
+    )
     parser.add_argument("--out", required=True, type=Path, help="the tree to write (must not exist)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args()
@@ -116,10 +156,17 @@ def fetch_debs(cache: Path, packages: Iterable[str]) -> list[Path]:
     cache.mkdir(parents=True, exist_ok=True)
     for attempt in (1, 2):
         wanted = _print_uris(packages)
-        missing = [name for name, (fname, _) in wanted.items() if not _has_file(cache / fname, wanted[name][1])]
+        missing = [
+            name for name, (fname, _) in wanted.items() if not _has_file(cache / fname, wanted[name][1])
+        ]
         if missing:
-            proc = subprocess.run(["apt-get", "-q", "-o", "APT::Sandbox::User=root", "download", *missing], cwd=cache,
-                                  capture_output=True, text=True, check=False)
+            proc = subprocess.run(
+                ["apt-get", "-q", "-o", "APT::Sandbox::User=root", "download", *missing],
+                cwd=cache,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if proc.returncode != 0:
                 if attempt == 2:
                     raise SystemExit(f"tree: apt-get download failed: {proc.stderr.strip()}")
@@ -135,8 +182,9 @@ def fetch_debs(cache: Path, packages: Iterable[str]) -> list[Path]:
 
 def _print_uris(packages: Iterable[str]) -> dict[str, tuple[str, str]]:
     """package -> (.deb file name, sha256) as apt resolves it now."""
-    proc = subprocess.run(["apt-get", "download", "--print-uris", *packages], capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run(
+        ["apt-get", "download", "--print-uris", *packages], capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         raise SystemExit(f"tree: apt-get cannot resolve {list(packages)}: {proc.stderr.strip()}")
     found = {}
@@ -167,8 +215,10 @@ def _base_key(debs: list[Path], dists: list[pysource.Dist]) -> str:
 
 # -- the part without cni-dra ------------------------------------------------------------------
 def _build_base(base: Path, debs: list[Path], site: Path, dists: list[pysource.Dist], venv: Path) -> None:
-    print(f"tree: building the interpreter, libraries and dependencies ({base.name}); cached for next time",
-          file=sys.stderr)
+    print(
+        f"tree: building the interpreter, libraries and dependencies ({base.name}); cached for next time",
+        file=sys.stderr,
+    )
     base.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cni-dra-tree-") as tmpdir:
         root, tree = Path(tmpdir) / "root", Path(tmpdir) / "tree"
@@ -211,7 +261,9 @@ def bring_libraries(tree: Path, lib_dirs: list[Path]) -> None:
             found = next((d / soname for d in lib_dirs if (d / soname).exists()), None)
             if found is None:
                 raise SystemExit(f"tree: {soname} is needed but no package in PACKAGES has it")
-            copy_file(found.resolve(), tree / "lib" / soname, 0o755 if soname == "ld-linux-x86-64.so.2" else 0o644)
+            copy_file(
+                found.resolve(), tree / "lib" / soname, 0o755 if soname == "ld-linux-x86-64.so.2" else 0o644
+            )
 
 
 def missing_libraries(tree: Path) -> Iterator[str]:
@@ -260,9 +312,27 @@ def compile_pyc(tree: Path, dirs: list[Path]) -> None:
     timestamped .pyc files of the modules it imports itself (compileall would keep those);
     hash randomisation off (``PYTHONHASHSEED=0``, so no ``-I``; ``-S`` and an empty
     environment instead)."""
-    cmd = [*interpreter(tree), "-S", "-B", "-m", "compileall", "-q", "-f", "-j", "2",
-           "--invalidation-mode", "unchecked-hash", "-s", str(tree), "-p", TREE_NAME, *map(str, dirs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd="/", env={"PYTHONHASHSEED": "0"})
+    cmd = [
+        *interpreter(tree),
+        "-S",
+        "-B",
+        "-m",
+        "compileall",
+        "-q",
+        "-f",
+        "-j",
+        "2",
+        "--invalidation-mode",
+        "unchecked-hash",
+        "-s",
+        str(tree),
+        "-p",
+        TREE_NAME,
+        *map(str, dirs),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, check=False, cwd="/", env={"PYTHONHASHSEED": "0"}
+    )
     if proc.returncode != 0:
         raise SystemExit(f"tree: compileall failed:\n{proc.stdout}{proc.stderr}")
     stale = [p for d in dirs for p in d.rglob("*.pyc") if p.read_bytes()[4:8] != b"\1\0\0\0"]
@@ -289,9 +359,13 @@ assert not outside, outside
 def smoke_test(tree: Path) -> None:
     """Start the tree's interpreter: every cni_dra module and the libraries it imports lazily
     load from inside the tree, and the entry answers ``--version``."""
-    for cmd in ([*interpreter(tree), "-I", "-B", "-c", SMOKE, str(tree)],
-                [*interpreter(tree), "-IS", str(tree / ENTRY), "--version"]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd="/", env={"PATH": "/usr/bin:/bin"})
+    for cmd in (
+        [*interpreter(tree), "-I", "-B", "-c", SMOKE, str(tree)],
+        [*interpreter(tree), "-IS", str(tree / ENTRY), "--version"],
+    ):
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, check=False, cwd="/", env={"PATH": "/usr/bin:/bin"}
+        )
         if proc.returncode != 0:
             raise SystemExit(f"tree: smoke test failed: {cmd[4:7]}\n{proc.stdout}{proc.stderr}")
 

@@ -47,7 +47,13 @@ Errors: :class:`~cni_dra.errors.InvalidConfigError` (7), and
 :class:`~cni_dra.errors.IOFailureError` (5) for a conflist that cannot be read.
 """
 
-from cni_dra.protocol.profile.limits import ProfileLimits, check_limits, limits_from_conflist, load_limits, strictest
+from cni_dra.protocol.profile.limits import (
+    ProfileLimits,
+    check_limits,
+    limits_from_conflist,
+    load_limits,
+    strictest,
+)
 from cni_dra.protocol.profile.params import (
     API_VERSION,
     KIND,
@@ -60,8 +66,8 @@ from cni_dra.protocol.profile.params import (
 from cni_dra.protocol.profile.precedence import (
     SOURCES,
     ProfileEntry,
-    apply_to_netconf,
     applies_to,
+    apply_to_netconf,
     claim_profiles,
     decode_result_profile,
     driver_entries,

@@ -45,7 +45,10 @@ class ProfileLimits(BaseModel):
                 raise ValueError(f"{kind!r} is not a link type (supported: {', '.join(LINK_TYPES)})")
         return v
 
-def check_limits(profile: InterfaceProfile, limits: ProfileLimits, origin: Mapping[str, str] | None = None) -> None:
+
+def check_limits(
+    profile: InterfaceProfile, limits: ProfileLimits, origin: Mapping[str, str] | None = None
+) -> None:
     """Refuse what ``profile`` asks beyond ``limits`` (every breach, in one message; with
     ``origin``, field -> where it was set, each breach says where).
 
@@ -57,25 +60,45 @@ def check_limits(profile: InterfaceProfile, limits: ProfileLimits, origin: Mappi
     breaches: list[tuple[str, str]] = []
     if profile.linkType is not None and profile.linkType not in limits.allowedLinkTypes:
         allowed = ", ".join(limits.allowedLinkTypes) or "none"
-        breaches.append(("linkType", f"linkType {profile.linkType} is not allowed on this node "
-                                     f"(profiles.allowedLinkTypes: {allowed})"))
+        breaches.append(
+            (
+                "linkType",
+                f"linkType {profile.linkType} is not allowed on this node "
+                f"(profiles.allowedLinkTypes: {allowed})",
+            )
+        )
     if profile.mtu is not None and limits.maxMtu is not None and profile.mtu > limits.maxMtu:
-        breaches.append(("mtu", f"mtu {profile.mtu} is above this node's limit (profiles.maxMtu: {limits.maxMtu})"))
+        breaches.append(
+            ("mtu", f"mtu {profile.mtu} is above this node's limit (profiles.maxMtu: {limits.maxMtu})")
+        )
     if profile.mac is not None and not limits.allowMac:
-        breaches.append(("mac", f"mac {profile.mac} is fixed, which this node does not allow (profiles.allowMac: false)"))
+        breaches.append(
+            ("mac", f"mac {profile.mac} is fixed, which this node does not allow (profiles.allowMac: false)")
+        )
     shaping = profile.shaping
     if shaping is not None and shaping.enabled is False and not limits.allowShapingOff:
-        breaches.append(("shaping.enabled", "shaping.enabled false is not allowed on this node "
-                                            "(profiles.allowShapingOff: false)"))
+        breaches.append(
+            (
+                "shaping.enabled",
+                "shaping.enabled false is not allowed on this node (profiles.allowShapingOff: false)",
+            )
+        )
     for name in ("ingressBurstBytes", "egressBurstBytes"):
         burst = getattr(shaping, name) if shaping is not None else None
         if burst is not None and limits.maxBurstBytes is not None and burst > limits.maxBurstBytes:
-            breaches.append((f"shaping.{name}", f"shaping.{name} {burst} is above this node's limit "
-                                                f"(profiles.maxBurstBytes: {limits.maxBurstBytes})"))
+            breaches.append(
+                (
+                    f"shaping.{name}",
+                    f"shaping.{name} {burst} is above this node's limit "
+                    f"(profiles.maxBurstBytes: {limits.maxBurstBytes})",
+                )
+            )
     if breaches:
         origin = origin or {}
-        raise InvalidConfigError("; ".join(
-            f"{msg}, asked by {origin[path]}" if path in origin else msg for path, msg in breaches))
+        raise InvalidConfigError(
+            "; ".join(f"{msg}, asked by {origin[path]}" if path in origin else msg for path, msg in breaches)
+        )
+
 
 def strictest(limits: Iterable[ProfileLimits]) -> ProfileLimits:
     """The limits that every one of ``limits`` allows (none given: the defaults): the link
@@ -88,8 +111,10 @@ def strictest(limits: Iterable[ProfileLimits]) -> ProfileLimits:
     mtus = [lim.maxMtu for lim in items if lim.maxMtu is not None]
     bursts = [lim.maxBurstBytes for lim in items if lim.maxBurstBytes is not None]
     return ProfileLimits(
-        allowedLinkTypes=tuple(kinds), maxMtu=min(mtus) if mtus else None,
-        allowMac=all(lim.allowMac for lim in items), allowShapingOff=all(lim.allowShapingOff for lim in items),
+        allowedLinkTypes=tuple(kinds),
+        maxMtu=min(mtus) if mtus else None,
+        allowMac=all(lim.allowMac for lim in items),
+        allowShapingOff=all(lim.allowShapingOff for lim in items),
         maxBurstBytes=min(bursts) if bursts else None,
     )
 
@@ -111,7 +136,9 @@ def limits_from_conflist(obj: Mapping[str, Any], source: str = "<conflist>") -> 
         try:
             out.append(ProfileLimits.model_validate(entry.get("profiles", {})))
         except ValidationError as exc:
-            raise InvalidConfigError(f"invalid network config {source}: profiles: {validation_errors(exc)}") from exc
+            raise InvalidConfigError(
+                f"invalid network config {source}: profiles: {validation_errors(exc)}"
+            ) from exc
     return strictest(out)
 
 
@@ -129,7 +156,9 @@ def load_limits(paths: Iterable[str]) -> ProfileLimits:
             with open(path, "rb") as fh:
                 raw = fh.read()
         except OSError as exc:
-            raise IOFailureError(f"failed to read network config {path}: {exc.strerror or exc}", str(exc)) from exc
+            raise IOFailureError(
+                f"failed to read network config {path}: {exc.strerror or exc}", str(exc)
+            ) from exc
         try:
             obj = json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:

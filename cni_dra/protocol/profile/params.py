@@ -147,7 +147,11 @@ def validation_errors(exc: ValidationError) -> str:
     for err in exc.errors(include_url=False):
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            hint = " (the parent NIC is the allocated device: a profile cannot name it)" if loc in _PARENT_KEYS else ""
+            hint = (
+                " (the parent NIC is the allocated device: a profile cannot name it)"
+                if loc in _PARENT_KEYS
+                else ""
+            )
             parts.append(f"unknown field {loc!r}{hint}")
         elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):  # an object was expected
             what = f"must be an object, not {json.dumps(err['input'], default=str)[:80]}"
@@ -168,7 +172,9 @@ def parse_interface_config(parameters: Any) -> InterfaceConfig:
             names each field.
     """
     if not isinstance(parameters, Mapping):
-        raise InvalidConfigError(f"parameters must be an {KIND} object, not {json.dumps(parameters, default=str)[:80]}")
+        raise InvalidConfigError(
+            f"parameters must be an {KIND} object, not {json.dumps(parameters, default=str)[:80]}"
+        )
     try:
         return InterfaceConfig.model_validate(dict(parameters))
     except ValidationError as exc:

@@ -13,7 +13,12 @@ from pydantic import ValidationError
 
 from cni_dra.errors import InvalidConfigError
 from cni_dra.protocol.profile.limits import ProfileLimits, check_limits
-from cni_dra.protocol.profile.params import LINK_FIELDS, InterfaceProfile, parse_interface_config, validation_errors
+from cni_dra.protocol.profile.params import (
+    LINK_FIELDS,
+    InterfaceProfile,
+    parse_interface_config,
+    validation_errors,
+)
 
 __all__ = [
     "SOURCES",
@@ -68,8 +73,10 @@ def driver_entries(config: Sequence[Mapping[str, Any]] | None, driver: str) -> l
         where = _entry_where(i, source)
         if source not in SOURCES:
             raise InvalidConfigError(f"{where}: source {source!r} is not one of {', '.join(SOURCES)}")
-        if not isinstance(requests, Sequence) or isinstance(requests, str) or not all(
-            isinstance(r, str) and r for r in requests
+        if (
+            not isinstance(requests, Sequence)
+            or isinstance(requests, str)
+            or not all(isinstance(r, str) and r for r in requests)
         ):
             raise InvalidConfigError(f"{where}: requests must be a list of request names")
         try:
@@ -114,12 +121,16 @@ def overlay(lower: InterfaceProfile, upper: InterfaceProfile) -> InterfaceProfil
 
 def _field_paths(profile: InterfaceProfile) -> list[str]:
     """The fields ``profile`` sets, ``shaping``'s as ``shaping.<field>``."""
-    return [f"{name}.{sub}" if isinstance(value, dict) else name
-            for name, value in profile.set_fields().items()
-            for sub in (value if isinstance(value, dict) else [None])]
+    return [
+        f"{name}.{sub}" if isinstance(value, dict) else name
+        for name, value in profile.set_fields().items()
+        for sub in (value if isinstance(value, dict) else [None])
+    ]
 
 
-def _resolve(entries: Sequence[ProfileEntry], request: str) -> tuple[InterfaceProfile | None, dict[str, ProfileEntry]]:
+def _resolve(
+    entries: Sequence[ProfileEntry], request: str
+) -> tuple[InterfaceProfile | None, dict[str, ProfileEntry]]:
     """The entries of ``request`` laid over each other, and which entry set each field."""
     profile: InterfaceProfile | None = None
     origin: dict[str, ProfileEntry] = {}
@@ -135,7 +146,9 @@ def _resolve(entries: Sequence[ProfileEntry], request: str) -> tuple[InterfacePr
     return profile, origin
 
 
-def result_profile(entries: Sequence[ProfileEntry], request: str, share_id: str | None = None) -> InterfaceProfile | None:
+def result_profile(
+    entries: Sequence[ProfileEntry], request: str, share_id: str | None = None
+) -> InterfaceProfile | None:
     """The profile of allocation result ``request`` (``share_id``: its shareID) from
     ``entries`` (:func:`driver_entries`): the entries that apply to it laid over each other
     in order; None when none applies. The profile is complete: a ``mode``, ``ipvlanFlag``
@@ -149,26 +162,34 @@ def result_profile(entries: Sequence[ProfileEntry], request: str, share_id: str 
     return _complete(*_resolve(entries, request), share_id)[0]
 
 
-def _complete(profile: InterfaceProfile | None, origin: dict[str, ProfileEntry],
-              share_id: str | None) -> tuple[InterfaceProfile | None, dict[str, ProfileEntry]]:
+def _complete(
+    profile: InterfaceProfile | None, origin: dict[str, ProfileEntry], share_id: str | None
+) -> tuple[InterfaceProfile | None, dict[str, ProfileEntry]]:
     if profile is None:
         return None, origin
     loose = [name for name in LINK_FIELDS if getattr(profile, name) is not None]
     if loose and profile.linkType is None:
-        raise InvalidConfigError(f"{', '.join(loose)} set without linkType (they depend on it: name linkType "
-                                 f"in this config entry or in one below it, e.g. the DeviceClass's), in "
-                                 f"{origin[loose[0]].where()}")
+        raise InvalidConfigError(
+            f"{', '.join(loose)} set without linkType (they depend on it: name linkType "
+            f"in this config entry or in one below it, e.g. the DeviceClass's), in "
+            f"{origin[loose[0]].where()}"
+        )
     if profile.mode == "passthru" and share_id is not None:
-        raise InvalidConfigError("mode 'passthru' takes the whole NIC: it needs a device allocated whole, "
-                                 f"not a share, in {origin['mode'].where()}")
+        raise InvalidConfigError(
+            "mode 'passthru' takes the whole NIC: it needs a device allocated whole, "
+            f"not a share, in {origin['mode'].where()}"
+        )
     return profile, origin
+
 
 def _claim_where(claim: Mapping[str, Any]) -> str:
     meta = claim.get("metadata") or {}
     return f"failed to prepare claim {meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
 
-def claim_profiles(claim: Mapping[str, Any], driver: str, limits: ProfileLimits) -> dict[str, InterfaceProfile | None]:
+def claim_profiles(
+    claim: Mapping[str, Any], driver: str, limits: ProfileLimits
+) -> dict[str, InterfaceProfile | None]:
     """Validate the profiles of a ResourceClaim (with ``status.allocation``) for ``driver``:
     every config entry of ``driver`` parses, each of its results gets a complete profile
     (:func:`result_profile`) within ``limits``, and no two results get the same fixed MAC.
@@ -198,15 +219,18 @@ def claim_profiles(claim: Mapping[str, Any], driver: str, limits: ProfileLimits)
             raise InvalidConfigError(f"{where} request {request!r}: {exc.msg}", exc.details) from exc
         if profile is not None and profile.mac is not None:
             if profile.mac in macs:
-                raise InvalidConfigError(f"{where} request {request!r}: mac {profile.mac} would go to two interfaces "
-                                         f"(requests {macs[profile.mac]!r} and {request!r}; one MAC per interface)")
+                raise InvalidConfigError(
+                    f"{where} request {request!r}: mac {profile.mac} would go to two interfaces "
+                    f"(requests {macs[profile.mac]!r} and {request!r}; one MAC per interface)"
+                )
             macs[profile.mac] = request
         out[request] = profile
     return out
 
 
-def decode_result_profile(config: Sequence[Mapping[str, Any]] | None, driver: str, request: str,
-                          share_id: str | None = None) -> tuple[InterfaceProfile | None, str | None]:
+def decode_result_profile(
+    config: Sequence[Mapping[str, Any]] | None, driver: str, request: str, share_id: str | None = None
+) -> tuple[InterfaceProfile | None, str | None]:
     """(profile, None) or (None, why not) of one allocation result, never raising: how the
     node state reads a prepared claim (the limits were checked when it was prepared, and
     ADD checks its own). The profile is :func:`result_profile`'s."""
@@ -236,5 +260,7 @@ def apply_to_netconf(netconf: Mapping[str, Any], profile: InterfaceProfile | Non
     if shaping is not None:
         base = out.get("shaping", True)
         on = shaping.enabled if shaping.enabled is not None else base is not False
-        out["shaping"] = {**(base if isinstance(base, Mapping) else {}), **shaping.overrides()} if on else False
+        out["shaping"] = (
+            {**(base if isinstance(base, Mapping) else {}), **shaping.overrides()} if on else False
+        )
     return out

@@ -12,9 +12,9 @@ here.
 Stdlib only: imported on every CNI call.
 """
 
+from cni_dra.protocol.results.cni_result import DNS, Interface, IPConfig, Result, Route, merge_prev_result
 from cni_dra.protocol.results.decode import parse_result
 from cni_dra.protocol.results.encode import result_to_dict
-from cni_dra.protocol.results.cni_result import DNS, Interface, IPConfig, Result, Route, merge_prev_result
 
 __all__ = [
     "Interface",

@@ -215,7 +215,6 @@ class Result:
             raise ValueError("result dns must be a DNS object")
 
 
-
 def merge_prev_result(
     prev: Result | None,
     ours: Interface,

@@ -82,7 +82,12 @@ def _parse_dns(obj: object) -> DNS:
         return DNS()
     r = _Reader(obj, "dns")
     return _build(
-        DNS, "dns", nameservers=r.get_strs("nameservers"), domain=r.get_str("domain") or "", search=r.get_strs("search"), options=r.get_strs("options")
+        DNS,
+        "dns",
+        nameservers=r.get_strs("nameservers"),
+        domain=r.get_str("domain") or "",
+        search=r.get_strs("search"),
+        options=r.get_strs("options"),
     )
 
 
@@ -110,7 +115,9 @@ def _parse_020(obj: Mapping[str, object]) -> Result:
         r = _Reader(obj[key], key)
         ip = _build(IPConfig, key, address=r.get_str("ip", required=True), gateway=r.get_str("gateway"))
         if ip.version != family:
-            raise DecodeError("failed to decode CNI result", f"{key}.ip {ip.address} is not an IPv{family} address")
+            raise DecodeError(
+                "failed to decode CNI result", f"{key}.ip {ip.address} is not an IPv{family} address"
+            )
         ips.append(ip)
         for i, route in enumerate(r.get_list("routes")):
             rr = _Reader(route, f"{key}.routes[{i}]")
@@ -138,10 +145,19 @@ def _parse_rich(obj: Mapping[str, object], version: tuple[int, int, int]) -> Res
     ips = []
     for i, item in enumerate(r.get_list("ips")):
         ir = _Reader(item, f"ips[{i}]")
-        ip = _build(IPConfig, ir.where, address=ir.get_str("address", required=True), gateway=ir.get_str("gateway"), interface=ir.get_int("interface"))
+        ip = _build(
+            IPConfig,
+            ir.where,
+            address=ir.get_str("address", required=True),
+            gateway=ir.get_str("gateway"),
+            interface=ir.get_int("interface"),
+        )
         family = ir.obj.get("version")
         if family is not None and family != str(ip.version):
-            raise DecodeError("failed to decode CNI result", f"ips[{i}].version is {family!r} but {ip.address} is IPv{ip.version}")
+            raise DecodeError(
+                "failed to decode CNI result",
+                f"ips[{i}].version is {family!r} but {ip.address} is IPv{ip.version}",
+            )
         if family is None and V030 <= version < V100:
             raise DecodeError("failed to decode CNI result", f"ips[{i}].version is required before CNI 1.0.0")
         ips.append(ip)
@@ -184,5 +200,7 @@ def parse_result(obj: object, version: str | None = None) -> Result:
     if parsed < V030:
         return _parse_020(obj)
     if ("ip4" in obj or "ip6" in obj) and "ips" not in obj:
-        raise DecodeError("failed to decode CNI result", f"result has ip4/ip6 (CNI 0.2.0 shape) but cniVersion {chosen}")
+        raise DecodeError(
+            "failed to decode CNI result", f"result has ip4/ip6 (CNI 0.2.0 shape) but cniVersion {chosen}"
+        )
     return _parse_rich(obj, parsed)
