@@ -89,6 +89,7 @@ def test_multus_may_read_pods_and_networks_and_nothing_of_cni_dras():
 
 
 def test_readme_shows_the_files_the_e2e_applies():
-    readme = (ROOT / "README.md").read_text()
+    """docs/real-cluster.md ("Several interfaces per pod (Multus)") shows them as they are."""
+    readme = (ROOT / "docs" / "real-cluster.md").read_text()
     for name in ("networks.yaml", "resourceclaimtemplate.yaml", "pod.yaml"):
-        assert (MULTUS / name).read_text() in readme, f"README does not show conf/k8s/multus/{name} as it is"
+        assert (MULTUS / name).read_text() in readme, f"docs/real-cluster.md does not show conf/k8s/multus/{name} as it is"

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCANNED = ("cni_dra", "tests", "netns_tests", "scripts", "bench")
+SCANNED = ("cni_dra", "tests", "netns_tests", "scripts", "bench", "docs")
 SUFFIXES = {".py", ".c", ".h", ".go", ".sh", ".in", ".md", ".yaml", ".yml", ".toml", ""}
 # the word, then a number: parenthesised, with "#", capitalised, plural
 TRACKER_REF = re.compile(r"\b" + "issue" + r"s?\s*#?\d+", re.IGNORECASE)
