@@ -146,7 +146,11 @@ def _round_up_range(requested: Quantity, rng: CapacityRequestPolicyRange, fracti
     if uses_milli(rng, fractional_capacity_range):
         req = _milli(requested)
         if req is None:
-            raise RequestNotRepresentable(f"request {requested} has no exact milli value (the range is in milli-units)")
+            raise RequestNotRepresentable(
+                f"request {requested} has no exact milli value (finer than 1m): with DRAFractionalCapacityRange on, "
+                f"validRange min {rng.min} step {step} is computed in milli-units and the scheduler refuses such a "
+                "request (the whole allocation fails, nothing is rounded)"
+            )
         base, unit = _milli(rng.min) or 0, _milli(step) or 1
         k = -(-(req - base) // unit)
         if k > (_MAX_INT64 - base) // unit:
