@@ -149,7 +149,9 @@ def _round_up_range(
         req = _milli(requested)
         if req is None:
             raise RequestNotRepresentable(
-                f"request {requested} has no exact milli value (the range is in milli-units)"
+                f"request {requested} has no exact milli value (finer than 1m): with DRAFractionalCapacityRange on, "
+                f"validRange min {rng.min} step {step} is computed in milli-units and the scheduler refuses such a "
+                "request (the whole allocation fails, nothing is rounded)"
             )
         base, unit = _milli(rng.min) or 0, _milli(step) or 1
         k = -(-(req - base) // unit)

@@ -18,8 +18,9 @@ Output (JSON or YAML) is a list, one entry per claim::
 tried on its own against the node's usage, or the devices it fits alone; when every
 request fits alone, ``claim`` names the requests that fail together and the
 constraint, shared capacity or dedicated device that makes them fail. stderr gives
-one ``NoCapacityError: claim ... cannot be allocated:`` line per claim, then one
-indented line per entry.
+one ``NoCapacityError: claim ... cannot be allocated:`` line per claim (``cannot be
+allocated (the scheduler's allocation stops with an error, SchedulerError):`` for an
+aborted one), then one indented line per entry.
 
 Exit status: 0 when every claim fits, 1 when one does not, 2 on bad input (the
 error is printed as ``Type: message`` on stderr).
@@ -279,7 +280,12 @@ def _print(entries: list[AllocateEntry], ok: bool, output: str) -> None:
         return
     for e in entries:
         if "error" in e:
-            click.echo(f"NoCapacityError: claim {e['claim']} cannot be allocated:", err=True)
+            stops = (
+                " (the scheduler's allocation stops with an error, SchedulerError)"
+                if e.get("aborted")
+                else ""
+            )
+            click.echo(f"NoCapacityError: claim {e['claim']} cannot be allocated{stops}:", err=True)
             for req, why in e["reasons"].items():
                 click.echo(f"  {'claim' if req == 'claim' else 'request ' + req}: {why}", err=True)
     sys.exit(1)
