@@ -92,4 +92,6 @@ def test_readme_shows_the_files_the_e2e_applies():
     """docs/real-cluster.md ("Several interfaces per pod (Multus)") shows them as they are."""
     readme = (ROOT / "docs" / "real-cluster.md").read_text()
     for name in ("networks.yaml", "resourceclaimtemplate.yaml", "pod.yaml"):
-        assert (MULTUS / name).read_text() in readme, f"docs/real-cluster.md does not show conf/k8s/multus/{name} as it is"
+        assert (MULTUS / name).read_text() in readme, (
+            f"docs/real-cluster.md does not show conf/k8s/multus/{name} as it is"
+        )
