@@ -206,7 +206,8 @@ class ClaimSearch:
         """Place one allocation of ``req`` on ``device`` if it may go there. ``must`` (a
         device an ``allocationMode: All`` request needs): a constraint it breaks stops the
         search (:class:`SearchAbort`), as upstream's ``allocateDevice(must=true)`` fails the
-        allocation with an error; being in use or full only fails the request."""
+        allocation with an error; being in use or full only fails the request. The checks
+        run in upstream's order: in use, constraints, then capacity."""
         self.steps += 1
         if self.steps > self.max_steps:
             raise SearchAbort(f"search limit of {self.max_steps} steps exceeded")
@@ -214,9 +215,9 @@ class ClaimSearch:
             return False
         if self.in_use(device, req) is not None or not self.selectable(req, device):
             return False
-        cons, why = self.consumption(req, device)
-        if why is not None:
-            return False
+        # upstream's allocateDevice order: the constraints before the capacity, so a
+        # device an All request needs that breaks a constraint stops the allocation even
+        # when it is also full
         ok, added = self.constraint_ok(req, device)
         if not ok:
             if must:
@@ -224,6 +225,11 @@ class ClaimSearch:
                     f"request {req.name}: cannot add device {device.name} because a claim "
                     "constraint would not be satisfied"
                 )
+            return False
+        cons, why = self.consumption(req, device)
+        if why is not None:
+            for j in added:
+                self.constraint_values[j].pop()
             return False
         self.picks.append(Pick(req, device, cons, added))
         if req.admin_access:
