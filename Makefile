@@ -149,7 +149,8 @@ bench: install
 # Helm chart), running its scenarios and tearing everything down, pass or fail: containerd
 # runs every scenario; CRI-O, with Multus as the second node's CNI, runs
 # netns_tests/e2e/test_runtimes.py (what differs between runtimes, and the Multus
-# scenarios). Exit 5 (nothing collected) fails here.
+# scenarios). Each session starts from a cluster of its own: one left up before (make
+# cluster-up, a killed run) is taken down first. Exit 5 (nothing collected) fails here.
 E2E_SESSIONS = containerd:netns_tests/e2e/ cri-o:netns_tests/e2e/test_runtimes.py
 e2e: install
 	@start=$$(date +%s); \
@@ -163,6 +164,7 @@ e2e: install
 	   rt=$${s%%:*}; what=$${s#*:}; multus=0; [ $$rt = cri-o ] && multus=1; t0=$$(date +%s); \
 	   echo "e2e: runtime $$rt (Multus on the second node: $$multus), components:"; \
 	   CNI_DRA_E2E_RUNTIME=$$rt CNI_DRA_E2E_MULTUS=$$multus $(PY) scripts/e2e/cluster.py versions; \
+	   $(PY) scripts/e2e/cluster.py down; \
 	   CNI_DRA_E2E=1 CNI_DRA_E2E_RUNTIME=$$rt CNI_DRA_E2E_MULTUS=$$multus \
 	     $(PYTEST) -p no:cacheprovider -v -rfEsxXp $$what || rc=$$?; \
 	   CNI_DRA_E2E_RUNTIME=$$rt $(PY) scripts/e2e/cluster.py down; \

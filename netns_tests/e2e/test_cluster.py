@@ -210,7 +210,13 @@ def test_scheduler_keeps_an_8g_pod_pending_until_a_share_is_released(api, cluste
         return all(not (c.status and c.status.allocation) for c in claims)
 
     consistently(still_pending, "pod B Pending (not scheduled, no allocation)", 10)
-    events = core(api).list_namespaced_event(NS, field_selector="involvedObject.name=pod-b").items
+    # this pod-b's events only (its UID): events outlive their pod by an hour
+    uid = pod(api, "pod-b")["metadata"]["uid"]
+    events = (
+        core(api)
+        .list_namespaced_event(NS, field_selector=f"involvedObject.name=pod-b,involvedObject.uid={uid}")
+        .items
+    )
     assert not [e for e in events if e.reason in ("FailedCreatePodSandBox", "Scheduled")], [
         (e.reason, e.message) for e in events
     ]
