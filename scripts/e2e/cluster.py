@@ -95,7 +95,9 @@ NODES = (Node("cni-dra-e2e", 1, "10.244.77.0/24"), Node("cni-dra-e2e-2", 2, "10.
 NODE = NODES[0].name
 RUNTIME = next(k for k, v in RUNTIMES.items() if isinstance(NODES[0].runtime, v))
 """The nodes' runtime, ``CNI_DRA_E2E_RUNTIME``: containerd (default) or cri-o."""
-MULTUS = os.environ.get("CNI_DRA_E2E_MULTUS") == "1"
+MULTUS = os.environ.get("CNI_DRA_E2E_MULTUS") == "1" or (
+    "CNI_DRA_E2E_MULTUS" not in os.environ and (DIR / "multus").is_file()
+)
 """Multus (thin plugin) as the last node's CNI (cluster_multus.py); the other keeps cni-dra's conflist."""
 """The node most scenarios use (kept as the one-node bed named it)."""
 FEATURE_GATES = "--feature-gates=DRAConsumableCapacity=true"
@@ -673,6 +675,9 @@ def up() -> Path:
     for sub in ("logs", "pids", "nodes"):
         p(sub).mkdir(parents=True, exist_ok=True)
     (DIR / "versions.json").write_text(json.dumps(versions(bins), indent=1))
+    (DIR / "runtime").write_text(RUNTIME + "\n")  # what status, exec and down use when nothing is set
+    if MULTUS:
+        (DIR / "multus").write_text("1\n")
     try:
         make_bridge()
         make_cgroup(CGROUP_ROOT)

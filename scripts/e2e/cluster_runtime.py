@@ -15,7 +15,7 @@ import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from cluster_procs import ClusterError
+from cluster_procs import DIR, ClusterError
 
 if TYPE_CHECKING:
     from cluster_node import Node
@@ -300,8 +300,13 @@ RUNTIMES = {"containerd": Containerd, "cri-o": Crio}
 
 
 def from_env() -> Containerd | Crio:
-    """The bed's runtime: ``CNI_DRA_E2E_RUNTIME`` (``containerd``, the default, or ``cri-o``)."""
-    name = os.environ.get("CNI_DRA_E2E_RUNTIME") or "containerd"
+    """The bed's runtime: ``CNI_DRA_E2E_RUNTIME`` (``containerd``, the default, or ``cri-o``);
+    unset, the one a bed that is up was brought up with (``<dir>/runtime``), so that
+    ``cluster.py status``, ``exec`` and ``down`` need no setting repeated."""
+    recorded = DIR / "runtime"
+    name = os.environ.get("CNI_DRA_E2E_RUNTIME") or (
+        recorded.read_text().strip() if recorded.is_file() else "containerd"
+    )
     if name not in RUNTIMES:
         raise ClusterError(f"CNI_DRA_E2E_RUNTIME={name!r}: one of {', '.join(RUNTIMES)}")
     return RUNTIMES[name]()
