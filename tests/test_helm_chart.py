@@ -648,6 +648,9 @@ def test_the_e2e_beds_values_keep_the_charts_rbac_and_give_each_node_its_subnet(
         assert conf.ipam is not None and conf.ipam.model_dump(exclude_none=True)["ranges"] == [
             [{"subnet": subnet}]
         ]
+        # the runtime passes the pods' bandwidth annotations only to a plugin that declares it
+        raw = json.loads(one(bed, "ConfigMap")["data"][f"10-cni-dra-e2e.conflist.{node}"])
+        assert raw["plugins"][0]["capabilities"] == {"bandwidth": True}
     pod = pod_of(bed)
     (init,) = pod["initContainers"]
     (agent,) = pod["containers"]
