@@ -9,6 +9,7 @@ keyword arguments name what a test changes. Nothing here touches the disk except
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -316,3 +317,10 @@ def wait_for(cond: Callable[[], Any], timeout_s: float = 30.0, what: str = "cond
             return value
         time.sleep(0.05)
     raise AssertionError(f"{what} not reached in {timeout_s}s")
+
+
+def share_ids() -> Callable[[], str]:
+    """A generator of shareIDs for the allocator: the same lowercase UUIDs in the same order
+    on every call (``00000000-0000-4000-8000-000000000001``, ...)."""
+    n = itertools.count(1)
+    return lambda: f"00000000-0000-4000-8000-{next(n):012d}"

@@ -13,29 +13,19 @@ the claim merely unschedulable: the slice, the claim and the node's consumption 
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 from cni_dra.allocator import ClaimNoFit, NodeUsage, allocate_claim
 from cni_dra.dra.objects import ResourceClaim, ResourceSlice
 from cni_dra.quantity import Quantity
+from tests.builders import resource_slice, share_ids
 
 DRV = "diff.cni-dra.dev"
 Q = Quantity.parse
 
 
 def _slice(name: str, devices: list[dict[str, Any]]) -> ResourceSlice:
-    return ResourceSlice.model_validate(
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "driver": DRV,
-                "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-                "nodeName": "n",
-                "devices": devices,
-            },
-        }
-    )
+    return ResourceSlice.model_validate(resource_slice(devices, driver=DRV, pool=name, node="n"))
 
 
 def _claim(name: str, devices: dict[str, Any]) -> ResourceClaim:
@@ -48,11 +38,6 @@ def _usage(consumed: dict[str, dict[str, str]], slice_: ResourceSlice) -> NodeUs
     return NodeUsage.from_consumed(
         {d: {k: Q(v) for k, v in caps.items()} for d, caps in consumed.items()}, slice_.spec.devices
     )
-
-
-def ids() -> Any:
-    n = itertools.count(1)
-    return lambda: f"00000000-0000-4000-8000-{next(n):012d}"
 
 
 def _dev(name: str, index: int, zone: str, speed: int, capacity: dict[str, Any]) -> dict[str, Any]:
@@ -247,7 +232,7 @@ ON_USAGE = {
 
 
 def test_an_all_request_whose_device_breaks_a_match_constraint_fails_the_allocation_even_when_full() -> None:
-    got = allocate_claim(OFF_CLAIM, OFF_SLICE, _usage(OFF_USAGE, OFF_SLICE), ids())
+    got = allocate_claim(OFF_CLAIM, OFF_SLICE, _usage(OFF_USAGE, OFF_SLICE), share_ids())
     assert isinstance(got, ClaimNoFit) and got.aborted, got
     assert "cannot add device nic-2 because a claim constraint would not be satisfied" in str(got.reasons), (
         got
@@ -258,7 +243,7 @@ def test_an_all_request_whose_device_breaks_a_distinct_constraint_fails_the_allo
     None
 ):
     got = allocate_claim(
-        ON_CLAIM, ON_SLICE, _usage(ON_USAGE, ON_SLICE), ids(), fractional_capacity_range=True
+        ON_CLAIM, ON_SLICE, _usage(ON_USAGE, ON_SLICE), share_ids(), fractional_capacity_range=True
     )
     assert isinstance(got, ClaimNoFit) and got.aborted, got
     assert "cannot add device nic-1 because a claim constraint would not be satisfied" in str(got.reasons), (
@@ -279,5 +264,5 @@ def test_a_full_device_of_an_exact_count_request_is_only_unschedulable() -> None
             },
         }
     ]
-    got = allocate_claim(_claim("exact", devices), OFF_SLICE, _usage(OFF_USAGE, OFF_SLICE), ids())
+    got = allocate_claim(_claim("exact", devices), OFF_SLICE, _usage(OFF_USAGE, OFF_SLICE), share_ids())
     assert isinstance(got, ClaimNoFit) and not got.aborted, got

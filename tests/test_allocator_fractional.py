@@ -46,6 +46,7 @@ from cni_dra.dra.objects import (
     ResourceSlice,
 )
 from cni_dra.quantity import Quantity
+from tests.builders import share_ids
 
 Q = Quantity.parse
 MAX64 = str(2**63 - 1)
@@ -395,11 +396,6 @@ def claim(name: str, *amounts: str) -> ResourceClaim:
     )
 
 
-def ids() -> Any:
-    n = itertools.count(1)
-    return lambda: f"00000000-0000-4000-8000-{next(n):012d}"
-
-
 def consumed_of(res: AllocationResult | ClaimNoFit) -> list[tuple[str, str]]:
     assert isinstance(res, AllocationResult), res
     return [(r.device, str((r.consumed_capacity or {})["c"])) for r in res.devices.results]
@@ -408,31 +404,31 @@ def consumed_of(res: AllocationResult | ClaimNoFit) -> list[tuple[str, str]]:
 def test_two_half_shares_fit_one_unit_only_with_the_gate_on() -> None:
     sl = slice_of(shared("a", "1", rng("250m", "250m")))
     on = allocate_claims(
-        [claim("x", "500m"), claim("y", "500m")], sl, NodeUsage(), ids(), fractional_capacity_range=True
+        [claim("x", "500m"), claim("y", "500m")], sl, NodeUsage(), share_ids(), fractional_capacity_range=True
     )
     assert [consumed_of(r) for r in on] == [[("a", "500m")], [("a", "500m")]]
-    off = allocate_claims([claim("x", "500m"), claim("y", "500m")], sl, NodeUsage(), ids())
+    off = allocate_claims([claim("x", "500m"), claim("y", "500m")], sl, NodeUsage(), share_ids())
     assert consumed_of(off[0]) == [("a", "1")]  # 0.5 read as 1 on a step of 1
     assert isinstance(off[1], ClaimNoFit) and not off[1].aborted
 
 
 def test_a_sub_milli_request_aborts_the_claim_with_the_gate_on_only() -> None:
     sl = slice_of(shared("a", "8", QUARTER), shared("b", "8", rng("1", "1")))
-    on = allocate_claim(claim("x", "1000500u"), sl, NodeUsage(), ids(), fractional_capacity_range=True)
+    on = allocate_claim(claim("x", "1000500u"), sl, NodeUsage(), share_ids(), fractional_capacity_range=True)
     assert isinstance(on, ClaimNoFit) and on.aborted
     assert "device a" in on.reasons["claim"] and "no exact milli value" in on.reasons["claim"]
-    off = allocate_claim(claim("x", "1000500u"), sl, NodeUsage(), ids())
+    off = allocate_claim(claim("x", "1000500u"), sl, NodeUsage(), share_ids())
     assert consumed_of(off) == [("a", "2")]
 
 
 def test_the_abort_stops_the_search_where_upstream_meets_it() -> None:
     # device a takes the request first (name order), so b's range is never reached
     sl = slice_of(shared("a", "8", rng("1")), shared("b", "8", QUARTER))
-    res = allocate_claim(claim("x", "1000500u"), sl, NodeUsage(), ids(), fractional_capacity_range=True)
+    res = allocate_claim(claim("x", "1000500u"), sl, NodeUsage(), share_ids(), fractional_capacity_range=True)
     assert consumed_of(res) == [("a", "1000500u")]
     # a is full: b is reached and the allocation aborts instead of finding nothing
     full = NodeUsage.from_consumed({"a": {"c": Q("8")}}, sl.spec.devices)
-    res = allocate_claim(claim("x", "1000500u"), sl, full, ids(), fractional_capacity_range=True)
+    res = allocate_claim(claim("x", "1000500u"), sl, full, share_ids(), fractional_capacity_range=True)
     assert isinstance(res, ClaimNoFit) and res.aborted
 
 
@@ -466,10 +462,10 @@ def test_an_all_mode_request_the_range_cannot_compute_aborts_before_the_search()
             },
         }
     )
-    on = allocate_claim(c, sl, NodeUsage(), ids(), fractional_capacity_range=True)
+    on = allocate_claim(c, sl, NodeUsage(), share_ids(), fractional_capacity_range=True)
     assert isinstance(on, ClaimNoFit) and on.aborted, on
     assert "request every: device a" in on.reasons["claim"] and "no exact milli value" in on.reasons["claim"]
-    off = allocate_claim(c, sl, NodeUsage(), ids())  # whole units: computable, and big never fits
+    off = allocate_claim(c, sl, NodeUsage(), share_ids())  # whole units: computable, and big never fits
     assert isinstance(off, ClaimNoFit) and not off.aborted
 
 
@@ -502,7 +498,7 @@ def test_an_all_mode_selector_that_fails_to_evaluate_aborts_before_the_search() 
             },
         }
     )
-    got = allocate_claim(c, sl, NodeUsage(), ids(), fractional_capacity_range=True)
+    got = allocate_claim(c, sl, NodeUsage(), share_ids(), fractional_capacity_range=True)
     assert isinstance(got, ClaimNoFit) and got.aborted, got
     assert "request every" in got.reasons["claim"]
 

@@ -9,10 +9,8 @@ hand from the rules (KEP-5075; k8s.io/dynamic-resource-allocation ``structured``
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from cni_dra.allocator import ClaimNoFit, NodeUsage, allocate_claim, allocate_cl
 from cni_dra.cli.allocate import make_allocate_command
 from cni_dra.dra.objects import AllocationResult, ResourceClaim, ResourceSlice
 from cni_dra.quantity import Quantity
+from tests.builders import share_ids
 
 DRV = "drv"
 
@@ -123,11 +122,6 @@ def slice_of(devices: list[dict[str, Any]]) -> ResourceSlice:
     return ResourceSlice.model_validate(
         {"spec": {"driver": DRV, "nodeName": "node1", "pool": {"name": "node1"}, "devices": devices}}
     )
-
-
-def share_ids() -> Callable[[], str]:
-    n = itertools.count(1)
-    return lambda: f"00000000-0000-4000-8000-{next(n):012d}"
 
 
 RANGE_MIN1 = {"default": 1, "validRange": {"min": 1}}

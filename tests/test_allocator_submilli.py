@@ -29,7 +29,6 @@ not fitting (unschedulable) instead of aborted.
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from cni_dra.allocator import ClaimNoFit, NodeUsage, RequestNotRepresentable, al
 from cni_dra.cli import cli
 from cni_dra.dra.objects import AllocationResult, DeviceCapacity, ResourceClaim, ResourceSlice
 from cni_dra.quantity import Quantity
+from tests.builders import share_ids
 
 Q = Quantity.parse
 ABORT = "abort"  # errCapacityRequestNotRepresentable: the allocation fails
@@ -229,23 +229,18 @@ BEFORE = NodeUsage.from_consumed(
 )
 
 
-def ids() -> Any:
-    n = itertools.count(1)
-    return lambda: f"00000000-0000-4000-8000-{next(n):012d}"
-
-
 @pytest.mark.parametrize("usage", [NodeUsage(), BEFORE], ids=["empty-node", "as-the-scheduler-had-it"])
 def test_the_differentials_claim_aborts_with_the_gate_on(usage: NodeUsage) -> None:
     # r0 never fits (nic-0 has no slots; one request takes a device once), yet the scheduler
     # fails with an error: the All subrequest r1/s0 is set up first and its slots request is
     # not a milli value on nic-1's stepped range
-    got = allocate_claim(CLAIM_5, SLICE, usage, ids(), fractional_capacity_range=True)
+    got = allocate_claim(CLAIM_5, SLICE, usage, share_ids(), fractional_capacity_range=True)
     assert isinstance(got, ClaimNoFit) and got.aborted, got
     assert "request r1/s0: device nic-1: capacity slots: request 850000500n" in got.reasons["claim"]
 
 
 def test_the_differentials_claim_is_only_unschedulable_with_the_gate_off() -> None:
-    got = allocate_claim(CLAIM_5, SLICE, BEFORE, ids())
+    got = allocate_claim(CLAIM_5, SLICE, BEFORE, share_ids())
     assert isinstance(got, ClaimNoFit) and not got.aborted, got
     assert "r0" in got.reasons
 
@@ -253,7 +248,7 @@ def test_the_differentials_claim_is_only_unschedulable_with_the_gate_off() -> No
 def test_an_exact_count_subrequest_after_a_request_that_never_fits_is_never_reached() -> None:
     # the same claim with r1/s0 an exact-count request: upstream tries r0 first, finds
     # nothing, and never computes r1/s0's capacity: unschedulable, not an error
-    got = allocate_claim(_claim({}), SLICE, BEFORE, ids(), fractional_capacity_range=True)
+    got = allocate_claim(_claim({}), SLICE, BEFORE, share_ids(), fractional_capacity_range=True)
     assert isinstance(got, ClaimNoFit) and not got.aborted, got
 
 
@@ -276,8 +271,10 @@ def test_an_exact_count_request_that_is_reached_aborts() -> None:
             },
         }
     )
-    assert isinstance(allocate_claim(c, SLICE, NodeUsage(), ids()), AllocationResult)  # off: rounds to 1
-    got = allocate_claim(c, SLICE, NodeUsage(), ids(), fractional_capacity_range=True)
+    assert isinstance(
+        allocate_claim(c, SLICE, NodeUsage(), share_ids()), AllocationResult
+    )  # off: rounds to 1
+    got = allocate_claim(c, SLICE, NodeUsage(), share_ids(), fractional_capacity_range=True)
     assert isinstance(got, ClaimNoFit) and got.aborted, got
 
 
