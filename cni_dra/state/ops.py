@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from cni_dra.state import books
 from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
 from cni_dra.state.schema import Attachment, NodeState
 
@@ -70,8 +71,10 @@ def apply(state: NodeState, op: Op) -> None:
     """Apply ``op`` to ``state``, in place: the one writer of a :class:`NodeState`."""
     if type(op) is Put:
         state.attachments._put(op.att)  # noqa: SLF001 - this is the one writer the mutators are kept for
+        books.put(state, op.att)
     elif type(op) is Delete:
         state.attachments._drop(op.key)  # noqa: SLF001 - as above
+        books.drop(state, op.key)
     elif type(op) is SetClaims:  # a new mapping: a read-only value is never changed once made
         claims = dict(state.claims)
         if op.claims is None:

@@ -338,6 +338,8 @@ class NodeState(BaseModel):
     _decoded: dict[str, tuple[list[dict[str, Any]], tuple[PreparedClaim, ...]]] = PrivateAttr(
         default_factory=dict
     )
+    # the attachments' books (cni_dra.state.books): (Books, version) or None, kept by ops.apply
+    _books: Any = PrivateAttr(default=None)
 
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None (an index lookup)."""

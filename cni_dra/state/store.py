@@ -31,7 +31,8 @@ list (``.importlinter`` checks it), so none of them imports this one:
   the op decoder, schema migration on decode; :mod:`cni_dra.state.lock`: the in-process
   lock and ``flock(2)`` on ``state.lock``; :mod:`cni_dra.state.owner`: boot id and process
   identity for intent records; :mod:`cni_dra.state.fsio`: the I/O seam;
-* then the state itself: :mod:`cni_dra.state.ops`, :mod:`cni_dra.state.schema`,
+* then the state itself: :mod:`cni_dra.state.ops`, :mod:`cni_dra.state.books` (what the
+  attachments hold per device, kept by each operation), :mod:`cni_dra.state.schema`,
   :mod:`cni_dra.state.prepared` (the typed view of a prepared claim, its results each with
   its device profile, decoded once from the stored object), :mod:`cni_dra.state.frozen`
   (the read-only containers the state's values are kept in).
