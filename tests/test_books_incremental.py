@@ -218,3 +218,58 @@ def test_an_attachment_with_no_amount_is_counted_charge_by_charge() -> None:
     assert node_usage(txn.state, DRIVER, POOL, INVENTORY).consumed == {
         "a": {"bandwidth": Quantity.parse("10Gi")}
     }
+
+
+index_steps = st.lists(
+    st.tuples(
+        st.integers(min_value=0, max_value=5),  # container; with "del" below, removed instead
+        st.sampled_from(["a", "b"]),
+        st.sampled_from(["macvlan", "ipvlan", "other"]),
+        st.sampled_from(["adding", "ready", "deleting"]),
+        st.booleans(),  # remove instead of record
+        st.booleans(),  # commit after this step (a new transaction from its state)
+    ),
+    max_size=30,
+)
+
+
+def _scan_kinds(state: NodeState) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for a in state.attachments:
+        if (a.driver, a.pool) == (DRIVER, POOL):
+            slot = out.setdefault(a.device, {})
+            slot[a.linkType] = slot.get(a.linkType, 0) + 1
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=index_steps)
+def test_the_attachments_indexes_equal_a_scan(steps: list[Any]) -> None:
+    """Link types per device and the intents, kept by each change, equal a scan of the
+    attachments, in the state changed and in every earlier state (copies share them)."""
+    from cni_dra.attach.placement import link_type_conflicts
+
+    txn = Txn(NodeState())
+    seen: list[tuple[NodeState, dict[str, dict[str, int]], set[tuple[str, str, str]]]] = []
+    for cid, device, kind, phase, remove, commit in steps:
+        if remove:
+            txn.remove("n", f"c{cid}", "eth0")
+        else:
+            att = _attachment((cid, device, (DRIVER, POOL), {"bandwidth": "1G"}, None, None))
+            txn.put(att.model_copy(update={"linkType": kind, "phase": phase}))
+        state = txn.state
+        kinds = {d: dict(k) for d, k in state.attachments.kinds_by_device(DRIVER, POOL).items()}
+        assert kinds == _scan_kinds(state)
+        intents = {a.key for a in state.attachments.intents()}
+        assert intents == {a.key for a in state.attachments if a.phase != "ready"}
+        for want in ("macvlan", "ipvlan"):
+            assert link_type_conflicts(state.attachments, want, DRIVER, POOL) == link_type_conflicts(
+                list(state.attachments), want, DRIVER, POOL
+            )
+        if commit:  # the state handed on stays as it is while its copies change
+            seen.append((state, kinds, intents))
+            txn = Txn(state)
+    for state, kinds, intents in seen:
+        if state is not txn.state:
+            assert {d: dict(k) for d, k in state.attachments.kinds_by_device(DRIVER, POOL).items()} == kinds
+            assert {a.key for a in state.attachments.intents()} == intents

@@ -74,7 +74,7 @@ change that needs no new schema version; a change of meaning does.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal, overload
 
 from pydantic import (
@@ -253,10 +253,17 @@ class Attachments(Sequence[Attachment]):
     (:class:`cni_dra.state.txn.Txn`, applied by :func:`cni_dra.state.ops.apply`): recording
     an attachment whose key is listed replaces it in its place, a new key goes last."""
 
-    __slots__ = ("_by_key",)
+    __slots__ = ("_by_key", "_kinds", "_intents")
 
     def __init__(self, items: Iterable[Attachment] = ()) -> None:
         self._by_key: dict[tuple[str, str, str], Attachment] = {a.key: a for a in items}
+        # derived, kept by _put/_drop: (driver, pool, device) -> linkType -> how many (each
+        # inner mapping replaced, never changed, so that a copy may share it); and the
+        # attachments that are not ready (intents), by key
+        self._kinds: dict[tuple[str, str, str], dict[str, int]] = {}
+        self._intents: dict[tuple[str, str, str], Attachment] = {}
+        for att in self._by_key.values():
+            self._index(att, 1)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
@@ -271,6 +278,21 @@ class Attachments(Sequence[Attachment]):
     def get(self, key: tuple[str, str, str]) -> Attachment | None:
         """The attachment with ``key`` (network, containerID, ifname), or None."""
         return self._by_key.get(key)
+
+    def link_types(self, driver: str, pool: str, device: str) -> Mapping[str, int]:
+        """linkType -> how many attachments of that type the device (``driver``, ``pool``,
+        ``device``) carries (an index lookup)."""
+        return self._kinds.get((driver, pool, device), {})
+
+    def kinds_by_device(self, driver: str, pool: str) -> dict[str, Mapping[str, int]]:
+        """device -> :meth:`link_types`, for every device of (``driver``, ``pool``) that
+        carries an attachment; O(devices of the node)."""
+        return {dev: kinds for (d, p, dev), kinds in self._kinds.items() if d == driver and p == pool}
+
+    def intents(self) -> list[Attachment]:
+        """The attachments whose phase is not ``ready`` (an ADD or DEL in flight, or left
+        by one that died), in no particular order; O(intents), not O(attachments)."""
+        return list(self._intents.values())
 
     def __iter__(self) -> Iterator[Attachment]:
         return iter(self._by_key.values())
@@ -307,13 +329,40 @@ class Attachments(Sequence[Attachment]):
     def _copy(self) -> Attachments:
         new = Attachments()
         new._by_key = dict(self._by_key)
+        new._kinds = dict(self._kinds)  # inner mappings are replaced, never changed: shared
+        new._intents = dict(self._intents)
         return new
 
+    def _index(self, att: Attachment, sign: int) -> None:
+        where = (att.driver, att.pool, att.device)
+        kinds = dict(self._kinds.get(where, ()))
+        n = kinds.get(att.linkType, 0) + sign
+        if n:
+            kinds[att.linkType] = n
+        else:
+            del kinds[att.linkType]
+        if kinds:
+            self._kinds[where] = kinds
+        else:
+            del self._kinds[where]
+        if att.phase != "ready":
+            if sign > 0:
+                self._intents[att.key] = att
+            else:
+                del self._intents[att.key]
+
     def _put(self, att: Attachment) -> None:
+        old = self._by_key.get(att.key)
+        if old is not None:
+            self._index(old, -1)
         self._by_key[att.key] = att
+        self._index(att, 1)
 
     def _drop(self, key: tuple[str, str, str]) -> Attachment | None:
-        return self._by_key.pop(key, None)
+        old = self._by_key.pop(key, None)
+        if old is not None:
+            self._index(old, -1)
+        return old
 
 
 class NodeState(BaseModel):
