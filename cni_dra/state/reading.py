@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 
+from pydantic import ValidationError
+
 from cni_dra.errors import StateError
 from cni_dra.state import journal
 from cni_dra.state.cache import CACHE, Cached, Reload, decoded, ident
+from cni_dra.state.codec import apply_records, folded_from
 from cni_dra.state.files import StateFiles
 from cni_dra.state.schema import NodeState
 
@@ -63,7 +66,37 @@ def _refresh(files: StateFiles, entry: Cached | None) -> Cached:
             data = files.path.read_bytes()
         except OSError as exc:
             raise StateError(f"failed to read state {files.path}: {exc.strerror}") from exc
-        entry = decoded(data, str(files.path), snap)
+        if entry is None or not _take_up(entry, data, snap):
+            entry = decoded(data, str(files.path), snap)
     if entry.jid is not None:
         journal.replay(files, entry)
     return entry
+
+
+def _take_up(entry: Cached, data: bytes, snap: tuple[int, int, int, int]) -> bool:
+    """Continue ``entry`` onto the new snapshot ``data`` without decoding it, when it folds
+    the journal ``entry`` read and holds the ops of every record ``entry`` has not applied
+    (a compaction by another process, :func:`cni_dra.state.journal.write_snapshot`): the
+    state is then what that process wrote. False when it cannot (then decode ``data``).
+
+    The checksum is verified all the same (:func:`~cni_dra.state.codec.folded_from`): an
+    edited snapshot is noticed, as it is when decoded."""
+    got = folded_from(data)
+    if got is None or got[0] != entry.jid:
+        return False
+    _fid, fseq, tail, jid, seq = got
+    first = fseq - len(tail) + 1  # the seq of tail[0]
+    if not first - 1 <= entry.seq <= fseq:
+        return False
+    todo = tail[entry.seq - first + 1 :]
+    state = entry.state
+    if todo:
+        state = state.changeable_copy()  # a state another thread reads is never changed under it
+        try:
+            apply_records(state, todo)
+        except (ValidationError, ValueError, TypeError, KeyError):
+            return False
+    entry.state, entry.snap_ident, entry.snap_size, entry.jid, entry.seq = state, snap, len(data), jid, seq
+    entry.j_ident, entry.j_end, entry.j_stale, entry.j_size, entry.j_times = None, 0, False, 0, (0, 0)
+    entry.recent = []
+    return True
