@@ -5,6 +5,7 @@ bad record before others is corruption, stale journal ignored, compaction, cache
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -19,6 +20,7 @@ from cni_dra.errors import StateError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore, ops
 from cni_dra.state import cache as state_cache
+from cni_dra.state import reading
 from cni_dra.state.store import JOURNAL_FILE, encode_state
 
 
@@ -426,3 +428,30 @@ def test_a_folded_snapshot_edited_afterwards_is_noticed_by_a_process_that_would_
     path.write_bytes(path.read_bytes().replace(b'"phase":"deleting"', b'"phase":"ready"   '))
     with pytest.raises(StateError, match="checksum mismatch"):
         store.read()
+
+
+@pytest.fixture
+def unfrozen():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def test_a_large_snapshot_decoded_into_the_cache_is_kept_out_of_the_collector(
+    tmp_path, monkeypatch, unfrozen
+):
+    """A full collection does not walk the state a warm process keeps (reading.FREEZE_ATTACHMENTS)."""
+    monkeypatch.setattr(reading, "FREEZE_ATTACHMENTS", 3)
+    small, large = StateStore(tmp_path / "small"), StateStore(tmp_path / "large")
+    with small.transaction() as txn:  # a first commit writes the snapshot
+        txn.put_all([_att("c1"), _att("c2")])
+    with large.transaction() as txn:
+        txn.put_all([_att("c1"), _att("c2"), _att("c3")])
+    state_cache.CACHE.clear()
+    large.read_files()  # a tool's read: not kept, not frozen
+    small.read()  # kept, but below the size
+    assert gc.get_freeze_count() == 0
+    state = large.read()
+    assert gc.get_freeze_count() > 0
+    tracked = {id(o) for o in gc.get_objects()}
+    assert not any(id(a) in tracked for a in state.attachments)
