@@ -18,9 +18,8 @@ from pydantic import ValidationError
 from cni_dra.attach.rebuild import repair
 from cni_dra.errors import StateError
 from cni_dra.quantity import Quantity
-from cni_dra.state import Attachment, NodeState, StateStore, ops
+from cni_dra.state import Attachment, NodeState, StateStore, ops, reading
 from cni_dra.state import cache as state_cache
-from cni_dra.state import reading
 from cni_dra.state.store import JOURNAL_FILE, encode_state
 
 
