@@ -1,6 +1,6 @@
 """The books kept as the state changes equal a recount after any sequence of changes.
 
-:func:`cni_dra.state.ledger.node_usage` reads the attachments' part from the books that
+:func:`cni_dra.state.ledger.node_usage` reads what the devices hold from the books that
 :func:`cni_dra.state.ops.apply` keeps (:mod:`cni_dra.state.books`). The property drives
 random sequences of ADDs (new attachments), updates, releases, prepared claims, abandoned
 transactions and reads of older states, and compares every answer with totals this test
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from cni_dra.dra.objects import Device
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, Txn
-from cni_dra.state.books import attachment_usage
+from cni_dra.state.books import kept_usage
 from cni_dra.state.ledger import node_usage
 
 DRIVER, POOL = "d", "p"
@@ -114,7 +114,9 @@ class OwnBooks:
         new.atts, new.claims = dict(self.atts), dict(self.claims)
         return new
 
-    def totals(self, devices: dict[str, Device]) -> dict[tuple[str, str], tuple[int, str]] | None:
+    def totals(
+        self, devices: dict[str, Device], prepared: bool = True
+    ) -> dict[tuple[str, str], tuple[int, str]] | None:
         """(device, capacity) -> (nano-units, format); None when a record is one the test
         does not model (no amount, a negative one)."""
         held: list[tuple[str, dict[str, str]]] = []
@@ -129,7 +131,7 @@ class OwnBooks:
                     continue
                 seen.add((device, uid, share_id))
             held.append((device, consumed))
-        for pod in self.claims:
+        for pod in self.claims if prepared else ():
             for i, amount in enumerate(self.claims[pod]):
                 if ("a", pod, f"s{i}") not in seen:
                     seen.add(("a", pod, f"s{i}"))
@@ -143,8 +145,10 @@ class OwnBooks:
         return out
 
 
-def _product(state: NodeState, devices: dict[str, Device]) -> dict[tuple[str, str], tuple[int, str]]:
-    usage = node_usage(state, DRIVER, POOL, devices)
+def _product(
+    state: NodeState, devices: dict[str, Device], prepared: bool = True
+) -> dict[tuple[str, str], tuple[int, str]]:
+    usage = node_usage(state, DRIVER, POOL, devices, prepared=prepared)
     return {(d, c): (q.nanos, q.format) for d, caps in usage.consumed.items() for c, q in caps.items()}
 
 
@@ -182,9 +186,10 @@ def test_kept_books_equal_a_recount_after_any_sequence(steps: list[Any], with_in
                 expected = old_own.totals(devices)
                 if expected is not None:
                     assert _product(old_state, devices) == expected
-        expected = mine.totals(devices)
-        if expected is not None:
-            assert _product(txn.state, devices) == expected
+        for prepared in (True, False):
+            expected = mine.totals(devices, prepared)
+            if expected is not None:
+                assert _product(txn.state, devices, prepared) == expected
 
 
 def test_a_state_whose_books_moved_on_is_counted_again() -> None:
@@ -192,7 +197,7 @@ def test_a_state_whose_books_moved_on_is_counted_again() -> None:
     txn = Txn(NodeState())
     txn.put(_attachment((9, "a", (DRIVER, POOL), {"bandwidth": "5G"}, None, None)))
     base = txn.state
-    attachment_usage(base, DRIVER, POOL, {})  # the books of base, shared by its copies
+    kept_usage(base, DRIVER, POOL, {})  # the books of base, shared by its copies
     txn = Txn(base)
     txn.put(_attachment((0, "a", (DRIVER, POOL), {"bandwidth": "1G"}, None, None)))
     one = txn.state
@@ -201,7 +206,7 @@ def test_a_state_whose_books_moved_on_is_counted_again() -> None:
     two = txn.state
 
     def held(state: NodeState) -> dict[str, Any]:
-        usage = attachment_usage(state, DRIVER, POOL, {})
+        usage = kept_usage(state, DRIVER, POOL, {})
         assert usage is not None
         return dict(usage.consumed)
 
@@ -214,7 +219,7 @@ def test_an_attachment_with_no_amount_is_counted_charge_by_charge() -> None:
     """The books cannot hold a whole device (an inventory question): the pool is added up."""
     txn = Txn(NodeState())
     txn.put(_attachment((0, "a", (DRIVER, POOL), {}, "s1", None)))
-    assert attachment_usage(txn.state, DRIVER, POOL, INVENTORY) is None
+    assert kept_usage(txn.state, DRIVER, POOL, INVENTORY) is None
     assert node_usage(txn.state, DRIVER, POOL, INVENTORY).consumed == {
         "a": {"bandwidth": Quantity.parse("10Gi")}
     }

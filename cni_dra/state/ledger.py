@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from cni_dra.allocator.usage import Charge, NodeUsage, is_dedicated, whole_capacity
 from cni_dra.dra.objects import Device
-from cni_dra.state.books import attachment_usage
+from cni_dra.state.books import kept_usage
 from cni_dra.state.schema import NodeState
 
 __all__ = ["node_usage", "node_charges"]
@@ -30,18 +30,14 @@ def node_usage(
     """What the devices of (``driver``, ``pool``) hold in ``state``: :func:`node_charges`
     added up (``usage.consumed``: device name -> capacity name -> amount).
 
-    The attachments' part comes from the books the state keeps as it changes
-    (:func:`cni_dra.state.books.attachment_usage`: O(devices), not O(attachments)), equal
-    to adding up their charges; the prepared claims' charges are then added to it
-    (:meth:`NodeUsage.plus <cni_dra.allocator.usage.NodeUsage.plus>` continues a sum
-    exactly). A pool the books cannot count is added up charge by charge."""
+    Read from the books the state keeps as it changes (:func:`cni_dra.state.books.kept_usage`:
+    O(devices), not O(attachments)), equal to adding up the charges; a pool the books
+    cannot count (a record without an amount, a negative amount) is added up charge by charge."""
     devices = devices or {}
-    held = attachment_usage(state, driver, pool, devices)
+    held = kept_usage(state, driver, pool, devices, prepared=prepared)
     if held is None:
         return NodeUsage().plus(node_charges(state, driver, pool, devices, prepared=prepared))
-    if not prepared or not state.claims:
-        return held
-    return held.plus(_prepared_charges(state, driver, pool, devices, set()))
+    return held
 
 
 def node_charges(

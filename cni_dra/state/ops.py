@@ -82,6 +82,7 @@ def apply(state: NodeState, op: Op) -> None:
         else:
             claims[op.pod_uid] = op.claims
         state.__dict__["claims"] = FrozenDict(claims)
+        books.set_claims(state, op.pod_uid)
     elif type(op) is SetStatusUpdates:
         state.__dict__["statusUpdates"] = op.records
     elif type(op) is SetBootID:
