@@ -278,3 +278,53 @@ def test_the_attachments_indexes_equal_a_scan(steps: list[Any]) -> None:
         if state is not txn.state:
             assert {d: dict(k) for d, k in state.attachments.kinds_by_device(DRIVER, POOL).items()} == kinds
             assert {a.key for a in state.attachments.intents()} == intents
+
+
+def _elsewhere(path: str, cid: int, amount: str, limit: int) -> None:
+    """Another process records an attachment (``limit``: its store's journal limit; 1
+    folds the journal into a new snapshot at once)."""
+    from cni_dra.state import StateStore
+    from cni_dra.state import cache as state_cache
+
+    state_cache.CACHE.clear()
+    with StateStore(path, journal_limit_bytes=limit).transaction() as txn:
+        txn.put(_attachment((cid, "a", (DRIVER, POOL), {"bandwidth": amount}, None, None)))
+
+
+def _in_another_process(*args: Any) -> None:
+    import multiprocessing
+
+    proc = multiprocessing.get_context("fork").Process(target=_elsewhere, args=args)
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0
+
+
+def test_a_warm_process_books_see_what_other_processes_wrote(tmp_path, monkeypatch) -> None:
+    """Appended records, a compaction taken up, and a snapshot written by someone else
+    (decoded afresh) all reach what node_usage answers in a process that kept its books."""
+    from cni_dra.state.store import StateStore, encode_state
+
+    monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
+    store = StateStore(tmp_path, journal_limit_bytes=10**9)
+    with store.transaction() as txn:
+        txn.put(_attachment((0, "a", (DRIVER, POOL), {"bandwidth": "1G"}, None, None)))
+    for i in (1, 2, 3):  # a journal longer than the snapshot
+        with store.transaction() as txn:
+            txn.update(("n", "c0", "eth0"), phase="ready" if i % 2 else "adding")
+
+    def held() -> Quantity:
+        with store.transaction() as txn:
+            return node_usage(txn.state, DRIVER, POOL, {}).consumed["a"]["bandwidth"]
+
+    assert held() == Quantity.parse("1G")  # the books are counted here, and kept
+    _in_another_process(str(tmp_path), 1, "2G", 10**9)  # appended
+    assert held() == Quantity.parse("3G")
+    _in_another_process(str(tmp_path), 2, "4G", 1)  # appended, then folded into a new snapshot
+    assert held() == Quantity.parse("7G")
+    (tmp_path / "state.json").write_bytes(
+        encode_state(
+            NodeState(attachments=[_attachment((5, "a", (DRIVER, POOL), {"bandwidth": "5G"}, None, None))])
+        )
+    )
+    assert held() == Quantity.parse("5G")
