@@ -233,6 +233,8 @@ index_steps = st.lists(
         st.sampled_from(["adding", "ready", "deleting"]),
         st.booleans(),  # remove instead of record
         st.booleans(),  # commit after this step (a new transaction from its state)
+        st.sampled_from([None, "s1"]),  # shareID
+        st.sampled_from([None, "u1", "u2"]),  # claim UID
     ),
     max_size=30,
 )
@@ -250,23 +252,26 @@ def _scan_kinds(state: NodeState) -> dict[str, dict[str, int]]:
 @settings(max_examples=200, deadline=None)
 @given(steps=index_steps)
 def test_the_attachments_indexes_equal_a_scan(steps: list[Any]) -> None:
-    """Link types per device and the intents, kept by each change, equal a scan of the
-    attachments, in the state changed and in every earlier state (copies share them)."""
+    """Link types per device, the intents and the attachments of each share, kept by each
+    change, equal a scan of the attachments, in the state changed and in every earlier state (copies share them)."""
     from cni_dra.attach.placement import link_type_conflicts
 
     txn = Txn(NodeState())
     seen: list[tuple[NodeState, dict[str, dict[str, int]], set[tuple[str, str, str]]]] = []
-    for cid, device, kind, phase, remove, commit in steps:
+    for cid, device, kind, phase, remove, commit, share_id, uid in steps:
         if remove:
             txn.remove("n", f"c{cid}", "eth0")
         else:
-            att = _attachment((cid, device, (DRIVER, POOL), {"bandwidth": "1G"}, None, None))
+            att = _attachment((cid, device, (DRIVER, POOL), {"bandwidth": "1G"}, share_id, uid))
             txn.put(att.model_copy(update={"linkType": kind, "phase": phase}))
         state = txn.state
         kinds = {d: dict(k) for d, k in state.attachments.kinds_by_device(DRIVER, POOL).items()}
         assert kinds == _scan_kinds(state)
         intents = {a.key for a in state.attachments.intents()}
         assert intents == {a.key for a in state.attachments if a.phase != "ready"}
+        keys = {a.share_key() for a in state.attachments} - {None}
+        for key in keys | {(DRIVER, POOL, "a", "u9", "r", None)}:
+            assert state.attachments.sharing(key) == [a for a in state.attachments if a.share_key() == key]
         for want in ("macvlan", "ipvlan"):
             assert link_type_conflicts(state.attachments, want, DRIVER, POOL) == link_type_conflicts(
                 list(state.attachments), want, DRIVER, POOL
@@ -328,3 +333,15 @@ def test_a_warm_process_books_see_what_other_processes_wrote(tmp_path, monkeypat
         )
     )
     assert held() == Quantity.parse("5G")
+
+
+def test_the_attachments_of_a_share_keep_their_order_when_one_is_updated() -> None:
+    txn = Txn(NodeState())
+    for cid in (0, 1, 2):
+        txn.put(_attachment((cid, "a", (DRIVER, POOL), {"bandwidth": "1G"}, "s1", "u1")))
+    share = (DRIVER, POOL, "a", "u1", "r", "s1")
+    txn.update(("n", "c0", "eth0"), phase="deleting")  # in its place
+    assert [a.containerID for a in txn.state.attachments.sharing(share)] == ["c0", "c1", "c2"]
+    txn.update(("n", "c1", "eth0"), shareID="s2")  # to another share, keeping its place
+    txn.update(("n", "c1", "eth0"), shareID="s1")
+    assert [a.containerID for a in txn.state.attachments.sharing(share)] == ["c0", "c1", "c2"]

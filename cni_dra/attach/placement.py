@@ -190,7 +190,7 @@ def place_claim(
         )
     ref = ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid, request=res.request)
     share = (driver, pool, name, ref.uid, ref.request, res.shareID)
-    sharing = [a for a in state.attachments if a.share_key() == share]
+    sharing = state.attachments.sharing(share)
     for other in sharing:
         if not asker.pod_uid or other.podUID == asker.pod_uid:
             raise ClaimError(

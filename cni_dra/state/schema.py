@@ -253,7 +253,7 @@ class Attachments(Sequence[Attachment]):
     (:class:`cni_dra.state.txn.Txn`, applied by :func:`cni_dra.state.ops.apply`): recording
     an attachment whose key is listed replaces it in its place, a new key goes last."""
 
-    __slots__ = ("_by_key", "_kinds", "_intents")
+    __slots__ = ("_by_key", "_kinds", "_intents", "_shares")
 
     def __init__(self, items: Iterable[Attachment] = ()) -> None:
         self._by_key: dict[tuple[str, str, str], Attachment] = {a.key: a for a in items}
@@ -262,8 +262,16 @@ class Attachments(Sequence[Attachment]):
         # attachments that are not ready (intents), by key
         self._kinds: dict[tuple[str, str, str], dict[str, int]] = {}
         self._intents: dict[tuple[str, str, str], Attachment] = {}
+        # share_key -> the attachments holding that share, in their order (inner mappings
+        # replaced, never changed, as above)
+        self._shares: dict[
+            tuple[str, str, str, str, str, str | None], dict[tuple[str, str, str], Attachment]
+        ] = {}
         for att in self._by_key.values():
             self._index(att, 1)
+            sk = att.share_key()
+            if sk is not None:
+                self._shares.setdefault(sk, {})[att.key] = att
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
@@ -288,6 +296,11 @@ class Attachments(Sequence[Attachment]):
         """device -> :meth:`link_types`, for every device of (``driver``, ``pool``) that
         carries an attachment; O(devices of the node)."""
         return {dev: kinds for (d, p, dev), kinds in self._kinds.items() if d == driver and p == pool}
+
+    def sharing(self, share_key: tuple[str, str, str, str, str, str | None]) -> list[Attachment]:
+        """The attachments whose :meth:`Attachment.share_key` is ``share_key`` (pods using one
+        claim's share), in their order; an index lookup."""
+        return list(self._shares.get(share_key, {}).values())
 
     def intents(self) -> list[Attachment]:
         """The attachments whose phase is not ``ready`` (an ADD or DEL in flight, or left
@@ -331,6 +344,7 @@ class Attachments(Sequence[Attachment]):
         new._by_key = dict(self._by_key)
         new._kinds = dict(self._kinds)  # inner mappings are replaced, never changed: shared
         new._intents = dict(self._intents)
+        new._shares = dict(self._shares)
         return new
 
     def _index(self, att: Attachment, sign: int) -> None:
@@ -352,16 +366,38 @@ class Attachments(Sequence[Attachment]):
                 del self._intents[att.key]
 
     def _put(self, att: Attachment) -> None:
-        old = self._by_key.get(att.key)
+        key = att.key
+        old = self._by_key.get(key)
         if old is not None:
             self._index(old, -1)
-        self._by_key[att.key] = att
+        self._by_key[key] = att
         self._index(att, 1)
+        sk, was = att.share_key(), None if old is None else old.share_key()
+        if was is not None and was != sk:
+            self._unshare(was, key)
+        if sk is not None:
+            members = dict(self._shares.get(sk, ()))
+            if old is None or was == sk:  # new (last), or in its place
+                members[key] = att
+            else:  # an attachment that changed share keeps its place: the members in order
+                members = {k: a for k, a in self._by_key.items() if a.share_key() == sk}
+            self._shares[sk] = members
+
+    def _unshare(self, sk: tuple[str, str, str, str, str, str | None], key: tuple[str, str, str]) -> None:
+        members = dict(self._shares[sk])
+        del members[key]
+        if members:
+            self._shares[sk] = members
+        else:
+            del self._shares[sk]
 
     def _drop(self, key: tuple[str, str, str]) -> Attachment | None:
         old = self._by_key.pop(key, None)
         if old is not None:
             self._index(old, -1)
+            sk = old.share_key()
+            if sk is not None:
+                self._unshare(sk, key)
         return old
 
 
