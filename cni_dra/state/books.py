@@ -20,8 +20,9 @@ claim that does not decode (the ledger raises why).
 One :class:`Books` follows one line of states: a state made by
 :meth:`~cni_dra.state.schema.NodeState.changeable_copy` shares its parent's, and the
 first change of the copy moves the books on, so the parent's view is then stale
-(it is counted afresh when asked). A state read from the files has none until it is
-first asked (:func:`kept_usage`).
+(it is counted afresh when asked). A state read from the files has none: the first
+question in its line is answered by adding up (cheaper once: a plugin run in-process asks
+once), the second counts the books (:func:`kept_usage`).
 """
 
 from __future__ import annotations
@@ -273,22 +274,30 @@ def kept_usage(
     (``driver``, ``pool``) hold, as ``NodeUsage().plus`` of their charges in order gives it,
     from the books (counted first when ``state`` has none current: O(records), once per
     line of states); None when the pool must be counted charge by charge (module docstring)."""
-    got = _private(state).get("_books")
-    if got is not None:
+    private = _private(state)
+    got = private.get("_books")
+    if isinstance(got, tuple):
         books, version = got
         with books.lock:
             if books.version == version:
                 return books._usage(driver, pool, devices, prepared)  # type: ignore[no-any-return]  # noqa: SLF001
+    elif got is None:  # the first question in this line of states: adding up once is cheaper
+        private["_books"] = _ASKED  # than counting the books (a plugin run in-process asks once)
+        return None
     books = Books.of(state)
     _private(state)["_books"] = (books, books.version)
     with books.lock:
         return books._usage(driver, pool, devices, prepared)  # noqa: SLF001 - this module's own
 
 
+_ASKED = "asked"
+"""``NodeState._books`` of a line of states asked once: the next question counts the books."""
+
+
 def _change(state: NodeState, change: Callable[[Books], None]) -> None:
     private = _private(state)
     got = private.get("_books")
-    if got is None:
+    if not isinstance(got, tuple):
         return
     books, version = got
     with books.lock:
