@@ -405,13 +405,10 @@ class Bench:
         bodies = {n: pod_body(self.cluster, n, self.node_name, claim=CLAIMS[variant], tag=tag) for n in names}
         before = scrape(self.api, self.cluster, self.node_name)
         load0 = os.getloadavg()[0]
-        profiler = self.start_profile(tag) if args.profile and variant == "cni-dra" else None
         for f in [self.pool.submit(self.create, n, bodies[n], times[n]) for n in names]:
             f.result()
         self.watch.wait(names, "ready", args.timeout)
         up = scrape(self.api, self.cluster, self.node_name)
-        if profiler is not None:
-            self.stop_profile(profiler)
         for f in [self.pool.submit(self.delete, n, times[n]) for n in names]:
             f.result()
         self.watch.wait(names, "gone", args.timeout)
@@ -443,50 +440,6 @@ class Bench:
             f"load {load0:.1f}→{r.load[1]:.1f}"
         )
         return r
-
-    # -- profiling the agent during a burst (py-spy, when installed) ------------------------------
-
-    def agent_pids(self) -> list[int]:
-        """The agent's processes on the node: everything in its pod's cgroup running Python."""
-        pod = self.cluster.agent_pod(self.api, self.node_name)
-        uid = pod.metadata.uid
-        root = Path("/sys/fs/cgroup/pids") / self.cluster.CGROUP_ROOT
-        pids: list[int] = []
-        for d in root.rglob(f"pod{uid}"):
-            for procs in d.rglob("cgroup.procs"):
-                for pid in procs.read_text().split():
-                    try:
-                        if "python" in Path(f"/proc/{pid}/exe").resolve().name:
-                            pids.append(int(pid))
-                    except OSError:
-                        continue
-        return sorted(set(pids))
-
-    def start_profile(self, tag: str) -> list[tuple[subprocess.Popen, Path]]:
-        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        out = Path(self.args.profile)
-        out.mkdir(parents=True, exist_ok=True)
-        procs = []
-        for pid in self.agent_pids():
-            f = out / f"{tag}-agent-{pid}.txt"
-            cmd = [spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--output", str(f)]
-            cmd += ["--nonblocking", "--threads", "--idle"] if self.args.profile_idle else ["--nonblocking"]
-            procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f))
-        time.sleep(1)  # py-spy attaches before the burst
-        return procs
-
-    def stop_profile(self, procs: list[tuple[subprocess.Popen, Path]]) -> None:
-        import signal
-
-        for p, _ in procs:
-            p.send_signal(signal.SIGINT)
-        for p, f in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            log(f"profile: {f}")
 
     def cleanup(self) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -559,10 +512,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--pause", type=float, default=3.0, help="seconds of quiet before each burst")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds for a burst to be Ready or gone")
     ap.add_argument("--out", default=str(REPO / "bench/cluster-results.json"))
-    ap.add_argument("--profile", metavar="DIR", help="py-spy the agent's processes during each cni-dra burst")
+    ap.add_argument(
+        "--helm-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="helm upgrade the chart with this value first (repeatable; e.g. logLevel=debug); "
+        "a bed that was up gets the bed's values back at the end",
+    )
     ap.add_argument("--logs", metavar="DIR", help="copy the bed's component logs there at the end")
     ap.add_argument("--dump-metrics", metavar="DIR", help="write the last raw /metrics texts there")
-    ap.add_argument("--profile-idle", action="store_true", help="with --profile: idle threads too")
     args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     if unknown := set(variants) - set(VARIANTS):
@@ -581,6 +540,9 @@ def main(argv: list[str]) -> int:
     try:
         api = cluster.api_client()
         versions = json.loads((cluster.DIR / "versions.json").read_text())
+        if args.helm_set:
+            log(f"helm upgrade with --set {' --set '.join(args.helm_set)}")
+            cluster.helm_upgrade(api, *[x for kv in args.helm_set for x in ("--set", kv)])
         bench = Bench(cluster, api, args)
         bench.watch.start()
         make_template(api, args.bandwidth)
@@ -595,6 +557,9 @@ def main(argv: list[str]) -> int:
                 log(f"cleanup: {type(exc).__name__}: {exc}")
         if args.logs:
             keep_logs(cluster, Path(args.logs))
+        if args.helm_set and not own_bed:
+            log("helm upgrade back to the bed's values")
+            cluster.helm_upgrade(cluster.api_client())
         if own_bed:
             cluster.down(quiet=True)
     summary = summarize(rounds)
