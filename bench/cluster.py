@@ -350,7 +350,17 @@ class Bench:
         self.node = cluster.node(self.node_name)
         self.watch = PodWatch(cluster.api_client())
         self.pool = ThreadPoolExecutor(max_workers=args.parallel)
-        self.network: str | None = None
+        held = self.node.books()
+        self.baseline = (len(held["attachments"]), len(held["preparedClaims"]))
+        """What the node held before the bench (pods of others): what :meth:`settle` waits for."""
+
+    def claims(self) -> list[str]:
+        """The bench's pods' generated claims that still exist."""
+        return [
+            c.metadata.name
+            for c in self.resource.list_namespaced_resource_claim(NS).items
+            if any(o.kind == "Pod" and o.name.startswith("bench-") for o in c.metadata.owner_references or [])
+        ]
 
     def create(self, name: str, body: dict[str, Any], t: PodTimes) -> None:
         t.created = time.monotonic()
@@ -381,18 +391,17 @@ class Bench:
             if time.monotonic() > end:
                 raise RuntimeError(f"the node still gives {ip} after 60 s, not the {want} network")
             time.sleep(1)
-        self.network = want
 
     def settle(self) -> None:
-        """Until the node's books hold nothing and the generated claims are gone."""
+        """Until the node's books hold no more than before the bench and the bench's claims are gone."""
         end = time.monotonic() + 120
         while time.monotonic() < end:
-            books = self.node.books()
-            claims = self.resource.list_namespaced_resource_claim(NS).items
-            if not books["attachments"] and not books["preparedClaims"] and not claims:
+            held = self.node.books()
+            attachments, prepared = len(held["attachments"]), len(held["preparedClaims"])
+            if attachments <= self.baseline[0] and prepared <= self.baseline[1] and not self.claims():
                 return
             time.sleep(0.5)
-        raise RuntimeError("the node's books or the claims did not empty in 120 s")
+        raise RuntimeError("the node's books or the bench's claims did not empty in 120 s")
 
     def round(self, variant: str, index: int) -> Round:
         args = self.args
@@ -416,7 +425,7 @@ class Bench:
         if CLAIMS[variant]:
             first_delete = min(t.delete_sent for t in times.values() if t.delete_sent is not None)
             end = time.monotonic() + args.timeout
-            while self.resource.list_namespaced_resource_claim(NS).items:
+            while self.claims():
                 if time.monotonic() > end:
                     raise TimeoutError("the round's claims were not deleted")
                 time.sleep(0.1)
