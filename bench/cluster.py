@@ -57,7 +57,16 @@ from types import ModuleType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster_stats import Histogram, PodTimes, Round, histogram, parse_metrics, render_table, summarize
+from cluster_stats import (
+    Histogram,
+    PodTimes,
+    Round,
+    crio_cni_calls,
+    histogram,
+    parse_metrics,
+    render_table,
+    summarize,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "default"
@@ -413,11 +422,19 @@ class Bench:
         times = {n: self.watch.track(n) for n in names}
         bodies = {n: pod_body(self.cluster, n, self.node_name, claim=CLAIMS[variant], tag=tag) for n in names}
         before = scrape(self.api, self.cluster, self.node_name)
+        crio_log = self.node.logfile("crio")
+        crio_from = crio_log.stat().st_size if self.cluster.RUNTIME == "cri-o" else 0
         load0 = os.getloadavg()[0]
         for f in [self.pool.submit(self.create, n, bodies[n], times[n]) for n in names]:
             f.result()
         self.watch.wait(names, "ready", args.timeout)
         up = scrape(self.api, self.cluster, self.node_name)
+        if self.cluster.RUNTIME == "cri-o":  # containerd logs no CNI call at its default level
+            with crio_log.open("rb") as f:  # what it logged since the burst began
+                f.seek(crio_from)
+                text = f.read().decode(errors="replace")
+            for name, (add_s, check_s) in crio_cni_calls(text, names).items():
+                times[name].cni_add_s, times[name].cni_check_s = add_s, check_s
         for f in [self.pool.submit(self.delete, n, times[n]) for n in names]:
             f.result()
         self.watch.wait(names, "gone", args.timeout)
@@ -501,7 +518,11 @@ def round_json(r: Round) -> dict[str, Any]:
             k: {"count": h.count, "sum": h.sum, "buckets": h.buckets} for k, h in r.histograms.items()
         },
         "pods": {
-            n: {k: rel(getattr(t, k)) for k in ("created", "scheduled", "ready", "delete_sent", "gone")}
+            n: {
+                **{k: rel(getattr(t, k)) for k in ("created", "scheduled", "ready", "delete_sent", "gone")},
+                "cni_add_s": t.cni_add_s,
+                "cni_check_s": t.cni_check_s,
+            }
             for n, t in sorted(r.pods.items())
         },
     }

@@ -129,6 +129,10 @@ class PodTimes:
     ready: float | None = None
     delete_sent: float | None = None
     gone: float | None = None
+    cni_add_s: float | None = None
+    """How long the runtime's CNI ADD took (its log's words; CRI-O only)."""
+    cni_check_s: float | None = None
+    """From CRI-O's CHECK, right after the ADD, to its sandbox being ready."""
 
 
 @dataclass
@@ -168,6 +172,50 @@ class Round:
         return out
 
 
+_CRIO_LINE = re.compile(r'^time="([^"]+)" level=\w+ msg="(.*)$')
+
+
+def _rfc3339_s(stamp: str) -> float:
+    """Seconds since midnight of an RFC 3339 UTC time with up to nanoseconds (CRI-O's log)."""
+    clock = stamp.split("T", 1)[1].rstrip("Z")
+    h, m, sec = clock.split(":")
+    return int(h) * 3600 + int(m) * 60 + float(sec)
+
+
+def crio_cni_calls(log_text: str, pods: Iterable[str]) -> dict[str, tuple[float | None, float | None]]:
+    """Per pod of ``pods`` (names, in namespace ``default``): how long CRI-O's CNI ADD took
+    (``Adding pod default_<pod> to CNI network`` to the next ``Got pod network`` of that pod,
+    which CRI-O logs before its CHECK) and from its CHECK (``Checking pod``) to ``Ran pod
+    sandbox``. The first sandbox of each pod only; a run that crosses midnight is not read."""
+    wanted = set(pods)
+    marks: dict[str, dict[str, float]] = {}
+    pod_re = re.compile(r"(?:default_|default/|Name:)([a-z0-9-]+)")
+    for line in log_text.splitlines():
+        m = _CRIO_LINE.match(line)
+        if m is None:
+            continue
+        msg = m.group(2)
+        found = pod_re.search(msg)
+        if found is None or found.group(1) not in wanted:
+            continue
+        t, e = _rfc3339_s(m.group(1)), marks.setdefault(found.group(1), {})
+        if msg.startswith("Adding pod "):
+            e.setdefault("add", t)
+        elif msg.startswith("Got pod network") and "add" in e and "add_end" not in e:
+            e["add_end"] = t
+        elif msg.startswith("Checking pod "):
+            e.setdefault("check", t)
+        elif msg.startswith("Ran pod sandbox") and "check" in e:
+            e.setdefault("ran", t)
+    return {
+        pod: (
+            e["add_end"] - e["add"] if "add_end" in e else None,
+            e["ran"] - e["check"] if "ran" in e else None,
+        )
+        for pod, e in marks.items()
+    }
+
+
 def _median(values: Iterable[float]) -> float:
     return percentile([v for v in values if not math.isnan(v)], 0.5)
 
@@ -183,6 +231,8 @@ def summarize(rounds: Sequence[Round]) -> dict[str, dict[str, object]]:
         sched = [x for r in mine for x in r.latencies("created", "scheduled")]
         to_ready = [x for r in mine for x in r.latencies("scheduled", "ready")]
         gone = [x for r in mine for x in r.latencies("delete_sent", "gone")]
+        cni_add = [t.cni_add_s for r in mine for t in r.pods.values() if t.cni_add_s is not None]
+        cni_check = [t.cni_check_s for r in mine for t in r.pods.values() if t.cni_check_s is not None]
         hists: dict[str, Histogram] = {}
         for r in mine:
             for key, h in r.histograms.items():
@@ -198,6 +248,9 @@ def summarize(rounds: Sequence[Round]) -> dict[str, dict[str, object]]:
             "scheduled_to_ready_p95_s": percentile(to_ready, 0.95),
             "gone_p50_s": percentile(gone, 0.5),
             "gone_p95_s": percentile(gone, 0.95),
+            "cni_add_p50_s": percentile(cni_add, 0.5),
+            "cni_add_p95_s": percentile(cni_add, 0.95),
+            "cni_check_p50_s": percentile(cni_check, 0.5),
             "all_ready_s": _median(r.all_ready_s for r in mine),
             "all_gone_s": _median(r.all_gone_s for r in mine),
             "claims_gone_s": _median(r.claims_gone_s for r in mine if r.claims_gone_s is not None),
@@ -221,6 +274,9 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("  create → scheduled, p95", "scheduled_p95_s"),
     ("  scheduled → Ready, p50", "scheduled_to_ready_p50_s"),
     ("  scheduled → Ready, p95", "scheduled_to_ready_p95_s"),
+    ("  CNI ADD (CRI-O's log), p50", "cni_add_p50_s"),
+    ("  CNI ADD (CRI-O's log), p95", "cni_add_p95_s"),
+    ("  CNI CHECK → sandbox ready (CRI-O's log), p50", "cni_check_p50_s"),
     ("all N Ready (first create → last Ready)", "all_ready_s"),
     ("pod delete → gone, p50", "gone_p50_s"),
     ("pod delete → gone, p95", "gone_p95_s"),

@@ -242,3 +242,42 @@ def test_table_has_a_column_per_variant_and_the_ratios() -> None:
     ]
     assert "all N claims gone (first delete →)" not in rows  # no variant measured it
     assert len({len(r) for r in table}) == 1  # aligned
+
+
+# CRI-O v1.36.3 on the bed (its log at level info), one sandbox's lines, verbatim, between
+# lines about another pod and a pod of another namespace.
+CRIO_LOG = (
+    'time="2026-12-06T11:15:50.800000000Z" level=info msg="Running pod sandbox: default/bench-reference-0-002/POD"\n'
+    + """time="2026-12-06T11:15:50.827378958Z" level=info msg="Running pod sandbox: default/bench-reference-0-001/POD" id=ebd75bc5-03c1-48c2-aab0-6d3bec6cf6da name=/runtime.v1.RuntimeService/RunPodSandbox
+time="2026-12-06T11:15:51.453306408Z" level=info msg="Got pod network &{Name:bench-reference-0-001 Namespace:default ID:a142ad6ccdf375f4973148572e0242699e9ae8fb3c34eeacb858108275ce0040 UID:ab8a88e1-32f7-4622-8cc0-d77f53ad19af NetNS:/var/run/netns/ad4f6727-3ccb-46c9-916d-44a80031e4ac Networks:[{Name:bench-reference Ifname:eth0}] RuntimeConfig:map[bench-reference:{IP: MAC: PortMappings:[] Bandwidth:<nil> IpRanges:[] CgroupPath:/cni-dra-e2e/cni-dra-e2e/kubepods/besteffort/podab8a88e1-32f7-4622-8cc0-d77f53ad19af PodAnnotations:0x299215ed6418}] Aliases:map[]}"
+time="2026-12-06T11:15:51.45333209Z" level=info msg="Adding pod default_bench-reference-0-001 to CNI network \\"bench-reference\\" (type=macvlan)"
+time="2026-12-06T11:15:51.492728405Z" level=info msg="Got pod network &{Name:bench-reference-0-001 Namespace:default ID:a142ad6ccdf375f4973148572e0242699e9ae8fb3c34eeacb858108275ce0040 UID:ab8a88e1-32f7-4622-8cc0-d77f53ad19af NetNS:/var/run/netns/ad4f6727-3ccb-46c9-916d-44a80031e4ac Networks:[{Name:bench-reference Ifname:eth0}] RuntimeConfig:map[bench-reference:{IP: MAC: PortMappings:[] Bandwidth:<nil> IpRanges:[] CgroupPath:/cni-dra-e2e/cni-dra-e2e/kubepods/besteffort/podab8a88e1-32f7-4622-8cc0-d77f53ad19af PodAnnotations:0x299215ed6418}] Aliases:map[]}"
+time="2026-12-06T11:15:51.492818516Z" level=info msg="Checking pod default_bench-reference-0-001 for CNI network bench-reference (type=macvlan)"
+time="2026-12-06T11:15:52.069186133Z" level=info msg="Ran pod sandbox a142ad6ccdf375f4973148572e0242699e9ae8fb3c34eeacb858108275ce0040 with infra container: default/bench-reference-0-001/POD" id=ebd75bc5-03c1-48c2-aab0-6d3bec6cf6da name=/runtime.v1.RuntimeService/RunPodSandbox
+"""
+    + 'time="2026-12-06T11:15:52.100000000Z" level=info msg="Adding pod other_bench-reference-0-001 to CNI network"\n'
+)
+
+
+def test_crio_cni_calls_times_add_and_check_of_each_pod() -> None:
+    calls = stats.crio_cni_calls(CRIO_LOG, ["bench-reference-0-001", "bench-reference-0-009"])
+    assert list(calls) == ["bench-reference-0-001"]  # only the pods asked for, and seen
+    add_s, check_s = calls["bench-reference-0-001"]
+    assert add_s == pytest.approx(51.492728405 - 51.45333209)
+    assert check_s == pytest.approx(52.069186133 - 51.492818516)
+
+
+def test_crio_cni_calls_without_the_end_of_a_call() -> None:
+    head = "\n".join(CRIO_LOG.splitlines()[:4])  # ADD started, nothing after it
+    assert stats.crio_cni_calls(head, ["bench-reference-0-001"]) == {"bench-reference-0-001": (None, None)}
+
+
+def test_cni_rows_only_where_the_runtime_logged_them() -> None:
+    r = _round("cni-dra", 0, [1.0, 1.0], {})
+    r.pods["p0"].cni_add_s, r.pods["p1"].cni_add_s = 0.1, 0.3
+    s = stats.summarize([r, _round("reference", 0, [1.0, 1.0], {})])
+    assert s["cni-dra"]["cni_add_p50_s"] == pytest.approx(0.2)
+    assert math.isnan(s["reference"]["cni_add_p50_s"])
+    table = stats.render_table(s, [("cni-dra", "reference")])
+    assert "| CNI ADD (CRI-O's log), p50" in table.replace("|   ", "| ")
+    assert "CNI CHECK" not in table
