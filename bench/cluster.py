@@ -32,7 +32,8 @@ gone. From the components' own ``/metrics``, as deltas over each burst: the kube
 ``kubelet_pod_start_sli_duration_seconds``, ``dra_operations_duration_seconds``
 (PrepareResources, UnprepareResources), ``dra_grpc_operations_duration_seconds``
 (NodePrepareResources, NodeUnprepareResources to cni-dra), and cni-dra's agent's
-``cni_dra_prepare_seconds`` and ``cni_dra_unprepare_seconds``.
+``cni_dra_prepare_seconds`` and ``cni_dra_unprepare_seconds``. Under CRI-O, from its log
+(the part written during the burst), each pod's CNI ADD and CHECK.
 
 Bed: when ``scripts/e2e/cluster.py status`` says it is up, the bench uses it and leaves it
 up; otherwise it brings it up and takes it down at the end, failure or not (runtime:
