@@ -37,7 +37,7 @@ export CNI_DRA_TEST_CNI_PATH ?= $(CNI_BIN)
 # Without it those tests skip, or fail when CI=true.
 WITH_HELM = helm=$$(scripts/e2e/build-helm | tail -n 1) || { helm=; echo "scripts/e2e/build-helm failed: tests/test_helm_chart.py $(if $(filter true,$(CI)),fails,skips)"; }; export CNI_DRA_HELM=$$helm;
 
-.PHONY: help deps venv install image demo test check unit netns lint format bench clean ipvlan-uml e2e cluster-up cluster-down smoke-runtimes render-manifests
+.PHONY: help deps venv install image demo test check unit netns lint format bench bench-cluster clean ipvlan-uml e2e cluster-up cluster-down smoke-runtimes render-manifests
 
 help:
 	@echo "make demo     install everything (idempotent), then run scripts/demo.sh"
@@ -50,6 +50,8 @@ help:
 	@echo "              format --check (pyproject.toml), shellcheck over every shell script; fails if one is missing"
 	@echo "make format   sort imports and format the Python code in place (ruff)"
 	@echo "make bench    cni-dra vs the reference macvlan plugin (root; table + bench/results.json)"
+	@echo "make bench-cluster   pod start-up in the real cluster, cni-dra vs the reference macvlan (root; uses a bed"
+	@echo "              that is up or brings one up and down; table + bench/cluster-results.json; not in check)"
 	@echo "make clean    remove build leftovers from the work tree (images in build/ too)"
 	@echo "make e2e      real two-node Kubernetes on this machine (each node its own namespaces, kubelet, containerd), cni-dra installed by its Helm chart, + the scenarios (root)"
 	@echo "make cluster-up / cluster-down   the same cluster with cni-dra's chart installed, left running to explore (prints KUBECONFIG)"
@@ -139,6 +141,16 @@ format: venv
 # table on stdout, everything in bench/results.json. BENCH_FLAGS: see bench/run.py --help.
 bench: install
 	@$(PY) bench/run.py --exe $(CNI_BIN)/cni-dra $(BENCH_FLAGS)
+
+# Pod start-up and tear-down in the real cluster (scripts/e2e/cluster.py): bursts of pods
+# with claims on cni-dra against the same pods on the reference macvlan, on the same node,
+# alternating; see docs/performance.md. Uses the bed that is up (make cluster-up), else
+# brings one up and takes it down at the end. A measurement, not a test: not in `make check`.
+# BENCH_CLUSTER_FLAGS: see bench/cluster.py --help (--pods 50 --rounds 2 ...). RUNTIME only
+# when given: a bed that is up is used with the runtime it was brought up with.
+bench-cluster: install
+	@$(if $(filter command line environment,$(origin RUNTIME)),CNI_DRA_E2E_RUNTIME=$(RUNTIME)) \
+	 $(PY) bench/cluster.py $(BENCH_CLUSTER_FLAGS)
 
 # The real-cluster scenarios (netns_tests/e2e, collected only with CNI_DRA_E2E=1):
 # Kubernetes from the Go module proxy (scripts/e2e/build-kube), etcd/containerd/runc and
