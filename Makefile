@@ -147,7 +147,9 @@ bench: install
 # alternating; see docs/performance.md. Uses the bed that is up (make cluster-up), else
 # brings one up and takes it down at the end. A measurement, not a test: not in `make check`.
 # BENCH_CLUSTER_FLAGS: see bench/cluster.py --help (--pods 50 --rounds 2 ...). RUNTIME only
-# when given: a bed that is up is used with the runtime it was brought up with.
+# when given: a bed that is up is used with the runtime it was brought up with. The agent
+# runs the chart's default fast-path processes (one per CPU), not the bed's single one.
+BENCH_CLUSTER_FLAGS ?= --helm-set fastpath.processes=0
 bench-cluster: install
 	@$(if $(filter command line environment,$(origin RUNTIME)),CNI_DRA_E2E_RUNTIME=$(RUNTIME)) \
 	 $(PY) bench/cluster.py $(BENCH_CLUSTER_FLAGS)
