@@ -2,10 +2,13 @@
 
 The only place in cni-dra that imports pyroute2. :func:`load` imports the narrowest
 modules (``pyroute2.iproute.linux``, ``pyroute2.netlink.exceptions``) rather than the
-package's public names (any ``pyroute2.*`` import still runs the package ``__init__``,
-~100-280 ms), once, and registers the attribute tables pyroute2 lacks (ipvlan flags,
-the macvlan broadcast queue length). The other netlink modules call ``load()`` through
-this module (``_pyroute2.load()``): that attribute is the seam tests replace.
+package's public names, once, and registers the attribute tables pyroute2 lacks (ipvlan
+flags, the macvlan broadcast queue length). It does so without running the package's
+``__init__`` (:func:`_without_package_root`): that ``__init__`` imports every pyroute2
+API (IPDB, NDB, conntrack, ipset, plan9, wireguard, ...), 64 modules and ≈ 22 ms of CPU
+of the ≈ 90 ms pyroute2 costs a process that runs in-process. The other netlink modules
+call ``load()`` through this module (``_pyroute2.load()``): that attribute is the seam
+tests replace.
 
 Errors: :func:`translated` turns a pyroute2 ``NetlinkError`` or an ``OSError`` into
 :class:`~cni_dra.errors.NetlinkError` (102), ``failed to <what>: <strerror>``, with the
@@ -15,7 +18,10 @@ original error as ``__cause__`` (its ``code`` is the errno) and its repr as deta
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -25,9 +31,44 @@ from cni_dra.errors import CniError, NetlinkError
 __all__ = ["load", "errno_of", "cause", "nl_error", "translated"]
 
 
+_load_lock = threading.Lock()
+
+
+@contextmanager
+def _without_package_root() -> Iterator[None]:
+    """Import ``pyroute2.*`` submodules in the block without executing ``pyroute2/__init__``.
+
+    Unless the package is imported already, a module object for it (its spec and
+    ``__path__``, its code not run) stands in ``sys.modules`` during the block, so that
+    submodules resolve through it; it is removed afterwards, so a later ``import pyroute2``
+    (a test, an operator's code in the agent) gets the real package, which then finds the
+    submodules loaded here. When pyroute2 is not found, the block's own imports fail as
+    they would anyway.
+    """
+    spec = None if "pyroute2" in sys.modules else importlib.util.find_spec("pyroute2")
+    if spec is None or spec.submodule_search_locations is None:
+        yield
+        return
+    root = importlib.util.module_from_spec(spec)
+    sys.modules["pyroute2"] = root
+    try:
+        yield
+    finally:
+        if sys.modules.get("pyroute2") is root:
+            del sys.modules["pyroute2"]
+
+
 @functools.cache
 def load() -> SimpleNamespace:
-    """pyroute2's ``IPRoute`` and ``NetlinkError``, imported on first use; decoders registered."""
+    """pyroute2's ``IPRoute`` and ``NetlinkError``, imported on first use; decoders registered.
+
+    Raises ImportError when pyroute2 cannot be imported.
+    """
+    with _load_lock, _without_package_root():
+        return _load()
+
+
+def _load() -> SimpleNamespace:
     from pyroute2.iproute.linux import IPRoute
     from pyroute2.netlink import nla
     from pyroute2.netlink.exceptions import NetlinkError as PrNetlinkError
