@@ -61,13 +61,18 @@ AttributeValue = str | int | bool
 
 
 class ApiModel(BaseModel):
-    """Base: camelCase aliases, both spellings accepted, unknown fields ignored, frozen."""
+    """Base: camelCase aliases, both spellings accepted, unknown fields ignored, frozen.
+
+    Each model's validator is built on its first use (``defer_build``), so a process builds
+    only the models it validates: an in-process ADD the ResourceSlice's, not the claims'.
+    """
 
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="ignore",
         frozen=True,
+        defer_build=True,
     )
 
 

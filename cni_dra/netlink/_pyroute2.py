@@ -2,10 +2,14 @@
 
 The only place in cni-dra that imports pyroute2. :func:`load` imports the narrowest
 modules (``pyroute2.iproute.linux``, ``pyroute2.netlink.exceptions``) rather than the
-package's public names (any ``pyroute2.*`` import still runs the package ``__init__``,
-~100-280 ms), once, and registers the attribute tables pyroute2 lacks (ipvlan flags,
-the macvlan broadcast queue length). The other netlink modules call ``load()`` through
-this module (``_pyroute2.load()``): that attribute is the seam tests replace.
+package's public names, once, and registers the attribute tables pyroute2 lacks (ipvlan
+flags, the macvlan broadcast queue length). It does so before the package's ``__init__``
+runs (:func:`_package_init_deferred`): that ``__init__`` imports every pyroute2 API (IPDB,
+NDB, conntrack, ipset, plan9, wireguard, ...), 64 modules and ≈ 22 ms of CPU of the
+≈ 90 ms pyroute2 costs a process that runs in-process; it runs only if something asks
+the package for more than those submodules. The other netlink modules
+call ``load()`` through this module (``_pyroute2.load()``): that attribute is the seam
+tests replace.
 
 Errors: :func:`translated` turns a pyroute2 ``NetlinkError`` or an ``OSError`` into
 :class:`~cni_dra.errors.NetlinkError` (102), ``failed to <what>: <strerror>``, with the
@@ -15,7 +19,10 @@ original error as ``__cause__`` (its ``code`` is the errno) and its repr as deta
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -25,9 +32,67 @@ from cni_dra.errors import CniError, NetlinkError
 __all__ = ["load", "errno_of", "cause", "nl_error", "translated"]
 
 
+_load_lock = threading.Lock()
+
+
+@contextmanager
+def _package_init_deferred() -> Iterator[None]:
+    """Import ``pyroute2.*`` submodules in the block before ``pyroute2/__init__`` runs.
+
+    Unless pyroute2 is imported already, its package module is made from its spec, its code
+    not run, and put in ``sys.modules``: the submodules load through it. After the block,
+    the first attribute the module lacks (``pyroute2.IPRoute``, ``from pyroute2 import NDB``,
+    ``pyroute2.__version__``) runs the package's ``__init__`` in it, once, under a lock: from
+    then on it is the package ``import pyroute2`` makes, holding the same submodules. When
+    the block fails, or pyroute2 is not found (its imports then fail as they would anyway),
+    nothing of this stays.
+    """
+    spec = None if "pyroute2" in sys.modules else importlib.util.find_spec("pyroute2")
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        yield
+        return
+    loader = spec.loader
+    root = importlib.util.module_from_spec(spec)
+    lock = threading.RLock()
+    state = {"armed": False, "running": False, "done": False}
+
+    def complete(name: str) -> object:
+        """The package's ``__getattr__``: only reached for an attribute it lacks."""
+        with lock:
+            if state["armed"] and not (state["running"] or state["done"]):
+                state["running"] = True  # an attribute asked for while __init__ runs: absent
+                try:
+                    loader.exec_module(root)
+                    state["done"] = True
+                finally:
+                    state["running"] = False
+        try:
+            return root.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"module 'pyroute2' has no attribute {name!r}") from None
+
+    root.__dict__["__getattr__"] = complete
+    sys.modules["pyroute2"] = root
+    try:
+        yield
+    except BaseException:
+        if sys.modules.get("pyroute2") is root:
+            del sys.modules["pyroute2"]
+        raise
+    state["armed"] = True
+
+
 @functools.cache
 def load() -> SimpleNamespace:
-    """pyroute2's ``IPRoute`` and ``NetlinkError``, imported on first use; decoders registered."""
+    """pyroute2's ``IPRoute`` and ``NetlinkError``, imported on first use; decoders registered.
+
+    Raises ImportError when pyroute2 cannot be imported.
+    """
+    with _load_lock, _package_init_deferred():
+        return _load()
+
+
+def _load() -> SimpleNamespace:
     from pyroute2.iproute.linux import IPRoute
     from pyroute2.netlink import nla
     from pyroute2.netlink.exceptions import NetlinkError as PrNetlinkError

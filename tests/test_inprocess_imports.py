@@ -1,0 +1,142 @@
+"""What an in-process invocation imports (the Python executable when the agent does not serve).
+
+Without the agent every invocation pays its imports in a fresh interpreter, so their
+structure is guarded here, not their time: the in-process plugin imports neither the
+operator CLI's libraries (click, kubernetes, grpc) nor ``importlib.metadata`` (pydantic's
+plugin discovery), pyroute2 is loaded without running its package ``__init__`` (which
+imports every pyroute2 API), and the Kubernetes API models it does not validate are not
+built. netns_tests/test_inprocess_imports.py checks the same on a real ADD and DEL of the
+installed tree.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_ENV = {"PATH": "/usr/bin:/bin"}
+
+# Imported only by what the in-process plugin does not do.
+FORBIDDEN = ("click", "kubernetes", "grpc", "importlib.metadata")
+# What pyroute2's package __init__ imports and cni-dra's netlink layer does not use.
+PYROUTE2_UNUSED = ("pyroute2.ndb", "pyroute2.ipdb", "pyroute2.conntrack", "pyroute2.plan9", "pyroute2.ipset")
+
+
+def _fresh(code: str, env: dict[str, str] | None = None, stdin: bytes = b"") -> dict[str, object]:
+    """Run ``code`` in a fresh ``python -IS`` with the work tree first on ``sys.path`` and
+    ``site`` loaded as the executable loads it; ``code`` sets ``out``, printed as JSON."""
+    prelude = f"import json, sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+    epilogue = "\nsys.stdout.write('\\n' + json.dumps(out))\n"
+    proc = subprocess.run(
+        [sys.executable, "-IS", "-c", prelude + code + epilogue],
+        input=stdin,
+        env={**BASE_ENV, **(env or {})},
+        capture_output=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout.decode().rsplit("\n", 1)[1])  # type: ignore[no-any-return]
+
+
+def test_pyroute2_loads_without_its_package_init():
+    """load() imports the submodules the netlink layer uses, not what pyroute2/__init__
+    imports; the package's ``__init__`` runs when something asks the package for more, and
+    the package is then the real one, with the very classes load() returned."""
+    out = _fresh(
+        "import site; site.main()\n"
+        "from cni_dra.netlink import _pyroute2\n"
+        "nl = _pyroute2.load()\n"
+        "loaded = sorted(sys.modules)\n"
+        "ran = 'IPRoute' in vars(sys.modules['pyroute2'])\n"
+        "import pyroute2, pyroute2.netlink\n"
+        "from pyroute2 import NDB\n"
+        "out = {'loaded': loaded, 'ran': ran, 'after': sorted(sys.modules), 'same': ["
+        "pyroute2.IPRoute is nl.IPRoute, pyroute2.NetlinkError is nl.NetlinkError,"
+        " pyroute2.iproute.linux.IPRoute is nl.IPRoute, pyroute2.netlink.nla is not None,"
+        " isinstance(pyroute2.__version__, str), NDB is pyroute2.ndb.main.NDB]}\n"
+    )
+    loaded, after = out["loaded"], out["after"]
+    assert isinstance(loaded, list) and isinstance(after, list)
+    assert "pyroute2.iproute.linux" in loaded and out["ran"] is False
+    assert [m for m in loaded if m.startswith(PYROUTE2_UNUSED)] == []
+    assert "pyroute2.ndb.main" in after  # asked for more: the package's __init__ ran
+    assert out["same"] == [True] * 6
+
+
+def test_pyroute2_package_completes_once_under_concurrent_first_use():
+    out = _fresh(
+        "import site, threading; site.main()\n"
+        "from cni_dra.netlink import _pyroute2\n"
+        "nl = _pyroute2.load()\n"
+        "pkg = sys.modules['pyroute2']\n"
+        "got = []\n"
+        "threads = [threading.Thread(target=lambda: got.append(pkg.IPRoute is nl.IPRoute)) for _ in range(8)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "out = got\n"
+    )
+    assert out == [True] * 8
+
+
+def test_pyroute2_already_imported_is_used_as_it_is():
+    out = _fresh(
+        "import site; site.main()\n"
+        "import pyroute2\n"
+        "from cni_dra.netlink import _pyroute2\n"
+        "out = [sys.modules['pyroute2'] is pyroute2, _pyroute2.load().IPRoute is pyroute2.IPRoute]\n"
+    )
+    assert out == [True, True]
+
+
+@pytest.mark.parametrize("command", ["ADD", "DEL"])
+def test_an_in_process_invocation_imports_no_cli_library_nor_importlib_metadata(tmp_path, command):
+    """The whole in-process path of the executable (``cni_dra.main.main``, config parsed,
+    state and verb modules imported, the verb run until it needs the pod's namespace), then
+    the netlink layer's pyroute2 as its first netlink call loads it."""
+    conf = {
+        "cniVersion": "1.1.0",
+        "name": "n",
+        "type": "cni-dra",
+        "stateDir": str(tmp_path / "state"),
+        "inventory": str(tmp_path / "slice.json"),
+        "ipam": {
+            "type": "host-local",
+            "dataDir": str(tmp_path / "ipam"),
+            "ranges": [[{"subnet": "10.9.0.0/24"}]],
+        },
+    }
+    env = {
+        "CNI_COMMAND": command,
+        "CNI_DRA_AGENT": "off",
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": str(tmp_path / "no-such-netns"),
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": str(tmp_path / "no-plugins"),
+    }
+    out = _fresh(
+        "import cni_dra.main\n"
+        "code = cni_dra.main.main()\n"
+        "from cni_dra.netlink import _pyroute2\n"
+        "_pyroute2.load()\n"
+        "import pydantic, cni_dra.dra.objects as o\n"
+        "built = [n for n, c in vars(o).items() if isinstance(c, type) and issubclass(c, pydantic.BaseModel)"
+        " and c.__pydantic_complete__]\n"
+        "out = {'code': code, 'modules': sorted(sys.modules), 'built': built}\n",
+        env,
+        json.dumps(conf).encode(),
+    )
+    modules = out["modules"]
+    assert isinstance(modules, list)
+    # it went through the in-process plugin (not vacuous): config models, state, the verb
+    assert {"cni_dra.cni", "cni_dra.protocol.config", "pydantic", "pyroute2.iproute.linux"} <= set(modules)
+    assert f"cni_dra.verbs.{'add' if command == 'ADD' else 'delete'}" in modules
+    assert [m for m in modules if m.split(".")[0] in FORBIDDEN or m.startswith(FORBIDDEN)] == []
+    assert [m for m in modules if m.startswith(PYROUTE2_UNUSED)] == []
+    # the Kubernetes API models of claims (the agent's, the CLI's) are defined, not built
+    assert "ResourceClaim" not in out["built"] and "AllocationResult" not in out["built"]
