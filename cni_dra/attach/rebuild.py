@@ -25,6 +25,7 @@ from cni_dra.state.schema import Attachments
 
 if TYPE_CHECKING:
     from cni_dra.dra.objects import ResourceSlice
+    from cni_dra.host.port import Host
     from cni_dra.netlink.netns import NetnsIdentity
 
 __all__ = ["REPAIR_NETWORK", "repair"]
@@ -32,20 +33,19 @@ __all__ = ["REPAIR_NETWORK", "repair"]
 log = logging.getLogger("cni_dra.repair")
 
 
-def _live_links(state: NodeState) -> dict[tuple[str, str, str], str]:
+def _live_links(state: NodeState, host: Host) -> dict[tuple[str, str, str], str]:
     """Attachment key → host parent name, for each attachment whose link is alive in the
     namespace it was added in (:func:`~cni_dra.attach.release.recorded_netns_path`: a path
     that names another namespace now does not count)."""
     from cni_dra.attach.release import recorded_netns_path
-    from cni_dra.netlink import info
 
     out = {}
     for att in state.attachments:
-        where = recorded_netns_path(att)
+        where = recorded_netns_path(att, host)
         if where is None:
             continue
         try:
-            parent = info.host_parent_of(where, att.ifname)
+            parent = host.host_parent_of(where, att.ifname)
         except CniError:
             continue
         if parent is not None:
@@ -146,6 +146,7 @@ def repair(
     cni_path: Sequence[str] | None = None,
     parents: Sequence[str] = (),
     slice_: ResourceSlice | None = None,
+    host: Host | None = None,
 ) -> RecoveryReport:
     """Rebuild the state file from the last good backup plus the live links (``cni-dra state repair``).
 
@@ -180,13 +181,19 @@ def repair(
     """
     from cni_dra.netlink.sublink import is_temp_name
 
+    if host is None:  # cni-dra state repair: the kernel
+        from cni_dra.host.kernel import KernelHost
+
+        host = KernelHost()
     report = RecoveryReport()
     paths = _pod_netns_paths()
     with store.replace() as view:
         base = _repair_base(store, view, report)
         if base is not None:
-            live = _live_links(base)
-            kept = _reconcile(base.attachments, live, environ, cni_path, report, lost=_records_lost(view))
+            live = _live_links(base, host)
+            kept = _reconcile(
+                base.attachments, live, environ, cni_path, report, host=host, lost=_records_lost(view)
+            )
             found = _untracked_links(paths, _known_links(base, live), set(parents))
             kept += _charge_untracked([f for f in found if not is_temp_name(f[1])], slice_, report)
             _remove_temp_links([f for f in found if is_temp_name(f[1])], kept, report)
@@ -239,6 +246,7 @@ def _reconcile(
     cni_path: Sequence[str] | None,
     report: RecoveryReport,
     *,
+    host: Host,
     lost: bool,
 ) -> list[Attachment]:
     """The attachments repair keeps (see :func:`repair`); the others are released.
@@ -257,14 +265,14 @@ def _reconcile(
             keep.append(att)
             continue
         if att.phase == "adding" and lost and parent == att.parent:
-            keep.append(_as_ready(att, parent, report))
+            keep.append(_as_ready(att, parent, report, host))
             continue
         if att.phase != "ready" and owner_alive(att.owner):
             keep.append(att)
             continue
         try:
             earlier = att.owner is not None and bool(att.owner.boot) and att.owner.boot != boot_id()
-            what = undo_attachment(att, environ, cni_path, earlier_boot=earlier)
+            what = undo_attachment(att, environ, cni_path, host=host, earlier_boot=earlier)
         except CniError as exc:
             report.errors.append(f"{describe_attachment(att)}: {exc.msg}; kept")
             keep.append(att)
@@ -274,7 +282,7 @@ def _reconcile(
     return keep
 
 
-def _as_ready(att: Attachment, parent: str, report: RecoveryReport) -> Attachment:
+def _as_ready(att: Attachment, parent: str, report: RecoveryReport, host: Host) -> Attachment:
     """``att`` (an ``adding`` intent whose link is live on ``parent``) as a ``ready``
     attachment recording the shaping found on its link (read back from the kernel: an
     empty record when none was found, so that its DEL still removes an ifb device the ADD
@@ -283,11 +291,10 @@ def _as_ready(att: Attachment, parent: str, report: RecoveryReport) -> Attachmen
     import time
 
     from cni_dra.attach.shaping_plan import record
-    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
     from cni_dra.state.schema import ready_at
 
     try:
-        found = tc.read_shaping(att.netns, att.ifname)
+        found = host.read_shaping(att.netns, att.ifname)
     except CniError as exc:
         report.errors.append(f"{describe_attachment(att)}: {exc.msg}; its shaping is not recorded")
         found = None

@@ -68,9 +68,12 @@ def _cni_path(value: str) -> list[str]:
 def recover_cmd(state_dir: str, cni_path: str, as_json: bool) -> None:
     """Finish or undo interrupted ADD/DEL runs; release attachments of a previous boot whose netns is gone."""
     from cni_dra.attach.recover import recover
+    from cni_dra.host.kernel import KernelHost
     from cni_dra.state import StateStore
 
-    report = recover(StateStore(state_dir), environ=dict(os.environ), cni_path=_cni_path(cni_path))
+    report = recover(
+        StateStore(state_dir), environ=dict(os.environ), host=KernelHost(), cni_path=_cni_path(cni_path)
+    )
     _print(report, as_json)
 
 
