@@ -157,6 +157,9 @@ class FakeHost:
                 return path
         return None
 
+    def netns_dir_paths(self) -> list[str]:
+        return sorted(p for p in self.netns_paths if p.startswith("/var/run/netns/") and p not in self.gone)
+
     # ----------------------------------------------------------------------- links
     def host_link(self, name: str) -> LinkInfo | None:
         self._call("host_link", name)
@@ -215,6 +218,12 @@ class FakeHost:
             )
             return name
         raise NetlinkError(f"failed to {what}: no free temporary name")
+
+    def links_in_netns(self, netns: str) -> list[LinkInfo]:
+        self._call("links_in_netns", netns)
+        ident = self._ident(netns)
+        found = [link.info for (where, _name), link in self.links.items() if where == ident]
+        return sorted((replace(i, addresses=None) for i in found), key=lambda i: i.index)
 
     def rename_and_up(self, spec: SubLinkSpec, temp: str) -> LinkInfo:
         self._call("rename_and_up", spec, temp)
@@ -344,6 +353,10 @@ class FakeHost:
         shaped = self.shaping.pop((ident, ifname), None)
         link_gone = self.links.pop((ident, ifname), None) is not None
         return link_gone, shaped is not None and shaped.ifb is not None
+
+    def remove_leaked_ifbs(self, netns: str) -> list[str]:
+        self._call("remove_leaked_ifbs", netns)
+        return []  # the fake keeps no ifb device apart from the shaping of its link
 
     def probe_shaping(self) -> str | None:
         self._call("probe_shaping")

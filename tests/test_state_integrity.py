@@ -21,6 +21,7 @@ from cni_dra import faults
 from cni_dra.attach.rebuild import repair
 from cni_dra.attach.recover import recover
 from cni_dra.host.kernel import KernelHost
+from tests.fake_host import FakeHost
 from cni_dra.errors import StateError, TryAgainLaterError
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore
@@ -313,7 +314,7 @@ def test_repair_restores_backup_and_drops_dead_attachments(tmp_path):
     with store.transaction() as txn:
         txn.put(_att("c2"))
     (tmp_path / "state.json").write_bytes(b'{"schemaVersion": 2, "attac')
-    report = repair(store, environ={})
+    report = repair(store, environ={}, host=FakeHost(every_path_a_netns=False))
     text = "\n".join(report.changes)
     assert "moved the unreadable state.json to state.json.corrupt-" in text
     # the backup is the snapshot's second copy, and the journal (c2) applies to it
@@ -328,7 +329,7 @@ def test_repair_restores_backup_and_drops_dead_attachments(tmp_path):
 
 def test_repair_without_backup_starts_empty_and_says_so(tmp_path):
     (tmp_path / "state.json").write_bytes(b"\x00" * 10)
-    report = repair(StateStore(tmp_path), environ={})
+    report = repair(StateStore(tmp_path), environ={}, host=FakeHost(every_path_a_netns=False))
     assert any("starting from an empty state" in line for line in report.changes)
     assert StateStore(tmp_path).read().attachments == []
 
@@ -418,8 +419,7 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
     the agent (the intent's owner) lives on: with its link live it is kept as ready, so its
     DEL is not refused as "ADD in progress" for as long as the agent runs. An intent of a
     live owner without a live link stays in flight."""
-    from cni_dra.attach import rebuild as repair_mod
-    from tests.fake_host import FakeHost
+    from tests.fake_host import nic
 
     me = current_owner()
     store = StateStore(tmp_path)
@@ -431,9 +431,10 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
             ]
         )
     (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damaged: repair takes the backup copy
-    monkeypatch.setattr(repair_mod, "_live_links", lambda base, host: {("net", "served", "eth0"): "eth9"})
-    monkeypatch.setattr(repair_mod, "_untracked_links", lambda paths, known, parents: [])
-    report = repair(store, environ={}, host=FakeHost())  # no shaping on the link: read back as none
+    host = FakeHost()  # the served ADD's link is live on its parent, without shaping
+    host.add_nic("eth9", 7)
+    host.put_link("/var/run/netns/a", nic("eth0", 3), "eth9")
+    report = repair(store, environ={}, host=host)
     got = {a.containerID: a for a in store.read().attachments}
     assert got["served"].phase == "ready" and got["served"].owner is None
     assert got["in-flight"].phase == "adding" and got["in-flight"].owner == me

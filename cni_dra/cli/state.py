@@ -99,6 +99,7 @@ def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> 
     their device's whole capacity until their pod's DEL, links left under a temporary name
     and ifb devices that shape no link any more are deleted."""
     from cni_dra.attach.rebuild import repair
+    from cni_dra.host.kernel import KernelHost
     from cni_dra.errors import CniError
     from cni_dra.state import StateStore
 
@@ -118,5 +119,6 @@ def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> 
         cni_path=_cni_path(cni_path),
         parents=parents,
         slice_=slice_,
+        host=KernelHost(),
     )
     _print(report, as_json)

@@ -110,6 +110,17 @@ class KernelHost:
 
         return netns.find_netns(ident)
 
+    def netns_dir_paths(self) -> list[str]:
+        import os
+
+        from cni_dra.netlink.netns import NETNS_DIR
+
+        try:
+            names = sorted(os.listdir(NETNS_DIR))
+        except OSError:
+            return []
+        return [os.path.join(NETNS_DIR, name) for name in names]
+
     # ----------------------------------------------------------------------- links
     def host_link(self, name: str) -> LinkInfo | None:
         from cni_dra.netlink import info
@@ -135,6 +146,13 @@ class KernelHost:
         from cni_dra.netlink import sublink
 
         return sublink.rename_and_up(spec, temp)
+
+    def links_in_netns(self, netns: str) -> list[LinkInfo]:
+        from cni_dra.netlink import info
+        from cni_dra.netlink.netns import in_netns
+
+        with in_netns(netns):
+            return info.list_host_links()
 
     def delete_link(self, netns: str | None, ifname: str) -> bool:
         from cni_dra.netlink import sublink
@@ -194,6 +212,11 @@ class KernelHost:
         from cni_dra.netlink import shaping
 
         return shaping.delete_shaped_link(netns, ifname)
+
+    def remove_leaked_ifbs(self, netns: str) -> list[str]:
+        from cni_dra.netlink import shaping
+
+        return shaping.remove_leaked_ifbs(netns)
 
     def probe_shaping(self) -> str | None:
         from cni_dra.netlink import shaping

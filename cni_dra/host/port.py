@@ -59,6 +59,11 @@ class Host(Protocol):
         """A path of the runtimes' netns directory naming ``ident`` now, or None."""
         ...
 
+    def netns_dir_paths(self) -> list[str]:
+        """Every path in the runtimes' netns directory (``/var/run/netns``), sorted; none
+        when it cannot be read."""
+        ...
+
     # ----------------------------------------------------------------------- links
     def host_link(self, name: str) -> LinkInfo | None:
         """Host link ``name``, None when there is none."""
@@ -78,6 +83,10 @@ class Host(Protocol):
 
     def rename_and_up(self, spec: SubLinkSpec, temp: str) -> LinkInfo:
         """Pod side: rename ``temp`` to ``spec.ifname`` and set it up; deleted on failure."""
+        ...
+
+    def links_in_netns(self, netns: str) -> list[LinkInfo]:
+        """Every link of ``netns`` (without addresses). Codes 3/4 for the netns."""
         ...
 
     def delete_link(self, netns: str | None, ifname: str) -> bool:
@@ -120,6 +129,10 @@ class Host(Protocol):
 
     def delete_shaped_link(self, netns: str, ifname: str) -> tuple[bool, bool]:
         """Delete ``ifname`` and its ifb device: (link deleted, ifb deleted)."""
+        ...
+
+    def remove_leaked_ifbs(self, netns: str) -> list[str]:
+        """Delete cni-dra's ifb devices of ``netns`` that shape no link any more; their names."""
         ...
 
     def probe_shaping(self) -> str | None:
