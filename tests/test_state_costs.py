@@ -61,7 +61,7 @@ def _costs(
             counts["lock"] += 1
         real(fd, op)
 
-    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setattr(fcntl, "flock", flock)  # the state lock (the state layer's, not the host's), counted
     out = io.StringIO()
     with fsio.counting() as plan:
         assert run(env, stdin, out, host=host) == 0, out.getvalue()
