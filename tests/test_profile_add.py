@@ -17,7 +17,6 @@ from cni_dra.protocol.env import parse_env
 from cni_dra.protocol.profile import ProfileLimits
 from cni_dra.state import NodeState, StateStore
 from cni_dra.state.preparing import prepare_claim
-from tests.fake_host import FakeHost
 from tests.builders import (
     DRIVER,
     allocation_result,
@@ -29,6 +28,7 @@ from tests.builders import (
     resource_claim,
     write_slice,
 )
+from tests.fake_host import FakeHost
 
 POD = "pod-1"
 SHARE = "6f1d7a62-3b0e-4b7e-9a51-0c7b3d0e2f11"

@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from cni_dra import faults
 from cni_dra.attach.rebuild import repair
 from cni_dra.attach.recover import recover
-from cni_dra.host.kernel import KernelHost
-from tests.fake_host import FakeHost
 from cni_dra.errors import StateError, TryAgainLaterError
+from cni_dra.host.kernel import KernelHost
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore
 from cni_dra.state.schema import SCHEMA_VERSION, Owner, migrate
 from cni_dra.state.store import boot_id, current_owner, decode_state, encode_state, owner_alive
+from tests.fake_host import FakeHost
 
 
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:

@@ -99,8 +99,8 @@ def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> 
     their device's whole capacity until their pod's DEL, links left under a temporary name
     and ifb devices that shape no link any more are deleted."""
     from cni_dra.attach.rebuild import repair
-    from cni_dra.host.kernel import KernelHost
     from cni_dra.errors import CniError
+    from cni_dra.host.kernel import KernelHost
     from cni_dra.state import StateStore
 
     parents: list[str] = []

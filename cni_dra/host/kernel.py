@@ -21,8 +21,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cni_dra.netlink.info import LinkInfo
     from cni_dra.netlink.handle import NetnsHandle
+    from cni_dra.netlink.info import LinkInfo
     from cni_dra.netlink.netns import NetnsIdentity
     from cni_dra.netlink.shaping import ShapeInfo
     from cni_dra.netlink.sublink import SubLinkSpec
