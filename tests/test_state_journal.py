@@ -5,6 +5,7 @@ bad record before others is corruption, stale journal ignored, compaction, cache
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 from cni_dra.attach.rebuild import repair
 from cni_dra.errors import StateError
 from cni_dra.quantity import Quantity
-from cni_dra.state import Attachment, NodeState, StateStore, ops
+from cni_dra.state import Attachment, NodeState, StateStore, ops, reading
 from cni_dra.state import cache as state_cache
 from cni_dra.state.store import JOURNAL_FILE, encode_state
 from tests.fake_host import FakeHost
@@ -353,3 +354,104 @@ def test_a_same_size_edit_of_a_read_record_is_noticed_by_a_cached_reader(tmp_pat
     with pytest.raises(StateError, match="journal is corrupt"):
         with store.transaction() as txn:
             txn.set_boot_id("b")
+
+
+def _compact_elsewhere(path: str, before: int) -> None:
+    """Another process: ``before`` commits, then one whose store compacts at once."""
+    state_cache.CACHE.clear()
+    for i in range(before):
+        with StateStore(path, journal_limit_bytes=10**9).transaction() as txn:
+            txn.put(_att(f"o{i}"))
+    with StateStore(path, journal_limit_bytes=1).transaction() as txn:
+        txn.put(_att("last"))
+
+
+def _after_compaction_elsewhere(tmp_path, monkeypatch, before: int) -> tuple[NodeState, list[int]]:
+    """This process reads, another commits ``before`` + 1 records and folds the journal;
+    returns what this process then reads, and how many snapshots it decoded for it."""
+    monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)  # verify mode re-reads on purpose
+    store = StateStore(tmp_path, journal_limit_bytes=10**9)
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
+    for phase in ("deleting", "ready", "deleting"):  # a journal longer than the snapshot
+        with store.transaction() as txn:
+            txn.update(("net", "c1", "eth0"), phase=phase)
+    store.read()  # cached here, up to the last record
+    first = json.loads((tmp_path / "state.json").read_bytes())["journal"]["id"]
+    proc = multiprocessing.get_context("fork").Process(
+        target=_compact_elsewhere, args=(str(tmp_path), before)
+    )
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert json.loads((tmp_path / "state.json").read_bytes())["journal"]["id"] != first  # folded
+    decodes: list[int] = []
+    real = state_cache.decode_snapshot
+    monkeypatch.setattr(state_cache, "decode_snapshot", lambda *a, **k: decodes.append(1) or real(*a, **k))
+    return store.read(), decodes
+
+
+def test_a_process_a_few_records_behind_takes_up_another_process_compaction_without_decoding(
+    tmp_path, monkeypatch
+):
+    state, decodes = _after_compaction_elsewhere(tmp_path, monkeypatch, before=3)
+    assert decodes == []  # the 10,000-attachment snapshot is not parsed again
+    assert _ids(state) == ["c1", "o0", "o1", "o2", "last"]
+    assert state.model_dump(mode="json") == StateStore(tmp_path).read_files().model_dump(mode="json")
+    with StateStore(tmp_path).transaction() as txn:  # and it goes on from there
+        txn.put(_att("next"))
+    assert _ids(_fresh(tmp_path)) == ["c1", "o0", "o1", "o2", "last", "next"]
+
+
+def test_a_process_further_behind_than_the_folded_records_decodes_the_new_snapshot(tmp_path, monkeypatch):
+    state, decodes = _after_compaction_elsewhere(tmp_path, monkeypatch, before=state_cache.RECENT + 2)
+    assert decodes == [1]
+    assert state.model_dump(mode="json") == StateStore(tmp_path).read_files().model_dump(mode="json")
+
+
+def test_a_folded_snapshot_edited_afterwards_is_noticed_by_a_process_that_would_take_it_up(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
+    store = StateStore(tmp_path, journal_limit_bytes=10**9)
+    with store.transaction() as txn:
+        txn.put(_att("c1"))
+    for phase in ("deleting", "ready", "deleting"):
+        with store.transaction() as txn:
+            txn.update(("net", "c1", "eth0"), phase=phase)
+    store.read()
+    proc = multiprocessing.get_context("fork").Process(target=_compact_elsewhere, args=(str(tmp_path), 0))
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0
+    path = tmp_path / "state.json"
+    path.write_bytes(path.read_bytes().replace(b'"phase":"deleting"', b'"phase":"ready"   '))
+    with pytest.raises(StateError, match="checksum mismatch"):
+        store.read()
+
+
+@pytest.fixture
+def unfrozen():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def test_a_large_snapshot_decoded_into_the_cache_is_kept_out_of_the_collector(
+    tmp_path, monkeypatch, unfrozen
+):
+    """A full collection does not walk the state a warm process keeps (reading.FREEZE_ATTACHMENTS)."""
+    monkeypatch.setattr(reading, "FREEZE_ATTACHMENTS", 3)
+    small, large = StateStore(tmp_path / "small"), StateStore(tmp_path / "large")
+    with small.transaction() as txn:  # a first commit writes the snapshot
+        txn.put_all([_att("c1"), _att("c2")])
+    with large.transaction() as txn:
+        txn.put_all([_att("c1"), _att("c2"), _att("c3")])
+    state_cache.CACHE.clear()
+    large.read_files()  # a tool's read: not kept, not frozen
+    small.read()  # kept, but below the size
+    assert gc.get_freeze_count() == 0
+    state = large.read()
+    assert gc.get_freeze_count() > 0
+    tracked = {id(o) for o in gc.get_objects()}
+    assert not any(id(a) in tracked for a in state.attachments)

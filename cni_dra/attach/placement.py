@@ -30,7 +30,7 @@ from cni_dra.errors import ClaimError, InvalidConfigError, InventoryError, NoCap
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, ClaimRef, NodeState
 from cni_dra.state.ledger import node_usage
-from cni_dra.state.schema import PreparedClaim, PreparedResult, whole_capacity
+from cni_dra.state.schema import Attachments, PreparedClaim, PreparedResult, whole_capacity
 
 if TYPE_CHECKING:
     from cni_dra.dra.objects import Device, ResourceSlice
@@ -102,6 +102,17 @@ def link_type_conflicts(
     Pure; raises nothing.
     """
     out: dict[str, str] = {}
+    if isinstance(attachments, Attachments):  # the node state's: its index, not every attachment
+        for device, kinds in attachments.kinds_by_device(driver, pool).items():
+            other = [k for k in kinds if k != link_type]
+            if len(other) == 1:
+                out[device] = (
+                    f"carries {other[0]} links, so it cannot take {link_type} "
+                    "(macvlan and ipvlan cannot share a parent NIC)"
+                )
+            elif other:  # named after the last one recorded: ask the attachments below
+                return link_type_conflicts(list(attachments), link_type, driver, pool)
+        return out
     for att in attachments:
         if att.driver == driver and att.pool == pool and att.linkType != link_type:
             out[att.device] = (
@@ -179,7 +190,7 @@ def place_claim(
         )
     ref = ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid, request=res.request)
     share = (driver, pool, name, ref.uid, ref.request, res.shareID)
-    sharing = [a for a in state.attachments if a.share_key() == share]
+    sharing = state.attachments.sharing(share)
     for other in sharing:
         if not asker.pod_uid or other.podUID == asker.pod_uid:
             raise ClaimError(

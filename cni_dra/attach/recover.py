@@ -124,7 +124,7 @@ def describe_attachment(att: Attachment) -> str:
 def _anything_to_do(st: NodeState, boot: str) -> bool:
     if st.bootID != boot:
         return True
-    return any(a.phase != "ready" and not owner_alive(a.owner) for a in st.attachments)
+    return any(not owner_alive(a.owner) for a in st.attachments.intents())
 
 
 def recover(

@@ -10,12 +10,12 @@ process's view never runs ahead of the disk.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cni_dra.state.codec import decode_snapshot
 from cni_dra.state.schema import NodeState
 
-__all__ = ["Reload", "Cached", "CACHE", "ident", "decoded"]
+__all__ = ["Reload", "Cached", "CACHE", "RECENT", "ident", "decoded", "remember"]
 
 
 class Reload(Exception):
@@ -37,9 +37,26 @@ class Cached:
     j_stale: bool = False  # the file holds records of another id (reset before appending)
     j_size: int = 0  # its size
     j_times: tuple[int, int] = (0, 0)  # its (mtime_ns, ctime_ns): an edit in place changes them
+    # the last records read or written (seq, the record's line), at most RECENT: a snapshot
+    # folded from them carries their ops, so that a process a few records behind takes it
+    # up without decoding it (cni_dra.state.reading)
+    recent: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 CACHE: dict[str, Cached] = {}
+
+RECENT = 8
+"""Records a cache entry remembers (:attr:`Cached.recent`)."""
+
+
+def remember(entry: Cached, seq: int, line: bytes) -> None:
+    """Keep record ``seq`` (its verified ``line``) among ``entry``'s last :data:`RECENT`."""
+    recent = entry.recent
+    if recent and recent[-1][0] != seq - 1:
+        recent.clear()
+    recent.append((seq, line))
+    if len(recent) > RECENT:
+        del recent[0]
 
 
 def ident(st: os.stat_result) -> tuple[int, int, int, int]:

@@ -32,6 +32,7 @@ __all__ = [
     "encode_state",
     "decode_state",
     "decode_snapshot",
+    "folded_from",
     "encode_record",
     "decode_record",
     "apply_records",
@@ -63,14 +64,67 @@ def unseal(data: bytes) -> bytes | None:
     return body
 
 
-def encode_state(state: NodeState, journal: tuple[str, int] | None = None) -> bytes:
+def encode_state(
+    state: NodeState,
+    journal: tuple[str, int] | None = None,
+    folded: tuple[str, int, list[bytes]] | None = None,
+) -> bytes:
     """The snapshot bytes for ``state``: compact JSON ending in ``"checksum": "sha256:<hex>"``.
 
-    ``journal``: (journal id, last seq folded in) when a journal continues this snapshot."""
+    ``journal``: (journal id, last seq folded in) when a journal continues this snapshot.
+    ``folded`` (with ``journal``): (id, seq, lines of its last records) of the journal this
+    snapshot folds (a compaction); written as the journal reference's ``from``, ``{"id",
+    "seq", "ops": [the ops of each of those records]}`` (:func:`folded_from`)."""
     body = state.model_dump_json(exclude_none=True).encode()
     if journal is not None:
-        body = body[:-1] + b',"journal":' + json.dumps({"id": journal[0], "seq": journal[1]}).encode() + b"}"
+        ref = b'{"id":' + json.dumps(journal[0]).encode() + b',"seq":' + str(journal[1]).encode()
+        if folded is not None:
+            fid, fseq, lines = folded
+            tail = b",".join(line[line.index(_OPS) + len(_OPS) : line.rindex(_SEAL)] for line in lines)
+            ref += b',"from":{"id":' + json.dumps(fid).encode() + b',"seq":' + str(fseq).encode()
+            ref += b',"ops":[' + tail + b"]}"
+        body = body[:-1] + _JOURNAL + ref + b"}}"
     return seal(body)
+
+
+_JOURNAL = b',"journal":'
+_OPS = b',"ops":'
+_SEAL = b',"checksum":'
+
+
+def folded_from(data: bytes) -> tuple[str, int, list[list[Any]], str, int] | None:
+    """What snapshot bytes ``data`` say they fold (:func:`encode_state`): (the folded
+    journal's id, its last seq, the ops of its last records, in order, ending with that
+    seq; the new journal's id, its seq); None when they fold none, or do not verify (their
+    checksum, read whole: :func:`decode_state` says why)."""
+    at = data.rfind(_JOURNAL)  # the snapshot's own: written last, and no JSON string holds it
+    if at < 0 or b'"from":' not in data[at:]:
+        return None
+    try:
+        body = unseal(data)
+        ref = json.loads(body[at + len(_JOURNAL) : -1]) if body is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(ref, dict) or not isinstance(ref.get("from"), dict):
+        return None
+    origin = ref["from"]
+    fid, fseq, tail, jid, seq = (
+        origin.get("id"),
+        origin.get("seq"),
+        origin.get("ops"),
+        ref.get("id"),
+        ref.get("seq"),
+    )
+    if not (
+        isinstance(fid, str)
+        and type(fseq) is int
+        and isinstance(tail, list)
+        and all(isinstance(r, list) for r in tail)
+        and isinstance(jid, str)
+        and type(seq) is int
+    ):
+        return None
+    return fid, fseq, tail, jid, seq
 
 
 def decode_state(data: bytes, source: str = STATE_FILE) -> NodeState:

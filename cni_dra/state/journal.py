@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from cni_dra.errors import StateError, StateWriteError
 from cni_dra.faults import fault_point
 from cni_dra.state import fsio, ops
-from cni_dra.state.cache import CACHE, Cached, Reload, ident
+from cni_dra.state.cache import CACHE, RECENT, Cached, Reload, ident, remember
 from cni_dra.state.codec import (
     BACKUP_FILE,
     STATE_FILE,
@@ -98,6 +98,7 @@ def replay(files: StateFiles, entry: Cached, *, strict: bool = True) -> StateErr
     finally:
         os.close(fd)
     records: list[list[Any]] = []
+    lines: list[tuple[int, bytes]] = []
     pos, seq, stale = 0, entry.seq, False
     error: StateError | None = None
     while pos < len(data):
@@ -126,6 +127,7 @@ def replay(files: StateFiles, entry: Cached, *, strict: bool = True) -> StateErr
             break
         records.append(rec["ops"])
         seq += 1
+        lines.append((seq, line))
         pos = nl + 1
     if records:
         try:  # onto a copy: a state another thread reads is never changed under it
@@ -134,6 +136,8 @@ def replay(files: StateFiles, entry: Cached, *, strict: bool = True) -> StateErr
             entry.state = state
         except (ValidationError, ValueError, TypeError, KeyError) as exc:
             raise corrupt_journal(files, f"record does not match the schema: {exc}") from exc
+    for n, line in lines[-RECENT:]:
+        remember(entry, n, line)
     entry.seq = seq
     entry.j_end = start + pos if not stale else 0
     entry.j_ident, entry.j_stale, entry.j_size = found, stale, st.st_size
@@ -141,9 +145,14 @@ def replay(files: StateFiles, entry: Cached, *, strict: bool = True) -> StateErr
     return error
 
 
-def write_snapshot(files: StateFiles, state: NodeState) -> None:
+def write_snapshot(files: StateFiles, state: NodeState, folded: Cached | None = None) -> None:
     """Write ``state`` as a new snapshot (with a new, empty journal) atomically, and a
     second copy as ``state.json.bak``. Raises StateError (5) when it was not committed.
+
+    ``folded``: the cache entry whose snapshot and journal ``state`` is (a compaction):
+    the new snapshot names that journal and the seq it folded, with the ops of its last
+    records (:func:`cni_dra.state.codec.folded_from`), so that another process that read
+    up to one of them continues with its own state instead of decoding this one.
 
     Both files are written and fsync'ed under temporary names first, so a full disk or
     an I/O error fails before anything changes. The rename over ``state.json`` is the
@@ -155,9 +164,16 @@ def write_snapshot(files: StateFiles, state: NodeState) -> None:
     CACHE.pop(key, None)  # re-established below once the files are in place
     if state.bootID is None:  # a new or migrated state is written in this boot
         ops.apply(state, ops.SetBootID(boot_id()))
+        folded = None  # a change no journal record holds
     seq = 0  # a new journal id: its records count from 1
     jid = os.urandom(8).hex()
-    data = encode_state(state, (jid, seq))
+    origin = None
+    if folded is not None and folded.jid is not None:
+        tail = [line for n, line in folded.recent if n > folded.seq - RECENT]
+        if not folded.recent or folded.recent[-1][0] != folded.seq:
+            tail = []
+        origin = (folded.jid, folded.seq, tail)
+    data = encode_state(state, (jid, seq), origin)
     tmp = files.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
     bak_tmp = files.dir / f".{BACKUP_FILE}.{os.getpid()}.tmp"
     try:
@@ -236,6 +252,7 @@ def append(files: StateFiles, entry: Cached, ops: list[bytes], durable: bool = T
         ) from exc
     finally:
         os.close(fd)
+    remember(entry, seq, record)
     entry.seq = seq
     entry.j_ident = (st.st_dev, st.st_ino)
     entry.j_end = entry.j_size = end + len(record)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from cni_dra.allocator.usage import Charge, NodeUsage, is_dedicated, whole_capacity
 from cni_dra.dra.objects import Device
+from cni_dra.state.books import kept_usage
 from cni_dra.state.schema import NodeState
 
 __all__ = ["node_usage", "node_charges"]
@@ -27,8 +28,16 @@ def node_usage(
     prepared: bool = True,
 ) -> NodeUsage:
     """What the devices of (``driver``, ``pool``) hold in ``state``: :func:`node_charges`
-    added up (``usage.consumed``: device name -> capacity name -> amount)."""
-    return NodeUsage().plus(node_charges(state, driver, pool, devices, prepared=prepared))
+    added up (``usage.consumed``: device name -> capacity name -> amount).
+
+    Read from the books the state keeps as it changes (:func:`cni_dra.state.books.kept_usage`:
+    O(devices), not O(attachments)), equal to adding up the charges; a pool the books
+    cannot count (a record without an amount, a negative amount) is added up charge by charge."""
+    devices = devices or {}
+    held = kept_usage(state, driver, pool, devices, prepared=prepared)
+    if held is None:
+        return NodeUsage().plus(node_charges(state, driver, pool, devices, prepared=prepared))
+    return held
 
 
 def node_charges(
@@ -77,8 +86,21 @@ def node_charges(
             if claim is not None:
                 covered.add((name, claim.uid))
         append((name, consumed, ded, None if claim is None else (name, claim.uid, att.shareID)))
-    if not prepared:
-        return charges
+    if prepared:
+        charges.extend(_prepared_charges(state, driver, pool, devices, covered))
+    return charges
+
+
+def _prepared_charges(
+    state: NodeState,
+    driver: str,
+    pool: str,
+    devices: Mapping[str, Device],
+    covered: set[tuple[str, str]],
+) -> list[Charge]:
+    """The charges of the prepared claims' results (:func:`node_charges`), but those of
+    ``covered`` (device, claim UID)."""
+    charges: list[Charge] = []
     for _pod, pclaim in state.prepared_items():
         for res in pclaim.results:
             if res.driver != driver or res.pool != pool or res.adminAccess:

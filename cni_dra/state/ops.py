@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from cni_dra.state import books
 from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
 from cni_dra.state.schema import Attachment, NodeState
 
@@ -70,8 +71,10 @@ def apply(state: NodeState, op: Op) -> None:
     """Apply ``op`` to ``state``, in place: the one writer of a :class:`NodeState`."""
     if type(op) is Put:
         state.attachments._put(op.att)  # noqa: SLF001 - this is the one writer the mutators are kept for
+        books.put(state, op.att)
     elif type(op) is Delete:
         state.attachments._drop(op.key)  # noqa: SLF001 - as above
+        books.drop(state, op.key)
     elif type(op) is SetClaims:  # a new mapping: a read-only value is never changed once made
         claims = dict(state.claims)
         if op.claims is None:
@@ -79,6 +82,7 @@ def apply(state: NodeState, op: Op) -> None:
         else:
             claims[op.pod_uid] = op.claims
         state.__dict__["claims"] = FrozenDict(claims)
+        books.set_claims(state, op.pod_uid)
     elif type(op) is SetStatusUpdates:
         state.__dict__["statusUpdates"] = op.records
     elif type(op) is SetBootID:

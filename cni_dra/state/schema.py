@@ -74,7 +74,7 @@ change that needs no new schema version; a change of meaning does.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal, overload
 
 from pydantic import (
@@ -253,10 +253,25 @@ class Attachments(Sequence[Attachment]):
     (:class:`cni_dra.state.txn.Txn`, applied by :func:`cni_dra.state.ops.apply`): recording
     an attachment whose key is listed replaces it in its place, a new key goes last."""
 
-    __slots__ = ("_by_key",)
+    __slots__ = ("_by_key", "_kinds", "_intents", "_shares")
 
     def __init__(self, items: Iterable[Attachment] = ()) -> None:
         self._by_key: dict[tuple[str, str, str], Attachment] = {a.key: a for a in items}
+        # derived, kept by _put/_drop: (driver, pool, device) -> linkType -> how many (each
+        # inner mapping replaced, never changed, so that a copy may share it); and the
+        # attachments that are not ready (intents), by key
+        self._kinds: dict[tuple[str, str, str], dict[str, int]] = {}
+        self._intents: dict[tuple[str, str, str], Attachment] = {}
+        # share_key -> the attachments holding that share, in their order (inner mappings
+        # replaced, never changed, as above)
+        self._shares: dict[
+            tuple[str, str, str, str, str, str | None], dict[tuple[str, str, str], Attachment]
+        ] = {}
+        for att in self._by_key.values():
+            self._index(att, 1)
+            sk = att.share_key()
+            if sk is not None:
+                self._shares.setdefault(sk, {})[att.key] = att
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
@@ -271,6 +286,26 @@ class Attachments(Sequence[Attachment]):
     def get(self, key: tuple[str, str, str]) -> Attachment | None:
         """The attachment with ``key`` (network, containerID, ifname), or None."""
         return self._by_key.get(key)
+
+    def link_types(self, driver: str, pool: str, device: str) -> Mapping[str, int]:
+        """linkType -> how many attachments of that type the device (``driver``, ``pool``,
+        ``device``) carries (an index lookup)."""
+        return self._kinds.get((driver, pool, device), {})
+
+    def kinds_by_device(self, driver: str, pool: str) -> dict[str, Mapping[str, int]]:
+        """device -> :meth:`link_types`, for every device of (``driver``, ``pool``) that
+        carries an attachment; O(devices of the node)."""
+        return {dev: kinds for (d, p, dev), kinds in self._kinds.items() if d == driver and p == pool}
+
+    def sharing(self, share_key: tuple[str, str, str, str, str, str | None]) -> list[Attachment]:
+        """The attachments whose :meth:`Attachment.share_key` is ``share_key`` (pods using one
+        claim's share), in their order; an index lookup."""
+        return list(self._shares.get(share_key, {}).values())
+
+    def intents(self) -> list[Attachment]:
+        """The attachments whose phase is not ``ready`` (an ADD or DEL in flight, or left
+        by one that died), in no particular order; O(intents), not O(attachments)."""
+        return list(self._intents.values())
 
     def __iter__(self) -> Iterator[Attachment]:
         return iter(self._by_key.values())
@@ -307,13 +342,63 @@ class Attachments(Sequence[Attachment]):
     def _copy(self) -> Attachments:
         new = Attachments()
         new._by_key = dict(self._by_key)
+        new._kinds = dict(self._kinds)  # inner mappings are replaced, never changed: shared
+        new._intents = dict(self._intents)
+        new._shares = dict(self._shares)
         return new
 
+    def _index(self, att: Attachment, sign: int) -> None:
+        where = (att.driver, att.pool, att.device)
+        kinds = dict(self._kinds.get(where, ()))
+        n = kinds.get(att.linkType, 0) + sign
+        if n:
+            kinds[att.linkType] = n
+        else:
+            del kinds[att.linkType]
+        if kinds:
+            self._kinds[where] = kinds
+        else:
+            del self._kinds[where]
+        if att.phase != "ready":
+            if sign > 0:
+                self._intents[att.key] = att
+            else:
+                del self._intents[att.key]
+
     def _put(self, att: Attachment) -> None:
-        self._by_key[att.key] = att
+        key = att.key
+        old = self._by_key.get(key)
+        if old is not None:
+            self._index(old, -1)
+        self._by_key[key] = att
+        self._index(att, 1)
+        sk, was = att.share_key(), None if old is None else old.share_key()
+        if was is not None and was != sk:
+            self._unshare(was, key)
+        if sk is not None:
+            members = dict(self._shares.get(sk, ()))
+            if old is None or was == sk:  # new (last), or in its place
+                members[key] = att
+            else:  # an attachment that changed share keeps its place: the members in order
+                members = {k: a for k, a in self._by_key.items() if a.share_key() == sk}
+            self._shares[sk] = members
+
+    def _unshare(self, sk: tuple[str, str, str, str, str, str | None], key: tuple[str, str, str]) -> None:
+        members = dict(self._shares[sk])
+        del members[key]
+        if members:
+            self._shares[sk] = members
+        else:
+            del self._shares[sk]
 
     def _drop(self, key: tuple[str, str, str]) -> Attachment | None:
-        return self._by_key.pop(key, None)
+        old = self._by_key.pop(key, None)
+        if old is not None:
+            self._index(old, -1)
+            sk = old.share_key()
+            if sk is not None:
+                self._unshare(sk, key)
+        return old
 
 
 class NodeState(BaseModel):
@@ -338,6 +423,8 @@ class NodeState(BaseModel):
     _decoded: dict[str, tuple[list[dict[str, Any]], tuple[PreparedClaim, ...]]] = PrivateAttr(
         default_factory=dict
     )
+    # the attachments' books (cni_dra.state.books): (Books, version) or None, kept by ops.apply
+    _books: Any = PrivateAttr(default=None)
 
     def find(self, network: str, container_id: str, ifname: str) -> Attachment | None:
         """The attachment with that key, or None (an index lookup)."""

@@ -31,7 +31,8 @@ list (``.importlinter`` checks it), so none of them imports this one:
   the op decoder, schema migration on decode; :mod:`cni_dra.state.lock`: the in-process
   lock and ``flock(2)`` on ``state.lock``; :mod:`cni_dra.state.owner`: boot id and process
   identity for intent records; :mod:`cni_dra.state.fsio`: the I/O seam;
-* then the state itself: :mod:`cni_dra.state.ops`, :mod:`cni_dra.state.schema`,
+* then the state itself: :mod:`cni_dra.state.ops`, :mod:`cni_dra.state.books` (what the
+  attachments hold per device, kept by each operation), :mod:`cni_dra.state.schema`,
   :mod:`cni_dra.state.prepared` (the typed view of a prepared claim, its results each with
   its device profile, decoded once from the stored object), :mod:`cni_dra.state.frozen`
   (the read-only containers the state's values are kept in).
@@ -44,6 +45,12 @@ crash leaves either the old or the new state, never a mix, and never no file.
 Caching: a process keeps the state it last read or wrote, keyed by the snapshot's identity
 (inode, size, mtime, ctime) and the journal's (inode, end of the last record read), so the
 resident agent parses the snapshot once and then only the records other processes appended.
+A snapshot another process folded from that journal (a compaction) names the journal and
+seq it folds and carries its last records' ops: a process that had read up to one of them
+applies the rest and takes the snapshot up after verifying its checksum, without parsing it
+(:mod:`cni_dra.state.reading`). What each device holds is kept as the attachments change
+(:mod:`cni_dra.state.books`), and so are the link types per device and the intents
+(:class:`~cni_dra.state.schema.Attachments`): an ADD does not walk every attachment.
 A transaction applies its operations to its own copy of the cached state (copy on write),
 which its commit makes the cached state: a state once handed out is never changed, so a
 thread may read it while others commit.

@@ -204,7 +204,7 @@ def _commit(files: StateFiles, txn: Txn, durable: bool = True) -> None:
         entry.state = state  # readers from now on; those holding the old state keep it whole
         if entry.j_end > max(files.journal_limit_bytes, entry.snap_size):
             try:  # compaction: the record above is committed whatever happens here
-                journal.write_snapshot(files, state)
+                journal.write_snapshot(files, state, folded=entry)
             except StateError as exc:
                 _log.warning("state compaction postponed: %s", exc)
     if os.environ.get(VERIFY_ENV) == "1":
