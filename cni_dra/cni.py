@@ -15,9 +15,14 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from typing import TextIO
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, TextIO
 
 from cni_dra.errors import CniError
+
+if TYPE_CHECKING:
+    from cni_dra.attach.invocation import Invocation
+    from cni_dra.host.port import Host
 
 __all__ = ["run", "main"]
 
@@ -37,8 +42,12 @@ def _setup_logging(environ: Mapping[str, str]) -> None:
     log.propagate = False
 
 
-def run(environ: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
-    """Serve one plugin invocation. Returns the process exit code (0 success, 1 error)."""
+def run(environ: Mapping[str, str], stdin: bytes, stdout: TextIO, host: Host | None = None) -> int:
+    """Serve one plugin invocation. Returns the process exit code (0 success, 1 error).
+
+    ``host``: the machine the verb works on (:class:`cni_dra.host.port.Host`); None: the
+    kernel's, made here for this invocation (:class:`cni_dra.host.kernel.KernelHost`, which
+    opens CNI_NETNS once) and closed when the verb ends."""
     from cni_dra.protocol.config import load_conf, peek_cni_version
     from cni_dra.protocol.env import parse_env
     from cni_dra.protocol.versions import require_verb_version, version_request, version_result
@@ -54,28 +63,12 @@ def run(environ: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
         require_verb_version(env.command, version)
         from cni_dra.attach.invocation import Invocation
 
-        inv = Invocation(env=env, conf=conf, raw=stdin, environ=dict(environ))
-        if env.command == "ADD":
-            from cni_dra.protocol.results import result_to_dict
-            from cni_dra.verbs.add import cmd_add
+        with ExitStack() as scope:
+            if host is None:
+                from cni_dra.host.kernel import KernelHost
 
-            json.dump(result_to_dict(cmd_add(inv), version), stdout)
-        elif env.command == "DEL":
-            from cni_dra.verbs.delete import cmd_del
-
-            cmd_del(inv)
-        elif env.command == "CHECK":
-            from cni_dra.verbs.check import cmd_check
-
-            cmd_check(inv)
-        elif env.command == "STATUS":
-            from cni_dra.verbs.status import cmd_status
-
-            cmd_status(inv)
-        elif env.command == "GC":
-            from cni_dra.verbs.gc import cmd_gc
-
-            cmd_gc(inv)
+                host = scope.enter_context(KernelHost(env.netns))
+            _serve(Invocation(env=env, conf=conf, raw=stdin, environ=dict(environ), port=host), stdout)
         return 0
     except CniError as exc:
         log.error("%s: %s%s", type(exc).__name__, exc.msg, f" ({exc.details})" if exc.details else "")
@@ -97,3 +90,28 @@ def main(stdin: bytes) -> int:
     code = run(os.environ, stdin, sys.stdout)
     sys.stdout.flush()
     return code
+
+
+def _serve(inv: Invocation, stdout: TextIO) -> None:
+    """Run the verb CNI_COMMAND names (VERSION is answered before any config)."""
+    if inv.env.command == "ADD":
+        from cni_dra.protocol.results import result_to_dict
+        from cni_dra.verbs.add import cmd_add
+
+        json.dump(result_to_dict(cmd_add(inv), inv.conf.cniVersion), stdout)
+    elif inv.env.command == "DEL":
+        from cni_dra.verbs.delete import cmd_del
+
+        cmd_del(inv)
+    elif inv.env.command == "CHECK":
+        from cni_dra.verbs.check import cmd_check
+
+        cmd_check(inv)
+    elif inv.env.command == "STATUS":
+        from cni_dra.verbs.status import cmd_status
+
+        cmd_status(inv)
+    elif inv.env.command == "GC":
+        from cni_dra.verbs.gc import cmd_gc
+
+        cmd_gc(inv)

@@ -30,7 +30,6 @@ __all__ = [
     "cni_env",
     "device",
     "fake_agent",
-    "every_path_a_netns",
     "netconf",
     "netconf_bytes",
     "profile_config",
@@ -40,24 +39,6 @@ __all__ = [
 ]
 
 DRIVER = "net.cni-dra.dev"
-
-
-# -- the kernel's side --------------------------------------------------------------------------
-def every_path_a_netns(monkeypatch: Any) -> None:
-    """Fake :mod:`cni_dra.netlink.netns` so that every path names a live network namespace
-    other than the host's, one per path string (its identity derived from the path), as the
-    verbs' seam tests want when they fake the links too."""
-    import zlib
-
-    from cni_dra.netlink import netns
-
-    def identity(path: str) -> tuple[int, int]:
-        return (0xFA0E, zlib.crc32(path.encode()))
-
-    monkeypatch.setattr(netns, "netns_identity", identity)
-    monkeypatch.setattr(netns, "netns_lookup", identity)
-    monkeypatch.setattr(netns, "netns_exists", lambda path: True)
-    monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
 
 
 # -- the runtime's side ------------------------------------------------------------------------

@@ -64,4 +64,4 @@ def _no_pod_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
     tests see none, whatever namespaces the machine has (netns_tests/ run the real scan)."""
     from cni_dra.attach import rebuild as repair
 
-    monkeypatch.setattr(repair, "_pod_netns_paths", lambda: [])
+    monkeypatch.setattr(repair, "_pod_netns_paths", lambda host: [])  # the kernel host of `state repair`

@@ -1,8 +1,8 @@
 """CHECK fails, naming the cause, when the attachment cannot pass traffic: the pod's link or
 its parent NIC administratively down, or without carrier (``ip link``'s NO-CARRIER).
 
-The link layer is stubbed with :class:`~cni_dra.netlink.info.LinkInfo` values here;
-netns_tests/test_fastpath.py makes the same cases with real links.
+The links are :class:`~cni_dra.netlink.info.LinkInfo` values on the in-memory host
+(tests/fake_host.py); netns_tests/test_fastpath.py makes the same cases with real links.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 from cni_dra.errors import CheckFailedError
-from cni_dra.netlink import info
 from cni_dra.netlink.info import LinkInfo
 from cni_dra.verbs import check
+from tests.fake_host import FakeHost
 
 NETNS = "/var/run/netns/pod-1"
 MAC = "02:00:00:00:00:07"
 
 
-def _inv() -> Any:
+def _inv(pod: LinkInfo, parent: LinkInfo) -> Any:
     prev = {
         "cniVersion": "1.1.0",
         "interfaces": [{"name": "eth0", "mac": MAC, "sandbox": NETNS}],
@@ -46,7 +46,15 @@ def _inv() -> Any:
         raw=b"{}",
         environ={},
         store=store,
+        host=_host(pod, parent),
     )
+
+
+def _host(pod: LinkInfo, parent: LinkInfo) -> FakeHost:
+    host = FakeHost()
+    host.host_links[parent.name] = parent
+    host.put_link(NETNS, pod, parent.name)
+    return host
 
 
 def _pod_link(**changes: Any) -> LinkInfo:
@@ -108,23 +116,17 @@ def _parent(**changes: Any) -> LinkInfo:
     ],
     ids=["pod-link-admin-down", "parent-admin-down", "parent-no-carrier", "pod-link-no-carrier"],
 )
-def test_check_names_why_the_link_cannot_pass_traffic(monkeypatch, pod, parent, says) -> None:
-    monkeypatch.setattr(info, "link_in_netns", lambda netns, ifname: _pod_link(**pod))
-    monkeypatch.setattr(info, "host_link", lambda name: _parent(**parent))
+def test_check_names_why_the_link_cannot_pass_traffic(pod, parent, says) -> None:
     with pytest.raises(CheckFailedError) as ei:
-        check.cmd_check(_inv())
+        check.cmd_check(_inv(_pod_link(**pod), _parent(**parent)))
     assert ei.value.code == 105
     assert ei.value.msg == f"failed to check interface eth0 of container c1: {says}"
 
 
-def test_check_passes_when_both_links_are_up_with_carrier(monkeypatch) -> None:
-    monkeypatch.setattr(info, "link_in_netns", lambda netns, ifname: _pod_link())
-    monkeypatch.setattr(info, "host_link", lambda name: _parent())
-    check.cmd_check(_inv())
+def test_check_passes_when_both_links_are_up_with_carrier() -> None:
+    check.cmd_check(_inv(_pod_link(), _parent()))
 
 
-def test_operstate_unknown_with_carrier_passes(monkeypatch) -> None:
+def test_operstate_unknown_with_carrier_passes() -> None:
     """Drivers that do not track operstate report UNKNOWN: the carrier bit decides."""
-    monkeypatch.setattr(info, "link_in_netns", lambda netns, ifname: _pod_link(operstate="UNKNOWN"))
-    monkeypatch.setattr(info, "host_link", lambda name: _parent(operstate="UNKNOWN"))
-    check.cmd_check(_inv())
+    check.cmd_check(_inv(_pod_link(operstate="UNKNOWN"), _parent(operstate="UNKNOWN")))

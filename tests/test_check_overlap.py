@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from cni_dra import ipam
 from cni_dra.errors import CheckFailedError, IpamError
-from cni_dra.netlink import info
 from cni_dra.netlink.info import LinkInfo
 from cni_dra.verbs import check
+from tests.fake_host import FakeHost
 
 NETNS = "/var/run/netns/pod-1"
 MAC = "02:00:00:00:00:07"
 
 
-def _inv() -> Any:
+def _inv(host: FakeHost) -> Any:
     prev = {
         "cniVersion": "1.1.0",
         "interfaces": [{"name": "eth0", "mac": MAC, "sandbox": NETNS}],
@@ -48,6 +48,7 @@ def _inv() -> Any:
         raw=b"{}",
         environ={},
         store=store,
+        host=host,
     )
 
 
@@ -69,69 +70,68 @@ def _link(**changes: Any) -> LinkInfo:
     return LinkInfo(**base)
 
 
-@pytest.fixture
-def parent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        info, "host_link", lambda name: _link(name=name, index=5, kind=None, parent_index=None)
-    )
+class Host(FakeHost):
+    """The in-memory host with parent nic0 and the pod link; ``on_ipam_check`` and
+    ``on_link`` run inside the IPAM CHECK and the pod link's read (to order the two)."""
+
+    def __init__(self, link: LinkInfo) -> None:
+        super().__init__()
+        self.host_links["nic0"] = _link(name="nic0", index=5, kind=None, parent_index=None)
+        self.put_link(NETNS, link, "nic0")
+        self.on_ipam_check: Callable[[], None] = lambda: None
+        self.on_link: Callable[[], None] = lambda: None
+        self.ipam_checks: list[tuple[Any, ...]] = []
+
+    def ipam_check(self, plugin: str, netconf: bytes, environ: Any, cni_path: Any) -> None:
+        self.ipam_checks.append((plugin, netconf, environ, cni_path))
+        self.on_ipam_check()
+
+    def link_in_netns(self, netns: str, ifname: str) -> LinkInfo | None:
+        self.on_link()
+        return super().link_in_netns(netns, ifname)
 
 
-def test_ipam_check_runs_while_the_link_is_verified(monkeypatch: pytest.MonkeyPatch, parent: None) -> None:
+def test_ipam_check_runs_while_the_link_is_verified() -> None:
+    host = Host(_link())
     ipam_started = threading.Event()
     seen: list[bool] = []
-
-    def fake_ipam_check(*a: Any, **kw: Any) -> None:
-        ipam_started.set()
-
-    def link_in_netns(netns: str, ifname: str) -> LinkInfo:
-        seen.append(ipam_started.wait(timeout=10))  # sequential CHECK would wait here in vain
-        return _link()
-
-    monkeypatch.setattr(ipam, "ipam_check", fake_ipam_check)
-    monkeypatch.setattr(info, "link_in_netns", link_in_netns)
-    check.cmd_check(_inv())
+    host.on_ipam_check = ipam_started.set
+    host.on_link = lambda: seen.append(ipam_started.wait(timeout=10))  # sequential CHECK waits in vain
+    check.cmd_check(_inv(host))
     assert seen == [True]
 
 
-def test_a_link_mismatch_is_reported_before_an_ipam_failure(
-    monkeypatch: pytest.MonkeyPatch, parent: None
-) -> None:
+def test_a_link_mismatch_is_reported_before_an_ipam_failure() -> None:
+    host = Host(_link(mac="02:00:00:00:00:99"))
     link_checked = threading.Event()
     ipam_done: list[bool] = []
 
-    def fake_ipam_check(*a: Any, **kw: Any) -> None:
+    def ipam_fails() -> None:
         link_checked.wait(timeout=10)
         ipam_done.append(True)
         raise IpamError("failed to check IPAM host-local: no IP allocated", code=999)
 
-    def link_in_netns(netns: str, ifname: str) -> LinkInfo:
-        link_checked.set()
-        return _link(mac="02:00:00:00:00:99")
-
-    monkeypatch.setattr(ipam, "ipam_check", fake_ipam_check)
-    monkeypatch.setattr(info, "link_in_netns", link_in_netns)
+    host.on_ipam_check = ipam_fails
+    host.on_link = link_checked.set
     with pytest.raises(CheckFailedError, match="MAC is 02:00:00:00:00:99"):
-        check.cmd_check(_inv())
+        check.cmd_check(_inv(host))
     assert ipam_done == [True]  # the plugin finished before CHECK returned
 
 
-def test_an_ipam_failure_alone_is_raised_with_code_103_for_999(
-    monkeypatch: pytest.MonkeyPatch, parent: None
-) -> None:
-    def fake_ipam_check(*a: Any, **kw: Any) -> None:
+def test_an_ipam_failure_alone_is_raised_with_code_103_for_999() -> None:
+    host = Host(_link())
+
+    def ipam_fails() -> None:
         raise IpamError("failed to check IPAM host-local: no IP allocated", code=999)
 
-    monkeypatch.setattr(ipam, "ipam_check", fake_ipam_check)
-    monkeypatch.setattr(info, "link_in_netns", lambda netns, ifname: _link())
+    host.on_ipam_check = ipam_fails
     with pytest.raises(IpamError) as exc:
-        check.cmd_check(_inv())
+        check.cmd_check(_inv(host))
     assert exc.value.code == 103
     assert "no IP allocated" in exc.value.msg
 
 
-def test_a_good_link_and_ipam_pass(monkeypatch: pytest.MonkeyPatch, parent: None) -> None:
-    calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(ipam, "ipam_check", lambda *a, **kw: calls.append(a))
-    monkeypatch.setattr(info, "link_in_netns", lambda netns, ifname: _link())
-    check.cmd_check(_inv())
-    assert calls == [("host-local", b"{}", {}, ["/opt/cni/bin"])]
+def test_a_good_link_and_ipam_pass() -> None:
+    host = Host(_link())
+    check.cmd_check(_inv(host))
+    assert host.ipam_checks == [("host-local", b"{}", {}, ["/opt/cni/bin"])]

@@ -28,6 +28,7 @@ from tests.builders import (
     resource_claim,
     write_slice,
 )
+from tests.fake_host import FakeHost
 
 POD = "pod-1"
 SHARE = "6f1d7a62-3b0e-4b7e-9a51-0c7b3d0e2f11"
@@ -55,7 +56,10 @@ def _inv(tmp_path: Path, **conf: Any):
     inventory = write_slice(tmp_path / "slice.json", [device("a"), device("b")])
     raw = netconf_bytes(inventory=str(inventory), stateDir=str(tmp_path / "st"), **conf)
     env = parse_env(cni_env(args=f"K8S_POD_UID={POD};K8S_POD_NAMESPACE=prod;K8S_POD_NAME=web"))
-    return Invocation(env=env, conf=load_conf(raw, env), raw=raw)
+    host = FakeHost()
+    host.add_nic("if-a", 2, mtu=9000)
+    host.add_nic("if-b", 3, mtu=9000)
+    return Invocation(env=env, conf=load_conf(raw, env), raw=raw, port=host)
 
 
 def _plan(inv, state: NodeState):
@@ -262,12 +266,11 @@ class _Stop(Exception):
 def test_add_reads_its_effective_config_once_and_every_step_sees_it(tmp_path: Path, monkeypatch) -> None:
     """From its first step on, ADD works with one invocation: the device profile already
     merged into the config (not the runtime's config first and the profile's after the
-    reservation). The kernel-facing steps are replaced (monkeypatch: the verbs have no
-    injected host yet) to record the invocation each one is given, and the ADD is stopped
-    at its reservation."""
+    reservation). The machine is the in-memory host; the verb's own steps are spied on
+    (monkeypatch: they are functions of the verb, not of the machine) to record the
+    invocation each one is given, and the ADD is stopped at its reservation."""
     import cni_dra.attach.device_profile
     import cni_dra.attach.recover
-    import cni_dra.netlink.netns
     import cni_dra.verbs.add as add
 
     _prepared(tmp_path, profile_config("FromClaim", mtu=9000))
@@ -286,8 +289,6 @@ def test_add_reads_its_effective_config_once_and_every_step_sees_it(tmp_path: Pa
 
     monkeypatch.setattr(cni_dra.attach.device_profile, "conf_for", conf_for)
     monkeypatch.setattr(cni_dra.attach.recover, "recover_pending", lambda inv: seen.append(("recover", inv)))
-    monkeypatch.setattr(add, "_host_links", lambda slice_: {"if-a": _Parent(), "if-b": _Parent()})
-    monkeypatch.setattr(cni_dra.netlink.netns, "netns_identity", lambda path: (1, 2))
     monkeypatch.setattr(add, "_reserve_after_recovery", reserve)
     with pytest.raises(_Stop):
         add.cmd_add(runtime)

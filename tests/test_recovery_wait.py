@@ -22,57 +22,32 @@ from typing import Any
 
 import pytest
 
-from cni_dra import ipam
 from cni_dra.attach import recover as recover_mod
 from cni_dra.cni import run
-from cni_dra.netlink import info, shaping, sublink, sysctl
 from cni_dra.state import StateStore
 from cni_dra.state.owner import boot_id, current_owner
 from cni_dra.state.schema import STEP_IPAM, Owner
-from tests.builders import attachment, cni_env, device, every_path_a_netns, netconf, write_slice
+from tests.builders import attachment, cni_env, device, netconf, write_slice
+from tests.fake_host import FakeHost
 
 KEY = ("net", "c1", "eth0")
 
 
+class Kernel(FakeHost):
+    """The in-memory host with NIC eth9; ``done``: links made and deleted (``+eth0`` / ``-eth0``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_nic("eth9", 7)
+        self.done: list[str] = []
+        self.hooks["rename_and_up"] = lambda spec, temp: self.done.append("+" + spec.ifname)
+        self.hooks["delete_link"] = lambda netns, name: self.done.append("-" + name)
+        self.hooks["delete_shaped_link"] = lambda netns, name: self.done.append("-" + name)
+
+
 @pytest.fixture
-def kernel(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Links made and deleted (``+eth0`` / ``-eth0``); every namespace path is live."""
-    done: list[str] = []
-    nic = info.LinkInfo(
-        name="eth9",
-        index=7,
-        kind=None,
-        mac="02:00:00:00:00:09",
-        mtu=1500,
-        operstate="UP",
-        admin_up=True,
-        parent_index=None,
-        parent_netnsid=None,
-        mode=None,
-    )
-    link = info.LinkInfo(
-        name="eth0",
-        index=2,
-        kind="macvlan",
-        mac="02:00:00:00:00:01",
-        mtu=1500,
-        operstate="UP",
-        admin_up=True,
-        parent_index=7,
-        parent_netnsid=0,
-        mode="bridge",
-    )
-    every_path_a_netns(monkeypatch)
-    monkeypatch.setattr(info, "host_link", lambda name: nic if name == "eth9" else None)
-    monkeypatch.setattr(info, "link_in_netns", lambda ns, name: None)
-    monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: bool(done.append("+" + kw["ifname"])) or link)
-    monkeypatch.setattr(sublink, "delete_link", lambda ns, name: bool(done.append("-" + name)) or True)
-    monkeypatch.setattr(
-        shaping, "delete_shaped_link", lambda ns, name: bool(done.append("-" + name)) or (True, True)
-    )
-    monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
-    monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
-    return done
+def kernel() -> Kernel:
+    return Kernel()
 
 
 def _conf(tmp_path: Path, **kw: Any) -> dict[str, Any]:
@@ -118,10 +93,13 @@ def _finish_recovery_after(store: StateStore, delay_s: float) -> threading.Threa
     return thread
 
 
-def _run(command: str, conf: dict[str, Any]) -> tuple[int, Any]:
+def _run(host: FakeHost, command: str, conf: dict[str, Any]) -> tuple[int, Any]:
     out = io.StringIO()
     code = run(
-        {**cni_env(command, container_id="c1"), "PATH": "/usr/bin:/bin"}, json.dumps(conf).encode(), out
+        {**cni_env(command, container_id="c1"), "PATH": "/usr/bin:/bin"},
+        json.dumps(conf).encode(),
+        out,
+        host=host,
     )
     return code, json.loads(out.getvalue()) if out.getvalue().strip() else None
 
@@ -130,19 +108,19 @@ def test_add_waits_for_the_recovery_of_its_own_interrupted_add(tmp_path, kernel)
     store = _held(tmp_path, recovering=True)
     finisher = _finish_recovery_after(store, 0.3)
     started = time.monotonic()
-    code, out = _run("ADD", _conf(tmp_path))
+    code, out = _run(kernel, "ADD", _conf(tmp_path))
     finisher.join()
     assert code == 0, out
     assert time.monotonic() - started >= 0.3
     (att,) = store.read().attachments
     assert att.phase == "ready" and att.owner is None and att.recovering is None
-    assert kernel == ["+eth0"]
+    assert kernel.done == ["+eth0"]
 
 
 def test_del_waits_for_the_recovery_of_its_attachments_interrupted_add(tmp_path, kernel):
     store = _held(tmp_path, recovering=True)
     finisher = _finish_recovery_after(store, 0.3)
-    code, out = _run("DEL", _conf(tmp_path))
+    code, out = _run(kernel, "DEL", _conf(tmp_path))
     finisher.join()
     assert (code, out) == (0, None)
     assert store.read().attachments == []
@@ -150,24 +128,25 @@ def test_del_waits_for_the_recovery_of_its_attachments_interrupted_add(tmp_path,
 
 def test_a_recovery_that_outlasts_the_lock_timeout_is_code_11_naming_it(tmp_path, kernel):
     store = _held(tmp_path, recovering=True)
-    started = time.monotonic()
-    code, out = _run("ADD", _conf(tmp_path, lockTimeoutSeconds=0.5))
+    kernel.manual_clock = True  # the wait passes on the host's clock alone
+    started = kernel.monotonic()
+    code, out = _run(kernel, "ADD", _conf(tmp_path, lockTimeoutSeconds=30))
     assert code == 1 and out["code"] == 11
     assert f"its interrupted ADD is still being recovered by process {current_owner().pid}" in out["msg"]
-    assert 0.5 <= time.monotonic() - started < 5
+    assert 30 <= kernel.monotonic() - started < 31
     (att,) = store.read().attachments
-    assert att.phase == "adding" and kernel == []
+    assert att.phase == "adding" and kernel.done == []
 
 
 def test_an_add_in_progress_that_is_no_recovery_is_code_11_at_once(tmp_path, kernel):
     _held(tmp_path, recovering=False)
     started = time.monotonic()
-    code, out = _run("ADD", _conf(tmp_path))
+    code, out = _run(kernel, "ADD", _conf(tmp_path))
     assert code == 1 and out["code"] == 11 and "still in progress" in out["msg"]
     assert time.monotonic() - started < 2
 
 
-def test_recovery_marks_what_it_takes_over_and_gives_back_what_it_could_not_undo(tmp_path, monkeypatch):
+def test_recovery_marks_what_it_takes_over_and_gives_back_what_it_could_not_undo(tmp_path, kernel):
     """While it works, the intent is marked ``recovering`` (what the waits above look for);
     when the undo fails, the intent goes back to its dead owner, so the next recovery (of any
     process) tries again instead of it staying with a process that may live on (an agent)."""
@@ -177,12 +156,9 @@ def test_recovery_marks_what_it_takes_over_and_gives_back_what_it_could_not_undo
     store = _held(tmp_path, recovering=False, owner=dead)
     seen: list[Any] = []
 
-    def failing_undo(att, environ, cni_path, *, earlier_boot=False):
-        seen.append(store.read().find(*KEY))
-        raise NetlinkError("failed to delete link eth0: boom")
-
-    monkeypatch.setattr(recover_mod, "undo_attachment", failing_undo)
-    report = recover_mod.recover(store, environ={})
+    kernel.hooks["delete_shaped_link"] = lambda netns, name: seen.append(store.read().find(*KEY))
+    kernel.fail["delete_shaped_link"] = NetlinkError("failed to delete link eth0: boom")
+    report = recover_mod.recover(store, environ={}, host=kernel)
     assert report.errors and "boom" in report.errors[0]
     (during,) = seen
     assert during.recovering is True and during.owner == current_owner()

@@ -3,7 +3,7 @@ whose process died is undone, its ifb device included; and only when records may
 (a bad journal record, an unreadable snapshot) is an ADD with a live link taken as done,
 recording the shaping found on its link, so that its DEL removes the ifb device too.
 
-The kernel is faked (:class:`Kernel`): one pod namespace holding the pod's macvlan on the
+The machine is the in-memory host (:class:`Kernel`, on tests/fake_host.py): one pod namespace holding the pod's macvlan on the
 inventory NIC, shaped as :data:`FOUND`.
 """
 
@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from cni_dra import ipam
 from cni_dra.attach.rebuild import repair
 from cni_dra.attach.shaping_plan import record
 from cni_dra.cni import run
-from cni_dra.netlink import info, netns, shaping, sublink
+from cni_dra.netlink import info
 from cni_dra.netlink.shaping import ShapeInfo, Tbf
 from cni_dra.state import StateStore
 from cni_dra.state.owner import boot_id, current_owner
 from cni_dra.state.schema import STEP_IPAM, Owner
 from tests.builders import attachment, cni_env, device, netconf, write_slice
+from tests.fake_host import FakeHost
 
 POD_NS = "/run/netns/pod"
 POD = (0x20, 4026532001)
@@ -34,65 +34,38 @@ FOUND = ShapeInfo("eth0", Tbf.for_rate(1_000_000_000), Tbf.for_rate(1_000_000_00
 """The traffic control on the pod's link, as the kernel reports it."""
 
 
-class Kernel:
-    """The pod namespace :data:`POD_NS` with ``eth0`` on host NIC ``eth9``; records the
-    deletions as (how, netns, name): ``shaped`` deletes the link and its ifb device."""
+class Kernel(FakeHost):
+    """The pod namespace :data:`POD_NS` with ``eth0`` on host NIC ``eth9``, shaped as
+    ``shaping`` (:data:`FOUND`); records the deletions as (how, netns, name): ``shaped``
+    deletes the link and its ifb device."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self) -> None:
+        super().__init__(every_path_a_netns=False)
+        self.netns_paths[POD_NS] = POD
         self.deleted: list[tuple[str, str, str]] = []
-        self.shaping: ShapeInfo | None = FOUND
-        link = info.LinkInfo(
-            name="eth0",
-            index=3,
-            kind="macvlan",
-            mac="02:00:00:00:00:01",
-            mtu=1500,
-            operstate="UP",
-            admin_up=True,
-            parent_index=7,
-            parent_netnsid=0,
-            mode="bridge",
+        self.add_nic("eth9", 7)
+        self.put_link(
+            POD_NS,
+            info.LinkInfo(
+                name="eth0",
+                index=3,
+                kind="macvlan",
+                mac="02:00:00:00:00:01",
+                mtu=1500,
+                operstate="UP",
+                admin_up=True,
+                parent_index=7,
+                parent_netnsid=0,
+                mode="bridge",
+            ),
+            "eth9",
         )
-        nic = info.LinkInfo(
-            name="eth9",
-            index=7,
-            kind=None,
-            mac="02:00:00:00:00:09",
-            mtu=1500,
-            operstate="UP",
-            admin_up=True,
-            parent_index=None,
-            parent_netnsid=None,
-            mode=None,
-        )
+        self.shaping[(POD, "eth0")] = FOUND
+        self.hooks["delete_shaped_link"] = lambda ns, name: self.deleted.append(("shaped", ns, name))
+        self.hooks["delete_link"] = lambda ns, name: self.deleted.append(("plain", ns, name))
 
-        def identity(path: str) -> tuple[int, int]:
-            from cni_dra.errors import ContainerUnknownError
-
-            if path != POD_NS:
-                raise ContainerUnknownError(f"failed to open netns {path}: no such file")
-            return POD
-
-        monkeypatch.setattr(netns, "netns_identity", identity)
-        monkeypatch.setattr(netns, "netns_exists", lambda path: path == POD_NS)
-        monkeypatch.setattr(netns, "is_host_netns", lambda path: False)
-        monkeypatch.setattr(
-            info, "link_in_netns", lambda ns, name: link if ns == POD_NS and name == "eth0" else None
-        )
-        monkeypatch.setattr(
-            info, "host_parent_of", lambda ns, name: nic if ns == POD_NS and name == "eth0" else None
-        )
-        monkeypatch.setattr(shaping, "read_shaping", lambda ns, name: self.shaping)
-        monkeypatch.setattr(
-            shaping,
-            "delete_shaped_link",
-            lambda ns, name: bool(self.deleted.append(("shaped", ns, name))) or (True, True),
-        )
-        monkeypatch.setattr(
-            sublink, "delete_link", lambda ns, name: bool(self.deleted.append(("plain", ns, name))) or True
-        )
-        monkeypatch.setattr(sublink, "delete_temp_links", lambda ns, temp, parent: [])
-        monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
+    def no_shaping(self) -> None:
+        self.shaping.clear()
 
 
 def _dead_owner() -> Owner:
@@ -132,41 +105,39 @@ def _damage(store: StateStore) -> None:
     store.path.write_bytes(b"\x00" * 10)
 
 
-def test_repair_leaves_an_add_in_flight_alone(tmp_path, monkeypatch):
+def test_repair_leaves_an_add_in_flight_alone(tmp_path):
     """A healthy state: nothing was lost, so an ``adding`` intent of a live process is an ADD
     still running (stopped, say, between its link and its IPAM): it stays as it is, and its
     DEL is still refused with code 11 (then the ADD completes and the DEL can run)."""
-    kernel = Kernel(monkeypatch)
+    kernel = Kernel()
     me = current_owner()
     store = _store(tmp_path, _adding(me))
-    report = repair(store, environ={})
+    report = repair(store, environ={}, host=kernel)
     (att,) = store.read().attachments
     assert (att.phase, att.owner, att.tempName) == ("adding", me, "cdra0123456789")
     assert kernel.deleted == [] and not any("as ready" in line for line in report.changes), report.changes
 
 
-def test_repair_undoes_the_add_of_a_dead_process_with_its_ifb_device(tmp_path, monkeypatch):
+def test_repair_undoes_the_add_of_a_dead_process_with_its_ifb_device(tmp_path):
     """A healthy state, the ADD's process dead: it never answered the runtime, so it is undone
     as recovery undoes it: the link goes together with its ifb device, and the capacity."""
-    kernel = Kernel(monkeypatch)
+    kernel = Kernel()
     store = _store(tmp_path, _adding(_dead_owner()))
-    report = repair(store, environ={})
+    report = repair(store, environ={}, host=kernel)
     assert store.read().attachments == []
     assert kernel.deleted == [("shaped", POD_NS, "eth0")]
     assert any(line.startswith("dropped attachment net/c1/eth0") for line in report.changes), report.changes
 
 
 @pytest.mark.parametrize("alive", [True, False], ids=["owner-alive", "owner-dead"])
-def test_repair_after_lost_records_keeps_an_add_with_a_live_link_as_ready_with_its_shaping(
-    tmp_path, monkeypatch, alive
-):
+def test_repair_after_lost_records_keeps_an_add_with_a_live_link_as_ready_with_its_shaping(tmp_path, alive):
     """Records may be lost: the ADD's "ready" record may have been among them (the runtime got
     its result), so the attachment is kept as ready, recording the shaping found on its link;
     its DEL then removes the link with its ifb device."""
-    kernel = Kernel(monkeypatch)
+    kernel = Kernel()
     store = _store(tmp_path, _adding(current_owner() if alive else _dead_owner()))
     _damage(store)
-    report = repair(store, environ={})
+    report = repair(store, environ={}, host=kernel)
     (att,) = store.read().attachments
     assert (att.phase, att.owner, att.recovering) == ("ready", None, None)
     assert att.shaping == record(FOUND) and att.readyAt is not None
@@ -180,16 +151,17 @@ def test_repair_after_lost_records_keeps_an_add_with_a_live_link_as_ready_with_i
         {**cni_env("DEL", container_id="c1", netns=POD_NS), "PATH": "/usr/bin:/bin"},
         json.dumps(conf).encode(),
         out,
+        host=kernel,
     )
     assert (code, out.getvalue()) == (0, "")
     assert kernel.deleted == [("shaped", POD_NS, "eth0")] and store.read().attachments == []
 
 
-def test_repair_after_lost_records_finding_no_shaping_still_lets_del_look_for_an_ifb(tmp_path, monkeypatch):
-    kernel = Kernel(monkeypatch)
-    kernel.shaping = None
+def test_repair_after_lost_records_finding_no_shaping_still_lets_del_look_for_an_ifb(tmp_path):
+    kernel = Kernel()
+    kernel.no_shaping()
     store = _store(tmp_path, _adding(current_owner()))
     _damage(store)
-    repair(store, environ={})
+    repair(store, environ={}, host=kernel)
     (att,) = store.read().attachments
     assert att.phase == "ready" and att.shaping == {}

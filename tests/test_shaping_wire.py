@@ -1,8 +1,8 @@
 """Shaping wired into the product, without a kernel: the ``shaping`` config, what an attachment
 is shaped to (its consumed capacity, lowered by the runtime's ``runtimeConfig.bandwidth``,
 never raised), the record ADD keeps and CHECK compares, DEL/GC/recovery's release, and the
-status report and metrics. The kernel side is faked at :mod:`cni_dra.netlink.shaping`'s
-functions; netns_tests/test_plugin_shaping.py runs the real thing."""
+status report and metrics. The machine is the in-memory host (tests/fake_host.py) handed to the entry point;
+netns_tests/test_plugin_shaping.py runs the real thing."""
 
 from __future__ import annotations
 
@@ -15,16 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cni_dra import ipam
 from cni_dra.attach.shaping_plan import mismatch, record, shape_spec
 from cni_dra.cni import run
 from cni_dra.errors import InvalidConfigError, NetlinkError, UnsupportedFieldError
-from cni_dra.netlink import addr, info, netns, shaping, sublink, sysctl
+from cni_dra.netlink import shaping, sublink
 from cni_dra.netlink.shaping import MAX_RATE_BPS, MIN_BURST_BYTES, ShapeInfo, ShapeSpec, Tbf
 from cni_dra.protocol.config import DEFAULT_SHAPING_LATENCY_S, RuntimeBandwidth, ShapingConfig, load_conf
-from cni_dra.protocol.results import IPConfig, Result
 from cni_dra.state import StateStore
-from tests.builders import attachment, device, every_path_a_netns, netconf_bytes, write_slice
+from tests.builders import attachment, device, netconf_bytes, write_slice
+from tests.fake_host import FakeHost
 from tests.tbf_model import as_the_kernel_holds_it, holds_as_asked
 
 M = 1_000_000
@@ -493,80 +492,54 @@ def test_a_burst_as_the_kernel_rounds_it_matches_its_record() -> None:
 # -- ADD, DEL, CHECK through the entry point, kernel faked ---------------------------------------
 
 
-class FakeKernel:
-    """The link, IPAM and shaping calls of ADD/DEL/CHECK, faked; what was shaped and removed."""
+class FakeKernel(FakeHost):
+    """The in-memory host with NIC eth9, and what ADD/DEL/CHECK shaped, removed and created."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_nic("eth9", 7)
         self.shaped: list[ShapeSpec] = []
         self.removed: list[str] = []
-        self.links: list[str] = []
-        self.ipam_calls = 0
-        self.installed: ShapeInfo | None = None
-        self.fail_shaping: Exception | None = None
-        self.fail_ipam: Exception | None = None
-        parent = info.LinkInfo(
-            name="eth9",
-            index=7,
-            kind=None,
-            mac="02:00:00:00:00:09",
-            mtu=1500,
-            operstate="UP",
-            admin_up=True,
-            parent_index=None,
-            parent_netnsid=None,
-            mode=None,
-        )
-        self.link = info.LinkInfo(
-            name="eth0",
-            index=2,
-            kind="macvlan",
-            mac="02:00:00:00:00:01",
-            mtu=1500,
-            operstate="UP",
-            admin_up=True,
-            parent_index=7,
-            parent_netnsid=None,
-            mode="bridge",
-            addresses=["192.0.2.5/24"],
-        )
-        every_path_a_netns(monkeypatch)
-        monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
-        monkeypatch.setattr(info, "link_in_netns", lambda ns, name: self.link)
-        monkeypatch.setattr(
-            sublink, "create_macvlan", lambda **kw: self.links.append(kw["ifname"]) or self.link
-        )
-        monkeypatch.setattr(sublink, "delete_link", lambda *a: True)
-        monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
-        monkeypatch.setattr(addr, "configure_interface", lambda *a, **k: None)
-        monkeypatch.setattr(ipam, "ipam_add", self._ipam_add)
-        monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
-        monkeypatch.setattr(ipam, "ipam_check", lambda *a, **k: None)
-        monkeypatch.setattr(shaping, "apply_shaping", self._apply)
-        monkeypatch.setattr(shaping, "remove_shaping", self._remove)
-        monkeypatch.setattr(shaping, "delete_shaped_link", lambda ns, name: (True, self._remove(ns, name)))
-        monkeypatch.setattr(shaping, "read_shaping", lambda ns, name: self.installed)
 
-    def _ipam_add(self, *args: object, **kwargs: object) -> Result:
-        self.ipam_calls += 1
-        if self.fail_ipam is not None:
-            raise self.fail_ipam
-        return Result(ips=[IPConfig(address="192.0.2.5/24")])
+    @property
+    def links_made(self) -> list[str]:
+        return [spec.ifname for spec, _temp in self.called("rename_and_up")]
 
-    def _apply(self, ns: str, ifname: str, spec: ShapeSpec, new_link: bool = False) -> ShapeInfo:
+    @property
+    def probes(self) -> int:
+        return len(self.called("probe_shaping"))
+
+    @property
+    def ipam_calls(self) -> int:
+        return len(self.called("ipam_add"))
+
+    @property
+    def installed(self) -> ShapeInfo | None:
+        """The shaping on eth0 of the pod's namespace, as the kernel holds it."""
+        return self.shaping.get((self._ident(POD), "eth0"))
+
+    @installed.setter
+    def installed(self, info: ShapeInfo) -> None:
+        self.shaping[(self._ident(POD), "eth0")] = info
+
+    def apply_shaping(self, netns: str, ifname: str, spec: ShapeSpec, *, new_link: bool = False) -> ShapeInfo:
         assert new_link  # ADD shapes the link it just made
         self.shaped.append(spec)
-        if self.fail_shaping is not None:
-            raise self.fail_shaping
         for tbf in (spec.egress, spec.ingress):  # encoded as the real one encodes them
             if tbf is not None:
                 as_the_kernel_holds_it(tbf)
-        self.installed = ShapeInfo(ifname, spec.egress, spec.ingress, "ifb-eth0" if spec.ingress else None)
-        return self.installed
+        return super().apply_shaping(netns, ifname, spec, new_link=new_link)
 
-    def _remove(self, ns: str, ifname: str) -> bool:
+    def remove_shaping(self, netns: str, ifname: str) -> bool:
         self.removed.append(ifname)
-        had, self.installed = self.installed is not None, None
-        return had
+        return super().remove_shaping(netns, ifname)
+
+    def delete_shaped_link(self, netns: str, ifname: str) -> tuple[bool, bool]:
+        self.removed.append(ifname)
+        return super().delete_shaped_link(netns, ifname)
+
+
+POD = "/var/run/netns/pod"
 
 
 def _node(tmp_path: Path, **conf: Any) -> tuple[dict[str, str], dict[str, Any]]:
@@ -591,9 +564,9 @@ def _node(tmp_path: Path, **conf: Any) -> tuple[dict[str, str], dict[str, Any]]:
     return env, c
 
 
-def _run(command: str, env: dict[str, str], conf: dict[str, Any]) -> tuple[int, Any]:
+def _run(host: FakeHost, command: str, env: dict[str, str], conf: dict[str, Any]) -> tuple[int, Any]:
     out = io.StringIO()
-    code = run({**env, "CNI_COMMAND": command}, json.dumps(conf).encode(), out)
+    code = run({**env, "CNI_COMMAND": command}, json.dumps(conf).encode(), out, host=host)
     return code, json.loads(out.getvalue()) if out.getvalue().strip() else None
 
 
@@ -601,45 +574,45 @@ def _attachments(tmp_path: Path) -> list[Any]:
     return list(StateStore(tmp_path / "state").read().attachments)
 
 
-def test_add_shapes_from_the_consumed_capacity_and_records_it(tmp_path, monkeypatch) -> None:
-    kernel = FakeKernel(monkeypatch)
+def test_add_shapes_from_the_consumed_capacity_and_records_it(tmp_path) -> None:
+    kernel = FakeKernel()
     env, conf = _node(tmp_path)
-    code, res = _run("ADD", env, conf)
+    code, res = _run(kernel, "ADD", env, conf)
     assert code == 0, res
     assert kernel.shaped == [ShapeSpec.symmetric(300 * M)]
     (att,) = _attachments(tmp_path)
     assert att.shaping == record(kernel.installed) and att.shaping["ingress"]["rateBps"] == 300 * M
     # CHECK: as added, then with the egress gone
-    assert _run("CHECK", env, {**conf, "prevResult": res}) == (0, None)
+    assert _run(kernel, "CHECK", env, {**conf, "prevResult": res}) == (0, None)
     assert kernel.installed is not None
     kernel.installed = ShapeInfo("eth0", None, kernel.installed.ingress, "ifb-eth0")
-    code, out = _run("CHECK", env, {**conf, "prevResult": res})
+    code, out = _run(kernel, "CHECK", env, {**conf, "prevResult": res})
     assert code == 1 and out["code"] == 105
     assert out["msg"] == (
         "failed to check interface eth0 of container c1: egress is not shaped (the root tbf qdisc "
         "is missing), expected 300Mbit/s"
     )
     # DEL removes it
-    assert _run("DEL", env, conf) == (0, None)
+    assert _run(kernel, "DEL", env, conf) == (0, None)
     assert kernel.removed == ["eth0"] and _attachments(tmp_path) == []
 
 
-def test_add_with_runtime_bandwidth_lowers(tmp_path, monkeypatch) -> None:
-    kernel = FakeKernel(monkeypatch)
+def test_add_with_runtime_bandwidth_lowers(tmp_path) -> None:
+    kernel = FakeKernel()
     env, conf = _node(
         tmp_path,
         capabilities={"bandwidth": True},
         runtimeConfig={"bandwidth": {"egressRate": 50 * M, "egressBurst": MAX_U32}},
     )
-    assert _run("ADD", env, conf)[0] == 0
+    assert _run(kernel, "ADD", env, conf)[0] == 0
     assert kernel.shaped == [
         ShapeSpec(egress_rate_bps=50 * M, egress_burst_bytes=MIN_BURST_BYTES, ingress_rate_bps=300 * M)
     ]
 
 
-def test_add_with_containerds_go_spelling_lowers(tmp_path, monkeypatch) -> None:
+def test_add_with_containerds_go_spelling_lowers(tmp_path) -> None:
     # containerd marshals its Go struct without JSON tags: IngressRate, EgressRate...
-    kernel = FakeKernel(monkeypatch)
+    kernel = FakeKernel()
     env, conf = _node(
         tmp_path,
         capabilities={"bandwidth": True},
@@ -652,7 +625,7 @@ def test_add_with_containerds_go_spelling_lowers(tmp_path, monkeypatch) -> None:
             }
         },
     )
-    assert _run("ADD", env, conf)[0] == 0
+    assert _run(kernel, "ADD", env, conf)[0] == 0
     assert kernel.shaped == [
         ShapeSpec(
             egress_rate_bps=50 * M,
@@ -685,25 +658,25 @@ def test_add_with_containerds_go_spelling_lowers(tmp_path, monkeypatch) -> None:
         ),
     ],
 )
-def test_add_refuses_shaping_it_cannot_install_before_any_effect(tmp_path, monkeypatch, conf, says) -> None:
-    kernel = FakeKernel(monkeypatch)
+def test_add_refuses_shaping_it_cannot_install_before_any_effect(tmp_path, conf, says) -> None:
+    kernel = FakeKernel()
     env, c = _node(tmp_path, **conf)
-    code, out = _run("ADD", env, c)
+    code, out = _run(kernel, "ADD", env, c)
     assert code == 1 and out["code"] == 7 and out["msg"].startswith(says), out
-    assert kernel.links == [] and kernel.ipam_calls == 0 and kernel.shaped == []
+    assert kernel.links_made == [] and kernel.ipam_calls == 0 and kernel.shaped == []
     assert _attachments(tmp_path) == []
 
 
-def test_the_bounds_are_those_of_the_link_mtu(tmp_path, monkeypatch) -> None:
+def test_the_bounds_are_those_of_the_link_mtu(tmp_path) -> None:
     """A 1500-byte bucket cannot hold a full frame of the parent's MTU 1500; on a link made
     with MTU 1400 it can."""
-    kernel = FakeKernel(monkeypatch)
+    kernel = FakeKernel()
     env, c = _node(tmp_path, shaping={"egressBurstBytes": 1500})
-    code, out = _run("ADD", env, c)
+    code, out = _run(kernel, "ADD", env, c)
     assert (
         code == 1 and out["code"] == 7 and "shaping.egressBurstBytes 1500 is below 1589 bytes" in out["msg"]
     ), out
-    code, out = _run("ADD", env, {**c, "mtu": 1400})
+    code, out = _run(kernel, "ADD", env, {**c, "mtu": 1400})
     assert code == 0, out
     assert kernel.shaped[0].mtu == 1400 and kernel.shaped[0].egress is not None
     assert kernel.shaped[0].egress.burst_bytes == 1500
@@ -716,52 +689,52 @@ def test_the_bounds_are_those_of_the_link_mtu(tmp_path, monkeypatch) -> None:
     ),
     st.fixed_dictionaries({}, optional={"ingressBurstBytes": _ANY_INT, "egressBurstBytes": _ANY_INT}),
 )
-def test_add_never_crashes_on_a_rate_or_burst(monkeypatch, runtime: dict, bursts: dict) -> None:
+def test_add_never_crashes_on_a_rate_or_burst(runtime: dict, bursts: dict) -> None:
     """Through the entry point, every rate and burst gives a shaped ADD or code 7, never 999."""
     import tempfile
 
-    FakeKernel(monkeypatch)
+    kernel = FakeKernel()
     with tempfile.TemporaryDirectory() as tmp:
         env, c = _node(
             Path(tmp), shaping=bursts, capabilities={"bandwidth": True}, runtimeConfig={"bandwidth": runtime}
         )
-        code, out = _run("ADD", env, c)
+        code, out = _run(kernel, "ADD", env, c)
     assert code == 0 or out["code"] == 7, out
 
 
-def test_unshaped_add_records_nothing_and_del_leaves_shaping_alone(tmp_path, monkeypatch) -> None:
-    kernel = FakeKernel(monkeypatch)
+def test_unshaped_add_records_nothing_and_del_leaves_shaping_alone(tmp_path) -> None:
+    kernel = FakeKernel()
     env, conf = _node(tmp_path, shaping=False)
-    code, res = _run("ADD", env, conf)
+    code, res = _run(kernel, "ADD", env, conf)
     assert code == 0 and kernel.shaped == []
     (att,) = _attachments(tmp_path)
     assert att.shaping is None
-    assert _run("CHECK", env, {**conf, "prevResult": res}) == (0, None)
-    assert _run("DEL", env, conf) == (0, None)
+    assert _run(kernel, "CHECK", env, {**conf, "prevResult": res}) == (0, None)
+    assert _run(kernel, "DEL", env, conf) == (0, None)
     assert kernel.removed == []  # never shaped: no netlink round trip for it
 
 
-def test_a_shaping_failure_fails_the_add_and_undoes_it(tmp_path, monkeypatch) -> None:
-    kernel = FakeKernel(monkeypatch)
-    kernel.fail_shaping = NetlinkError(
+def test_a_shaping_failure_fails_the_add_and_undoes_it(tmp_path) -> None:
+    kernel = FakeKernel()
+    kernel.fail["apply_shaping"] = NetlinkError(
         "failed to create ifb device ifb-eth0 in netns /var/run/netns/pod: kernel lacks ifb", lacks="ifb"
     )
     env, conf = _node(tmp_path)
-    code, out = _run("ADD", env, conf)
+    code, out = _run(kernel, "ADD", env, conf)
     assert code == 1 and out["code"] == 102 and out["msg"].endswith("kernel lacks ifb")
     assert kernel.removed == ["eth0"] and _attachments(tmp_path) == []
     # shaping off: the kernel's gap does not matter
     kernel.shaped.clear()
-    assert _run("ADD", env, {**conf, "shaping": False})[0] == 0 and kernel.shaped == []
+    assert _run(kernel, "ADD", env, {**conf, "shaping": False})[0] == 0 and kernel.shaped == []
 
 
-def test_a_later_failure_removes_the_shaping(tmp_path, monkeypatch) -> None:
+def test_a_later_failure_removes_the_shaping(tmp_path) -> None:
     from cni_dra.errors import IpamError
 
-    kernel = FakeKernel(monkeypatch)
-    kernel.fail_ipam = IpamError("failed to allocate: no addresses left")
+    kernel = FakeKernel()
+    kernel.fail["ipam_add"] = IpamError("failed to allocate: no addresses left")
     env, conf = _node(tmp_path)
-    code, out = _run("ADD", env, conf)
+    code, out = _run(kernel, "ADD", env, conf)
     assert code == 1 and "no addresses left" in out["msg"]
     assert len(kernel.shaped) == 1 and kernel.removed == ["eth0"] and kernel.installed is None
     assert _attachments(tmp_path) == []
@@ -775,24 +748,37 @@ def test_a_later_failure_removes_the_shaping(tmp_path, monkeypatch) -> None:
         (None, "adding", True),  # an ADD that never completed may have made its ifb device
     ],
 )
-def test_release_removes_shaping_when_there_may_be_some(monkeypatch, shaping_rec, phase, removes) -> None:
+def test_release_removes_shaping_when_there_may_be_some(shaping_rec, phase, removes) -> None:
     from cni_dra.attach.release import release_attachment
 
-    deleted: list[str] = []
-    monkeypatch.setattr(sublink, "delete_link", lambda ns, name: deleted.append(name) or True)
-    monkeypatch.setattr(
-        shaping, "delete_shaped_link", lambda ns, name: deleted.append(f"{name}+ifb") or (True, True)
-    )
-    att = attachment("c1", netns="/var/run/netns/pod", phase=phase, shaping=shaping_rec)
-    done = release_attachment(att, {}, None)
-    assert deleted == (["eth0+ifb"] if removes else ["eth0"])
+    host = FakeKernel()
+    att = attachment("c1", netns=POD, phase=phase, shaping=shaping_rec)
+
+    def made() -> None:  # the link, and its shaping with an ifb device
+        host.links.clear()
+        host.add_sublink(
+            sublink.SubLinkSpec.macvlan(parent="eth9", netns=POD, ifname="eth0"),
+            parent_link=None,
+            temp="cdra0000000001",
+        )
+        host.rename_and_up(
+            sublink.SubLinkSpec.macvlan(parent="eth9", netns=POD, ifname="eth0"), "cdra0000000001"
+        )
+        host.installed = ShapeInfo("eth0", None, Tbf.for_rate(M), "ifb-eth0", True)
+        host.calls.clear()
+
+    made()
+    done = release_attachment(att, {}, None, host=host)
+    deleted = [op for op, _args in host.calls if op in ("delete_link", "delete_shaped_link")]
+    assert deleted == (["delete_shaped_link"] if removes else ["delete_link"])
+    assert host.link(POD, "eth0") is None
     assert done[0] == "link eth0 deleted in /var/run/netns/pod"
     if removes:
         assert done[1] == "shaping of eth0 (ifb-eth0) removed in /var/run/netns/pod"
     # a netns that is gone or the host's: nothing is touched
-    deleted.clear()
-    release_attachment(att, {}, None, delete_link=False)
-    assert deleted == []
+    made()
+    release_attachment(att, {}, None, host=host, delete_link=False)
+    assert host.calls == [] and host.link(POD, "eth0") is not None
 
 
 # -- status and metrics -------------------------------------------------------------------------
@@ -873,19 +859,9 @@ def test_metrics_show_shaped_rates(tmp_path) -> None:
 # -- STATUS: the kernel's pieces of shaping, probed once per boot ----------------------------------
 
 
-def _status_node(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **conf: Any
-) -> tuple[FakeKernel, dict, dict]:
-    """A node whose NIC exists and whose throwaway probe namespace is faked; no IPAM plugin."""
-    import os
-
-    kernel = FakeKernel(monkeypatch)
-    monkeypatch.setattr(netns, "new_netns", lambda: os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
-    monkeypatch.setattr(
-        shaping,
-        "apply_shaping",
-        lambda ns, ifname, spec, new_link=False: kernel._apply(ns, ifname, spec, new_link),
-    )
+def _status_node(tmp_path: Path, **conf: Any) -> tuple[FakeKernel, dict, dict]:
+    """A node whose NIC exists; no IPAM plugin."""
+    kernel = FakeKernel()
     env, c = _node(tmp_path, **conf)
     del c["ipam"]
     return kernel, {"CNI_PATH": env["CNI_PATH"], "PATH": env["PATH"]}, c
@@ -901,28 +877,24 @@ def test_status_is_code_50_naming_the_missing_piece_and_the_fix(tmp_path, monkey
     from cni_dra.state import owner
     from cni_dra.verbs.status import SHAPING_PROBE_FILE
 
-    kernel, env, conf = _status_node(tmp_path, monkeypatch)
-    kernel.fail_shaping = NetlinkError(
-        "failed to create ifb device ifb-lo in netns /proc/self/fd/5: kernel lacks ifb", lacks="ifb"
-    )  # what ADD raises on such a kernel
-    code, out = _run("STATUS", env, conf)
+    kernel, env, conf = _status_node(tmp_path)
+    kernel.kernel_lacks = "ifb"
+    code, out = _run(kernel, "STATUS", env, conf)
     assert code == 1 and out["code"] == 50 and out["msg"] == LACKS_IFB
-    assert [s.ingress is not None and s.egress is not None for s in kernel.shaped] == [
-        True
-    ]  # both ways, once
+    assert kernel.probes == 1
     probe_file = tmp_path / "state" / SHAPING_PROBE_FILE
     assert not probe_file.exists()  # a gap is never remembered: the operator may load the module
-    assert _run("STATUS", env, conf) == (code, out) and len(kernel.shaped) == 2
+    assert _run(kernel, "STATUS", env, conf) == (code, out) and kernel.probes == 2
     # shaping off: the kernel's gap does not matter, and nothing is probed
-    assert _run("STATUS", env, {**conf, "shaping": False}) == (0, None) and len(kernel.shaped) == 2
+    assert _run(kernel, "STATUS", env, {**conf, "shaping": False}) == (0, None) and kernel.probes == 2
     # the module loaded: the next STATUS passes, and a complete kernel is remembered for the boot
-    kernel.fail_shaping = None
-    assert _run("STATUS", env, conf) == (0, None) and len(kernel.shaped) == 3
+    kernel.kernel_lacks = None
+    assert _run(kernel, "STATUS", env, conf) == (0, None) and kernel.probes == 3
     assert json.loads(probe_file.read_text()) == {"bootID": owner.boot_id(), "lacks": None}
-    assert _run("STATUS", env, conf) == (0, None) and len(kernel.shaped) == 3
-    # another boot: probed again
+    assert _run(kernel, "STATUS", env, conf) == (0, None) and kernel.probes == 3
+    # another boot: probed again (the boot id is the kernel's: no port for it)
     monkeypatch.setattr(owner, "boot_id", lambda: "another-boot")
-    assert _run("STATUS", env, conf) == (0, None) and len(kernel.shaped) == 4
+    assert _run(kernel, "STATUS", env, conf) == (0, None) and kernel.probes == 4
     assert json.loads(probe_file.read_text()) == {"bootID": "another-boot", "lacks": None}
 
 
@@ -936,12 +908,10 @@ def test_status_is_code_50_naming_the_missing_piece_and_the_fix(tmp_path, monkey
         ),
     ],
 )
-def test_status_names_each_piece_and_its_modules(tmp_path, monkeypatch, piece: str, fix: str) -> None:
-    kernel, env, conf = _status_node(tmp_path, monkeypatch)
-    kernel.fail_shaping = NetlinkError(
-        f"failed to shape egress of lo in netns /proc/self/fd/5: kernel lacks {piece}", lacks=piece
-    )
-    code, out = _run("STATUS", env, conf)
+def test_status_names_each_piece_and_its_modules(tmp_path, piece: str, fix: str) -> None:
+    kernel, env, conf = _status_node(tmp_path)
+    kernel.kernel_lacks = piece
+    code, out = _run(kernel, "STATUS", env, conf)
     assert code == 1 and out["code"] == 50
     assert out["msg"] == (
         f'plugin not available: the network shapes traffic ("shaping") and this kernel lacks '
@@ -949,27 +919,21 @@ def test_status_names_each_piece_and_its_modules(tmp_path, monkeypatch, piece: s
     )
 
 
-def test_status_with_shaping_off_does_not_probe(tmp_path, monkeypatch) -> None:
-    _kernel, env, conf = _status_node(tmp_path, monkeypatch, shaping=False)
-
-    def no_probe() -> None:
-        raise AssertionError("probed")
-
-    monkeypatch.setattr(shaping, "probe_kernel", no_probe)
-    assert _run("STATUS", env, conf) == (0, None)
+def test_status_with_shaping_off_does_not_probe(tmp_path) -> None:
+    kernel, env, conf = _status_node(tmp_path, shaping=False)
+    kernel.fail["probe_shaping"] = AssertionError("probed")
+    assert _run(kernel, "STATUS", env, conf) == (0, None)
     assert not (tmp_path / "state").exists()
 
 
-def test_status_when_the_probe_itself_fails_is_code_50_and_not_kept(tmp_path, monkeypatch) -> None:
+def test_status_when_the_probe_itself_fails_is_code_50_and_not_kept(tmp_path) -> None:
     from cni_dra.errors import IOFailureError
 
-    _kernel, env, conf = _status_node(tmp_path, monkeypatch)
-
-    def refused() -> None:
-        raise IOFailureError("failed to create a network namespace: Operation not permitted")
-
-    monkeypatch.setattr(netns, "new_netns", refused)
-    code, out = _run("STATUS", env, conf)
+    kernel, env, conf = _status_node(tmp_path)
+    kernel.fail["probe_shaping"] = IOFailureError(
+        "failed to create a network namespace: Operation not permitted"
+    )
+    code, out = _run(kernel, "STATUS", env, conf)
     assert code == 1 and out["code"] == 50
     assert out["msg"] == (
         "plugin not available: cannot check the kernel's traffic control for shaping: "
@@ -995,12 +959,12 @@ def test_ifb_names_of_the_rule(name: str, ours: bool) -> None:
     assert shaping.is_ifb_name(name) is ours
 
 
-def test_status_keeps_nothing_in_a_state_directory_others_can_write(tmp_path, monkeypatch) -> None:
+def test_status_keeps_nothing_in_a_state_directory_others_can_write(tmp_path) -> None:
     from cni_dra.verbs.status import SHAPING_PROBE_FILE
 
-    kernel, env, conf = _status_node(tmp_path, monkeypatch)
+    kernel, env, conf = _status_node(tmp_path)
     (tmp_path / "state").mkdir()
     (tmp_path / "state").chmod(0o777)
     for n in (1, 2):  # probed each time, answered each time
-        assert _run("STATUS", env, conf) == (0, None) and len(kernel.shaped) == n
+        assert _run(kernel, "STATUS", env, conf) == (0, None) and kernel.probes == n
     assert not (tmp_path / "state" / SHAPING_PROBE_FILE).exists()

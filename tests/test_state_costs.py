@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cni_dra import ipam
 from cni_dra.cni import run
-from cni_dra.netlink import addr, info, shaping, sublink, sysctl
-from cni_dra.protocol.results import IPConfig, Result
 from cni_dra.state import StateStore, fsio
-from tests.builders import device, every_path_a_netns, write_slice
+from tests.builders import device, write_slice
+from tests.fake_host import FakeHost
 
 ADD_COSTS = {"lock": 2, "fdatasync": 2}
 """Reserve (synced; the intent with its IPAM step) and ready (synced)."""
@@ -29,7 +27,7 @@ DEL_COSTS = {"lock": 2}
 SYNCS = ("fsync", "fdatasync", "fsync_dir")
 
 
-def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, str], bytes]:
+def _node(tmp_path: Path) -> tuple[dict[str, str], bytes, FakeHost]:
     write_slice(tmp_path / "slice.yaml", [device("nic-a", "eth9")], name="s")
     conf = {
         "cniVersion": "1.0.0",
@@ -39,47 +37,8 @@ def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, st
         "inventory": str(tmp_path / "slice.yaml"),
         "ipam": {"type": "host-local"},
     }
-    parent = info.LinkInfo(
-        name="eth9",
-        index=7,
-        kind=None,
-        mac="02:00:00:00:00:09",
-        mtu=1500,
-        operstate="UP",
-        admin_up=True,
-        parent_index=None,
-        parent_netnsid=None,
-        mode=None,
-    )
-    link = info.LinkInfo(
-        name="eth0",
-        index=2,
-        kind="macvlan",
-        mac="02:00:00:00:00:01",
-        mtu=1500,
-        operstate="UP",
-        admin_up=True,
-        parent_index=None,
-        parent_netnsid=None,
-        mode=None,
-    )
-    every_path_a_netns(monkeypatch)
-    monkeypatch.setattr(info, "host_link", lambda name: parent if name == "eth9" else None)
-    monkeypatch.setattr(sublink, "create_macvlan", lambda **kw: link)
-    monkeypatch.setattr(
-        shaping,
-        "apply_shaping",
-        lambda netns, ifname, spec, **kw: shaping.ShapeInfo(
-            ifname, spec.egress, spec.ingress, shaping.ifb_name(ifname) if spec.ingress else None
-        ),
-    )
-    monkeypatch.setattr(shaping, "remove_shaping", lambda netns, ifname: True)
-    monkeypatch.setattr(shaping, "delete_shaped_link", lambda netns, ifname: (True, True))
-    monkeypatch.setattr(sysctl, "set_sysctl_in_netns", lambda *a: None)
-    monkeypatch.setattr(addr, "configure_interface", lambda *a, **k: None)
-    monkeypatch.setattr(sublink, "delete_link", lambda *a: True)
-    monkeypatch.setattr(ipam, "ipam_add", lambda *a, **k: Result(ips=[IPConfig(address="192.0.2.5/24")]))
-    monkeypatch.setattr(ipam, "ipam_del", lambda *a, **k: None)
+    host = FakeHost()
+    host.add_nic("eth9", 7)
     env = {
         "CNI_CONTAINERID": "c1",
         "CNI_NETNS": "/var/run/netns/pod",
@@ -87,10 +46,12 @@ def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, st
         "CNI_PATH": "/usr/lib/cni",
         "PATH": "/usr/bin:/bin",
     }
-    return env, json.dumps(conf).encode()
+    return env, json.dumps(conf).encode(), host
 
 
-def _costs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], stdin: bytes) -> dict[str, int]:
+def _costs(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], stdin: bytes, host: FakeHost
+) -> dict[str, int]:
     """Run one verb; count its exclusive lock acquisitions and each sync kind."""
     counts: collections.Counter[str] = collections.Counter()
     real = fcntl.flock
@@ -100,10 +61,10 @@ def _costs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], stdin: bytes) -
             counts["lock"] += 1
         real(fd, op)
 
-    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setattr(fcntl, "flock", flock)  # the state lock (the state layer's, not the host's), counted
     out = io.StringIO()
     with fsio.counting() as plan:
-        assert run(env, stdin, out) == 0, out.getvalue()
+        assert run(env, stdin, out, host=host) == 0, out.getvalue()
     monkeypatch.setattr(fcntl, "flock", real)
     counts.update(op for op in plan.log if op in SYNCS)
     return dict(counts)
@@ -112,11 +73,11 @@ def _costs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], stdin: bytes) -
 def test_add_and_del_take_the_lock_and_sync_as_often_as_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env, stdin = _node(tmp_path, monkeypatch)
+    env, stdin, host = _node(tmp_path)
     for n in range(2):  # a snapshot, then a journal: the verbs' commits append to it
         with StateStore(tmp_path / "state").transaction() as txn:
             txn.add_status_update({"claim": {"uid": f"other-{n}"}})
-    add = _costs(monkeypatch, {**env, "CNI_COMMAND": "ADD"}, stdin)
-    delete = _costs(monkeypatch, {**env, "CNI_COMMAND": "DEL"}, stdin)
+    add = _costs(monkeypatch, {**env, "CNI_COMMAND": "ADD"}, stdin, host)
+    delete = _costs(monkeypatch, {**env, "CNI_COMMAND": "DEL"}, stdin, host)
     assert (add, delete) == (ADD_COSTS, DEL_COSTS)
     assert StateStore(tmp_path / "state").read_files().attachments == []

@@ -21,10 +21,12 @@ from cni_dra import faults
 from cni_dra.attach.rebuild import repair
 from cni_dra.attach.recover import recover
 from cni_dra.errors import StateError, TryAgainLaterError
+from cni_dra.host.kernel import KernelHost
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore
 from cni_dra.state.schema import SCHEMA_VERSION, Owner, migrate
 from cni_dra.state.store import boot_id, current_owner, decode_state, encode_state, owner_alive
+from tests.fake_host import FakeHost
 
 
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
@@ -283,11 +285,11 @@ def test_recover_undoes_stale_intents_and_keeps_live_ones(tmp_path):
                 _att("in-flight", phase="adding", owner=current_owner()),
             ]
         )
-    report = recover(store, environ={})
+    report = recover(store, environ={}, host=KernelHost())
     assert {a.containerID for a in store.read().attachments} == {"done", "in-flight"}
     assert report.errors == []
     assert any("crashed-add" in line and "its process died" in line for line in report.changes)
-    assert recover(store, environ={}).changes == []  # converged
+    assert recover(store, environ={}, host=KernelHost()).changes == []  # converged
 
 
 def test_recover_after_reboot_releases_gone_netns_and_keeps_claims(tmp_path):
@@ -297,7 +299,7 @@ def test_recover_after_reboot_releases_gone_netns_and_keeps_claims(tmp_path):
         txn.set_boot_id("previous-boot")
         txn.set_claims("pod", [_claim("u")])
         txn.put_all([_att("gone", netns=str(tmp_path / "no-such-netns")), _att("alive", netns=live_ns)])
-    report = recover(store, environ={})
+    report = recover(store, environ={}, host=KernelHost())
     got = store.read()
     assert {a.containerID for a in got.attachments} == {"alive"}
     assert got.claims == {"pod": [_claim("u")]} and got.bootID == boot_id()
@@ -312,7 +314,7 @@ def test_repair_restores_backup_and_drops_dead_attachments(tmp_path):
     with store.transaction() as txn:
         txn.put(_att("c2"))
     (tmp_path / "state.json").write_bytes(b'{"schemaVersion": 2, "attac')
-    report = repair(store, environ={})
+    report = repair(store, environ={}, host=FakeHost(every_path_a_netns=False))
     text = "\n".join(report.changes)
     assert "moved the unreadable state.json to state.json.corrupt-" in text
     # the backup is the snapshot's second copy, and the journal (c2) applies to it
@@ -327,7 +329,7 @@ def test_repair_restores_backup_and_drops_dead_attachments(tmp_path):
 
 def test_repair_without_backup_starts_empty_and_says_so(tmp_path):
     (tmp_path / "state.json").write_bytes(b"\x00" * 10)
-    report = repair(StateStore(tmp_path), environ={})
+    report = repair(StateStore(tmp_path), environ={}, host=FakeHost(every_path_a_netns=False))
     assert any("starting from an empty state" in line for line in report.changes)
     assert StateStore(tmp_path).read().attachments == []
 
@@ -372,7 +374,7 @@ def test_recovered_claim_mode_add_leaves_a_failure_record_for_the_agent(tmp_path
                 claim=ClaimRef(namespace="ns", name="c", uid="cu", request="net"),
             )
         )
-    recover(store, environ={})
+    recover(store, environ={}, host=KernelHost())
     got = store.read()
     assert got.attachments == []
     (rec,) = got.statusUpdates
@@ -406,7 +408,7 @@ def test_recover_releases_ipam_of_a_previous_boot_intent_whatever_its_steps(tmp_
                 ),
             ]
         )
-    report = recover(store, environ={"PATH": "/usr/bin:/bin"}, cni_path=[str(bin_dir)])
+    report = recover(store, environ={"PATH": "/usr/bin:/bin"}, host=KernelHost(), cni_path=[str(bin_dir)])
     assert report.errors == []
     assert store.read().attachments == []
     assert log.read_text().split("\n")[:-1] == ["DEL earlier-boot"]
@@ -417,8 +419,7 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
     the agent (the intent's owner) lives on: with its link live it is kept as ready, so its
     DEL is not refused as "ADD in progress" for as long as the agent runs. An intent of a
     live owner without a live link stays in flight."""
-    from cni_dra.attach import rebuild as repair_mod
-    from cni_dra.netlink import shaping
+    from tests.fake_host import nic
 
     me = current_owner()
     store = StateStore(tmp_path)
@@ -430,10 +431,10 @@ def test_repair_keeps_a_live_owners_add_with_a_live_link_as_ready(tmp_path, monk
             ]
         )
     (tmp_path / "state.json").write_bytes(b"\x00" * 10)  # damaged: repair takes the backup copy
-    monkeypatch.setattr(repair_mod, "_live_links", lambda base: {("net", "served", "eth0"): "eth9"})
-    monkeypatch.setattr(repair_mod, "_untracked_links", lambda paths, known, parents: [])
-    monkeypatch.setattr(shaping, "read_shaping", lambda netns, ifname: None)
-    report = repair(store, environ={})
+    host = FakeHost()  # the served ADD's link is live on its parent, without shaping
+    host.add_nic("eth9", 7)
+    host.put_link("/var/run/netns/a", nic("eth0", 3), "eth9")
+    report = repair(store, environ={}, host=host)
     got = {a.containerID: a for a in store.read().attachments}
     assert got["served"].phase == "ready" and got["served"].owner is None
     assert got["in-flight"].phase == "adding" and got["in-flight"].owner == me

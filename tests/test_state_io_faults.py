@@ -263,8 +263,9 @@ def test_a_fault_at_any_state_io_call_commits_all_or_nothing(tmp_path: Path, nam
 def _recover_finds_nothing(d: Path) -> bool:
     """What ``cni-dra state recover`` would do: nothing."""
     from cni_dra.attach.recover import recover
+    from cni_dra.host.kernel import KernelHost
 
-    report = recover(StateStore(d), environ={}, cni_path=str(d.parent / "bin"))
+    report = recover(StateStore(d), environ={}, host=KernelHost(), cni_path=str(d.parent / "bin"))
     return not report.changes and not report.errors
 
 

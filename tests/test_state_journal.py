@@ -21,6 +21,7 @@ from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore, ops, reading
 from cni_dra.state import cache as state_cache
 from cni_dra.state.store import JOURNAL_FILE, encode_state
+from tests.fake_host import FakeHost
 
 
 def _att(cid: str, bw: str = "1G", **kw) -> Attachment:
@@ -123,7 +124,7 @@ def test_a_bad_record_before_good_ones_is_corruption_and_repair_keeps_the_good_p
     with pytest.raises(StateError, match="journal is corrupt") as err:
         _fresh(tmp_path)
     assert err.value.code == 5
-    report = repair(StateStore(tmp_path), environ={})
+    report = repair(StateStore(tmp_path), environ={}, host=FakeHost(every_path_a_netns=False))
     text = "\n".join(report.changes)
     assert "journal records before the bad one" in text
     assert list(tmp_path.glob(f"{JOURNAL_FILE}.corrupt-*"))

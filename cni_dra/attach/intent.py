@@ -75,12 +75,13 @@ def recovery_in_progress(inv: Invocation, att: Attachment, verb: str) -> Recover
 def wait_for_recovery(inv: Invocation, busy: RecoveryInProgressError, deadline: float) -> None:
     """Wait until no live recovery holds the attachment ``busy.key`` (it finished, failed and
     gave the intent back, or its process died), polling the state without the lock; raise
-    ``busy`` (code 11) at ``deadline`` (``time.monotonic()``). An unreadable state ends the
-    wait (the caller's next step reports it)."""
+    ``busy`` (code 11) at ``deadline`` (the host's :meth:`~cni_dra.host.port.Host.monotonic`).
+    An unreadable state ends the wait (the caller's next step reports it)."""
+    host = inv.host
     while True:
-        if time.monotonic() >= deadline:
+        if host.monotonic() >= deadline:
             raise busy
-        time.sleep(_RECOVERY_POLL_S)
+        host.sleep(_RECOVERY_POLL_S)
         try:
             att = inv.store.peek().find(*busy.key)
         except StateError:
@@ -98,7 +99,7 @@ def begin_delete(inv: Invocation) -> Attachment | None:
             return _begin_delete(inv)
         except RecoveryInProgressError as busy:
             if deadline is None:
-                deadline = time.monotonic() + inv.conf.lockTimeoutSeconds
+                deadline = inv.host.monotonic() + inv.conf.lockTimeoutSeconds
             wait_for_recovery(inv, busy, deadline)
 
 
@@ -120,7 +121,6 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
             att = txn.find(*key)
             if att is None:
                 from cni_dra.attach.release import names_recorded_netns
-                from cni_dra.netlink.netns import netns_identity_or_none
 
                 # A placeholder that ``state repair`` made for this pod's untracked link (the
                 # same namespace by identity: repair names it /var/run/netns/..., the runtime
@@ -133,8 +133,8 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
                         or not inv.env.netns
                     ):
                         continue
-                    ident = ident or netns_identity_or_none(inv.env.netns)
-                    if names_recorded_netns(placeholder, inv.env.netns, ident):
+                    ident = ident or inv.host.netns_identity_or_none(inv.env.netns)
+                    if names_recorded_netns(placeholder, inv.env.netns, ident, inv.host):
                         txn.remove(*placeholder.key)
                         log.info("DEL %s: released the repair placeholder of %s", key, placeholder.ifname)
                         break

@@ -18,6 +18,7 @@ from cni_dra.state.schema import PreparedClaim, PreparedResult
 
 if TYPE_CHECKING:
     from cni_dra.dra.objects import ResourceSlice
+    from cni_dra.host.port import Host
 
 __all__ = ["Concurrently", "Invocation", "claim_results_for", "ipam_codes"]
 
@@ -34,6 +35,17 @@ class Invocation:
     # allocation result whose device profile ``conf`` carries (None: none, standalone);
     # Ellipsis: ``conf`` is the runtime's as parsed, no profile looked for yet.
     profile_source: tuple[PreparedClaim, PreparedResult] | None | EllipsisType = ...
+    # The machine the verb works on (cni_dra.host.port.Host), handed in by the CNI entry
+    # point (cni_dra.cni.run) or a test. None: no verb can run on this invocation.
+    port: Host | None = None
+
+    @property
+    def host(self) -> Host:
+        """The :class:`~cni_dra.host.port.Host` every effect of this invocation goes through.
+        Raises RuntimeError when none was handed in (a bug: :func:`cni_dra.cni.run` always does)."""
+        if self.port is None:
+            raise RuntimeError("no host handed to this invocation")
+        return self.port
 
     @cached_property
     def store(self) -> StateStore:
@@ -63,7 +75,12 @@ class Invocation:
         """This invocation with ``conf`` as its config (a device profile applied, from the
         result ``profile_source``), sharing its state store and inventory once loaded."""
         other = Invocation(
-            env=self.env, conf=conf, raw=self.raw, environ=self.environ, profile_source=profile_source
+            env=self.env,
+            conf=conf,
+            raw=self.raw,
+            environ=self.environ,
+            profile_source=profile_source,
+            port=self.port,
         )
         for name in ("store", "inventory", "fractional_capacity_range"):
             if name in self.__dict__:

@@ -25,6 +25,7 @@ from cni_dra.state.schema import Attachments
 
 if TYPE_CHECKING:
     from cni_dra.dra.objects import ResourceSlice
+    from cni_dra.host.port import Host
     from cni_dra.netlink.netns import NetnsIdentity
 
 __all__ = ["REPAIR_NETWORK", "repair"]
@@ -32,20 +33,19 @@ __all__ = ["REPAIR_NETWORK", "repair"]
 log = logging.getLogger("cni_dra.repair")
 
 
-def _live_links(state: NodeState) -> dict[tuple[str, str, str], str]:
+def _live_links(state: NodeState, host: Host) -> dict[tuple[str, str, str], str]:
     """Attachment key → host parent name, for each attachment whose link is alive in the
     namespace it was added in (:func:`~cni_dra.attach.release.recorded_netns_path`: a path
     that names another namespace now does not count)."""
     from cni_dra.attach.release import recorded_netns_path
-    from cni_dra.netlink import info
 
     out = {}
     for att in state.attachments:
-        where = recorded_netns_path(att)
+        where = recorded_netns_path(att, host)
         if where is None:
             continue
         try:
-            parent = info.host_parent_of(where, att.ifname)
+            parent = host.host_parent_of(where, att.ifname)
         except CniError:
             continue
         if parent is not None:
@@ -53,71 +53,60 @@ def _live_links(state: NodeState) -> dict[tuple[str, str, str], str]:
     return out
 
 
-def _netns_usable(path: str) -> bool:
+def _netns_usable(path: str, host: Host) -> bool:
     """True when ``path`` is a live netns other than the host's (errors count as unusable)."""
-    from cni_dra.netlink.netns import is_host_netns, netns_exists
-
     if not path:
         return False
     try:
-        return netns_exists(path) and not is_host_netns(path)
+        ident = host.netns_lookup(path)
     except CniError:
         return False
+    return ident is not None and ident != host.host_netns_identity()
 
 
 REPAIR_NETWORK = "cni-dra-repair"
 """Network name of the placeholder attachments ``state repair`` makes for untracked live links."""
 
 
-def _pod_netns_paths() -> list[str]:
+def _pod_netns_paths(host: Host) -> list[str]:
     """Every usable network namespace under ``/var/run/netns`` but the host's, sorted."""
-    import os
-
-    try:
-        names = sorted(os.listdir("/var/run/netns"))
-    except OSError:
-        return []
-    return [path for path in (f"/var/run/netns/{name}" for name in names) if _netns_usable(path)]
+    return [path for path in host.netns_dir_paths() if _netns_usable(path, host)]
 
 
 def _known_links(
-    state: NodeState, live: Mapping[tuple[str, str, str], str]
+    state: NodeState, live: Mapping[tuple[str, str, str], str], host: Host
 ) -> set[tuple[NetnsIdentity, str]]:
     """(namespace identity, ifname) of the attachments' live links (``live``: :func:`_live_links`):
     a namespace is the same whatever path names it."""
-    from cni_dra.netlink.netns import netns_identity_or_none
-
     out: set[tuple[NetnsIdentity, str]] = set()
     for att in state.attachments:
         if att.key in live:
-            ident = att.netnsIdentity if att.netnsIdentity is not None else netns_identity_or_none(att.netns)
+            ident = (
+                att.netnsIdentity if att.netnsIdentity is not None else host.netns_identity_or_none(att.netns)
+            )
             if ident is not None:
                 out.add((ident, att.ifname))
     return out
 
 
 def _untracked_links(
-    paths: Sequence[str], known: set[tuple[NetnsIdentity, str]], parents: set[str]
+    paths: Sequence[str], known: set[tuple[NetnsIdentity, str]], parents: set[str], host: Host
 ) -> list[tuple[str, str, str, str]]:
     """Macvlan/ipvlan links in the namespaces ``paths`` on an inventory NIC that no
     attachment names (``known``: :func:`_known_links`, by namespace identity, so a pod added
     as ``/run/netns/x`` is found tracked under ``/var/run/netns/x``): (netns path, link name,
     link kind, parent host name)."""
-    from cni_dra.netlink import info
-    from cni_dra.netlink.netns import in_netns, netns_identity
-
     found: list[tuple[str, str, str, str]] = []
     for path in paths:
         try:
-            ident = netns_identity(path)
-            with in_netns(path):
-                kids = [
-                    (li.name, li.kind) for li in info.list_host_links() if li.kind in ("macvlan", "ipvlan")
-                ]
+            ident = host.netns_identity(path)
+            kids = [
+                (li.name, li.kind) for li in host.links_in_netns(path) if li.kind in ("macvlan", "ipvlan")
+            ]
             for kid, kind in kids:
                 if (ident, kid) in known:
                     continue
-                parent = info.host_parent_of(path, kid)
+                parent = host.host_parent_of(path, kid)
                 if parent is not None and parent.name in parents:
                     found.append((path, kid, str(kind), parent.name))
         except CniError:
@@ -125,14 +114,12 @@ def _untracked_links(
     return found
 
 
-def _remove_leaked_ifbs(paths: Sequence[str], report: RecoveryReport) -> None:
+def _remove_leaked_ifbs(paths: Sequence[str], report: RecoveryReport, host: Host) -> None:
     """Delete the ifb devices in ``paths`` whose shaped link is gone and that no record
     names any more (:func:`cni_dra.netlink.shaping.remove_leaked_ifbs`); one change each."""
-    from cni_dra.netlink import shaping
-
     for path in paths:
         try:
-            removed = shaping.remove_leaked_ifbs(path)
+            removed = host.remove_leaked_ifbs(path)
         except CniError as exc:
             report.errors.append(f"leaked ifb devices in {path}: {exc.msg}")
             continue
@@ -146,6 +133,7 @@ def repair(
     cni_path: Sequence[str] | None = None,
     parents: Sequence[str] = (),
     slice_: ResourceSlice | None = None,
+    host: Host,
 ) -> RecoveryReport:
     """Rebuild the state file from the last good backup plus the live links (``cni-dra state repair``).
 
@@ -181,17 +169,19 @@ def repair(
     from cni_dra.netlink.sublink import is_temp_name
 
     report = RecoveryReport()
-    paths = _pod_netns_paths()
+    paths = _pod_netns_paths(host)
     with store.replace() as view:
         base = _repair_base(store, view, report)
         if base is not None:
-            live = _live_links(base)
-            kept = _reconcile(base.attachments, live, environ, cni_path, report, lost=_records_lost(view))
-            found = _untracked_links(paths, _known_links(base, live), set(parents))
-            kept += _charge_untracked([f for f in found if not is_temp_name(f[1])], slice_, report)
-            _remove_temp_links([f for f in found if is_temp_name(f[1])], kept, report)
+            live = _live_links(base, host)
+            kept = _reconcile(
+                base.attachments, live, environ, cni_path, report, host=host, lost=_records_lost(view)
+            )
+            found = _untracked_links(paths, _known_links(base, live, host), set(parents), host)
+            kept += _charge_untracked([f for f in found if not is_temp_name(f[1])], slice_, report, host)
+            _remove_temp_links([f for f in found if is_temp_name(f[1])], kept, report, host)
             view.write(base.model_copy(update={"attachments": Attachments(kept), "bootID": boot_id()}))
-    _remove_leaked_ifbs(paths, report)
+    _remove_leaked_ifbs(paths, report, host)
     return report
 
 
@@ -239,6 +229,7 @@ def _reconcile(
     cni_path: Sequence[str] | None,
     report: RecoveryReport,
     *,
+    host: Host,
     lost: bool,
 ) -> list[Attachment]:
     """The attachments repair keeps (see :func:`repair`); the others are released.
@@ -257,14 +248,14 @@ def _reconcile(
             keep.append(att)
             continue
         if att.phase == "adding" and lost and parent == att.parent:
-            keep.append(_as_ready(att, parent, report))
+            keep.append(_as_ready(att, parent, report, host))
             continue
         if att.phase != "ready" and owner_alive(att.owner):
             keep.append(att)
             continue
         try:
             earlier = att.owner is not None and bool(att.owner.boot) and att.owner.boot != boot_id()
-            what = undo_attachment(att, environ, cni_path, earlier_boot=earlier)
+            what = undo_attachment(att, environ, cni_path, host=host, earlier_boot=earlier)
         except CniError as exc:
             report.errors.append(f"{describe_attachment(att)}: {exc.msg}; kept")
             keep.append(att)
@@ -274,7 +265,7 @@ def _reconcile(
     return keep
 
 
-def _as_ready(att: Attachment, parent: str, report: RecoveryReport) -> Attachment:
+def _as_ready(att: Attachment, parent: str, report: RecoveryReport, host: Host) -> Attachment:
     """``att`` (an ``adding`` intent whose link is live on ``parent``) as a ``ready``
     attachment recording the shaping found on its link (read back from the kernel: an
     empty record when none was found, so that its DEL still removes an ifb device the ADD
@@ -283,11 +274,10 @@ def _as_ready(att: Attachment, parent: str, report: RecoveryReport) -> Attachmen
     import time
 
     from cni_dra.attach.shaping_plan import record
-    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
     from cni_dra.state.schema import ready_at
 
     try:
-        found = tc.read_shaping(att.netns, att.ifname)
+        found = host.read_shaping(att.netns, att.ifname)
     except CniError as exc:
         report.errors.append(f"{describe_attachment(att)}: {exc.msg}; its shaping is not recorded")
         found = None
@@ -318,24 +308,23 @@ def _shaping_words(recorded: Mapping[str, Any]) -> str:
 
 
 def _remove_temp_links(
-    found: Sequence[tuple[str, str, str, str]], kept: Sequence[Attachment], report: RecoveryReport
+    found: Sequence[tuple[str, str, str, str]], kept: Sequence[Attachment], report: RecoveryReport, host: Host
 ) -> None:
     """Delete the links of ``found`` (:func:`_untracked_links`) left under a temporary name,
     except those an ADD still running may be renaming (the names of its ``tempName``)."""
-    from cni_dra.netlink import sublink
-    from cni_dra.netlink.netns import netns_identity_or_none
+    from cni_dra.netlink.sublink import temp_names
 
     running = {
         (ident, name)
         for a in kept
-        if a.tempName and a.phase == "adding" and (ident := netns_identity_or_none(a.netns)) is not None
-        for name in sublink.temp_names(a.tempName)
+        if a.tempName and a.phase == "adding" and (ident := host.netns_identity_or_none(a.netns)) is not None
+        for name in temp_names(a.tempName)
     }
     for netns, kid, _kind, _parent in found:
-        if (netns_identity_or_none(netns), kid) in running:
+        if (host.netns_identity_or_none(netns), kid) in running:
             continue
         try:
-            if sublink.delete_link(netns, kid):
+            if host.delete_link(netns, kid):
                 report.changes.append(f"removed leaked temporary link {kid} in {netns}")
         except CniError as exc:
             report.errors.append(f"leaked temporary link {kid} in {netns}: {exc.msg}")
@@ -345,9 +334,9 @@ def _charge_untracked(
     found: Sequence[tuple[str, str, str, str]],
     slice_: ResourceSlice | None,
     report: RecoveryReport,
+    host: Host,
 ) -> list[Attachment]:
     """Placeholder attachments charging untracked links on inventory NICs (see :func:`repair`)."""
-    from cni_dra.netlink.netns import netns_identity_or_none
 
     out: list[Attachment] = []
     by_parent = {}
@@ -367,7 +356,7 @@ def _charge_untracked(
                 containerID=f"repair-{netns.rsplit('/', 1)[-1]}"[:128],
                 ifname=kid,
                 netns=netns,
-                netnsIdentity=netns_identity_or_none(netns),
+                netnsIdentity=host.netns_identity_or_none(netns),
                 driver=slice_.spec.driver,
                 pool=slice_.spec.pool.name,
                 device=device.name,

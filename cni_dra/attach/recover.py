@@ -35,12 +35,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cni_dra.attach.invocation import Invocation
 from cni_dra.errors import CniError, TryAgainLaterError
 from cni_dra.state import Attachment, NodeState, StateStore
 from cni_dra.state.owner import boot_id, current_owner, owner_alive
 from cni_dra.state.schema import STEP_IPAM, STEP_LINK, Owner
+
+if TYPE_CHECKING:
+    from cni_dra.host.port import Host
 
 __all__ = ["RecoveryReport", "describe_attachment", "recover", "recover_pending", "undo_attachment"]
 
@@ -60,19 +64,22 @@ def _same_owner(a: Owner | None, b: Owner) -> bool:
     return a is not None and (a.pid, a.start, a.boot) == (b.pid, b.start, b.boot)
 
 
-def _netns_gone(path: str) -> bool:
-    from cni_dra.netlink.netns import netns_exists
-
+def _netns_gone(path: str, host: Host) -> bool:
     if not path:
         return True
     try:
-        return not netns_exists(path)
+        return host.netns_lookup(path) is None
     except CniError:
         return False  # exists but is odd: not ours to judge gone
 
 
 def undo_attachment(
-    att: Attachment, environ: Mapping[str, str], cni_path: Sequence[str] | None, *, earlier_boot: bool = False
+    att: Attachment,
+    environ: Mapping[str, str],
+    cni_path: Sequence[str] | None,
+    *,
+    host: Host,
+    earlier_boot: bool = False,
 ) -> str:
     """Undo (``adding``) or finish (``deleting``, ``ready``) one attachment's side effects.
 
@@ -88,16 +95,16 @@ def undo_attachment(
     )
 
     finishing = att.phase != "adding"
-    where = recorded_netns_path(att)
+    where = recorded_netns_path(att, host)
     if where is not None and (finishing or STEP_LINK not in att.steps):
-        where = recorded_link_place(att)
+        where = recorded_link_place(att, host)
     # ``earlier_boot``: the intent's owner ran in an earlier boot; records of older versions
     # kept their steps unsynced, so the last may be lost: release IPAM anyway (an IPAM DEL
     # of nothing is a no-op). STEP_LINK is only in such older records.
     ipam = finishing or STEP_LINK in att.steps or STEP_IPAM in att.steps or earlier_boot
-    done = release_temp_link(att)  # an ADD killed before its rename
+    done = release_temp_link(att, host)  # an ADD killed before its rename
     done += release_attachment(
-        att, environ, cni_path, delete_link=where is not None, release_ipam=ipam, netns=where
+        att, environ, cni_path, host=host, delete_link=where is not None, release_ipam=ipam, netns=where
     )
     done.append(f"{_charge(att)} on {att.device} released")
     return "; ".join(done)
@@ -121,11 +128,16 @@ def _anything_to_do(st: NodeState, boot: str) -> bool:
 
 
 def recover(
-    store: StateStore, *, environ: Mapping[str, str], cni_path: Sequence[str] | None = None
+    store: StateStore,
+    *,
+    environ: Mapping[str, str],
+    host: Host,
+    cni_path: Sequence[str] | None = None,
 ) -> RecoveryReport:
     """Finish or undo stale intents and release attachments lost in a reboot (module docstring).
 
     ``environ``: base environment for IPAM plugins (CNI_PATH from ``cni_path`` when given).
+    ``host``: the machine (:class:`cni_dra.host.port.Host`) links and IPAM are released on.
     Returns the report. Raises StateError (5) for an unreadable state file and
     TryAgainLaterError (11) on lock timeout; per-attachment failures go to ``errors``.
     """
@@ -144,7 +156,7 @@ def recover(
                 if owner_alive(att.owner):
                     continue
                 why = "its process died"
-            elif rebooted and _netns_gone(att.netns):
+            elif rebooted and _netns_gone(att.netns, host):
                 why = "the node rebooted and its netns is gone"
             else:
                 continue
@@ -160,7 +172,7 @@ def recover(
             txn.set_boot_id(boot)
     for att, earlier, was in work:
         try:
-            what = undo_attachment(att, environ, cni_path, earlier_boot=earlier)
+            what = undo_attachment(att, environ, cni_path, host=host, earlier_boot=earlier)
         except CniError as exc:
             report.errors.append(f"{describe_attachment(att)}: {exc.msg}")
             log.error("recovery of %s failed: %s", att.key, exc.msg)
@@ -201,4 +213,4 @@ def _give_back(store: StateStore, att: Attachment, me: Owner, was: Owner | None)
 
 def recover_pending(inv: Invocation) -> RecoveryReport:
     """:func:`recover` for a plugin invocation (start of ADD, DEL, GC). Raises as :func:`recover`."""
-    return recover(inv.store, environ=inv.environ, cni_path=inv.env.path)
+    return recover(inv.store, environ=inv.environ, host=inv.host, cni_path=inv.env.path)

@@ -29,11 +29,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cni_dra.attach.invocation import Concurrently, ipam_codes
 from cni_dra.errors import CniError
 from cni_dra.faults import fault_point
 from cni_dra.state import Attachment
+
+if TYPE_CHECKING:
+    from cni_dra.host.port import Host
 
 __all__ = [
     "IpamRelease",
@@ -63,6 +67,7 @@ def release(
     delete_link: bool,
     ipam: IpamRelease | None,
     cni_path: Sequence[str] | None,
+    host: Host,
     faults: str | None = None,
     shaped: bool = True,
 ) -> list[str]:
@@ -73,8 +78,7 @@ def release(
     the link is gone, ``del:link-deleted``; after IPAM, ``del:ipam-released``). Returns what
     was done, in words. Raises as the module docstring says.
     """
-    from cni_dra import ipam as ipam_plugins
-    from cni_dra.netlink import shaping, sublink  # called through the module: the seam tests patch
+    from cni_dra.netlink.shaping import ifb_name
 
     done: list[str] = []
     pending = None
@@ -82,18 +86,18 @@ def release(
         path = list(cni_path) if cni_path else None
         if ipam.type == "dhcp":  # the release goes out through the link: before it is deleted
             with ipam_codes():
-                ipam_plugins.ipam_del(ipam.type, ipam.config, ipam.environ, path)
+                host.ipam_del(ipam.type, ipam.config, ipam.environ, path)
             done.append(f"IPAM {ipam.type} released")
         else:
-            pending = Concurrently(lambda: ipam_plugins.ipam_del(ipam.type, ipam.config, ipam.environ, path))
+            pending = Concurrently(lambda: host.ipam_del(ipam.type, ipam.config, ipam.environ, path))
     try:
         if delete_link and shaped:
-            link_gone, ifb_gone = shaping.delete_shaped_link(netns, ifname)
+            link_gone, ifb_gone = host.delete_shaped_link(netns, ifname)
             if ifb_gone:
-                done.insert(0, f"shaping of {ifname} ({shaping.ifb_name(ifname)}) removed in {netns}")
+                done.insert(0, f"shaping of {ifname} ({ifb_name(ifname)}) removed in {netns}")
             if link_gone:
                 done.insert(0, f"link {ifname} deleted in {netns}")
-        elif delete_link and sublink.delete_link(netns, ifname):
+        elif delete_link and host.delete_link(netns, ifname):
             done.insert(0, f"link {ifname} deleted in {netns}")
         if faults:
             fault_point(f"{faults}:link-deleted")
@@ -118,6 +122,7 @@ def release_attachment(
     environ: Mapping[str, str],
     cni_path: Sequence[str] | None,
     *,
+    host: Host,
     delete_link: bool = True,
     release_ipam: bool = True,
     netns: str | None = None,
@@ -141,11 +146,17 @@ def release_attachment(
         ipam = IpamRelease(att.ipamType, att.ipamConf.encode(), env)
     shaped = att.shaping is not None or att.phase == "adding"
     return release(
-        netns or att.netns, att.ifname, delete_link=delete_link, ipam=ipam, cni_path=cni_path, shaped=shaped
+        netns or att.netns,
+        att.ifname,
+        delete_link=delete_link,
+        ipam=ipam,
+        cni_path=cni_path,
+        host=host,
+        shaped=shaped,
     )
 
 
-def release_temp_link(att: Attachment) -> list[str]:
+def release_temp_link(att: Attachment, host: Host) -> list[str]:
     """Delete the link an ADD of ``att`` left under the temporary name its intent records
     (``tempName``: killed between creating the link and renaming it), when it is still in
     the attachment's netns on the recorded parent
@@ -153,30 +164,26 @@ def release_temp_link(att: Attachment) -> list[str]:
     Nothing when no name is recorded, or the recorded namespace is gone (its path names
     no namespace and it is found nowhere else: :func:`recorded_netns_path`) or is the host's. Raises
     NetlinkError (102)."""
-    from cni_dra.netlink import sublink  # called through the module: the seam tests patch
-
-    where = recorded_netns_path(att) if att.tempName else None
+    where = recorded_netns_path(att, host) if att.tempName else None
     if where is None:
         return []
-    gone = sublink.delete_temp_links(where, att.tempName or "", att.parent)
+    gone = host.delete_temp_links(where, att.tempName or "", att.parent)
     return [f"temporary link {name} deleted in {where}" for name in gone]
 
 
-def names_recorded_netns(att: Attachment, path: str, ident: tuple[int, int] | None) -> bool:
+def names_recorded_netns(att: Attachment, path: str, ident: tuple[int, int] | None, host: Host) -> bool:
     """Whether ``path``, whose namespace identity is ``ident`` (None: it names none), is the
     namespace ``att`` was added in: by the recorded identity; for a record written before
     identities were recorded, by :func:`~cni_dra.netlink.netns.same_netns` of the paths
     (equal strings match without a look)."""
-    from cni_dra.netlink import netns  # called through the module: the seam tests patch
-
     if att.netnsIdentity is not None:
         return ident is not None and att.netnsIdentity == ident
     if path == att.netns:
         return True
-    return ident is not None and bool(att.netns) and netns.netns_identity_or_none(att.netns) == ident
+    return ident is not None and bool(att.netns) and host.netns_identity_or_none(att.netns) == ident
 
 
-def recorded_netns_path(att: Attachment) -> str | None:
+def recorded_netns_path(att: Attachment, host: Host) -> str | None:
     """A path that names the namespace ``att`` was added in now, other than the host's, or
     None. Its recorded path when that still names it: the same identity (``netnsIdentity``),
     or, for a record without one, any live network namespace there. Else, for a record with
@@ -185,23 +192,21 @@ def recorded_netns_path(att: Attachment) -> str | None:
     path was a symlink pointed elsewhere since). None: gone (its links went with it), or
     named by no path cni-dra knows. A path that names nothing now, or something that is not
     a namespace, or cannot be looked at, is not it. Never raises."""
-    from cni_dra.netlink import netns  # called through the module: the seam tests patch
-
     if not att.netns:
         return None
     try:
-        ident = netns.netns_lookup(att.netns)
+        ident = host.netns_lookup(att.netns)
     except CniError:
         ident = None
     if ident is not None and (att.netnsIdentity is None or att.netnsIdentity == ident):
-        return None if ident == netns.host_netns_identity() else att.netns
+        return None if ident == host.host_netns_identity() else att.netns
     if att.netnsIdentity is None:
         return None
-    found = netns.find_netns(att.netnsIdentity)
-    return None if found is None or att.netnsIdentity == netns.host_netns_identity() else found
+    found = host.find_netns(att.netnsIdentity)
+    return None if found is None or att.netnsIdentity == host.host_netns_identity() else found
 
 
-def recorded_link_place(att: Attachment) -> str | None:
+def recorded_link_place(att: Attachment, host: Host) -> str | None:
     """Where DEL (when the runtime does not name the recorded namespace), GC and recovery may
     delete ``att``'s link by name, or None: the namespace it was added in
     (:func:`recorded_netns_path`), when the link of its ifname there is absent (then only an
@@ -209,15 +214,13 @@ def recorded_link_place(att: Attachment) -> str | None:
     have the dead one's inode (the kernel reuses them): a link of that name on another NIC,
     or on none, is someone else's. Costs up to two netlink requests. Never raises (a
     failed look: None)."""
-    from cni_dra.netlink import info  # called through the module: the seam tests patch
-
-    path = recorded_netns_path(att)
+    path = recorded_netns_path(att, host)
     if path is None:
         return None
     try:
-        if info.link_in_netns(path, att.ifname) is None:
+        if host.link_in_netns(path, att.ifname) is None:
             return path
-        parent = info.host_parent_of(path, att.ifname)
+        parent = host.host_parent_of(path, att.ifname)
     except CniError:
         return None
     return path if parent is not None and parent.name == att.parent else None

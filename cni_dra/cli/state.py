@@ -68,9 +68,12 @@ def _cni_path(value: str) -> list[str]:
 def recover_cmd(state_dir: str, cni_path: str, as_json: bool) -> None:
     """Finish or undo interrupted ADD/DEL runs; release attachments of a previous boot whose netns is gone."""
     from cni_dra.attach.recover import recover
+    from cni_dra.host.kernel import KernelHost
     from cni_dra.state import StateStore
 
-    report = recover(StateStore(state_dir), environ=dict(os.environ), cni_path=_cni_path(cni_path))
+    report = recover(
+        StateStore(state_dir), environ=dict(os.environ), host=KernelHost(), cni_path=_cni_path(cni_path)
+    )
     _print(report, as_json)
 
 
@@ -97,6 +100,7 @@ def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> 
     and ifb devices that shape no link any more are deleted."""
     from cni_dra.attach.rebuild import repair
     from cni_dra.errors import CniError
+    from cni_dra.host.kernel import KernelHost
     from cni_dra.state import StateStore
 
     parents: list[str] = []
@@ -115,5 +119,6 @@ def repair_cmd(state_dir: str, cni_path: str, inventory: str, as_json: bool) -> 
         cni_path=_cni_path(cni_path),
         parents=parents,
         slice_=slice_,
+        host=KernelHost(),
     )
     _print(report, as_json)

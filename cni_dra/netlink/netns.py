@@ -37,7 +37,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from cni_dra.errors import CniError, ContainerUnknownError, InvalidEnvironmentError, IOFailureError
 
@@ -61,6 +61,9 @@ __all__ = [
     "in_netns",
     "in_netns_fd",
     "new_netns",
+    "pin_table",
+    "entered_handle",
+    "set_entered_handle",
 ]
 
 NetnsIdentity = tuple[int, int]
@@ -176,7 +179,14 @@ def open_netns(path: str) -> int:
     a component of it is not a directory: ``/etc/passwd/x`` names nothing),
     :class:`InvalidEnvironmentError` (code 4) if it is not a network namespace or
     cannot be opened (permission, a symlink loop, a name too long...).
+
+    While a handle of ``path`` is pinned by the calling thread
+    (:class:`cni_dra.netlink.handle.NetnsHandle`), the answer is a duplicate of its
+    descriptor: the path is not opened again.
     """
+    pinned = _pinned_handle(path)
+    if pinned is not None:
+        return os.dup(pinned.fd())
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError as exc:
@@ -372,6 +382,10 @@ def in_netns_fd(fd: int, label: str = "") -> Iterator[None]:
     messages.
     """
     name = label or f"fd {fd}"
+    inside = getattr(_local, "inside", None)
+    if inside is not None and inside.refers_to(fd):  # already there (a handle's entered block)
+        yield
+        return
     try:
         orig_fd = os.open(_THREAD_SELF_NET, os.O_RDONLY | os.O_CLOEXEC)
         orig_st = os.fstat(orig_fd)
@@ -391,9 +405,11 @@ def in_netns_fd(fd: int, label: str = "") -> Iterator[None]:
         if depth == 0:
             _local.outermost = orig_identity
         _local.depth = depth + 1
+        _local.inside = None  # in another namespace now (a handle's entered block marks its own)
         try:
             yield
         finally:
+            _local.inside = inside
             _local.depth = depth
             if depth == 0:
                 _local.outermost = None
@@ -438,3 +454,34 @@ def in_netns(path: str) -> Iterator[None]:
             yield
     finally:
         os.close(fd)
+
+
+class _Pinned(Protocol):
+    """What :mod:`cni_dra.netlink.handle` pins for a path (its ``NetnsHandle``)."""
+
+    def fd(self) -> int: ...
+
+    def refers_to(self, fd: int) -> bool: ...
+
+
+def _pinned_handle(path: str) -> _Pinned | None:
+    pinned: dict[str, _Pinned] | None = getattr(_local, "pinned", None)
+    return pinned.get(path) if pinned else None
+
+
+def pin_table() -> dict[str, _Pinned]:
+    """The calling thread's pinned namespace handles, path → handle
+    (:meth:`cni_dra.netlink.handle.NetnsHandle.pinned` fills it)."""
+    table: dict[str, _Pinned] | None = getattr(_local, "pinned", None)
+    if table is None:
+        table = _local.pinned = {}
+    return table
+
+
+def entered_handle() -> _Pinned | None:
+    """The handle whose namespace the calling thread is in by its ``entered`` block, if any."""
+    return getattr(_local, "inside", None)
+
+
+def set_entered_handle(handle: _Pinned | None) -> None:
+    _local.inside = handle

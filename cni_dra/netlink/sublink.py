@@ -56,6 +56,8 @@ __all__ = [
     "TEMP_NAME_PREFIX",
     "SubLinkSpec",
     "create_sublink",
+    "add_in_netns",
+    "rename_and_up",
     "create_macvlan",
     "create_ipvlan",
     "delete_link",
@@ -247,6 +249,14 @@ def create_sublink(
     :func:`temp_names`. ``mtu`` above the parent's is InvalidConfigError (7). Nothing is
     left behind on failure. Raises as the module docstring says.
     """
+    made = add_in_netns(spec, parent_link=parent_link, temp=temp)
+    fault_point("add:link-temp")  # crash tests: the link exists under its temporary name
+    return rename_and_up(spec, made)
+
+
+def add_in_netns(spec: SubLinkSpec, *, parent_link: LinkInfo | None = None, temp: str | None = None) -> str:
+    """The host-side half of :func:`create_sublink`: make ``spec`` directly in its netns
+    (IFLA_NET_NS_FD, from the host namespace) under a temporary name; return that name."""
     fd = open_netns(spec.netns)
     try:
         st = os.fstat(fd)
@@ -254,10 +264,18 @@ def create_sublink(
             raise InvalidEnvironmentError(
                 f"failed to create {spec.kind} {spec.ifname}: netns {spec.netns} is the host network namespace"
             )
-        made = _add_in_netns(spec, fd, parent_link, temp or temp_name())
-        fault_point("add:link-temp")  # crash tests: the link exists under its temporary name
+        return _add_in_netns(spec, fd, parent_link, temp or temp_name())
+    finally:
+        os.close(fd)
+
+
+def rename_and_up(spec: SubLinkSpec, temp: str) -> LinkInfo:
+    """The pod-side half of :func:`create_sublink`: in ``spec.netns``, rename ``temp`` to
+    ``spec.ifname`` and set it up (one RTM_SETLINK); the link is deleted on failure."""
+    fd = open_netns(spec.netns)
+    try:
         with in_netns_fd(fd, spec.netns), sockets.iproute() as ipr:
-            return _rename_and_up(ipr, spec, made)
+            return _rename_and_up(ipr, spec, temp)
     finally:
         os.close(fd)
 

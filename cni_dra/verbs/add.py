@@ -60,8 +60,10 @@ from cni_dra.state import Attachment, NodeState
 
 if TYPE_CHECKING:
     from cni_dra.dra.objects import ResourceSlice
+    from cni_dra.host.port import Host
     from cni_dra.netlink.info import LinkInfo
     from cni_dra.netlink.netns import NetnsIdentity
+    from cni_dra.netlink.sublink import SubLinkSpec
     from cni_dra.netlink.tbf import ShapeSpec
 from cni_dra.attach.intent import AddIntent
 from cni_dra.attach.invocation import Concurrently, Invocation, ipam_codes
@@ -82,13 +84,13 @@ def cmd_add(runtime: Invocation) -> Result:
     merged into the runtime's config before it is parsed), and every step after sees that
     one object."""
     from cni_dra.attach.recover import recover_pending
-    from cni_dra.netlink import addr, netns  # called through the module: the seam tests patch
 
     inv = effective_invocation(runtime, runtime.store.peek() if runtime.env.args.pod_uid else NodeState())
     _refuse_early(inv)
     recover_pending(inv)  # stale intents of crashed ADD/DEL, attachments lost in a reboot
-    host_links = _host_links(inv.inventory)
-    ident = netns.netns_identity(inv.env.netns)  # code 3 / 4 before any effect; recorded with the intent
+    host = inv.host
+    host_links = _host_links(inv, inv.inventory)
+    ident = host.netns_identity(inv.env.netns)  # code 3 / 4 before any effect; recorded with the intent
     intent: AddIntent | None = None
     try:
         with ExitStack() as undo:
@@ -102,20 +104,24 @@ def cmd_add(runtime: Invocation) -> Result:
             spec = _shape_spec(inv, intent.att, host_links[intent.att.parent])  # code 7 before any effect
             # 2. IPAM in a thread (it does not need the link), 3. the link, 4. IPAM's answer
             ipam_job = _start_ipam(inv, undo)
-            link = _create_link(inv, intent.att, host_links[intent.att.parent], undo)
-            shaped = _shape(inv, spec, undo)
-            ipam_result = _ipam_result(inv, ipam_job, undo)
-            if ipam_result is not None:
-                addr.configure_interface(
-                    inv.env.netns,
-                    inv.env.ifname,
-                    addresses=[(ip.address, ip.gateway) for ip in ipam_result.ips],
-                    routes=[(r.dst, r.gw) for r in ipam_result.routes],
-                    wait_ipv6=True,
-                    nodad=inv.conf.nodad,
-                    settle_timeout_s=inv.conf.dadTimeoutSeconds,
-                    describe=False,
-                )
+            temp = _add_link(inv, intent.att, host_links[intent.att.parent], undo)
+            with ExitStack() as pod:  # the pod-side work: one entry into CNI_NETNS
+                pod.enter_context(host.in_pod())
+                link = _finish_link(inv, intent.att, temp, undo)
+                shaped = _shape(inv, spec, undo)
+                if ipam_job is None and inv.conf.ipam_type:  # dhcp runs in the host namespace
+                    pod.close()
+                ipam_result = _ipam_result(inv, ipam_job, undo)
+                if ipam_result is not None:
+                    pod.enter_context(host.in_pod())
+                    host.configure_interface(
+                        inv.env.netns,
+                        inv.env.ifname,
+                        addresses=[(ip.address, ip.gateway) for ip in ipam_result.ips],
+                        routes=[(r.dst, r.gw) for r in ipam_result.routes],
+                        nodad=inv.conf.nodad,
+                        settle_timeout_s=inv.conf.dadTimeoutSeconds,
+                    )
             result = _result_from(inv, link, ipam_result)
             # The runtime gets the result in the config's version; one that cannot be expressed
             # there (0.1.0/0.2.0 without an IP) must fail here, while the undo steps still run.
@@ -149,13 +155,11 @@ def _refuse_early(inv: Invocation) -> None:
         )
 
 
-def _host_links(slice_: ResourceSlice) -> dict[str, LinkInfo]:
+def _host_links(inv: Invocation, slice_: ResourceSlice) -> dict[str, LinkInfo]:
     """Host interface name → link facts of every inventory NIC that exists."""
-    from cni_dra.netlink import info  # called as info.host_link: the seam tests patch
-
     out = {}
     for name in [device_if_name(d, slice_.spec.driver) for d in slice_.spec.devices]:
-        found = info.host_link(name)
+        found = inv.host.host_link(name)
         if found is not None:
             out[name] = found
     return out
@@ -180,8 +184,6 @@ def _reserve_after_recovery(
     """:func:`_reserve`; while a live recovery holds this attachment's interrupted intent,
     wait for it (at most ``lockTimeoutSeconds``, :func:`cni_dra.attach.intent.wait_for_recovery`)
     and try again, after recovering whatever its process may have left if it died."""
-    import time
-
     from cni_dra.attach.intent import RecoveryInProgressError, wait_for_recovery
     from cni_dra.attach.recover import recover_pending
 
@@ -191,7 +193,7 @@ def _reserve_after_recovery(
             return _reserve(inv, host_links, ident)
         except RecoveryInProgressError as busy:
             if deadline is None:
-                deadline = time.monotonic() + inv.conf.lockTimeoutSeconds
+                deadline = inv.host.monotonic() + inv.conf.lockTimeoutSeconds
             wait_for_recovery(inv, busy, deadline)
             recover_pending(inv)
 
@@ -252,9 +254,9 @@ def _repeated(inv: Invocation, existing: Attachment, ident: NetnsIdentity) -> Re
     from cni_dra.attach.release import names_recorded_netns
 
     env, conf = inv.env, inv.conf
-    where = names_recorded_netns(existing, env.netns, ident)
+    where = names_recorded_netns(existing, env.netns, ident, inv.host)
     if existing.phase == "ready" and existing.result and where:
-        if existing.netnsIdentity is None or _link_there(existing, env.netns):
+        if existing.netnsIdentity is None or _link_there(inv, existing, env.netns):
             log.info("ADD repeated for %s: returning the recorded result", existing.key)
             return parse_result(existing.result, "1.1.0")
         raise AttachmentExistsError(
@@ -276,13 +278,12 @@ def _repeated(inv: Invocation, existing: Attachment, ident: NetnsIdentity) -> Re
     )
 
 
-def _link_there(att: Attachment, netns: str) -> bool:
+def _link_there(inv: Invocation, att: Attachment, netns: str) -> bool:
     """Whether ``att``'s link is in ``netns`` on its recorded parent NIC (one netlink look)."""
     from cni_dra.errors import CniError
-    from cni_dra.netlink import info  # called through the module: the seam tests patch
 
     try:
-        parent = info.host_parent_of(netns, att.ifname)
+        parent = inv.host.host_parent_of(netns, att.ifname)
     except CniError:
         return False
     return parent is not None and parent.name == att.parent
@@ -291,54 +292,64 @@ def _link_there(att: Attachment, netns: str) -> bool:
 def _start_ipam(inv: Invocation, undo: ExitStack) -> Concurrently | None:
     """IPAM ADD in a thread, with its undo (except dhcp, whose daemon configures through
     the link: that one runs after it, in the reference order, see :func:`_ipam_result`)."""
-    from cni_dra import ipam
-
-    env, ipam_type = inv.env, inv.conf.ipam_type
+    env, ipam_type, host = inv.env, inv.conf.ipam_type, inv.host
     if not ipam_type or ipam_type == "dhcp":
         return None
-    job = Concurrently(lambda: ipam.ipam_add(ipam_type, inv.raw, inv.environ, env.path))
+    job = Concurrently(lambda: host.ipam_add(ipam_type, inv.raw, inv.environ, env.path))
 
     def release_ipam() -> None:
         if job.wait()[1] is None:  # it allocated: give it back
-            ipam.ipam_del(ipam_type, inv.raw, inv.environ, env.path)
+            host.ipam_del(ipam_type, inv.raw, inv.environ, env.path)
 
     _undo_with(undo, release_ipam)
     return job
 
 
-def _create_link(inv: Invocation, att: Attachment, parent: LinkInfo, undo: ExitStack) -> LinkInfo:
-    """The macvlan/ipvlan on ``att``'s parent NIC, as CNI_IFNAME in the pod netns, with its undo."""
-    from cni_dra.netlink import sublink  # called through the module: the seam tests patch
+def _add_link(inv: Invocation, att: Attachment, parent: LinkInfo, undo: ExitStack) -> str:
+    """The macvlan/ipvlan on ``att``'s parent NIC, made from the host namespace directly in
+    the pod netns under its temporary name (returned), with its undo."""
+    host, env = inv.host, inv.env
+    spec = _sublink_spec(inv, att)
+    temp = host.add_sublink(spec, parent_link=parent, temp=att.tempName)
+    _undo_with(undo, lambda: host.delete_link(env.netns, temp))  # until renamed
+    fault_point("add:link-temp")  # crash tests: the link exists under its temporary name
+    return temp
+
+
+def _finish_link(inv: Invocation, att: Attachment, temp: str, undo: ExitStack) -> LinkInfo:
+    """Inside the pod netns: the link renamed to CNI_IFNAME and up (deleted on failure),
+    with its undo, announced."""
+    env, host = inv.env, inv.host
+    link = host.rename_and_up(_sublink_spec(inv, att), temp)
+    fault_point("add:link-renamed")
+    _undo_with(undo, lambda: host.delete_link(env.netns, env.ifname))
+    _announce(host, env.netns, env.ifname)
+    fault_point("add:link-created")
+    return link
+
+
+def _sublink_spec(inv: Invocation, att: Attachment) -> SubLinkSpec:
+    from cni_dra.netlink.sublink import SubLinkSpec
 
     env, conf = inv.env, inv.conf
     if conf.linkType == "ipvlan":
-        link = sublink.create_ipvlan(
+        return SubLinkSpec.ipvlan(
             parent=att.parent,
             netns=env.netns,
             ifname=env.ifname,
             mode=conf.mode,
             flag=conf.ipvlanFlag or "bridge",
             mtu=conf.mtu,
-            parent_link=parent,
-            temp=att.tempName,
         )
-    else:
-        link = sublink.create_macvlan(
-            parent=att.parent,
-            netns=env.netns,
-            ifname=env.ifname,
-            mode=conf.mode,
-            mtu=conf.mtu,
-            mac=conf.mac,
-            bcqueuelen=conf.bcqueuelen,
-            parent_link=parent,
-            temp=att.tempName,
-        )
-    fault_point("add:link-renamed")
-    _undo_with(undo, lambda: sublink.delete_link(env.netns, env.ifname))
-    _announce(env.netns, env.ifname)
-    fault_point("add:link-created")
-    return link
+    return SubLinkSpec.macvlan(
+        parent=att.parent,
+        netns=env.netns,
+        ifname=env.ifname,
+        mode=conf.mode,
+        mtu=conf.mtu,
+        mac=conf.mac,
+        bcqueuelen=conf.bcqueuelen,
+    )
 
 
 def _shape_spec(inv: Invocation, att: Attachment, parent: LinkInfo) -> ShapeSpec | None:
@@ -364,30 +375,27 @@ def _shape(inv: Invocation, spec: ShapeSpec | None, undo: ExitStack) -> dict[str
     (the ifb device would outlive the link); returns the record for the attachment, None
     when nothing is shaped. Raises NetlinkError (102), having left nothing behind."""
     from cni_dra.attach.shaping_plan import record
-    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
 
-    env = inv.env
+    env, host = inv.env, inv.host
     if spec is None:
         return None
-    _undo_with(undo, lambda: tc.remove_shaping(env.netns, env.ifname))
-    info = tc.apply_shaping(env.netns, env.ifname, spec, new_link=True)
+    _undo_with(undo, lambda: host.remove_shaping(env.netns, env.ifname))
+    info = host.apply_shaping(env.netns, env.ifname, spec, new_link=True)
     fault_point("add:shaped")
     return record(info)
 
 
 def _ipam_result(inv: Invocation, job: Concurrently | None, undo: ExitStack) -> Result | None:
     """The IPAM plugin's result: the thread's, or (dhcp) the ADD run now, with its undo."""
-    from cni_dra import ipam
-
-    env, ipam_type = inv.env, inv.conf.ipam_type
+    env, ipam_type, host = inv.env, inv.conf.ipam_type, inv.host
     result: Result | None = None
     if job is not None:
         with ipam_codes():
             result = job.result()
     elif ipam_type:  # dhcp
         with ipam_codes():
-            result = ipam.ipam_add(ipam_type, inv.raw, inv.environ, env.path)
-        _undo_with(undo, lambda: ipam.ipam_del(ipam_type, inv.raw, inv.environ, env.path))
+            result = host.ipam_add(ipam_type, inv.raw, inv.environ, env.path)
+        _undo_with(undo, lambda: host.ipam_del(ipam_type, inv.raw, inv.environ, env.path))
     if ipam_type:
         fault_point("add:ipam-done")
     return result
@@ -414,14 +422,12 @@ def _result_dict(result: Result) -> dict[str, Any]:
     return result_to_dict(result, "1.1.0")
 
 
-def _announce(netns: str, ifname: str) -> None:
+def _announce(host: Host, netns: str, ifname: str) -> None:
     """Set ``arp_notify`` and ``ndisc_notify`` on the new link, as the reference macvlan plugin
     does: neighbours learn the address when the link comes up or moves. ndisc_notify is
     skipped (logged) when the netns has IPv6 disabled. Raises IOFailureError (5)."""
-    from cni_dra.netlink import sysctl  # called as sysctl.set_sysctl_in_netns: the seam tests patch
-
-    sysctl.set_sysctl_in_netns(netns, f"net/ipv4/conf/{ifname}/arp_notify", 1)
+    host.set_sysctl(netns, f"net/ipv4/conf/{ifname}/arp_notify", 1)
     try:
-        sysctl.set_sysctl_in_netns(netns, f"net/ipv6/conf/{ifname}/ndisc_notify", 1)
+        host.set_sysctl(netns, f"net/ipv6/conf/{ifname}/ndisc_notify", 1)
     except IOFailureError as exc:
         log.warning("ndisc_notify not set on %s (IPv6 disabled?): %s", ifname, exc.msg)

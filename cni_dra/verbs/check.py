@@ -33,6 +33,7 @@ from cni_dra.errors import CheckFailedError, ContainerUnknownError, InvalidConfi
 from cni_dra.protocol.results import parse_result
 
 if TYPE_CHECKING:
+    from cni_dra.host.port import Host
     from cni_dra.state import Attachment
 
 __all__ = ["cmd_check"]
@@ -54,9 +55,8 @@ def cmd_check(inv: Invocation) -> None:
     ipam_check = None
     ipam_type = conf.ipam_type
     if ipam_type:  # read-only: runs while the link is verified
-        from cni_dra import ipam
-
-        ipam_check = Concurrently(lambda: ipam.ipam_check(ipam_type, inv.raw, inv.environ, env.path))
+        host = inv.host
+        ipam_check = Concurrently(lambda: host.ipam_check(ipam_type, inv.raw, inv.environ, env.path))
     try:
         _check_link(inv, att, prev, what)
     finally:
@@ -68,17 +68,14 @@ def cmd_check(inv: Invocation) -> None:
 
 def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
     """The link checks of :func:`cmd_check`; raises CheckFailedError (105)."""
-    from cni_dra.netlink import info  # called through the module: the seam tests patch
-    from cni_dra.netlink.netns import netns_identity_or_none, same_netns
-
-    env, conf = inv.env, inv.conf
-    ident = netns_identity_or_none(env.netns) if att.netnsIdentity is not None else None
+    env, conf, host = inv.env, inv.conf, inv.host
+    ident = host.netns_identity_or_none(env.netns) if att.netnsIdentity is not None else None
     if ident is not None and ident != att.netnsIdentity:  # a path that names nothing: code 3/4 below
         raise CheckFailedError(
             f"failed to check {what}: CNI_NETNS {env.netns} is not the namespace it was added in "
             "(that one is gone, or the path names another now)"
         )
-    link = info.link_in_netns(env.netns, env.ifname)
+    link = host.link_in_netns(env.netns, env.ifname)
     if link is None:
         raise CheckFailedError(f"failed to check {what}: the link is not in netns {env.netns}")
     if link.kind != att.linkType:
@@ -90,7 +87,7 @@ def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
         raise CheckFailedError(f"failed to check {what}: {link.kind} mode is {link.mode}, expected {mode}")
     if link.kind == "ipvlan" and link.ipvlan_flag and link.ipvlan_flag != flag:
         raise CheckFailedError(f"failed to check {what}: ipvlan flag is {link.ipvlan_flag}, expected {flag}")
-    parent = info.host_link(att.parent)
+    parent = host.host_link(att.parent)
     if parent is None or link.parent_index != parent.index:
         raise CheckFailedError(
             f"failed to check {what}: its parent is not {att.parent} (device {att.device})"
@@ -112,7 +109,7 @@ def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
         raise CheckFailedError(f"failed to check {what}: the link has no carrier (NO-CARRIER)")
     ours = [i for i, iface in enumerate(prev.interfaces) if iface.name == env.ifname and iface.sandbox]
     sandbox = prev.interfaces[ours[-1]].sandbox if ours else att.netns
-    if sandbox and not same_netns(sandbox, env.netns):
+    if sandbox and not _same_netns(host, sandbox, env.netns):
         raise CheckFailedError(
             f"failed to check {what}: it was added in netns {sandbox}, not in CNI_NETNS {env.netns}"
         )
@@ -127,14 +124,22 @@ def _check_link(inv: Invocation, att: Attachment, prev: Any, what: str) -> None:
         if ipaddress.ip_interface(ip.address) not in have:
             raise CheckFailedError(f"failed to check {what}: address {ip.address} is missing")
     if att.shaping:
-        _check_shaping(att.shaping, env.netns, env.ifname, what)
+        _check_shaping(host, att.shaping, env.netns, env.ifname, what)
 
 
-def _check_shaping(recorded: dict[str, Any], netns: str, ifname: str, what: str) -> None:
+def _same_netns(host: Host, a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one namespace, by identity (equal strings without
+    a look; a path that names none matches nothing else)."""
+    if a == b:
+        return True
+    ident = host.netns_identity_or_none(a)
+    return ident is not None and ident == host.netns_identity_or_none(b)
+
+
+def _check_shaping(host: Host, recorded: dict[str, Any], netns: str, ifname: str, what: str) -> None:
     """The kernel's shaping of ``ifname`` against the ``recorded`` one; CheckFailedError (105)."""
     from cni_dra.attach.shaping_plan import mismatch
-    from cni_dra.netlink import shaping as tc  # called through the module: the seam tests patch
 
-    problem = mismatch(recorded, tc.read_shaping(netns, ifname))
+    problem = mismatch(recorded, host.read_shaping(netns, ifname))
     if problem is not None:
         raise CheckFailedError(f"failed to check {what}: {problem}")

@@ -60,10 +60,9 @@ def cmd_del(inv: Invocation) -> None:
     """Run DEL for ``inv`` (idempotent). See module docstring."""
     from cni_dra.attach.intent import begin_delete, finish_delete
     from cni_dra.attach.release import IpamRelease, release, release_temp_link
-    from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
 
-    env, conf = inv.env, inv.conf
-    given = netns_ops.netns_lookup(env.netns) if env.netns else None  # code 4 here, before any effect
+    env, conf, host = inv.env, inv.conf, inv.host
+    given = host.netns_lookup(env.netns) if env.netns else None  # code 4 here, before any effect
     att = begin_delete(inv)  # recovery, then the "deleting" intent; None if absent or state unreadable
     fault_point("del:intent")
     ipam_type = conf.ipam_type or (att.ipamType if att else None)
@@ -75,10 +74,17 @@ def cmd_del(inv: Invocation) -> None:
     # Shaping: the recorded one, or any when there is no record (state lost, an ADD's crash).
     shaped = att is None or att.shaping is not None
     release(
-        netns, env.ifname, delete_link=delete_link, ipam=ipam, cni_path=env.path, faults="del", shaped=shaped
+        netns,
+        env.ifname,
+        delete_link=delete_link,
+        ipam=ipam,
+        cni_path=env.path,
+        host=host,
+        faults="del",
+        shaped=shaped,
     )
     if att is not None:
-        release_temp_link(att)  # an ADD of it killed before its rename, whose undo failed
+        release_temp_link(att, host)  # an ADD of it killed before its rename, whose undo failed
         finish_delete(inv)
 
 
@@ -86,15 +92,14 @@ def _link_to_delete(inv: Invocation, att: Attachment | None, given: NetnsIdentit
     """(the namespace path, whether CNI_IFNAME is deleted there): see the module docstring.
     ``given``: CNI_NETNS's namespace identity, None when it is empty or names nothing."""
     from cni_dra.attach.release import names_recorded_netns, recorded_link_place
-    from cni_dra.netlink import netns as netns_ops  # called through the module: the seam tests patch
 
     env = inv.env
     key = (inv.conf.name, env.container_id, env.ifname)
-    host = given is not None and given == netns_ops.host_netns_identity()
+    host = given is not None and given == inv.host.host_netns_identity()
     if host:
         log.warning("DEL %s: netns %s is the host namespace; no link is touched there", key, env.netns)
     if att is not None:
-        if given is not None and not host and names_recorded_netns(att, env.netns, given):
+        if given is not None and not host and names_recorded_netns(att, env.netns, given, inv.host):
             return env.netns, True  # its own record names this link
         if given is not None:
             log.warning(
@@ -104,7 +109,7 @@ def _link_to_delete(inv: Invocation, att: Attachment | None, given: NetnsIdentit
                 env.netns,
                 att.netns or "(none)",
             )
-        where = recorded_link_place(att)
+        where = recorded_link_place(att, inv.host)
         if where is None:
             return att.netns or env.netns, False  # gone with its namespace, or not ours
         return where, _unowned(inv, where)
@@ -140,7 +145,6 @@ def _recorded_elsewhere(inv: Invocation, netns: str) -> Attachment | None:
     records). Raises TryAgainLaterError (11) on lock timeout."""
     from cni_dra.attach.release import names_recorded_netns
     from cni_dra.errors import StateError
-    from cni_dra.netlink.netns import netns_identity_or_none
 
     env = inv.env
     key = (inv.conf.name, env.container_id, env.ifname)
@@ -149,9 +153,9 @@ def _recorded_elsewhere(inv: Invocation, netns: str) -> Attachment | None:
     except StateError:
         return None
     others = [a for a in state.attachments if a.ifname == env.ifname and a.key != key and a.netns]
-    ident = netns_identity_or_none(netns) if others else None
+    ident = inv.host.netns_identity_or_none(netns) if others else None
     for other in others:
-        if names_recorded_netns(other, netns, ident):
+        if names_recorded_netns(other, netns, ident, inv.host):
             return other
     return None
 
@@ -165,14 +169,13 @@ def _ours_without_record(inv: Invocation, netns: str) -> bool:
     """
     from cni_dra.dra.objects import device_attribute
     from cni_dra.errors import CniError
-    from cni_dra.netlink import info
 
     env = inv.env
     try:
-        link = info.link_in_netns(netns, env.ifname)
+        link = inv.host.link_in_netns(netns, env.ifname)
         if link is None or link.kind not in ("macvlan", "ipvlan"):
             return False
-        parent = info.host_parent_of(netns, env.ifname)
+        parent = inv.host.host_parent_of(netns, env.ifname)
         slice_ = inv.inventory
     except CniError:
         return False

@@ -74,7 +74,6 @@ def cmd_gc(inv: Invocation) -> None:
         )
         return
 
-    from cni_dra import ipam
     from cni_dra.attach.rebuild import REPAIR_NETWORK
     from cni_dra.attach.recover import recover_pending
     from cni_dra.attach.release import recorded_link_place, release_attachment
@@ -111,8 +110,10 @@ def cmd_gc(inv: Invocation) -> None:
     errors: list[CniError] = []
     for att in stale:
         try:
-            where = recorded_link_place(att)
-            release_attachment(att, inv.environ, inv.env.path, delete_link=where is not None, netns=where)
+            where = recorded_link_place(att, inv.host)
+            release_attachment(
+                att, inv.environ, inv.env.path, host=inv.host, delete_link=where is not None, netns=where
+            )
             with inv.store.transaction() as txn:
                 txn.remove(*att.key)
         except CniError as exc:
@@ -127,7 +128,7 @@ def cmd_gc(inv: Invocation) -> None:
         )
         try:
             with ipam_codes():
-                ipam.ipam_gc(conf.ipam_type, raw, inv.environ, inv.env.path)
+                inv.host.ipam_gc(conf.ipam_type, raw, inv.environ, inv.env.path)
         except CniError as exc:
             log.error("IPAM GC failed: %s", exc.msg)
             errors.append(exc)

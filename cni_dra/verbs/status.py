@@ -32,10 +32,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cni_dra.attach.invocation import Invocation, ipam_codes
 from cni_dra.errors import CniError, PluginNotAvailableError
 from cni_dra.state import StateStore
+
+if TYPE_CHECKING:
+    from cni_dra.host.port import Host
 
 __all__ = ["cmd_status", "DHCP_DEFAULT_SOCKET", "SHAPING_PROBE_FILE", "dhcp_socket_missing", "shaping_lacks"]
 
@@ -49,26 +53,24 @@ DHCP_DEFAULT_SOCKET = "/run/cni/dhcp.sock"
 
 def cmd_status(inv: Invocation) -> None:
     """Run STATUS for ``inv``. Raises PluginNotAvailableError (50) or the IPAM plugin's error."""
-    from cni_dra import ipam
     from cni_dra.dra.objects import device_attribute
-    from cni_dra.netlink import info  # called as info.host_link: the seam tests patch
 
-    conf = inv.conf
+    conf, host = inv.conf, inv.host
     try:
         slice_ = inv.inventory
     except CniError as exc:
         raise PluginNotAvailableError(f"plugin not available: inventory {conf.inventory}: {exc.msg}") from exc
     names = [device_attribute(d, "ifName", slice_.spec.driver) for d in slice_.spec.devices]
-    if not any(isinstance(n, str) and info.host_link(n) is not None for n in names):
+    if not any(isinstance(n, str) and host.host_link(n) is not None for n in names):
         raise PluginNotAvailableError(
             f"plugin not available: none of the inventory's NICs exists on this host ({', '.join(map(str, names))})"
         )
     if conf.shaping is not None:
-        _check_shaping(inv.store)
+        _check_shaping(inv.store, host)
     if not conf.ipam_type:
         return
     with ipam_codes():
-        forwarded = ipam.ipam_status(conf.ipam_type, inv.raw, inv.environ, inv.env.path)
+        forwarded = host.ipam_status(conf.ipam_type, inv.raw, inv.environ, inv.env.path)
     sock = None if forwarded else dhcp_socket_missing(conf.ipam.model_dump())
     if sock:
         raise PluginNotAvailableError(
@@ -77,10 +79,10 @@ def cmd_status(inv: Invocation) -> None:
         )
 
 
-def _check_shaping(store: StateStore) -> None:
+def _check_shaping(store: StateStore, host: Host) -> None:
     """Raise PluginNotAvailableError (50) naming the piece of shaping the kernel lacks and the fix."""
     try:
-        lacks = shaping_lacks(store)
+        lacks = shaping_lacks(store, host)
     except CniError as exc:
         raise PluginNotAvailableError(
             f"plugin not available: cannot check the kernel's traffic control for shaping: {exc.msg}"
@@ -102,7 +104,7 @@ def _check_shaping(store: StateStore) -> None:
     )
 
 
-def shaping_lacks(store: StateStore) -> str | None:
+def shaping_lacks(store: StateStore, host: Host) -> str | None:
     """The piece of shaping this kernel lacks (as ADD names it), or None: None when this
     boot's probe found the kernel complete (kept in ``store``'s directory), else
     :func:`cni_dra.netlink.shaping.probe_kernel`'s answer, kept there when it is None. A state directory that cannot be used (it fails the state's own
@@ -110,7 +112,6 @@ def shaping_lacks(store: StateStore) -> str | None:
     costs a probe per call. Raises IOFailureError (5) / NetlinkError (102) when the probe
     itself fails.
     """
-    from cni_dra.netlink import shaping  # called through the module: the seam tests patch
     from cni_dra.state.owner import boot_id
 
     boot = boot_id()
@@ -120,7 +121,7 @@ def shaping_lacks(store: StateStore) -> str | None:
         path = None
     if path is not None and _complete_this_boot(path, boot):
         return None
-    lacks = shaping.probe_kernel()
+    lacks = host.probe_shaping()
     if path is not None and lacks is None:
         _keep(path, {"bootID": boot, "lacks": None})
     return lacks
