@@ -24,7 +24,8 @@ from cni_dra.errors import StateError, TryAgainLaterError
 from cni_dra.host.kernel import KernelHost
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, StateStore
-from cni_dra.state.schema import SCHEMA_VERSION, Owner, migrate
+from cni_dra.state.migrations import migrate
+from cni_dra.state.schema import SCHEMA_VERSION, Owner
 from cni_dra.state.store import boot_id, current_owner, decode_state, encode_state, owner_alive
 from tests.fake_host import FakeHost
 

@@ -6,7 +6,7 @@ A snapshot (``state.json``) is compact JSON whose last keys are ``"journal": {"i
 A journal record (one line of ``state.journal``) is ``{"j": "<journal id>", "seq": N,
 "ops": [...], "checksum": "sha256:<hex>"}``; its ops are encoded by :mod:`cni_dra.state.ops`
 (``put``, ``del``, ``claims``, ``statusUpdates``, ``bootID``). Older snapshot schemas are
-migrated on decode (:func:`cni_dra.state.schema.migrate`). No I/O here.
+migrated on decode (:func:`cni_dra.state.migrations.migrate`). No I/O here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pydantic import ValidationError
 
 from cni_dra.errors import StateError
 from cni_dra.state import ops
-from cni_dra.state.schema import SCHEMA_VERSION, NodeState, migrate
+from cni_dra.state.migrations import migrate
+from cni_dra.state.schema import SCHEMA_VERSION, NodeState
 
 __all__ = [
     "STATE_FILE",
