@@ -93,8 +93,9 @@ with open(sys.argv[1], "rb") as f:
     data = tomllib.load(f)
 reqs = list(data["build-system"]["requires"])
 reqs += data["project"].get("dependencies", [])
+name = data["project"]["name"]
 for extra in data["project"].get("optional-dependencies", {}).values():
-    reqs += extra
+    reqs += [r for r in extra if r.split("[")[0].strip() != name]  # "dev" names the others
 print("\n".join(dict.fromkeys(reqs)))
 EOF
 }

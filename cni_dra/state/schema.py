@@ -67,8 +67,12 @@ allocation result's device profile made of the link (:func:`cni_dra.attach.devic
 (the runtime's config alone would expect the conflist's link), ``cni-dra status`` shows it.
 
 Older schemas are migrated on read by :func:`cni_dra.state.migrations.migrate` (one function
-per version step in :data:`cni_dra.state.migrations.MIGRATIONS`). Models ignore unknown keys, so adding a field is a backwards-compatible
-change that needs no new schema version; a change of meaning does.
+per version step in :data:`cni_dra.state.migrations.MIGRATIONS`). Models ignore unknown keys,
+so adding a field is a backwards-compatible change that needs no new schema version; a change
+of meaning does. A new attachment field: optional (``None`` is not written), set where ADD
+builds the record (:func:`cni_dra.attach.plan.plan`) and, if repair can know it, in
+:mod:`cni_dra.attach.rebuild`; ``cni-dra status --json`` lists its keys one by one
+(:mod:`cni_dra.report`).
 """
 
 from __future__ import annotations
