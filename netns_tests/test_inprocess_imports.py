@@ -5,7 +5,8 @@ serve (``CNI_DRA_AGENT=off``), with ``-X importtime`` added: the modules it impo
 read from that report. A structural guard of the no-agent start-up, not a timed one (see
 docs/performance.md): no operator CLI library (click, kubernetes, grpc), no
 ``importlib.metadata`` (pydantic's plugin discovery), and pyroute2's submodules without
-what its package ``__init__`` imports (IPDB, NDB, conntrack, ...). tests/test_inprocess_imports.py
+what its package ``__init__`` imports (IPDB, NDB, conntrack, ...) nor its asyncio ``IPRoute``
+(the netlink layer's own blocking socket sends pyroute2's messages). tests/test_inprocess_imports.py
 checks the same without root, up to the first netlink call.
 """
 
@@ -20,6 +21,7 @@ from netns_tests.runner import CNI_EXE
 
 FORBIDDEN = ("click", "kubernetes", "grpc", "importlib.metadata")
 PYROUTE2_UNUSED = ("pyroute2.ndb", "pyroute2.ipdb", "pyroute2.conntrack", "pyroute2.plan9", "pyroute2.ipset")
+ASYNC_ENGINE = ("asyncio", "pyroute2.iproute", "pyroute2.netlink.nlsocket", "pyroute2.netlink.rtnl.iprsocket")
 IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \| ( *)(\S+)$", re.M)
 
 
@@ -49,6 +51,7 @@ def test_in_process_add_and_del_import_what_they_use(make_node, make_netns, tmp_
         imported = _imported(err)
         # not vacuous: the verb ran in-process and made netlink requests through pyroute2
         verb = "cni_dra.verbs.add" if command == "ADD" else "cni_dra.verbs.delete"
-        assert {verb, "cni_dra.protocol.config", "pydantic", "pyroute2.iproute.linux"} <= imported, command
+        went = {verb, "cni_dra.protocol.config", "pydantic", "pyroute2.netlink.rtnl.ifinfmsg"}
+        assert went <= imported, command
         assert sorted(m for m in imported if m.split(".")[0] in FORBIDDEN or m.startswith(FORBIDDEN)) == []
-        assert sorted(m for m in imported if m.startswith(PYROUTE2_UNUSED)) == [], command
+        assert sorted(m for m in imported if m.startswith(PYROUTE2_UNUSED + ASYNC_ENGINE)) == [], command

@@ -11,12 +11,11 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from cni_dra.netlink import _pyroute2, addr, netns, sockets, sublink
+from cni_dra.netlink import _rtnl, addr, netns, sockets, sublink
 from cni_dra.netlink import info as linkinfo
 from netns_tests.conftest import unique_name
 from netns_tests.runner import CNI_PATH
@@ -24,18 +23,17 @@ from netns_tests.runner import CNI_PATH
 
 @pytest.fixture
 def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    """Every IPRoute cni_dra opens (the real ones), in order; the kept socket starts and ends empty."""
-    real = _pyroute2.load()
+    """Every rtnetlink socket cni_dra opens (the real ones), in order; the kept socket starts and ends empty."""
+    real = _rtnl.Rtnl
     made: list[Any] = []
 
-    def counting_iproute(*a: Any, **kw: Any) -> Any:
-        ipr = real.IPRoute(*a, **kw)
+    def counting_rtnl() -> Any:
+        ipr = real()
         made.append(ipr)
         return ipr
 
     sockets.drop_held()
-    fake = SimpleNamespace(IPRoute=counting_iproute, NetlinkError=real.NetlinkError)
-    monkeypatch.setattr(_pyroute2, "load", lambda: fake)
+    monkeypatch.setattr(_rtnl, "Rtnl", counting_rtnl)
     try:
         yield made
     finally:
@@ -67,7 +65,7 @@ def test_short_lived_threads_open_one_per_call(make_parent_nic, opened) -> None:
     t.join()
     assert all(li is not None for li in seen) and len(seen) == 2
     assert len(opened) == 2
-    assert all(ipr.asyncore.status.get("closed") for ipr in opened)  # each closed after its call
+    assert all(ipr.closed for ipr in opened)  # each closed after its call
 
 
 def test_a_kept_worker_thread_reuses_one_socket_and_closes_it_at_the_end(make_parent_nic, opened) -> None:
@@ -86,7 +84,7 @@ def test_a_kept_worker_thread_reuses_one_socket_and_closes_it_at_the_end(make_pa
     assert seen[0] is not None and seen[1] is not None
     assert len(opened) == 1
     assert seen[2] is not None and seen[3] is None
-    assert opened[0].asyncore.status.get("closed")
+    assert opened[0].closed
 
 
 def test_inside_another_netns_host_calls_act_there(make_netns, make_parent_nic, opened) -> None:
@@ -112,7 +110,7 @@ def test_an_error_discards_the_kept_socket(make_parent_nic, opened) -> None:
         with sockets.host_iproute():
             raise RuntimeError("injected")
     assert sockets._held.socket is None
-    assert kept.ipr.asyncore.status.get("closed")
+    assert kept.ipr.closed
     assert linkinfo.host_link(parent) is not None
     assert len(opened) == 2
 
@@ -173,7 +171,7 @@ def test_configure_interface_without_describe_applies_and_returns_none(make_netn
 
 
 class _Counted:
-    """An IPRoute whose requests (link/addr/route/get_netnsid/tc calls) are counted by kind and action."""
+    """A socket whose requests (link/addr/route/get_netnsid/tc calls) are counted by kind and action."""
 
     def __init__(self, ipr: Any, counts: Counter[str]) -> None:
         self._ipr, self._counts = ipr, counts
@@ -224,12 +222,12 @@ def test_add_and_del_send_no_more_netlink_requests_than_before(
 ) -> None:
     from cni_dra.cni import run
 
-    real = _pyroute2.load()
+    real = _rtnl.Rtnl
     counts: Counter[str] = Counter()
 
-    def counting_iproute(*a: Any, **kw: Any) -> Any:
+    def counting_rtnl() -> Any:
         counts["socket"] += 1
-        return _Counted(real.IPRoute(*a, **kw), counts)
+        return _Counted(real(), counts)
 
     node, ns = make_node(nics=1), make_netns()
     conf = json.dumps(node.spec_conf(version="1.0.0", ipam="host-local-v4", shaping=shaping)).encode()
@@ -241,8 +239,7 @@ def test_add_and_del_send_no_more_netlink_requests_than_before(
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
     }
     sockets.drop_held()  # the main thread's kept socket is opened (and counted) by the ADD
-    fake = SimpleNamespace(IPRoute=counting_iproute, NetlinkError=real.NetlinkError)
-    monkeypatch.setattr(_pyroute2, "load", lambda: fake)
+    monkeypatch.setattr(_rtnl, "Rtnl", counting_rtnl)
     seen = {}
     try:
         for command in ("ADD", "DEL"):

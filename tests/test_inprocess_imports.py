@@ -5,7 +5,10 @@ structure is guarded here, not their time: the in-process plugin imports neither
 operator CLI's libraries (click, kubernetes, grpc) nor ``importlib.metadata`` (pydantic's
 plugin discovery), pyroute2 is loaded without running its package ``__init__`` (which
 imports every pyroute2 API), and the Kubernetes API models it does not validate are not
-built. netns_tests/test_inprocess_imports.py checks the same on a real ADD and DEL of the
+built. pyroute2's asyncio ``IPRoute`` (``pyroute2.iproute``, ``pyroute2.netlink.nlsocket``,
+asyncio itself) is not imported: the netlink layer sends pyroute2's messages on its own
+blocking socket, and imports tc's message modules only when it shapes.
+netns_tests/test_inprocess_imports.py checks the same on a real ADD and DEL of the
 installed tree.
 """
 
@@ -25,6 +28,10 @@ BASE_ENV = {"PATH": "/usr/bin:/bin"}
 FORBIDDEN = ("click", "kubernetes", "grpc", "importlib.metadata")
 # What pyroute2's package __init__ imports and cni-dra's netlink layer does not use.
 PYROUTE2_UNUSED = ("pyroute2.ndb", "pyroute2.ipdb", "pyroute2.conntrack", "pyroute2.plan9", "pyroute2.ipset")
+# pyroute2's asyncio engine (IPRoute and its socket), replaced by cni_dra.netlink._rtnl.
+ASYNC_ENGINE = ("asyncio", "pyroute2.iproute", "pyroute2.netlink.nlsocket", "pyroute2.netlink.rtnl.iprsocket")
+# tc's message and its plugins: imported on the first tc request only.
+TC_MODULES = ("pyroute2.netlink.rtnl.tcmsg", "pyroute2.requests.tc")
 
 
 def _fresh(code: str, env: dict[str, str] | None = None, stdin: bytes = b"") -> dict[str, object]:
@@ -46,28 +53,53 @@ def _fresh(code: str, env: dict[str, str] | None = None, stdin: bytes = b"") -> 
 
 
 def test_pyroute2_loads_without_its_package_init():
-    """load() imports the submodules the netlink layer uses, not what pyroute2/__init__
-    imports; the package's ``__init__`` runs when something asks the package for more, and
-    the package is then the real one, with the very classes load() returned."""
+    """The netlink layer's messages and request filters load without what pyroute2/__init__
+    imports, and without the asyncio engine; tc's modules come with the first tc request
+    (``from pyroute2 import protocols`` in them imports the submodule, the package's
+    ``__init__`` still not run); that ``__init__`` runs when something asks the package for
+    more, and the package is then the real one, with the very classes the layer uses."""
     out = _fresh(
         "import site; site.main()\n"
-        "from cni_dra.netlink import _pyroute2\n"
+        "from cni_dra.netlink import _pyroute2, _rtnl\n"
         "nl = _pyroute2.load()\n"
+        "base = _rtnl._base()\n"
         "loaded = sorted(sys.modules)\n"
+        "tc = _rtnl._tc()\n"
+        "with_tc = sorted(sys.modules)\n"
         "ran = 'IPRoute' in vars(sys.modules['pyroute2'])\n"
         "import pyroute2, pyroute2.netlink\n"
         "from pyroute2 import NDB\n"
-        "out = {'loaded': loaded, 'ran': ran, 'after': sorted(sys.modules), 'same': ["
-        "pyroute2.IPRoute is nl.IPRoute, pyroute2.NetlinkError is nl.NetlinkError,"
-        " pyroute2.iproute.linux.IPRoute is nl.IPRoute, pyroute2.netlink.nla is not None,"
+        "out = {'loaded': loaded, 'with_tc': with_tc, 'ran': ran, 'after': sorted(sys.modules), 'same': ["
+        "pyroute2.NetlinkError is nl.NetlinkError, pyroute2.netlink.nla is not None,"
+        " pyroute2.netlink.rtnl.ifinfmsg.ifinfmsg is base.ifinfmsg,"
+        " pyroute2.netlink.rtnl.tcmsg.tcmsg is tc.tcmsg,"
         " isinstance(pyroute2.__version__, str), NDB is pyroute2.ndb.main.NDB]}\n"
     )
-    loaded, after = out["loaded"], out["after"]
-    assert isinstance(loaded, list) and isinstance(after, list)
-    assert "pyroute2.iproute.linux" in loaded and out["ran"] is False
-    assert [m for m in loaded if m.startswith(PYROUTE2_UNUSED)] == []
+    loaded, with_tc, after = out["loaded"], out["with_tc"], out["after"]
+    assert isinstance(loaded, list) and isinstance(with_tc, list) and isinstance(after, list)
+    messages = {"pyroute2.netlink.rtnl.ifinfmsg", "pyroute2.requests.link", "pyroute2.netlink.rtnl.rtmsg"}
+    assert messages <= set(loaded)
+    assert [m for m in loaded if m.startswith(PYROUTE2_UNUSED + ASYNC_ENGINE + TC_MODULES)] == []
+    assert set(TC_MODULES) <= set(with_tc) and out["ran"] is False
+    assert [m for m in with_tc if m.startswith(PYROUTE2_UNUSED + ASYNC_ENGINE)] == []
     assert "pyroute2.ndb.main" in after  # asked for more: the package's __init__ ran
     assert out["same"] == [True] * 6
+
+
+def test_pyroute2_submodules_import_directly_while_the_package_init_is_deferred():
+    """A submodule imported by name after the layer loaded pyroute2 (the test beds'
+    ``from pyroute2.iproute.linux import IPRoute``) loads without running the package's
+    ``__init__`` half-way (its ``from pyroute2 import netns`` gets the submodule)."""
+    out = _fresh(
+        "import site; site.main()\n"
+        "from cni_dra.netlink import _rtnl\n"
+        "_rtnl._base()\n"
+        "from pyroute2.iproute.linux import IPRoute\n"
+        "ran = 'IPRoute' in vars(sys.modules['pyroute2'])\n"
+        "import pyroute2\n"
+        "out = [ran, pyroute2.IPRoute is IPRoute]\n"
+    )
+    assert out == [False, True]
 
 
 def test_pyroute2_package_completes_once_under_concurrent_first_use():
@@ -77,7 +109,7 @@ def test_pyroute2_package_completes_once_under_concurrent_first_use():
         "nl = _pyroute2.load()\n"
         "pkg = sys.modules['pyroute2']\n"
         "got = []\n"
-        "threads = [threading.Thread(target=lambda: got.append(pkg.IPRoute is nl.IPRoute)) for _ in range(8)]\n"
+        "threads = [threading.Thread(target=lambda: got.append(pkg.NetlinkError is nl.NetlinkError)) for _ in range(8)]\n"
         "[t.start() for t in threads]; [t.join() for t in threads]\n"
         "out = got\n"
     )
@@ -89,7 +121,7 @@ def test_pyroute2_already_imported_is_used_as_it_is():
         "import site; site.main()\n"
         "import pyroute2\n"
         "from cni_dra.netlink import _pyroute2\n"
-        "out = [sys.modules['pyroute2'] is pyroute2, _pyroute2.load().IPRoute is pyroute2.IPRoute]\n"
+        "out = [sys.modules['pyroute2'] is pyroute2, _pyroute2.load().NetlinkError is pyroute2.NetlinkError]\n"
     )
     assert out == [True, True]
 
@@ -122,8 +154,8 @@ def test_an_in_process_invocation_imports_no_cli_library_nor_importlib_metadata(
     out = _fresh(
         "import cni_dra.main\n"
         "code = cni_dra.main.main()\n"
-        "from cni_dra.netlink import _pyroute2\n"
-        "_pyroute2.load()\n"
+        "from cni_dra.netlink import _rtnl\n"
+        "_rtnl._base()\n"
         "import pydantic, cni_dra.dra.objects as o\n"
         "built = [n for n, c in vars(o).items() if isinstance(c, type) and issubclass(c, pydantic.BaseModel)"
         " and c.__pydantic_complete__]\n"
@@ -134,9 +166,10 @@ def test_an_in_process_invocation_imports_no_cli_library_nor_importlib_metadata(
     modules = out["modules"]
     assert isinstance(modules, list)
     # it went through the in-process plugin (not vacuous): config models, state, the verb
-    assert {"cni_dra.cni", "cni_dra.protocol.config", "pydantic", "pyroute2.iproute.linux"} <= set(modules)
+    went = {"cni_dra.cni", "cni_dra.protocol.config", "pydantic", "pyroute2.netlink.rtnl.ifinfmsg"}
+    assert went <= set(modules)
     assert f"cni_dra.verbs.{'add' if command == 'ADD' else 'delete'}" in modules
     assert [m for m in modules if m.split(".")[0] in FORBIDDEN or m.startswith(FORBIDDEN)] == []
-    assert [m for m in modules if m.startswith(PYROUTE2_UNUSED)] == []
+    assert [m for m in modules if m.startswith(PYROUTE2_UNUSED + ASYNC_ENGINE)] == []
     # the Kubernetes API models of claims (the agent's, the CLI's) are defined, not built
     assert "ResourceClaim" not in out["built"] and "AllocationResult" not in out["built"]

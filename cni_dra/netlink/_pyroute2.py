@@ -1,9 +1,11 @@
 """pyroute2, loaded on the first netlink call, and its errors translated into cni-dra's.
 
-The only place in cni-dra that imports pyroute2. :func:`load` imports the narrowest
-modules (``pyroute2.iproute.linux``, ``pyroute2.netlink.exceptions``) rather than the
-package's public names, once, and registers the attribute tables pyroute2 lacks (ipvlan
-flags, the macvlan broadcast queue length). It does so before the package's ``__init__``
+With :mod:`cni_dra.netlink._rtnl`, the only place in cni-dra that imports pyroute2.
+:func:`load` imports the narrowest modules (``pyroute2.netlink.exceptions``, the link
+message ``pyroute2.netlink.rtnl.ifinfmsg``) rather than the package's public names, once,
+and registers the attribute tables pyroute2 lacks (ipvlan flags, the macvlan broadcast
+queue length); pyroute2's ``IPRoute`` (``pyroute2.iproute.linux``: asyncio, every tc and
+link-kind module) is never imported, :mod:`~cni_dra.netlink._rtnl` is the transport. It does so before the package's ``__init__``
 runs (:func:`_package_init_deferred`): that ``__init__`` imports every pyroute2 API (IPDB,
 NDB, conntrack, ipset, plan9, wireguard, ...), 64 modules and ≈ 22 ms of CPU of the
 ≈ 90 ms pyroute2 costs a process that runs in-process; it runs only if something asks
@@ -41,7 +43,9 @@ def _package_init_deferred() -> Iterator[None]:
 
     Unless pyroute2 is imported already, its package module is made from its spec, its code
     not run, and put in ``sys.modules``: the submodules load through it. After the block,
-    the first attribute the module lacks (``pyroute2.IPRoute``, ``from pyroute2 import NDB``,
+    a submodule asked of the package by name (``from pyroute2 import protocols``, as tc's
+    modules and ``pyroute2.iproute.linux`` do) is imported as that submodule; the first other
+    attribute the module lacks (``pyroute2.IPRoute``, ``from pyroute2 import NDB``,
     ``pyroute2.__version__``) runs the package's ``__init__`` in it, once, under a lock: from
     then on it is the package ``import pyroute2`` makes, holding the same submodules. When
     the block fails, or pyroute2 is not found (its imports then fail as they would anyway),
@@ -58,6 +62,8 @@ def _package_init_deferred() -> Iterator[None]:
 
     def complete(name: str) -> object:
         """The package's ``__getattr__``: only reached for an attribute it lacks."""
+        if state["armed"] and not (state["running"] or state["done"]) and _is_submodule(name):
+            return importlib.import_module(f"pyroute2.{name}")
         with lock:
             if state["armed"] and not (state["running"] or state["done"]):
                 state["running"] = True  # an attribute asked for while __init__ runs: absent
@@ -82,9 +88,16 @@ def _package_init_deferred() -> Iterator[None]:
     state["armed"] = True
 
 
+def _is_submodule(name: str) -> bool:
+    """Whether ``pyroute2.<name>`` is a module of the package (imported or not)."""
+    if not name.isidentifier() or name.startswith("_"):
+        return False
+    return f"pyroute2.{name}" in sys.modules or importlib.util.find_spec(f"pyroute2.{name}") is not None
+
+
 @functools.cache
 def load() -> SimpleNamespace:
-    """pyroute2's ``IPRoute`` and ``NetlinkError``, imported on first use; decoders registered.
+    """pyroute2's ``NetlinkError``, imported on first use; link decoders registered.
 
     Raises ImportError when pyroute2 cannot be imported.
     """
@@ -93,7 +106,6 @@ def load() -> SimpleNamespace:
 
 
 def _load() -> SimpleNamespace:
-    from pyroute2.iproute.linux import IPRoute
     from pyroute2.netlink import nla
     from pyroute2.netlink.exceptions import NetlinkError as PrNetlinkError
     from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
@@ -117,7 +129,7 @@ def _load() -> SimpleNamespace:
         )
 
     ifinfmsg.ifinfo.register_link_kind(module={"ipvlan": ipvlan_data, "macvlan": macvlan_data})
-    return SimpleNamespace(IPRoute=IPRoute, NetlinkError=PrNetlinkError)
+    return SimpleNamespace(NetlinkError=PrNetlinkError)
 
 
 def errno_of(exc: BaseException) -> int | None:

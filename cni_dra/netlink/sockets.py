@@ -2,18 +2,18 @@
 
 Every rtnetlink socket cni-dra opens comes from here:
 
-* :func:`iproute`: a pyroute2 ``IPRoute`` in the calling thread's current namespace,
-  closed when the block ends;
+* :func:`iproute`: an :class:`~cni_dra.netlink._rtnl.Rtnl` (a blocking rtnetlink socket
+  speaking pyroute2's messages, with ``IPRoute``'s calls) in the calling thread's current
+  namespace, closed when the block ends;
 * :func:`host_iproute`: the same, but kept across calls by the main thread and by threads
   inside :func:`keep_host_socket` (the fast-path workers) while they are in the host
-  namespace; opening one costs an event loop and a socket (~0.25-1 ms) and the agent
-  serves every ADD/DEL from the same few threads;
+  namespace; the agent serves every ADD/DEL from the same few threads;
 * :func:`netns_iproute`: enter a container's namespace and open a socket there, for one
   call only, so cni-dra never keeps a pod's namespace alive;
 * :func:`subscribe`: a raw ``AF_NETLINK`` socket bound to multicast groups (the link
   watch); standard library only, it does not load pyroute2.
 
-pyroute2 comes from :func:`cni_dra.netlink._pyroute2.load`, on the first ``IPRoute``.
+pyroute2's messages are imported on the first request (:mod:`cni_dra.netlink._rtnl`).
 
 Errors: :class:`~cni_dra.errors.NetlinkError` (102) when a socket cannot be opened;
 :func:`netns_iproute` raises :class:`~cni_dra.errors.ContainerUnknownError` (3) or
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from cni_dra.errors import NetlinkError
-from cni_dra.netlink import _pyroute2
+from cni_dra.netlink import _pyroute2, _rtnl
 from cni_dra.netlink.netns import current_netns_identity, host_netns_identity, in_netns_fd, open_netns
 
 __all__ = ["iproute", "host_iproute", "keep_host_socket", "netns_iproute", "drop_held", "subscribe"]
@@ -41,9 +41,9 @@ _NETLINK_ROUTE = 0
 
 @contextmanager
 def iproute() -> Iterator[Any]:
-    """A pyroute2 IPRoute whose socket lives in the calling thread's current netns."""
+    """An rtnetlink socket (:class:`~cni_dra.netlink._rtnl.Rtnl`) of the calling thread's current netns."""
     with _pyroute2.translated("open rtnetlink socket"):
-        ipr = _pyroute2.load().IPRoute()
+        ipr = _rtnl.Rtnl()
     try:
         yield ipr
     finally:
@@ -51,9 +51,8 @@ def iproute() -> Iterator[Any]:
 
 
 # One host-namespace socket kept per long-lived thread (the main thread, the fast-path
-# workers inside keep_host_socket()). pyroute2 keeps the socket's event loop in a
-# threading.local, so it can only be closed by its own thread: other threads (short-lived
-# ones) open one per call.
+# workers inside keep_host_socket()). A socket serves one request at a time, so it is kept
+# per thread; other threads (short-lived ones) open one per call.
 _held = threading.local()
 _orphans: list[Any] = []  # what a forked child inherited: kept, never used nor closed there
 
@@ -115,7 +114,7 @@ atexit.register(_close_main_socket)
 
 @contextmanager
 def host_iproute() -> Iterator[Any]:
-    """An IPRoute in the calling thread's current netns, reused across calls when allowed.
+    """An rtnetlink socket in the calling thread's current netns, reused across calls when allowed.
 
     The kept socket is used only by the thread that opened it, in the process that opened
     it, and only while the thread is in the host namespace it was opened in (compared by
@@ -134,7 +133,7 @@ def host_iproute() -> Iterator[Any]:
     held = getattr(_held, "socket", None)
     if held is None or held.netns != here or held.pid != os.getpid():
         with _pyroute2.translated("open rtnetlink socket"):
-            held = _HeldSocket(_pyroute2.load().IPRoute(), here)
+            held = _HeldSocket(_rtnl.Rtnl(), here)
         _held.socket = held
     try:
         yield held.ipr
