@@ -480,12 +480,13 @@ def test_the_plugin_starts_alone_in_its_session_with_default_signals_and_only_it
     (Python ignores SIGPIPE; the plugin must not inherit that) or blocked, its environment,
     and stdin/stdout/stderr but no other descriptor of the caller."""
     from cni_dra import ipam
+    from cni_dra.ipam import spawn
 
     if starter == "subprocess":
-        monkeypatch.setattr(ipam, "_SPAWN_CHECKED", True)
-        monkeypatch.setattr(ipam, "_SPAWN", None)
+        monkeypatch.setattr(spawn, "_SPAWN_CHECKED", True)
+        monkeypatch.setattr(spawn, "_SPAWN", None)
     else:
-        assert ipam._spawner() is not None, "glibc without posix_spawn_file_actions_addclosefrom_np"
+        assert spawn._spawner() is not None, "glibc without posix_spawn_file_actions_addclosefrom_np"
     probe = write_plugin(tmp_path / "bin", "probe", PROBE)
     opened = os.open(tmp_path, os.O_RDONLY)
     leaked = os.dup2(opened, 77, inheritable=True)  # a descriptor the caller would pass on by mistake
