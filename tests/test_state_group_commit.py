@@ -220,3 +220,28 @@ def test_a_thread_that_gives_up_waiting_leaves_the_lock_free_once_the_holder_rel
     finally:
         os.close(fd)
     assert "late" not in _ids(store.read_files())
+
+
+def _try_in_child(path: str, queue) -> None:
+    store = StateStore(path, lock_timeout_s=0.3)
+    try:
+        _put(store, "child")
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        queue.put(type(exc).__name__)
+    else:
+        queue.put("committed")
+
+
+def test_a_forked_child_holds_none_of_its_parents_locks(tmp_path: Path) -> None:
+    """Forked while the parent holds the lock (the in-process lock, the file lock), the child
+    starts with none: it waits for the parent's file lock like any other process."""
+    store = _seeded(tmp_path)
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.SimpleQueue()
+    with store.locked():
+        child = ctx.Process(target=_try_in_child, args=(str(tmp_path), queue))
+        child.start()
+        child.join(20)
+        outcome = queue.get()
+    assert outcome == "TryAgainLaterError"  # not NestedLockError, not a commit under our lock
+    assert "child" not in _ids(store.read_files())

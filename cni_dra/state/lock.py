@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cni_dra.errors import StateError, TryAgainLaterError
+from cni_dra.errors import StateError, StateWriteError, TryAgainLaterError
 
 __all__ = [
     "CHAIN_MAX_MEMBERS",
@@ -198,6 +198,17 @@ _GROUPS_GUARD = threading.Lock()
 _HOLDERS: dict[str, int] = {}  # lock file -> ident of the thread holding its in-process lock
 
 
+def _forget_after_fork() -> None:
+    """A forked child holds none of its parent's locks (threads, chains, file locks)."""
+    global _GROUPS_GUARD
+    _GROUPS.clear()
+    _HOLDERS.clear()
+    _GROUPS_GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def _group(key: str) -> _Group:
     with _GROUPS_GUARD:
         group = _GROUPS.get(key)
@@ -224,15 +235,20 @@ def _end_chain(group: _Group) -> _Chain | None:
         return None
     try:
         chain.sync()
-    except StateError as exc:
-        chain.error = exc
+    except BaseException as exc:
+        chain.error = (
+            exc if isinstance(exc, StateError) else StateWriteError(f"failed to write state: {exc!r}")
+        )
         try:
             chain.cut()
         except Exception as cut:  # noqa: BLE001 - the members fail with the sync's error anyway
             _log.error("failed to cut uncommitted records off the state journal: %s", cut)
-    with group.cond:
-        chain.done = True
-        group.cond.notify_all()
+        if not isinstance(exc, StateError):
+            raise
+    finally:
+        with group.cond:
+            chain.done = True
+            group.cond.notify_all()
     return chain
 
 
