@@ -447,3 +447,60 @@ def test_cni_path_argument_overrides_env(env: dict[str, str], plugin_dir: Path, 
 def test_timeout_is_keyword_only(env: dict[str, str]) -> None:
     with pytest.raises(TypeError):
         ipam_del("fake-ipam", conf(), env, None, 5.0)  # type: ignore[misc]
+
+
+# --- how the plugin process is started ------------------------------------------------
+
+PROBE = """#!/bin/sh
+cat >/dev/null
+grep -E '^(SigIgn|SigBlk):' /proc/self/status
+echo "env: $PROBE_VALUE"
+for fd in /proc/$$/fd/*; do echo "fd: ${fd##*/}"; done
+"""
+
+
+def _probe_result(out: bytes) -> dict[str, object]:
+    seen: dict[str, object] = {"fds": []}
+    for line in out.decode().splitlines():
+        key, _, value = line.replace("\t", " ").partition(" ")
+        if key == "fd:":
+            seen["fds"].append(int(value))  # type: ignore[attr-defined]
+        else:
+            seen[key.rstrip(":")] = value.strip()
+    return seen
+
+
+@pytest.mark.parametrize("starter", ["posix_spawn", "subprocess"])
+def test_the_plugin_starts_alone_in_its_session_with_default_signals_and_only_its_pipes(
+    starter: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ways of starting it (glibc's posix_spawn, which lets the other threads of the
+    agent run while the child starts, and subprocess where that is missing) give the plugin
+    the same process: a new session (its group is killed on timeout), no signal ignored
+    (Python ignores SIGPIPE; the plugin must not inherit that) or blocked, its environment,
+    and stdin/stdout/stderr but no other descriptor of the caller."""
+    from cni_dra import ipam
+    from cni_dra.ipam import spawn
+
+    if starter == "subprocess":
+        monkeypatch.setattr(spawn, "_SPAWN_CHECKED", True)
+        monkeypatch.setattr(spawn, "_SPAWN", None)
+    else:
+        assert spawn._spawner() is not None, "glibc without posix_spawn_file_actions_addclosefrom_np"
+    probe = write_plugin(tmp_path / "bin", "probe", PROBE)
+    opened = os.open(tmp_path, os.O_RDONLY)
+    leaked = os.dup2(opened, 77, inheritable=True)  # a descriptor the caller would pass on by mistake
+    os.close(opened)
+    try:
+        rc, out, err = ipam._run(
+            str(probe), b"{}", {"PROBE_VALUE": "v=1", "PATH": "/usr/bin:/bin"}, 10.0, "probe"
+        )
+    finally:
+        os.close(leaked)
+    assert rc == 0, err
+    seen = _probe_result(out)
+    assert seen["SigIgn"] == "0000000000000000"
+    assert seen["SigBlk"] == "0000000000000000"
+    assert seen["env"] == "v=1"
+    fds = seen["fds"]
+    assert isinstance(fds, list) and {0, 1, 2} <= set(fds) and leaked not in fds, fds

@@ -126,3 +126,49 @@ def test_liveness_rule_on_recorded_proc_entries(tmp_path, threads, alive):
     proc = _fake_proc(tmp_path, 7, threads)
     assert owner_alive(Owner(pid=7, start=4242, boot=boot_id()), proc=str(proc)) is alive
     assert not owner_alive(Owner(pid=7, start=4243, boot=boot_id()), proc=str(proc))  # another process
+
+
+def test_this_process_is_alive_without_reading_proc_and_the_boot_id_is_read_once(monkeypatch):
+    """An agent checks the owners of the intents in flight at every ADD and DEL; most of
+    them are its own process, which runs the check: no ``/proc`` read for it, and the boot
+    id (no process outlives its boot) is read once."""
+    from cni_dra.state import owner as owner_module
+
+    me = current_owner()
+    reads: list[str] = []
+    real_stat = owner_module._stat
+    monkeypatch.setattr(owner_module, "_stat", lambda path: reads.append(path) or real_stat(path))
+    real_open = open
+    opened: list[str] = []
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    assert current_owner() == me
+    assert owner_alive(me)
+    assert reads == []
+    assert owner_module.BOOT_ID_PATH not in opened and boot_id() == me.boot
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        child = Owner(pid=other.pid, start=int(_stat_field(other.pid, 22)), boot=me.boot)
+        assert owner_alive(child) and reads == [f"/proc/{other.pid}/stat"]  # another process: read
+    finally:
+        other.kill()
+        other.wait()
+    assert not owner_alive(me.model_copy(update={"boot": "another-boot"}))
+
+
+def test_a_forked_child_names_itself_not_its_parent():
+    import multiprocessing
+
+    parent = current_owner()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.SimpleQueue()
+    child = ctx.Process(target=lambda: queue.put(current_owner().model_dump()))
+    child.start()
+    named = Owner.model_validate(queue.get())
+    child.join(10)
+    assert named.pid == child.pid != parent.pid
+    assert named.start != 0 and named.boot == parent.boot

@@ -101,16 +101,16 @@ class StateFiles:
 
     # -- locking -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the state lock (bounded wait). Raises TryAgainLaterError (11), StateError (5),
+    def locked(self) -> Iterator[lock.Hold]:
+        """Hold the state lock (bounded wait); yields the holder's part in group commit
+        (:func:`cni_dra.state.lock.held`). Raises TryAgainLaterError (11), StateError (5),
         :class:`~cni_dra.state.lock.NestedLockError` at once when this thread holds it already.
 
         Threads of one process (the agent) first queue on an in-process lock per lock file,
-        blocking instead of polling the file lock, then take the file lock as processes do."""
-        with self.thread_locked():
-            self.ensure_dir()
-            with lock.file_locked(self.lock_path, self.lock_timeout_s):
-                yield
+        blocking instead of polling the file lock, then take the file lock as processes do
+        (unless the process holds it already for records that wait for their sync)."""
+        with lock.held(self.lock_path, self.lock_timeout_s, prepare=self.ensure_dir) as hold:
+            yield hold
 
     @contextlib.contextmanager
     def thread_locked(self) -> Iterator[None]:

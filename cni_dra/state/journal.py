@@ -7,7 +7,9 @@ by more records, or a gap in ``seq``, is corruption. A journal whose records nam
 id is stale (left by a crash between a compaction's snapshot and the journal's removal, or
 by a snapshot written by someone else) and is ignored.
 
-A commit appends one record and ``fdatasync``s it (unless not durable); when the journal
+A commit appends one record and ``fdatasync``s it (unless not durable; the transaction layer
+may leave the sync to :func:`sync`, once for the records of several transactions, and
+:func:`cut` them off again when it fails); when the journal
 has grown past ``max(journal_limit_bytes, size of the snapshot)`` it is folded into a new
 snapshot (compaction, :func:`write_snapshot`), so the amortised cost per commit stays flat.
 
@@ -45,7 +47,7 @@ from cni_dra.state.files import StateFiles
 from cni_dra.state.owner import boot_id
 from cni_dra.state.schema import NodeState
 
-__all__ = ["replay", "append", "write_snapshot", "write_synced"]
+__all__ = ["replay", "append", "sync", "cut", "write_snapshot", "write_synced"]
 
 _log = logging.getLogger("cni_dra.state.store")
 
@@ -211,21 +213,22 @@ def write_snapshot(files: StateFiles, state: NodeState, folded: Cached | None = 
     CACHE[key] = Cached(ident(st), len(data), jid, seq, state)
 
 
-def append(files: StateFiles, entry: Cached, ops: list[bytes], durable: bool = True) -> None:
+def append(files: StateFiles, entry: Cached, ops: list[bytes], durable: bool = True) -> tuple[int, bool]:
     """Commit ``ops`` (encoded) as the next journal record of ``entry`` (fdatasync'ed
-    when ``durable``). A record is committed only when it was written whole and synced:
-    on any failure it is cut off again (a truncate frees space, so it works on a full
-    disk) and StateError (5) is raised; the caller then drops its cached view, so the
-    process's view never runs ahead of the disk."""
+    when ``durable``, and when it creates the journal). A record is committed only when it was
+    written whole and synced: on any failure it is cut off again (a truncate frees space, so
+    it works on a full disk) and StateError (5) is raised; the caller then drops its cached
+    view, so the process's view never runs ahead of the disk.
+
+    Returns where the record starts (what :func:`cut` cuts back to) and whether it was synced."""
     seq = entry.seq + 1
     record = encode_record(entry.jid, seq, ops)
     try:
         fd = fsio.open_write(files.journal_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise StateWriteError(
-            f"failed to write state {files.journal_path}: {exc.strerror}; nothing was changed"
-        ) from exc
+        raise _write_error(files, exc) from exc
     end = 0
+    synced = False
     try:
         st = os.fstat(fd)
         created = st.st_size == 0 and entry.j_ident is None
@@ -239,17 +242,16 @@ def append(files: StateFiles, entry: Cached, ops: list[bytes], durable: bool = T
         fault_point("state:renamed")  # whole record, not yet synced
         if durable or created:
             fsio.fdatasync(fd)
+            synced = True
         if created:
             fsio.fsync_dir(files.dir)
         after = os.fstat(fd)
     except OSError as exc:
         try:  # what was written of the record is not committed: no reader may take it
             os.ftruncate(fd, end)
-        except OSError as cut:
-            _log.error("failed to cut an uncommitted record off %s: %s", files.journal_path, cut.strerror)
-        raise StateWriteError(
-            f"failed to write state {files.journal_path}: {exc.strerror}; nothing was changed"
-        ) from exc
+        except OSError as cut_exc:
+            _log.error("failed to cut an uncommitted record off %s: %s", files.journal_path, cut_exc.strerror)
+        raise _write_error(files, exc) from exc
     finally:
         os.close(fd)
     remember(entry, seq, record)
@@ -258,3 +260,50 @@ def append(files: StateFiles, entry: Cached, ops: list[bytes], durable: bool = T
     entry.j_end = entry.j_size = end + len(record)
     entry.j_times = (after.st_mtime_ns, after.st_ctime_ns)
     entry.j_stale = False
+    return end, synced
+
+
+def _write_error(files: StateFiles, exc: OSError) -> StateWriteError:
+    return StateWriteError(f"failed to write state {files.journal_path}: {exc.strerror}; nothing was changed")
+
+
+def _open_journal(files: StateFiles, j_ident: tuple[int, int] | None, flags: int) -> int | None:
+    """The journal opened with ``flags`` when it is still the file ``j_ident`` names, else None."""
+    try:
+        fd = os.open(files.journal_path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != j_ident:
+        os.close(fd)
+        return None
+    return fd
+
+
+def sync(files: StateFiles, j_ident: tuple[int, int] | None) -> None:
+    """``fdatasync`` the journal ``j_ident`` (the identity :func:`append` recorded): every
+    record appended to it so far is committed. Nothing to do when it is no longer there (a
+    snapshot, itself synced, replaced it). Raises StateWriteError (5)."""
+    try:
+        fd = _open_journal(files, j_ident, os.O_RDONLY)
+        if fd is None:
+            return
+        try:
+            fsio.fdatasync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _write_error(files, exc) from exc
+
+
+def cut(files: StateFiles, j_ident: tuple[int, int] | None, offset: int) -> None:
+    """Cut the journal ``j_ident`` back to ``offset`` (records appended after it were never
+    committed: their sync failed) and drop this process's cached view. Raises OSError."""
+    CACHE.pop(str(files.path), None)
+    fd = _open_journal(files, j_ident, os.O_WRONLY)
+    if fd is None:
+        return
+    try:
+        os.ftruncate(fd, offset)
+    finally:
+        os.close(fd)

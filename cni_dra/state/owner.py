@@ -11,6 +11,10 @@ down (its main thread flagged ``PF_EXITING``) and then as a zombie (state ``Z``)
 parent reaps it; its sockets are closed before that, so a client of the agent already runs
 the invocation again in-process. Neither can finish an intent: :func:`owner_alive` counts
 a process alive only while one of its threads is neither exiting nor a zombie.
+
+A process knows itself without ``/proc``: :func:`current_owner` is computed once (again after
+a fork), and :func:`owner_alive` of it is true at once (the agent checks the owners of the
+intents in flight, mostly its own, at every ADD and DEL); the boot id is read once.
 """
 
 from __future__ import annotations
@@ -27,12 +31,28 @@ _GONE_STATES = frozenset("ZXx")  # zombie, dead (``x`` on kernels before 4.14)
 
 
 def boot_id() -> str:
-    """The kernel's boot id (``/proc/sys/kernel/random/boot_id``), "" when unreadable."""
-    try:
-        with open(BOOT_ID_PATH, encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:  # pragma: no cover - always readable on Linux
-        return ""
+    """The kernel's boot id (``/proc/sys/kernel/random/boot_id``), "" when unreadable. Read
+    once per process: no process outlives the boot it started in."""
+    global _BOOT_ID
+    if _BOOT_ID is None:
+        try:
+            with open(BOOT_ID_PATH, encoding="ascii") as f:
+                _BOOT_ID = f.read().strip()
+        except OSError:  # pragma: no cover - always readable on Linux
+            return ""
+    return _BOOT_ID
+
+
+_BOOT_ID: str | None = None
+_SELF: Owner | None = None  # this process, once current_owner() named it (a fork forgets it)
+
+
+def _forget_self() -> None:
+    global _SELF
+    _SELF = None
+
+
+os.register_at_fork(after_in_child=_forget_self)
 
 
 def _stat(path: str) -> tuple[str, int, int] | None:
@@ -64,12 +84,18 @@ def current_owner() -> Owner:
     process that started in a container's and joined the node's mount namespace
     (:mod:`cni_dra.fastpath.join`) sees the node's ``/proc``, the one every other reader of
     the node's state uses, where its container pid names another process or none."""
+    global _SELF
     try:
         pid = int(os.readlink("/proc/self"))
     except (OSError, ValueError):  # pragma: no cover - /proc is always mounted on a node
         pid = os.getpid()
+    if _SELF is not None and _SELF.pid == pid:
+        return _SELF
     stat = _stat(f"/proc/{pid}/stat")
-    return Owner(pid=pid, start=stat[2] if stat else 0, boot=boot_id())
+    me = Owner(pid=pid, start=stat[2] if stat else 0, boot=boot_id())
+    if stat is not None:
+        _SELF = me
+    return me
 
 
 def owner_alive(owner: Owner | None, *, proc: str = "/proc") -> bool:
@@ -82,6 +108,8 @@ def owner_alive(owner: Owner | None, *, proc: str = "/proc") -> bool:
         return False
     if owner.boot and owner.boot != boot_id():
         return False
+    if owner == _SELF and proc == "/proc":
+        return True  # this process, which runs this line (an agent's intents in flight)
     main = _stat(f"{proc}/{owner.pid}/stat")
     if main is None or main[2] != owner.start:
         return False

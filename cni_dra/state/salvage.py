@@ -66,7 +66,8 @@ def replace(store: StateFiles) -> Iterator[RepairView]:
     (so it never overwrites the backup), and its journal as ``state.journal.corrupt-<unix s>``.
     Write the result with :meth:`RepairView.write`.
     """
-    with store.locked():
+    with store.locked() as hold:
+        hold.flush()  # this process's records that wait for their sync: synced (or cut off) first
         CACHE.pop(str(store.path), None)  # repair reads the files, not what this process remembers
         view = RepairView(store)
         stamp = int(time.time())  # of the files moved aside

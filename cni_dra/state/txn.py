@@ -32,6 +32,7 @@ from cni_dra.state import journal, ops
 from cni_dra.state.cache import CACHE
 from cni_dra.state.files import StateFiles
 from cni_dra.state.frozen import deep_freeze
+from cni_dra.state.lock import Hold
 from cni_dra.state.reading import read_current, read_fresh
 from cni_dra.state.schema import Attachment, Attachments, NodeState
 
@@ -173,20 +174,25 @@ class Txn:
 def transaction(files: StateFiles, durable: bool) -> Iterator[Txn]:
     """See :meth:`cni_dra.state.store.StateStore.transaction`."""
     key = str(files.path)
-    with files.locked():
+    with files.locked() as hold:
         txn = Txn(read_current(files), where=str(files.dir))
         try:
             yield txn  # a block that raises leaves the cached state as it was: nothing to undo
             try:
-                _commit(files, txn, durable)
+                _commit(files, txn, durable, hold)
             except BaseException:
                 CACHE.pop(key, None)
                 raise
         finally:
             txn.close()
+    # leaving the lock: a record that waits for its sync (group commit) is synced by now,
+    # or cut off with the error raised here (and the cached view dropped)
 
 
-def _commit(files: StateFiles, txn: Txn, durable: bool = True) -> None:
+def _commit(files: StateFiles, txn: Txn, durable: bool, hold: Hold) -> None:
+    """Commit ``txn``'s operations: one journal record, or a new snapshot. A durable record
+    (and any record after one that waits for its sync) joins the lock's group commit: it is
+    committed once the chain's one sync succeeds (:mod:`cni_dra.state.lock`)."""
     if not txn.ops:
         return
     state = txn.state
@@ -198,11 +204,19 @@ def _commit(files: StateFiles, txn: Txn, durable: bool = True) -> None:
         or entry.snap_ident is None
         or files.journal_limit_bytes <= 0
     ):
+        hold.flush()  # the snapshot replaces the journal: the records waiting for a sync first
         journal.write_snapshot(files, state)
     else:
-        journal.append(files, entry, [ops.encode(op) for op in txn.ops], durable)
+        start, synced = journal.append(files, entry, [ops.encode(op) for op in txn.ops], durable=False)
         entry.state = state  # readers from now on; those holding the old state keep it whole
+        if (durable and not synced) or hold.pending:
+            j_ident = entry.j_ident
+            hold.join(
+                sync=lambda: journal.sync(files, j_ident),
+                cut=lambda: journal.cut(files, j_ident, start),
+            )
         if entry.j_end > max(files.journal_limit_bytes, entry.snap_size):
+            hold.flush()  # this record is committed (or cut off, and this commit fails) first
             try:  # compaction: the record above is committed whatever happens here
                 journal.write_snapshot(files, state, folded=entry)
             except StateError as exc:

@@ -19,7 +19,11 @@ Two measured facts about the reference IPAM plugins on Debian 12
   :func:`ipam_status` and :func:`ipam_gc` therefore skip plugins whose VERSION
   answer lacks a version >= 1.1.0.
 
-No shell is involved; the plugin is run from its absolute path. Stdlib only.
+No shell is involved; the plugin is run from its absolute path, in a session of its own,
+with only its stdin, stdout and stderr (pipes) and default signal dispositions. It is
+started with glibc's ``posix_spawn`` through ctypes, which, unlike ``subprocess``, lets the
+agent's other threads run while the child starts (:mod:`cni_dra.ipam.spawn`; ``subprocess``
+when the C library lacks what that needs). Stdlib only.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -40,6 +43,7 @@ from cni_dra.errors import (
     IpamError,
     TryAgainLaterError,
 )
+from cni_dra.ipam.spawn import Child
 from cni_dra.protocol.results import Result, parse_result, result_to_dict
 from cni_dra.protocol.versions import SUPPORTED_VERSIONS, parse_version, version_at_least
 
@@ -101,50 +105,25 @@ def _run(
     path: str, stdin: bytes, env: Mapping[str, str], timeout_s: float, what: str
 ) -> tuple[int, bytes, bytes]:
     """Run ``path`` once; returns (exit code, stdout, stderr). Kills its process group on timeout."""
+    if any("\0" in k or "\0" in v or "=" in k for k, v in env.items()):
+        raise IpamError(
+            f"failed to {what}: cannot execute {path}", "environment contains a NUL byte or a bad name"
+        )
     for attempt in range(_TXTBSY_RETRIES + 1):
         try:
-            proc = subprocess.Popen(
-                [path],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=dict(env),
-                close_fds=True,
-                start_new_session=True,
-            )
+            child = Child.start(path, env)
             break
         except OSError as exc:
             if exc.errno == errno.ETXTBSY and attempt < _TXTBSY_RETRIES:
                 time.sleep(0.05 * (2**attempt))
                 continue
             raise IpamError(f"failed to {what}: cannot execute {path}", str(exc)) from exc
-        except ValueError as exc:  # NUL byte in an environment value
-            raise IpamError(f"failed to {what}: cannot execute {path}", str(exc)) from exc
     try:
-        out, err = proc.communicate(stdin, timeout=timeout_s)
+        out, err = child.communicate(stdin, timeout_s)
     except subprocess.TimeoutExpired as exc:
-        _kill_group(proc)
+        child.kill_group()
         raise TryAgainLaterError(f"failed to {what}: timed out after {timeout_s:g} s") from exc
-    return proc.returncode, out, err
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the plugin's process group (it leads its own session) and reap the plugin.
-
-    A descendant that left the group could keep the pipes open; the pipes are then
-    closed rather than drained, so this never blocks for long.
-    """
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    try:
-        proc.communicate(timeout=2.0)
-    except subprocess.TimeoutExpired:
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        proc.wait()
+    return child.wait(), out, err
 
 
 def _error_from(what: str, rc: int, out: bytes, err: bytes) -> IpamError:
