@@ -17,12 +17,14 @@ The traffic-control modules (``tcmsg`` and its plugins, ``pyroute2.requests.tc``
 imported on the first ``tc`` call only: a verb that does not shape never loads them.
 
 Errors are pyroute2's: a negative acknowledgement raises ``pyroute2.netlink.exceptions
-.NetlinkError`` with the errno as ``code``, socket errors raise ``OSError``; callers
+.NetlinkError`` with the errno as ``code``, socket errors raise ``OSError`` (``EMSGSIZE``
+for a reply datagram above 64 KiB, which cni-dra's requests do not ask for); callers
 translate both (:func:`cni_dra.netlink._pyroute2.translated`).
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import socket
 import struct
@@ -225,7 +227,9 @@ class Rtnl:
         replies: list[Any] = []
         unpack = _HEADER.unpack_from
         while True:
-            data = sock.recv(_RECV_BYTES)
+            data, _anc, recv_flags, _addr = sock.recvmsg(_RECV_BYTES)
+            if recv_flags & socket.MSG_TRUNC:
+                raise OSError(errno.EMSGSIZE, f"rtnetlink reply larger than {_RECV_BYTES} bytes")
             offset, end = 0, len(data)
             while offset + 16 <= end:
                 length, kind, _mflags, mseq, _pid = unpack(data, offset)

@@ -1,0 +1,133 @@
+"""The netlink layer's own rtnetlink transport (cni_dra.netlink._rtnl) against a scripted socket.
+
+No kernel: the socket replays datagrams built here, so the reading loop's rules are checked
+one by one (the acknowledgement ends a request, a negative one raises pyroute2's error with
+the errno, a dump ends at NLMSG_DONE, replies of another sequence number are skipped, a
+truncated datagram fails). netns_tests/test_netlink_rtnl.py runs the same socket against the
+kernel.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+from typing import Any
+
+import pytest
+
+from cni_dra.netlink import _pyroute2, _rtnl
+
+_NLMSG_ERROR, _NLMSG_DONE, _RTM_NEWLINK = 2, 3, 16
+
+
+def _nlmsg(kind: int, seq: int, payload: bytes, flags: int = 0) -> bytes:
+    return struct.pack("=IHHII", 16 + len(payload), kind, flags, seq, 0) + payload
+
+
+def _ack(seq: int, code: int = 0) -> bytes:
+    # struct nlmsgerr with NETLINK_CAP_ACK: the error, then the request's header only
+    return _nlmsg(_NLMSG_ERROR, seq, struct.pack("=i", code) + struct.pack("=IHHII", 32, 18, 5, seq, 0))
+
+
+def _link(seq: int, index: int, name: str, flags: int = 0) -> bytes:
+    raw = name.encode() + b"\0"
+    pad = b"\0" * (-len(raw) % 4)
+    attr = struct.pack("=HH", 4 + len(raw), 3) + raw + pad  # IFLA_IFNAME
+    return _nlmsg(_RTM_NEWLINK, seq, struct.pack("=BxHiII", 0, 1, index, 0, 0) + attr, flags)
+
+
+class _Scripted:
+    """A socket whose replies are a script: each entry is ``(datagram, msg_flags)`` or a
+    function of the sequence number of the last request sent."""
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script, self.sent = list(script), []
+
+    def send(self, data: bytes) -> int:
+        self.sent.append(data)
+        return len(data)
+
+    def recvmsg(self, size: int) -> tuple[bytes, list[Any], int, Any]:
+        entry = self.script.pop(0)
+        seq = struct.unpack_from("=I", self.sent[-1], 8)[0]
+        data, flags = entry(seq) if callable(entry) else entry
+        return data, [], flags, None
+
+    def close(self) -> None:
+        pass
+
+
+def _rtnl_with(script: list[Any]) -> tuple[_rtnl.Rtnl, _Scripted]:
+    sock = _rtnl.Rtnl.__new__(_rtnl.Rtnl)
+    fake = _Scripted(script)
+    sock._sock, sock._seq = fake, 0  # type: ignore[assignment]
+    return sock, fake
+
+
+def test_a_get_returns_the_reply_then_stops_at_the_ack() -> None:
+    sock, fake = _rtnl_with([lambda seq: (_link(seq, 7, "eth9") + _ack(seq), 0)])
+    (msg,) = sock.link("get", ifname="eth9")
+    assert (msg["index"], msg.get_attr("IFLA_IFNAME")) == (7, "eth9")
+    assert fake.script == []
+
+
+def test_a_negative_ack_raises_pyroute2s_error_with_the_errno() -> None:
+    sock, _ = _rtnl_with([lambda seq: (_ack(seq, -errno.ENODEV), 0)])
+    with pytest.raises(_pyroute2.load().NetlinkError) as got:
+        sock.link("get", ifname="nosuch0")
+    assert got.value.code == errno.ENODEV
+
+
+def test_a_dump_reads_every_datagram_until_done_and_filters_on_the_client() -> None:
+    multi = 0x2
+    sock, fake = _rtnl_with(
+        [
+            lambda seq: (_link(seq, 1, "lo", multi) + _link(seq, 2, "eth0", multi), 0),
+            lambda seq: (
+                _link(seq, 3, "eth1", multi) + _nlmsg(_NLMSG_DONE, seq, struct.pack("=i", 0), multi),
+                0,
+            ),
+        ]
+    )
+    assert [m.get_attr("IFLA_IFNAME") for m in sock.link("dump")] == ["lo", "eth0", "eth1"]
+    assert fake.script == []
+    sock, _ = _rtnl_with(
+        [
+            lambda seq: (
+                _link(seq, 1, "lo", multi)
+                + _link(seq, 2, "eth0", multi)
+                + _nlmsg(_NLMSG_DONE, seq, b"\0" * 4),
+                0,
+            )
+        ]
+    )
+    assert [m["index"] for m in sock.link("dump", index=2)] == [2]
+
+
+def test_replies_to_another_sequence_number_are_skipped() -> None:
+    sock, _ = _rtnl_with(
+        [
+            lambda seq: (_link(seq + 100, 9, "stale0") + _ack(seq + 100, -errno.EEXIST), 0),
+            lambda seq: (_link(seq, 7, "eth9") + _ack(seq), 0),
+        ]
+    )
+    assert [m.get_attr("IFLA_IFNAME") for m in sock.link("get", ifname="eth9")] == ["eth9"]
+
+
+def test_a_truncated_datagram_fails_rather_than_decoding_half_a_message() -> None:
+    sock, _ = _rtnl_with([lambda seq: (_link(seq, 7, "eth9")[:20], socket.MSG_TRUNC)])
+    with pytest.raises(OSError) as got:
+        sock.link("get", ifname="eth9")
+    assert got.value.errno == errno.EMSGSIZE
+
+
+def test_each_request_gets_the_next_sequence_number_and_a_closed_socket_refuses() -> None:
+    sock, fake = _rtnl_with([lambda seq: (_ack(seq), 0), lambda seq: (_ack(seq), 0)])
+    sock.link("set", index=7, state="up")
+    sock.link("del", index=7)
+    assert [struct.unpack_from("=I", d, 8)[0] for d in fake.sent] == [1, 2]
+    sock.close()
+    assert sock.closed
+    with pytest.raises(OSError):
+        sock.link("del", index=7)
