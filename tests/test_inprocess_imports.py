@@ -173,3 +173,28 @@ def test_an_in_process_invocation_imports_no_cli_library_nor_importlib_metadata(
     assert [m for m in modules if m.startswith(PYROUTE2_UNUSED + ASYNC_ENGINE)] == []
     # the Kubernetes API models of claims (the agent's, the CLI's) are defined, not built
     assert "ResourceClaim" not in out["built"] and "AllocationResult" not in out["built"]
+
+
+def test_the_agents_warm_up_loads_tc_so_its_first_shaped_add_does_not():
+    """A plugin run imports tc's messages on its first tc request; a long-lived process (the
+    agent and its worker processes) loads them when it warms up."""
+    code = (
+        "import json, sys\n"
+        "from cni_dra.fastpath.server import warm_imports\n"
+        f"before = [m in sys.modules for m in {TC_MODULES!r}]\n"
+        "warm_imports()\n"
+        f"after = [m in sys.modules for m in {TC_MODULES!r}]\n"
+        "print(json.dumps([before, after]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**BASE_ENV, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    before, after = json.loads(proc.stdout.decode().splitlines()[-1])
+    assert before == [False, False]
+    assert after == [True, True]

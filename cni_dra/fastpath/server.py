@@ -394,8 +394,10 @@ def warm_imports() -> None:
     import cni_dra.verbs.check
     import cni_dra.verbs.delete  # noqa: F401 (imported to be loaded, not called)
     from cni_dra.netlink import info
+    from cni_dra.netlink.sockets import load_tc
 
     info.host_link("lo")  # loads pyroute2 and opens the main thread's kept socket
+    load_tc()  # shaping's messages: else the first shaped ADD of each process imports them
 
 
 def serve(

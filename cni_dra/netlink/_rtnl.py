@@ -34,7 +34,7 @@ from typing import Any
 
 from cni_dra.netlink import _pyroute2
 
-__all__ = ["Rtnl"]
+__all__ = ["Rtnl", "load_tc"]
 
 _NETLINK_ROUTE = 0
 _NLMSG_ERROR = 2
@@ -159,6 +159,11 @@ def _tc() -> SimpleNamespace:
 
     _DECODERS.update({_RTM_NEWQDISC: tcmsg, _RTM_NEWTFILTER: tcmsg})
     return SimpleNamespace(tcmsg=tcmsg, filters=lambda command: [TcRequestFilter(), TcIPRouteFilter(command)])
+
+
+def load_tc() -> None:
+    """Import tc's message and request filters now rather than on the first tc request."""
+    _tc()
 
 
 def _matches(dump_filter: Any, msg: Any) -> bool:

@@ -34,9 +34,24 @@ from cni_dra.errors import NetlinkError
 from cni_dra.netlink import _pyroute2, _rtnl
 from cni_dra.netlink.netns import current_netns_identity, host_netns_identity, in_netns_fd, open_netns
 
-__all__ = ["iproute", "host_iproute", "keep_host_socket", "netns_iproute", "drop_held", "subscribe"]
+__all__ = [
+    "iproute",
+    "host_iproute",
+    "keep_host_socket",
+    "netns_iproute",
+    "drop_held",
+    "subscribe",
+    "load_tc",
+]
 
 _NETLINK_ROUTE = 0
+
+
+def load_tc() -> None:
+    """Import traffic control's messages now (a plugin run loads them on its first tc
+    request only): a long-lived process calls this once so its first shaped ADD does not."""
+    with _pyroute2.translated("load traffic control messages"):
+        _rtnl.load_tc()
 
 
 @contextmanager
