@@ -388,16 +388,14 @@ def warm_imports() -> None:
     import cni_dra.cni
     import cni_dra.dra.inventory
     import cni_dra.ipam
-    import cni_dra.netlink  # every netlink module (addr, info, sublink, sysctl)
     import cni_dra.protocol.config
     import cni_dra.verbs.add
     import cni_dra.verbs.check
     import cni_dra.verbs.delete  # noqa: F401 (imported to be loaded, not called)
-    from cni_dra.netlink import info
-    from cni_dra.netlink.sockets import load_tc
+    from cni_dra.netlink import info, sockets  # the package loads every netlink module
 
     info.host_link("lo")  # loads pyroute2 and opens the main thread's kept socket
-    load_tc()  # shaping's messages: else the first shaped ADD of each process imports them
+    sockets.load_tc()  # shaping's messages: else each process's first shaped ADD loads them
 
 
 def serve(
