@@ -21,6 +21,7 @@ from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, NodeState, Txn
 from cni_dra.state.books import kept_usage
 from cni_dra.state.ledger import node_usage
+from tests import builders
 
 DRIVER, POOL = "d", "p"
 INVENTORY = {
@@ -65,14 +66,14 @@ steps = st.lists(
 
 def _attachment(rec: tuple[Any, ...]) -> Attachment:
     cid, device, (driver, pool), consumed, share_id, uid = rec
-    return Attachment(
+    return builders.attachment(
+        f"c{cid}",
+        device,
         network="n",
-        containerID=f"c{cid}",
-        ifname="eth0",
         driver=driver,
         pool=pool,
-        device=device,
         parent=device,
+        phase="adding",
         consumedCapacity=consumed,
         shareID=share_id,
         claim=None if uid is None else {"uid": uid, "name": uid, "namespace": "ns", "request": "r"},

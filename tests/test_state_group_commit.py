@@ -22,6 +22,7 @@ import pytest
 
 from cni_dra.errors import StateWriteError, TryAgainLaterError
 from cni_dra.state import Attachment, StateStore, fsio, lock
+from tests import builders
 
 N = 6
 
@@ -33,14 +34,14 @@ def _unbounded_chains(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _att(cid: str) -> Attachment:
-    return Attachment(
+    return builders.attachment(
+        cid,
+        "a",
         network="n",
-        containerID=cid,
-        ifname="eth0",
         driver="d",
         pool="p",
-        device="a",
         parent="eth-a",
+        phase="adding",
         consumedCapacity={"bandwidth": "1M"},
     )
 
