@@ -43,7 +43,6 @@ Needs root (the bed, nsenter into the node)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import ipaddress
 import json
 import os
@@ -54,10 +53,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the e2e tests' helpers
 from cluster_stats import (
     Histogram,
     PodTimes,
@@ -69,8 +68,10 @@ from cluster_stats import (
     summarize,
 )
 
+from netns_tests.e2e.helpers import NS, load_cluster_module, make_template
+
 REPO = Path(__file__).resolve().parents[1]
-NS = "default"
+
 LABEL = "cni-dra-bench"
 TEMPLATE = "cni-dra-bench-share"
 REF_CONFLIST = "/etc/cni/net.d/00-bench-reference.conflist"
@@ -113,15 +114,6 @@ def log(msg: str) -> None:
     print(f"bench-cluster: {msg}", file=sys.stderr, flush=True)
 
 
-def load_cluster() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cni_dra_e2e_cluster", REPO / "scripts/e2e/cluster.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 # -- the network of the node -----------------------------------------------------------------
 
 
@@ -157,37 +149,6 @@ def use_reference(node, on: bool) -> None:
 
 
 # -- the API objects -------------------------------------------------------------------------
-
-
-def make_template(api, bandwidth: str) -> None:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": TEMPLATE, "namespace": NS},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "net1",
-                            "exactly": {
-                                "deviceClassName": "cni-dra-shared-nic",
-                                "capacity": {"requests": {"bandwidth": bandwidth}},
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
-    try:
-        client.ResourceV1Api(api).create_namespaced_resource_claim_template(NS, body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
 
 
 def pod_body(cluster, name: str, node: str, *, claim: bool, tag: str) -> dict[str, Any]:
@@ -560,7 +521,7 @@ def main(argv: list[str]) -> int:
     if os.geteuid() != 0:
         ap.error("needs root (the cluster bed)")
 
-    cluster = load_cluster()
+    cluster = load_cluster_module()
     own_bed = not cluster.status_line().startswith("up")
     t_start = time.time()
     if own_bed:
@@ -576,7 +537,7 @@ def main(argv: list[str]) -> int:
             cluster.helm_upgrade(api, *[x for kv in args.helm_set for x in ("--set", kv)])
         bench = Bench(cluster, api, args)
         bench.watch.start()
-        make_template(api, args.bandwidth)
+        make_template(api, TEMPLATE, args.bandwidth)
         for i in range(args.rounds):
             for v in variants if i % 2 == 0 else list(reversed(variants)):
                 rounds.append(bench.round(v, i))

@@ -10,29 +10,18 @@ end, failure or not. A failed test gets the tails of every component's log attac
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from netns_tests.e2e.helpers import load_cluster_module
+
 ENABLED = os.environ.get("CNI_DRA_E2E") == "1"
 if not ENABLED:
     collect_ignore_glob = ["test_*.py"]
-
-_REPO = Path(__file__).resolve().parents[2]
-
-
-def load_cluster_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cni_dra_e2e_cluster", _REPO / "scripts/e2e/cluster.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
+import sys
 import time
 from decimal import Decimal
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,6 +19,17 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
 NS = "default"
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def load_cluster_module() -> ModuleType:
+    """The bed's library, scripts/e2e/cluster.py (not a package), loaded once per process."""
+    spec = importlib.util.spec_from_file_location("cni_dra_e2e_cluster", _REPO / "scripts/e2e/cluster.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def wait_for(cond, what: str, timeout_s: float = 90.0, interval_s: float = 0.5):
