@@ -68,7 +68,7 @@ from cluster_stats import (
     summarize,
 )
 
-from netns_tests.e2e.helpers import NS, load_cluster_module, make_template
+from netns_tests.e2e.helpers import NS, load_cluster_module, make_template, node_http
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -275,16 +275,10 @@ def kubelet_metrics(api, node: str) -> str:
 
 
 def agent_metrics(cluster, node: str) -> str:
-    code = (
-        "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
-    )
-    res = subprocess.run(
-        ["nsenter", f"--net={cluster.node(node).netns}", "python3", "-c", code, AGENT_METRICS_URL],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return res.stdout if res.returncode == 0 else ""
+    try:
+        return node_http(cluster, node, AGENT_METRICS_URL, timeout_s=30)
+    except subprocess.CalledProcessError:
+        return ""
 
 
 def scrape(api, cluster, node: str, dump: str | None = None) -> dict[str, Histogram]:

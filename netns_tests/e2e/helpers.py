@@ -157,8 +157,9 @@ def delete_pods(api, *names: str) -> None:
         wait_for(lambda: pod(api, name) is None, f"pod {name} gone", 90)
 
 
-def node_http(cluster, node: str, url: str) -> str:
-    """GET ``url`` from inside ``node``'s netns (its 127.0.0.1 is the node's own)."""
+def node_http(cluster, node: str, url: str, *, timeout_s: float | None = None) -> str:
+    """GET ``url`` from inside ``node``'s netns (its 127.0.0.1 is the node's own); the whole
+    call bounded by ``timeout_s`` when given. Raises ``CalledProcessError`` when it fails."""
     code = (
         "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
     )
@@ -167,6 +168,7 @@ def node_http(cluster, node: str, url: str) -> str:
         capture_output=True,
         text=True,
         check=True,
+        timeout=timeout_s,
     )
     return out.stdout
 
