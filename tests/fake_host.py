@@ -60,6 +60,27 @@ def nic(name: str, index: int, *, mtu: int = 1500, up: bool = True, carrier: boo
     )
 
 
+def pod_link(**changes: Any) -> LinkInfo:
+    """A pod's macvlan (bridge mode) as :meth:`FakeHost.link` answers it: ``eth0``,
+    index 2, on the host link with index 5 (``parent_netnsid`` 0), up with carrier and no
+    addresses read; ``changes`` replace any field."""
+    base: dict[str, Any] = dict(
+        name="eth0",
+        index=2,
+        kind="macvlan",
+        mac="02:00:00:00:00:01",
+        mtu=1500,
+        operstate="UP",
+        admin_up=True,
+        parent_index=5,
+        parent_netnsid=0,
+        mode="bridge",
+        carrier=True,
+    )
+    base.update(changes)
+    return LinkInfo(**base)
+
+
 @dataclass
 class _PodLink:
     info: LinkInfo

@@ -12,7 +12,7 @@ import pytest
 from cni_dra.errors import CheckFailedError, IpamError
 from cni_dra.netlink.info import LinkInfo
 from cni_dra.verbs import check
-from tests.fake_host import FakeHost
+from tests.fake_host import FakeHost, pod_link
 
 NETNS = "/var/run/netns/pod-1"
 MAC = "02:00:00:00:00:07"
@@ -53,21 +53,7 @@ def _inv(host: FakeHost) -> Any:
 
 
 def _link(**changes: Any) -> LinkInfo:
-    base = dict(
-        name="eth0",
-        index=2,
-        kind="macvlan",
-        mac=MAC,
-        mtu=1500,
-        operstate="UP",
-        admin_up=True,
-        parent_index=5,
-        parent_netnsid=0,
-        mode="bridge",
-        addresses=("10.0.0.7/24",),
-    )
-    base.update(changes)
-    return LinkInfo(**base)
+    return pod_link(**{"mac": MAC, "addresses": ("10.0.0.7/24",), **changes})
 
 
 class Host(FakeHost):

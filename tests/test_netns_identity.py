@@ -24,7 +24,7 @@ from cni_dra.netlink import info, netns
 from cni_dra.netlink.shaping import ShapeInfo, Tbf
 from cni_dra.state import StateStore
 from tests.builders import attachment, cni_env, device, netconf, write_slice
-from tests.fake_host import FakeHost
+from tests.fake_host import FakeHost, pod_link
 
 POD = (0x20, 4026532001)
 OTHER = (0x20, 4026532002)
@@ -33,18 +33,7 @@ IDENTITIES = {"/run/netns/pod": POD, "/var/run/netns/pod": POD, "/run/netns/othe
 
 
 def _link(name: str, parent_index: int = 7) -> info.LinkInfo:
-    return info.LinkInfo(
-        name=name,
-        index=3,
-        kind="macvlan",
-        mac="02:00:00:00:00:01",
-        mtu=1500,
-        operstate="UP",
-        admin_up=True,
-        parent_index=parent_index,
-        parent_netnsid=0,
-        mode="bridge",
-    )
+    return pod_link(name=name, index=3, parent_index=parent_index)
 
 
 def _nic(name: str, index: int) -> info.LinkInfo:

@@ -20,13 +20,12 @@ import pytest
 from cni_dra.attach.rebuild import repair
 from cni_dra.attach.shaping_plan import record
 from cni_dra.cni import run
-from cni_dra.netlink import info
 from cni_dra.netlink.shaping import ShapeInfo, Tbf
 from cni_dra.state import StateStore
 from cni_dra.state.owner import boot_id, current_owner
 from cni_dra.state.schema import STEP_IPAM, Owner
 from tests.builders import attachment, cni_env, device, netconf, write_slice
-from tests.fake_host import FakeHost
+from tests.fake_host import FakeHost, pod_link
 
 POD_NS = "/run/netns/pod"
 POD = (0x20, 4026532001)
@@ -46,18 +45,7 @@ class Kernel(FakeHost):
         self.add_nic("eth9", 7)
         self.put_link(
             POD_NS,
-            info.LinkInfo(
-                name="eth0",
-                index=3,
-                kind="macvlan",
-                mac="02:00:00:00:00:01",
-                mtu=1500,
-                operstate="UP",
-                admin_up=True,
-                parent_index=7,
-                parent_netnsid=0,
-                mode="bridge",
-            ),
+            pod_link(index=3, parent_index=7),
             "eth9",
         )
         self.shaping[(POD, "eth0")] = FOUND
