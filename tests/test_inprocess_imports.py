@@ -153,13 +153,15 @@ def test_an_in_process_invocation_imports_no_cli_library_nor_importlib_metadata(
     }
     out = _fresh(
         "import cni_dra.main\n"
+        "import gc\n"
         "code = cni_dra.main.main()\n"
+        "collecting = gc.isenabled()\n"
         "from cni_dra.netlink import _rtnl\n"
         "_rtnl._base()\n"
         "import pydantic, cni_dra.dra.objects as o\n"
         "built = [n for n, c in vars(o).items() if isinstance(c, type) and issubclass(c, pydantic.BaseModel)"
         " and c.__pydantic_complete__]\n"
-        "out = {'code': code, 'modules': sorted(sys.modules), 'built': built}\n",
+        "out = {'code': code, 'modules': sorted(sys.modules), 'built': built, 'collecting': collecting}\n",
         env,
         json.dumps(conf).encode(),
     )
@@ -173,6 +175,8 @@ def test_an_in_process_invocation_imports_no_cli_library_nor_importlib_metadata(
     assert [m for m in modules if m.startswith(PYROUTE2_UNUSED + ASYNC_ENGINE)] == []
     # the Kubernetes API models of claims (the agent's, the CLI's) are defined, not built
     assert "ResourceClaim" not in out["built"] and "AllocationResult" not in out["built"]
+    # a one-invocation process: the cyclic garbage collector does not walk what it imports
+    assert out["collecting"] is False
 
 
 def test_the_agents_warm_up_loads_tc_so_its_first_shaped_add_does_not():
