@@ -7,7 +7,7 @@ docs/performance.md): no operator CLI library (click, kubernetes, grpc), no
 ``importlib.metadata`` (pydantic's plugin discovery), and pyroute2's submodules without
 what its package ``__init__`` imports (IPDB, NDB, conntrack, ...) nor its asyncio ``IPRoute``
 (the netlink layer's own blocking socket sends pyroute2's messages), no ``subprocess``, and
-on DEL no result modules. tests/test_inprocess_imports.py
+on DEL no result modules, resource.k8s.io/v1 models nor allocator. tests/test_inprocess_imports.py
 checks the same without root, up to the first netlink call.
 """
 
@@ -26,7 +26,13 @@ ASYNC_ENGINE = ("asyncio", "pyroute2.iproute", "pyroute2.netlink.nlsocket", "pyr
 # Only the fallbacks of a long-lived process need them: subprocess (the IPAM starter uses
 # posix_spawn), and on DEL the result modules (no IPAM result is parsed).
 NOT_STARTED = ("subprocess",)
-NOT_ON_DEL = ("cni_dra.protocol.results",)
+# (nor the resource.k8s.io/v1 models and the allocator: a recorded attachment needs neither).
+NOT_ON_DEL = (
+    "cni_dra.protocol.results",
+    "cni_dra.dra.objects",
+    "cni_dra.allocator.capacity",
+    "cni_dra.allocator.select",
+)
 IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \| ( *)(\S+)$", re.M)
 
 
