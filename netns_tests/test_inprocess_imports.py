@@ -6,7 +6,8 @@ read from that report. A structural guard of the no-agent start-up, not a timed 
 docs/performance.md): no operator CLI library (click, kubernetes, grpc), no
 ``importlib.metadata`` (pydantic's plugin discovery), and pyroute2's submodules without
 what its package ``__init__`` imports (IPDB, NDB, conntrack, ...) nor its asyncio ``IPRoute``
-(the netlink layer's own blocking socket sends pyroute2's messages). tests/test_inprocess_imports.py
+(the netlink layer's own blocking socket sends pyroute2's messages), no ``subprocess``, and
+on DEL no result modules, resource.k8s.io/v1 models nor allocator. tests/test_inprocess_imports.py
 checks the same without root, up to the first netlink call.
 """
 
@@ -22,6 +23,16 @@ from netns_tests.runner import CNI_EXE
 FORBIDDEN = ("click", "kubernetes", "grpc", "importlib.metadata")
 PYROUTE2_UNUSED = ("pyroute2.ndb", "pyroute2.ipdb", "pyroute2.conntrack", "pyroute2.plan9", "pyroute2.ipset")
 ASYNC_ENGINE = ("asyncio", "pyroute2.iproute", "pyroute2.netlink.nlsocket", "pyroute2.netlink.rtnl.iprsocket")
+# Only the fallbacks of a long-lived process need them: subprocess (the IPAM starter uses
+# posix_spawn), and on DEL the result modules (no IPAM result is parsed).
+NOT_STARTED = ("subprocess",)
+# (nor the resource.k8s.io/v1 models and the allocator: a recorded attachment needs neither).
+NOT_ON_DEL = (
+    "cni_dra.protocol.results",
+    "cni_dra.dra.objects",
+    "cni_dra.allocator.capacity",
+    "cni_dra.allocator.select",
+)
 IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \| ( *)(\S+)$", re.M)
 
 
@@ -55,3 +66,6 @@ def test_in_process_add_and_del_import_what_they_use(make_node, make_netns, tmp_
         assert went <= imported, command
         assert sorted(m for m in imported if m.split(".")[0] in FORBIDDEN or m.startswith(FORBIDDEN)) == []
         assert sorted(m for m in imported if m.startswith(PYROUTE2_UNUSED + ASYNC_ENGINE)) == [], command
+        assert sorted(m for m in imported if m in NOT_STARTED) == [], command
+        if command == "DEL":
+            assert sorted(m for m in imported if m.startswith(NOT_ON_DEL)) == []

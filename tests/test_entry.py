@@ -83,6 +83,8 @@ def test_the_handoff_never_reaches_the_plugin(monkeypatch, counting_agent):
     monkeypatch.setenv(ENV_ASKED, "declined test")
     monkeypatch.setattr(entry, "read_stdin", lambda command: b"{}")
     monkeypatch.setattr(cni_dra.cni, "main", fake_cni_main)
+    # (the collector stays on in this test process; tests/test_inprocess_imports.py checks it goes off)
+    monkeypatch.setattr(entry, "_without_garbage_collection", lambda: None)
     assert entry.main() == 0
     assert ENV_ASKED not in seen["environ"] and seen["environ"]["CNI_COMMAND"] == "ADD"
     assert seen["stdin"] == b"{}" and counting_agent.connections == 0

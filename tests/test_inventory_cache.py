@@ -89,3 +89,112 @@ def test_plugin_rules_are_part_of_the_key(tmp_path: Path) -> None:
     assert load_inventory(str(path), plugin_rules=False).spec.devices[0].name == "eth-a"
     with pytest.raises(InventoryError, match="ifName"):
         load_inventory(str(path))
+
+
+# -- what a YAML inventory parsed to, kept for the next process ----------------------------
+
+
+def _write_yaml(path: Path, doc: dict[str, Any]) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a new process has: no slice kept in memory, and here no PyYAML importable."""
+    monkeypatch.setattr(inventory, "_CACHE", {})
+    monkeypatch.setitem(__import__("sys").modules, "yaml", None)
+
+
+def test_a_yaml_parse_is_kept_and_the_next_process_reads_it_without_pyyaml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    cache = tmp_path / "state" / inventory.INVENTORY_CACHE_FILE
+    cache.parent.mkdir(mode=0o700)
+    first = load_inventory(str(path), parsed_cache=str(cache))
+    assert cache.exists() and cache.stat().st_mode & 0o777 == 0o600
+    assert not [p for p in cache.parent.iterdir() if p.name.endswith(".tmp")]
+    _fresh_process(monkeypatch)
+    again = load_inventory(str(path), parsed_cache=str(cache))
+    assert again == first and again is not first
+
+
+def test_a_changed_yaml_text_is_parsed_again_and_kept_in_place_of_the_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    cache = tmp_path / inventory.INVENTORY_CACHE_FILE
+    load_inventory(str(path), parsed_cache=str(cache))
+    _write_yaml(path, _slice("nic-b", "eth2"))
+    monkeypatch.setattr(inventory, "_CACHE", {})
+    assert _devices_with(path, cache) == [("nic-b", "eth2")]
+    _fresh_process(monkeypatch)
+    assert _devices_with(path, cache) == [("nic-b", "eth2")]
+
+
+def _devices_with(path: Path, cache: Path) -> list[tuple[str, Any]]:
+    s = load_inventory(str(path), parsed_cache=str(cache))
+    return [(d.name, d.attributes["ifName"].string_value) for d in s.spec.devices]
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b'{"sha256": "0", "data": {}}', b"[1, 2]"])
+def test_a_bad_or_foreign_cache_file_is_ignored_and_replaced(tmp_path: Path, content: bytes) -> None:
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    cache = tmp_path / inventory.INVENTORY_CACHE_FILE
+    cache.write_bytes(content)
+    assert _devices_with(path, cache) == [("nic-a", "eth1")]
+    assert json.loads(cache.read_bytes())["data"] == _slice("nic-a", "eth1")
+
+
+def test_what_json_cannot_hold_exactly_is_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A YAML timestamp (here in a field the model ignores) would come back a string."""
+    path = tmp_path / "slice.yaml"
+    _write_yaml(path, _slice("nic-a", "eth1"))
+    path.write_text(
+        path.read_text().replace("metadata:\n", "metadata:\n  creationTimestamp: 2026-12-06T10:00:00Z\n", 1)
+    )
+    cache = tmp_path / inventory.INVENTORY_CACHE_FILE
+    assert _devices_with(path, cache) == [("nic-a", "eth1")]
+    assert not cache.exists() and list(tmp_path.iterdir()) == [path]
+
+
+def test_an_unwritable_cache_is_no_error(tmp_path: Path) -> None:
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    assert _devices_with(path, tmp_path / "missing-dir" / "cache.json") == [("nic-a", "eth1")]
+
+
+def test_a_json_inventory_keeps_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "slice.json"
+    path.write_text(json.dumps(_slice("nic-a", "eth1")))
+    cache = tmp_path / inventory.INVENTORY_CACHE_FILE
+    assert _devices_with(path, cache) == [("nic-a", "eth1")]
+    assert not cache.exists()
+
+
+def test_an_invocation_keeps_the_parse_in_its_state_directory_only_when_that_is_safe(tmp_path: Path) -> None:
+    from cni_dra.attach.invocation import Invocation
+    from cni_dra.protocol.config import load_conf
+    from cni_dra.protocol.env import parse_env
+    from tests.builders import cni_env, netconf_bytes
+
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+
+    def invocation(state: Path) -> Invocation:
+        inventory._CACHE.clear()  # as in a new process
+        raw = netconf_bytes(inventory=str(path), stateDir=str(state))
+        return Invocation(env=parse_env(cni_env("ADD")), conf=load_conf(raw), raw=raw)
+
+    missing = tmp_path / "missing"
+    assert invocation(missing).inventory.spec.devices[0].name == "nic-a"
+    assert not missing.exists()  # reading the inventory makes no state directory
+    unsafe = tmp_path / "unsafe"
+    unsafe.mkdir(mode=0o777)
+    unsafe.chmod(0o777)
+    assert invocation(unsafe).inventory.spec.devices[0].name == "nic-a"
+    assert list(unsafe.iterdir()) == []
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    assert invocation(private).inventory.spec.devices[0].name == "nic-a"
+    assert [p.name for p in private.iterdir()] == [inventory.INVENTORY_CACHE_FILE]

@@ -185,7 +185,17 @@ def test_add_with_non_json_output_is_code_6(env: dict[str, str]) -> None:
         ipam_exec("ADD", "fake-ipam", conf(), {**env, "FAKE_MODE": "garbage"})
 
 
-def test_timeout_is_try_again_later_and_kills_the_group(env: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("starter", ["posix_spawn", "subprocess"])
+def test_timeout_is_try_again_later_and_kills_the_group(
+    starter: str, env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Either way of starting the plugin (``subprocess``'s own timeout included) ends in
+    code 11 and the plugin's process group killed."""
+    from cni_dra.ipam import spawn
+
+    if starter == "subprocess":
+        monkeypatch.setattr(spawn, "_SPAWN_CHECKED", True)
+        monkeypatch.setattr(spawn, "_SPAWN", None)
     pidfile = tmp_path / "grandchild.pid"
     start = time.monotonic()
     with pytest.raises(TryAgainLaterError) as info:

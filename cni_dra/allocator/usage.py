@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from cni_dra.dra.objects import Device, DeviceRequestAllocationResult
 from cni_dra.quantity import Format, Quantity
+
+if TYPE_CHECKING:
+    from cni_dra.dra.objects import Device, DeviceRequestAllocationResult
 
 __all__ = ["Charge", "NodeUsage", "result_charge", "whole_capacity"]
 

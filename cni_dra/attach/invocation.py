@@ -10,7 +10,7 @@ from functools import cached_property
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
-from cni_dra.errors import ClaimError, IpamError
+from cni_dra.errors import ClaimError, IpamError, StateError
 from cni_dra.protocol.config import NetConf
 from cni_dra.protocol.env import CniEnv
 from cni_dra.state import StateStore
@@ -53,10 +53,18 @@ class Invocation:
 
     @cached_property
     def inventory(self) -> ResourceSlice:
-        """The node's ResourceSlice (validated). Raises IOFailureError (5), InventoryError (7)."""
-        from cni_dra.dra.inventory import load_inventory
+        """The node's ResourceSlice (validated). Raises IOFailureError (5), InventoryError (7).
 
-        return load_inventory(self.conf.inventory)
+        A YAML inventory's parse is kept in the state directory, when it exists and passes
+        the state's checks (:data:`~cni_dra.dra.inventory.INVENTORY_CACHE_FILE`): the next
+        process does not import PyYAML to read the same text."""
+        from cni_dra.dra.inventory import INVENTORY_CACHE_FILE, load_inventory
+
+        try:
+            cache = str(self.store.dir / INVENTORY_CACHE_FILE) if self.store.dir_exists() else None
+        except StateError:  # an unsafe state directory: the verb says so when it uses the state
+            cache = None
+        return load_inventory(self.conf.inventory, parsed_cache=cache)
 
     @cached_property
     def fractional_capacity_range(self) -> bool:

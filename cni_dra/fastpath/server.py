@@ -383,12 +383,15 @@ def interpreter_command() -> list[str]:
 
 def warm_imports() -> None:
     """Import everything an ADD/DEL touches, so the first request does not pay for it."""
+    import cni_dra.allocator.capacity  # (an in-process DEL does not need these three: loaded on first use)
+    import cni_dra.allocator.select
     import cni_dra.attach.intent
     import cni_dra.attach.release
     import cni_dra.cni
     import cni_dra.dra.inventory
     import cni_dra.ipam
     import cni_dra.protocol.config
+    import cni_dra.protocol.results
     import cni_dra.verbs.add
     import cni_dra.verbs.check
     import cni_dra.verbs.delete  # noqa: F401 (imported to be loaded, not called)

@@ -31,10 +31,9 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cni_dra.errors import (
     CniError,
@@ -43,9 +42,11 @@ from cni_dra.errors import (
     IpamError,
     TryAgainLaterError,
 )
-from cni_dra.ipam.spawn import Child
-from cni_dra.protocol.results import Result, parse_result, result_to_dict
+from cni_dra.ipam.spawn import Child, Timeout
 from cni_dra.protocol.versions import SUPPORTED_VERSIONS, parse_version, version_at_least
+
+if TYPE_CHECKING:
+    from cni_dra.protocol.results import Result
 
 __all__ = [
     "DEFAULT_IPAM_TIMEOUT_S",
@@ -120,7 +121,7 @@ def _run(
             raise IpamError(f"failed to {what}: cannot execute {path}", str(exc)) from exc
     try:
         out, err = child.communicate(stdin, timeout_s)
-    except subprocess.TimeoutExpired as exc:
+    except Timeout as exc:
         child.kill_group()
         raise TryAgainLaterError(f"failed to {what}: timed out after {timeout_s:g} s") from exc
     return child.wait(), out, err
@@ -209,6 +210,8 @@ def _downgrade(netconf: bytes, target: str) -> bytes:
     original = conf.get("cniVersion")
     conf["cniVersion"] = target
     if "prevResult" in conf:
+        from cni_dra.protocol.results import parse_result, result_to_dict
+
         try:
             conf["prevResult"] = result_to_dict(parse_result(conf["prevResult"], original), target)
         except CniError:
@@ -325,6 +328,8 @@ def ipam_add(
         DecodeError: (code 6) the output is not a valid result;
         IpamError: (code 103) ``require_ips`` and the plugin returned no address.
     """
+    from cni_dra.protocol.results import parse_result  # lazy: DEL, CHECK, STATUS, GC parse no result
+
     obj = ipam_exec("ADD", ipam_type, netconf, env, cni_path, timeout_s=timeout_s)
     result = parse_result(obj, _conf_version(netconf))
     if require_ips and not result.ips:

@@ -1,7 +1,8 @@
 """Starting an IPAM plugin: glibc's ``posix_spawn`` through ctypes, ``subprocess`` as the fallback.
 
 :class:`Child` is a running plugin (:meth:`Child.start`): its pipes, :meth:`Child.communicate`,
-:meth:`Child.wait`, :meth:`Child.kill_group`. Stdlib only.
+:meth:`Child.wait`, :meth:`Child.kill_group`. Stdlib only; ``subprocess`` is imported only
+for the fallback (an in-process plugin, which starts one IPAM plugin, does not pay for it).
 """
 
 from __future__ import annotations
@@ -9,12 +10,18 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Child"]
+if TYPE_CHECKING:
+    import subprocess
+
+__all__ = ["Child", "Timeout"]
+
+
+class Timeout(Exception):
+    """The plugin did not finish within the time given to :meth:`Child.communicate`."""
 
 
 class _Spawn:
@@ -123,6 +130,8 @@ class Child:
         pipes = [os.pipe() for _ in range(3)] if spawner is not None else []
         if spawner is None or min(fd for pair in pipes for fd in pair) < 3:
             # (a pipe on 0-2, when this process runs without them: subprocess orders the dup2s)
+            import subprocess
+
             for r, w in pipes:
                 os.close(r)
                 os.close(w)
@@ -151,9 +160,14 @@ class Child:
 
     def communicate(self, data: bytes, timeout_s: float) -> tuple[bytes, bytes]:
         """Write ``data`` to its stdin, read stdout and stderr to their end. Raises
-        subprocess.TimeoutExpired past ``timeout_s`` (the pipes stay open)."""
+        :class:`Timeout` past ``timeout_s`` (the pipes stay open)."""
         if self.proc is not None:
-            out, err = self.proc.communicate(data, timeout=timeout_s)
+            import subprocess
+
+            try:
+                out, err = self.proc.communicate(data, timeout=timeout_s)
+            except subprocess.TimeoutExpired as exc:
+                raise Timeout(f"ipam did not finish within {timeout_s:g} s") from exc
             return out, err
         import selectors
 
@@ -171,7 +185,7 @@ class Child:
             while sel.get_map():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise subprocess.TimeoutExpired("ipam", timeout_s)
+                    raise Timeout(f"ipam did not finish within {timeout_s:g} s")
                 for key, _ in sel.select(left):
                     fd = key.fd
                     if fd == self.fds["stdin"]:
@@ -219,6 +233,8 @@ class Child:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
         if self.proc is not None:
+            import subprocess
+
             try:
                 self.proc.communicate(timeout=2.0)
             except subprocess.TimeoutExpired:

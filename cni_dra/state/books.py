@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cni_dra.allocator.usage import NodeUsage
-from cni_dra.dra.objects import Device
 from cni_dra.quantity import Quantity
 
 if TYPE_CHECKING:
+    from cni_dra.dra.objects import Device
     from cni_dra.state.schema import Attachment, NodeState
 
 __all__ = ["Books", "kept_usage", "put", "drop", "set_claims"]

@@ -10,11 +10,14 @@ and the agent's metrics (:mod:`cni_dra.report`) and ``allocate --state-dir`` all
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from cni_dra.allocator.usage import Charge, NodeUsage, is_dedicated, whole_capacity
-from cni_dra.dra.objects import Device
 from cni_dra.state.books import kept_usage
 from cni_dra.state.schema import NodeState
+
+if TYPE_CHECKING:
+    from cni_dra.dra.objects import Device
 
 __all__ = ["node_usage", "node_charges"]
 

@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Annotated, Any, Literal, overload
+from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 
 from pydantic import (
     AfterValidator,
@@ -93,10 +93,12 @@ from pydantic import (
 from pydantic_core import CoreSchema, core_schema
 
 from cni_dra.allocator.usage import whole_capacity
-from cni_dra.dra.objects import Device
 from cni_dra.quantity import Quantity, QuantityField
 from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
 from cni_dra.state.prepared import PreparedClaim, PreparedResult
+
+if TYPE_CHECKING:
+    from cni_dra.dra.objects import Device
 
 __all__ = [
     "SCHEMA_VERSION",
