@@ -173,6 +173,7 @@ def test_a_request_is_encoded_once_and_resent_under_its_own_sequence_number(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_rtnl, "_ENCODED", {})
+    monkeypatch.setattr(_rtnl, "_NAMED", {})
     encoded = []
     real = _rtnl.Rtnl._encode
 
@@ -198,3 +199,59 @@ def test_a_request_is_encoded_once_and_resent_under_its_own_sequence_number(
 
 class _Name(str):
     """A str subclass: not plain data for the request cache."""
+
+
+def _sent_by(request: Any) -> bytes:
+    sock, fake = _rtnl_with([lambda seq: (_ack(seq), 0)])
+    request(sock)
+    return bytes(fake.sent[0])
+
+
+def test_a_link_request_naming_a_link_is_encoded_once_per_name_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    direct = {
+        name: _sent_by(lambda sock, name=name: sock._call(*_link_call("add", name)))
+        for name in ("tmp0a1b2c", "tmp9z8y7x", "eth0")
+    }
+    monkeypatch.setattr(_rtnl, "_ENCODED", {})
+    monkeypatch.setattr(_rtnl, "_NAMED", {})
+    encoded = []
+    real = _rtnl.Rtnl._encode
+
+    def counting(*args: Any) -> Any:
+        encoded.append(args[4]["ifname"])
+        return real(*args)
+
+    monkeypatch.setattr(_rtnl.Rtnl, "_encode", staticmethod(counting))
+    for name in ("tmp0a1b2c", "tmp9z8y7x", "eth0"):
+        assert (
+            _sent_by(lambda sock, name=name: sock.link("add", **_link_call("add", name)[4])) == direct[name]
+        )
+    assert encoded == ["_________", "____"]  # one per name length, the name patched in
+
+
+def _link_call(command: str, name: str) -> tuple[Any, ...]:
+    base = _rtnl._base()
+    kwarg = {"ifname": name, "kind": "macvlan", "link": 3, "macvlan_mode": "bridge", "net_ns_fd": 7}
+    return base.ifinfmsg, _rtnl._LINK_COMMANDS, command, base.filters["link"], kwarg
+
+
+def test_names_pyroute2_reads_from_iproute2s_files_are_resolved_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_rtnl, "_ENCODED", {})
+    monkeypatch.setattr(_rtnl, "_NAMED", {})
+    calls = []
+    real = _rtnl.Rtnl._encode
+
+    def counting(*args: Any) -> Any:
+        calls.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(_rtnl.Rtnl, "_encode", staticmethod(counting))
+    sock, _ = _rtnl_with([lambda seq: (_ack(seq), 0)] * 4)
+    for _ in range(2):
+        sock.link("set", index=7, group="default")  # /etc/iproute2/group
+        sock.link("set", index=7, group=0)
+    assert calls == ["set", "set", "set"]

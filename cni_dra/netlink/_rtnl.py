@@ -9,7 +9,8 @@ the request is built by pyroute2's request filters (``pyroute2.requests``) into 
 classes (``ifinfmsg``, ``ifaddrmsg``, ``rtmsg``, ``tcmsg``, ``nsidmsg``), which encode it and
 decode the replies. What is ours is the transport: ``send``, then ``recv`` until the
 kernel's acknowledgement or the end of the dump, on the calling thread; each distinct request
-is built and encoded once per process and its bytes resent (:data:`_ENCODED`), and a link
+is built and encoded once per process and its bytes resent (:data:`_ENCODED`; a link request
+naming a link, once per name length, :data:`_NAMED`), and a link
 reply is decoded with only the attributes cni-dra reads (:data:`_LINK_ATTRS`). pyroute2 0.9's
 ``IPRoute`` runs each request through an asyncio event loop, and importing it imports that
 loop and every tc and link-kind module: measured, ≈ 2.5× the per-request cost of this
@@ -139,6 +140,16 @@ _LINK_ATTRS = frozenset(
 # when full.
 _ENCODED: dict[tuple[Any, ...], tuple[bytes, Any]] = {}
 _ENCODED_MAX = 512
+# Arguments pyroute2 resolves through iproute2's files (/etc/iproute2/group, rt_protos,
+# rt_tables...) when given as names: such a request is encoded each time, as before.
+_NAMES_FROM_FILES = ("group", "proto", "scope", "table", "tos", "dsfield", "realm", "realms", "handle")
+# Link requests that name a link (IFLA_IFNAME) differ from pod to pod only in the name (a
+# temporary name, say): kept as one request per name length with the name patched in, by
+# command, name length and the other arguments; None when the encoded request did not carry
+# the name as one plain IFLA_IFNAME attribute.
+_NAMED: dict[tuple[Any, ...], tuple[bytes, int] | None] = {}
+_NAMED_COMMANDS = frozenset({"get", "add", "set", "del"})
+_IFLA_IFNAME = 3
 
 
 @functools.cache
@@ -228,6 +239,28 @@ def _plain(value: Any) -> bool:
     if type(value) is dict:
         return all(type(k) is str and _plain(v) for k, v in value.items())
     return False
+
+
+def _cacheable(kwarg: dict[str, Any]) -> bool:
+    """Whether a request of these arguments always encodes to the same bytes (:data:`_ENCODED`)."""
+    return _plain(kwarg) and not any(type(kwarg.get(key)) is str for key in _NAMES_FROM_FILES)
+
+
+def _name_offset(encoded: bytes, placeholder: bytes) -> int | None:
+    """Where the name goes in link request ``encoded``: the offset of the payload of its one
+    top-level IFLA_IFNAME attribute, which must be ``placeholder`` and its NUL; else None."""
+    found = None
+    offset, end = _IFINFO_BYTES, len(encoded)
+    while offset + 4 <= end:
+        length, kind = _NLA.unpack_from(encoded, offset)
+        if length < 4:
+            return None
+        if kind & _NLA_TYPE_MASK == _IFLA_IFNAME:
+            if found is not None or encoded[offset + 4 : offset + length] != placeholder + b"\0":
+                return None
+            found = offset + 4
+        offset += (length + 3) & ~3
+    return found
 
 
 def _matches(dump_filter: Any, msg: Any) -> bool:
@@ -336,7 +369,7 @@ class Rtnl:
     ) -> list[Any]:
         """pyroute2's RTNL_API request path: the kwargs through its filters into a ``msg_cls``
         message, encoded once per distinct request (:data:`_ENCODED`)."""
-        key = (msg_cls, command, repr(kwarg)) if _plain(kwarg) else None
+        key = (msg_cls, command, repr(kwarg)) if _cacheable(kwarg) else None
         cached = _ENCODED.get(key) if key is not None else None
         if cached is None:
             cached = self._encode(msg_cls, commands, command, filters, kwarg)
@@ -400,6 +433,31 @@ class Rtnl:
     def link(self, command: str, **kwarg: Any) -> list[Any]:
         """As ``IPRoute.link`` for set, add, del, get and dump."""
         base = _base()
+        name = kwarg.get("ifname")
+        if type(name) is str and name and command in _NAMED_COMMANDS and _cacheable(kwarg):
+            raw = name.encode()
+            key = (command, len(raw), repr({**kwarg, "ifname": None}))
+            if key in _NAMED:
+                named = _NAMED[key]
+            else:
+                placeholder = "_" * len(raw)
+                encoded, _ = self._encode(
+                    base.ifinfmsg,
+                    _LINK_COMMANDS,
+                    command,
+                    base.filters["link"],
+                    {**kwarg, "ifname": placeholder},
+                )
+                offset = _name_offset(encoded, placeholder.encode())
+                named = (encoded, offset) if offset is not None else None
+                if len(_NAMED) >= _ENCODED_MAX:
+                    _NAMED.clear()
+                _NAMED[key] = named
+            if named is not None:
+                encoded, offset = named
+                request = bytearray(encoded)
+                request[offset : offset + len(raw)] = raw
+                return self._exchange(request, _HEADER.unpack_from(encoded)[2])
         return self._call(base.ifinfmsg, _LINK_COMMANDS, command, base.filters["link"], kwarg)
 
     def addr(self, command: str, **kwarg: Any) -> list[Any]:
