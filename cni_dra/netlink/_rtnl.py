@@ -142,7 +142,10 @@ _ENCODED: dict[tuple[Any, ...], tuple[bytes, Any]] = {}
 _ENCODED_MAX = 512
 # Arguments pyroute2 resolves through iproute2's files (/etc/iproute2/group, rt_protos,
 # rt_tables...) when given as names: such a request is encoded each time, as before.
-_NAMES_FROM_FILES = ("group", "proto", "scope", "table", "tos", "dsfield", "realm", "realms", "handle")
+_NAMES_FROM_FILES = frozenset(
+    {"group", "proto", "scope", "table", "tos", "dsfield", "realm", "realms", "handle"}
+)
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 # Link requests that name a link (IFLA_IFNAME) differ from pod to pod only in the name (a
 # temporary name, say): kept as one request per name length with the name patched in, by
 # command, name length and the other arguments; None when the encoded request did not carry
@@ -232,18 +235,28 @@ def _lean_link(data: bytes) -> bytes:
 def _plain(value: Any) -> bool:
     """Whether ``value`` is made of str, int, float, bool, None, lists, tuples and dicts only:
     its ``repr`` then says all of it (a cache key), which an arbitrary object's need not."""
-    if value is None or type(value) in (str, int, float, bool):
+    kind = type(value)
+    if kind in _SCALARS:
         return True
-    if type(value) in (list, tuple):
-        return all(_plain(item) for item in value)
-    if type(value) is dict:
-        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if kind is list or kind is tuple:
+        for item in value:
+            if not _plain(item):
+                return False
+        return True
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or not _plain(item):
+                return False
+        return True
     return False
 
 
 def _cacheable(kwarg: dict[str, Any]) -> bool:
     """Whether a request of these arguments always encodes to the same bytes (:data:`_ENCODED`)."""
-    return _plain(kwarg) and not any(type(kwarg.get(key)) is str for key in _NAMES_FROM_FILES)
+    for key in _NAMES_FROM_FILES.intersection(kwarg):
+        if type(kwarg[key]) is str:
+            return False
+    return _plain(kwarg)
 
 
 def _name_offset(encoded: bytes, placeholder: bytes) -> int | None:
