@@ -131,3 +131,127 @@ def test_each_request_gets_the_next_sequence_number_and_a_closed_socket_refuses(
     assert sock.closed
     with pytest.raises(OSError):
         sock.link("del", index=7)
+
+
+def _attr(kind: int, value: bytes) -> bytes:
+    return struct.pack("=HH", 4 + len(value), kind) + value + b"\0" * (-len(value) % 4)
+
+
+def test_a_link_reply_decodes_the_attributes_cni_dra_reads_and_drops_the_rest() -> None:
+    def reply(seq: int) -> tuple[bytes, int]:
+        attrs = (
+            _attr(3, b"eth9\0")  # IFLA_IFNAME
+            + _attr(13, struct.pack("=I", 1000))  # IFLA_TXQLEN: not read
+            + _attr(4, struct.pack("=I", 1400))  # IFLA_MTU
+            + _attr(23, b"\0" * 200)  # IFLA_STATS64: not read
+            + _attr(27, struct.pack("=I", 0x7CD4))  # IFLA_GROUP
+            + _attr(5, struct.pack("=i", 3))  # IFLA_LINK
+            + _attr(37, struct.pack("=i", 0))  # IFLA_LINK_NETNSID
+            + _attr(18, _attr(1, b"macvlan\0"))  # IFLA_LINKINFO / IFLA_INFO_KIND
+        )
+        body = struct.pack("=BxHiII", 0, 1, 7, 1, 0) + attrs
+        return _nlmsg(_RTM_NEWLINK, seq, body) + _ack(seq), 0
+
+    sock, _ = _rtnl_with([reply])
+    (msg,) = sock.link("get", ifname="eth9")
+    assert (msg["index"], msg["flags"], msg["state"]) == (7, 1, "up")
+    assert [name for name, _ in msg["attrs"]] == [
+        "IFLA_IFNAME",
+        "IFLA_MTU",
+        "IFLA_GROUP",
+        "IFLA_LINK",
+        "IFLA_LINK_NETNSID",
+        "IFLA_LINKINFO",
+    ]
+    mtu, group, parent = (msg.get_attr(name) for name in ("IFLA_MTU", "IFLA_GROUP", "IFLA_LINK"))
+    assert (mtu, group, parent) == (1400, 0x7CD4, 3)
+    assert msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") == "macvlan"
+    assert msg.get_attr("IFLA_TXQLEN") is None and msg.get_attr("IFLA_STATS64") is None
+
+
+def test_a_request_is_encoded_once_and_resent_under_its_own_sequence_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_rtnl, "_ENCODED", {})
+    monkeypatch.setattr(_rtnl, "_NAMED", {})
+    encoded = []
+    real = _rtnl.Rtnl._encode
+
+    def counting(*args: Any) -> Any:
+        encoded.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(_rtnl.Rtnl, "_encode", staticmethod(counting))
+    sock, fake = _rtnl_with([lambda seq: (_ack(seq), 0)] * 4)
+    sock.link("set", index=7, ifname="eth9", state="up")
+    sock.link("set", index=7, ifname="eth9", state="up")
+    sock.link("set", index=8, ifname="eth9", state="up")
+    assert encoded == ["set", "set"]  # the second one is the cached request
+    first, again, other = fake.sent
+    assert [struct.unpack_from("=I", d, 8)[0] for d in fake.sent] == [1, 2, 3]
+    assert first[:8] + first[12:] == again[:8] + again[12:]
+    assert first != other
+    # an argument that is not plain data (its repr may not say all of it) is never cached
+    sock.link("set", index=7, ifname=_Name("eth9"), state="up")
+    assert encoded == ["set", "set", "set"]
+    assert fake.sent[-1][12:] == first[12:]
+
+
+class _Name(str):
+    """A str subclass: not plain data for the request cache."""
+
+
+def _sent_by(request: Any) -> bytes:
+    sock, fake = _rtnl_with([lambda seq: (_ack(seq), 0)])
+    request(sock)
+    return bytes(fake.sent[0])
+
+
+def test_a_link_request_naming_a_link_is_encoded_once_per_name_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    direct = {
+        name: _sent_by(lambda sock, name=name: sock._call(*_link_call("add", name)))
+        for name in ("tmp0a1b2c", "tmp9z8y7x", "eth0")
+    }
+    monkeypatch.setattr(_rtnl, "_ENCODED", {})
+    monkeypatch.setattr(_rtnl, "_NAMED", {})
+    encoded = []
+    real = _rtnl.Rtnl._encode
+
+    def counting(*args: Any) -> Any:
+        encoded.append(args[4]["ifname"])
+        return real(*args)
+
+    monkeypatch.setattr(_rtnl.Rtnl, "_encode", staticmethod(counting))
+    for name in ("tmp0a1b2c", "tmp9z8y7x", "eth0"):
+        assert (
+            _sent_by(lambda sock, name=name: sock.link("add", **_link_call("add", name)[4])) == direct[name]
+        )
+    assert encoded == ["_________", "____"]  # one per name length, the name patched in
+
+
+def _link_call(command: str, name: str) -> tuple[Any, ...]:
+    base = _rtnl._base()
+    kwarg = {"ifname": name, "kind": "macvlan", "link": 3, "macvlan_mode": "bridge", "net_ns_fd": 7}
+    return base.ifinfmsg, _rtnl._LINK_COMMANDS, command, base.filters["link"], kwarg
+
+
+def test_names_pyroute2_reads_from_iproute2s_files_are_resolved_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_rtnl, "_ENCODED", {})
+    monkeypatch.setattr(_rtnl, "_NAMED", {})
+    calls = []
+    real = _rtnl.Rtnl._encode
+
+    def counting(*args: Any) -> Any:
+        calls.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(_rtnl.Rtnl, "_encode", staticmethod(counting))
+    sock, _ = _rtnl_with([lambda seq: (_ack(seq), 0)] * 4)
+    for _ in range(2):
+        sock.link("set", index=7, group="default")  # /etc/iproute2/group
+        sock.link("set", index=7, group=0)
+    assert calls == ["set", "set", "set"]

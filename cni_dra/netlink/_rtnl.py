@@ -8,7 +8,10 @@ same arguments and returning the same pyroute2 messages. The messages stay pyrou
 the request is built by pyroute2's request filters (``pyroute2.requests``) into its message
 classes (``ifinfmsg``, ``ifaddrmsg``, ``rtmsg``, ``tcmsg``, ``nsidmsg``), which encode it and
 decode the replies. What is ours is the transport: ``send``, then ``recv`` until the
-kernel's acknowledgement or the end of the dump, on the calling thread. pyroute2 0.9's
+kernel's acknowledgement or the end of the dump, on the calling thread; each distinct request
+is built and encoded once per process and its bytes resent (:data:`_ENCODED`; a link request
+naming a link, once per name length, :data:`_NAMED`), and a link
+reply is decoded with only the attributes cni-dra reads (:data:`_LINK_ATTRS`). pyroute2 0.9's
 ``IPRoute`` runs each request through an asyncio event loop, and importing it imports that
 loop and every tc and link-kind module: measured, ≈ 2.5× the per-request cost of this
 socket and ≈ 30 ms more imports per process.
@@ -109,6 +112,47 @@ _PARAMETERS = {"strict_check": False}
 _DECODERS: dict[int, Any] = {}
 _HEADER = struct.Struct("=IHHII")  # struct nlmsghdr
 _RECV_BYTES = 65536  # a dump datagram is at most 32 KiB; below malloc's mmap threshold
+_U32 = struct.Struct("=I")  # nlmsg_len (offset 0), nlmsg_seq (offset 8)
+_NLA = struct.Struct("=HH")  # struct nlattr: length, type
+_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
+_IFINFO_BYTES = 16 + 16  # nlmsghdr + struct ifinfomsg: where a link's attributes start
+# The attributes of a link reply that are decoded (<linux/if_link.h> numbers): the ones
+# cni-dra reads. The kernel sends about 40 (statistics, per-family configuration, queue and
+# offload limits...); pyroute2 builds an object for each, ≈ 60 µs a link, so the others are
+# dropped from the reply before it is decoded.
+_LINK_ATTRS = frozenset(
+    {
+        1,  # IFLA_ADDRESS
+        3,  # IFLA_IFNAME
+        4,  # IFLA_MTU
+        5,  # IFLA_LINK
+        10,  # IFLA_MASTER
+        16,  # IFLA_OPERSTATE
+        18,  # IFLA_LINKINFO
+        27,  # IFLA_GROUP
+        37,  # IFLA_LINK_NETNSID
+    }
+)
+# Encoded requests (sequence number 0) by class, command and arguments: the same arguments
+# always encode to the same bytes, and most of a verb's requests repeat from pod to pod (the
+# pod-side shaping, link and deletion requests name the same interfaces and indexes), so
+# pyroute2's request filters and encoder run once per distinct request. Bounded: emptied
+# when full.
+_ENCODED: dict[tuple[Any, ...], tuple[bytes, Any]] = {}
+_ENCODED_MAX = 512
+# Arguments pyroute2 resolves through iproute2's files (/etc/iproute2/group, rt_protos,
+# rt_tables...) when given as names: such a request is encoded each time, as before.
+_NAMES_FROM_FILES = frozenset(
+    {"group", "proto", "scope", "table", "tos", "dsfield", "realm", "realms", "handle"}
+)
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+# Link requests that name a link (IFLA_IFNAME) differ from pod to pod only in the name (a
+# temporary name, say): kept as one request per name length with the name patched in, by
+# command, name length and the other arguments; None when the encoded request did not carry
+# the name as one plain IFLA_IFNAME attribute.
+_NAMED: dict[tuple[Any, ...], tuple[bytes, int] | None] = {}
+_NAMED_COMMANDS = frozenset({"get", "add", "set", "del"})
+_IFLA_IFNAME = 3
 
 
 @functools.cache
@@ -124,10 +168,13 @@ def _base() -> SimpleNamespace:
     from pyroute2.requests.main import RequestProcessor
     from pyroute2.requests.route import RouteFieldFilter, RouteIPRouteFilter
 
+    def link_reply(data: bytes) -> Any:
+        return ifinfmsg(_lean_link(data))
+
     _DECODERS.update(
         {
-            _RTM_NEWLINK: ifinfmsg,
-            _RTM_DELLINK: ifinfmsg,
+            _RTM_NEWLINK: link_reply,
+            _RTM_DELLINK: link_reply,
             _RTM_NEWADDR: ifaddrmsg,
             _RTM_NEWROUTE: rtmsg,
             _RTM_NEWNSID: nsidmsg,
@@ -164,6 +211,69 @@ def _tc() -> SimpleNamespace:
 def load_tc() -> None:
     """Import tc's message and request filters now rather than on the first tc request."""
     _tc()
+
+
+def _lean_link(data: bytes) -> bytes:
+    """One link message (``data``: header, ifinfomsg, attributes) with only the attributes of
+    :data:`_LINK_ATTRS`, its length set to match."""
+    end = len(data)
+    out = bytearray(data[:_IFINFO_BYTES])
+    offset = _IFINFO_BYTES
+    unpack = _NLA.unpack_from
+    while offset + 4 <= end:
+        length, kind = unpack(data, offset)
+        if length < 4:
+            break
+        step = (length + 3) & ~3
+        if kind & _NLA_TYPE_MASK in _LINK_ATTRS:
+            out += data[offset : offset + step]
+        offset += step
+    _U32.pack_into(out, 0, len(out))
+    return bytes(out)
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is made of str, int, float, bool, None, lists, tuples and dicts only:
+    its ``repr`` then says all of it (a cache key), which an arbitrary object's need not."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is list or kind is tuple:
+        for item in value:
+            if not _plain(item):
+                return False
+        return True
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or not _plain(item):
+                return False
+        return True
+    return False
+
+
+def _cacheable(kwarg: dict[str, Any]) -> bool:
+    """Whether a request of these arguments always encodes to the same bytes (:data:`_ENCODED`)."""
+    for key in _NAMES_FROM_FILES.intersection(kwarg):
+        if type(kwarg[key]) is str:
+            return False
+    return _plain(kwarg)
+
+
+def _name_offset(encoded: bytes, placeholder: bytes) -> int | None:
+    """Where the name goes in link request ``encoded``: the offset of the payload of its one
+    top-level IFLA_IFNAME attribute, which must be ``placeholder`` and its NUL; else None."""
+    found = None
+    offset, end = _IFINFO_BYTES, len(encoded)
+    while offset + 4 <= end:
+        length, kind = _NLA.unpack_from(encoded, offset)
+        if length < 4:
+            return None
+        if kind & _NLA_TYPE_MASK == _IFLA_IFNAME:
+            if found is not None or encoded[offset + 4 : offset + length] != placeholder + b"\0":
+                return None
+            found = offset + 4
+        offset += (length + 3) & ~3
+    return found
 
 
 def _matches(dump_filter: Any, msg: Any) -> bool:
@@ -217,17 +327,24 @@ class Rtnl:
         Reads until the acknowledgement (requests with ``NLM_F_ACK``) or the end of the dump;
         raises pyroute2's NetlinkError for a negative acknowledgement.
         """
+        header = msg["header"]
+        header["type"] = msg_type
+        header["flags"] = flags
+        header["sequence_number"] = 0
+        header["pid"] = 0
+        msg.encode()
+        return self._exchange(msg.data, flags)
+
+    def _exchange(self, encoded: bytes | bytearray, flags: int) -> list[Any]:
+        """Send ``encoded`` (a whole request, ``flags`` in its header) under the next sequence
+        number and return the decoded replies (:meth:`request`)."""
         sock = self._sock
         if sock is None:
             raise OSError(9, "rtnetlink socket is closed")
         self._seq = seq = self._seq % 0xFFFFFFF + 1
-        header = msg["header"]
-        header["type"] = msg_type
-        header["flags"] = flags
-        header["sequence_number"] = seq
-        header["pid"] = 0
-        msg.encode()
-        sock.send(msg.data)
+        request = bytearray(encoded)
+        _U32.pack_into(request, 8, seq)
+        sock.send(request)
         decoders = _DECODERS
         replies: list[Any] = []
         unpack = _HEADER.unpack_from
@@ -257,13 +374,38 @@ class Rtnl:
 
     def _call(
         self,
-        msg: Any,
+        msg_cls: Any,
         commands: dict[str, tuple[int, str]],
         command: str,
         filters: Callable[[str], Iterable[Any]],
         kwarg: dict[str, Any],
     ) -> list[Any]:
-        """pyroute2's RTNL_API request path: the kwargs through its filters into ``msg``."""
+        """pyroute2's RTNL_API request path: the kwargs through its filters into a ``msg_cls``
+        message, encoded once per distinct request (:data:`_ENCODED`)."""
+        key = (msg_cls, command, repr(kwarg)) if _cacheable(kwarg) else None
+        cached = _ENCODED.get(key) if key is not None else None
+        if cached is None:
+            cached = self._encode(msg_cls, commands, command, filters, kwarg)
+            if key is not None:
+                if len(_ENCODED) >= _ENCODED_MAX:
+                    _ENCODED.clear()
+                _ENCODED[key] = cached
+        encoded, dump_filter = cached
+        replies = self._exchange(encoded, _HEADER.unpack_from(encoded)[2])
+        if dump_filter is not None:
+            replies = [r for r in replies if _matches(dump_filter, r)]
+        return replies
+
+    @staticmethod
+    def _encode(
+        msg_cls: Any,
+        commands: dict[str, tuple[int, str]],
+        command: str,
+        filters: Callable[[str], Iterable[Any]],
+        kwarg: dict[str, Any],
+    ) -> tuple[bytes, Any]:
+        """The request (sequence number 0) and, for a dump with arguments beyond the kernel's,
+        pyroute2's filter of the replies (None otherwise)."""
         processor_cls = _base().RequestProcessor
         msg_type, mode_flags = commands[command]
         dump_filter = None
@@ -282,31 +424,59 @@ class Rtnl:
         for rf in filters(command):
             arguments.add_filter(rf)
         arguments.finalize()
-        msg.reset()
+        msg = msg_cls()
         for field in msg.fields:
             msg[field[0]] = arguments.get_value(field[0], default=0, mode="field")
         for key, value in arguments.items():
-            nla = type(msg).name2nla(key)
+            nla = msg_cls.name2nla(key)
             if msg.valid_nla(nla) and value is not None:
                 msg["attrs"].append([nla, value])
         if "attrs" in arguments:
             msg["attrs"].extend(arguments["attrs"])
-        replies = self.request(msg, msg_type, _FLAGS[mode_flags])
-        if dump_filter is not None:
-            replies = [r for r in replies if _matches(dump_filter, r)]
-        return replies
+        header = msg["header"]
+        header["type"] = msg_type
+        header["flags"] = _FLAGS[mode_flags]
+        header["sequence_number"] = 0
+        header["pid"] = 0
+        msg.encode()
+        return bytes(msg.data), dump_filter
 
     # ------------------------------------------------------------------ IPRoute's calls
 
     def link(self, command: str, **kwarg: Any) -> list[Any]:
         """As ``IPRoute.link`` for set, add, del, get and dump."""
         base = _base()
-        return self._call(base.ifinfmsg(), _LINK_COMMANDS, command, base.filters["link"], kwarg)
+        name = kwarg.get("ifname")
+        if type(name) is str and name and command in _NAMED_COMMANDS and _cacheable(kwarg):
+            raw = name.encode()
+            key = (command, len(raw), repr({**kwarg, "ifname": None}))
+            if key in _NAMED:
+                named = _NAMED[key]
+            else:
+                placeholder = "_" * len(raw)
+                encoded, _ = self._encode(
+                    base.ifinfmsg,
+                    _LINK_COMMANDS,
+                    command,
+                    base.filters["link"],
+                    {**kwarg, "ifname": placeholder},
+                )
+                offset = _name_offset(encoded, placeholder.encode())
+                named = (encoded, offset) if offset is not None else None
+                if len(_NAMED) >= _ENCODED_MAX:
+                    _NAMED.clear()
+                _NAMED[key] = named
+            if named is not None:
+                encoded, offset = named
+                request = bytearray(encoded)
+                request[offset : offset + len(raw)] = raw
+                return self._exchange(request, _HEADER.unpack_from(encoded)[2])
+        return self._call(base.ifinfmsg, _LINK_COMMANDS, command, base.filters["link"], kwarg)
 
     def addr(self, command: str, **kwarg: Any) -> list[Any]:
         """As ``IPRoute.addr`` for add, del, replace and dump."""
         base = _base()
-        return self._call(base.ifaddrmsg(), _ADDR_COMMANDS, command, base.filters["addr"], kwarg)
+        return self._call(base.ifaddrmsg, _ADDR_COMMANDS, command, base.filters["addr"], kwarg)
 
     def route(self, command: str, **kwarg: Any) -> list[Any]:
         """As ``IPRoute.route`` for add, replace, del, get and dump."""
@@ -314,7 +484,7 @@ class Rtnl:
             kwarg["proto"] = kwarg.get("proto", "static") or "static"
             kwarg["type"] = kwarg.get("type", "unicast") or "unicast"
         base = _base()
-        return self._call(base.rtmsg(), _ROUTE_COMMANDS, command, base.filters["route"], kwarg)
+        return self._call(base.rtmsg, _ROUTE_COMMANDS, command, base.filters["route"], kwarg)
 
     def tc(
         self,
@@ -334,7 +504,7 @@ class Rtnl:
         if handle is not None:
             kwarg["handle"] = handle
         tc = _tc()
-        return self._call(tc.tcmsg(), _TC_COMMANDS, command, tc.filters, kwarg)
+        return self._call(tc.tcmsg, _TC_COMMANDS, command, tc.filters, kwarg)
 
     def get_links(self, *indexes: int) -> list[Any]:
         """As ``IPRoute.get_links``: the links with these indexes (ENODEV raises), or all."""
