@@ -255,3 +255,55 @@ def test_a_fifo_at_the_cache_path_does_not_block(tmp_path: Path) -> None:
         reader.join(10)
         pytest.fail("reading the cache blocked on a FIFO")
     assert result == [[("nic-a", "eth1")]]
+
+
+@pytest.mark.parametrize("failing", ["open", "write", "rename"])
+@pytest.mark.parametrize("code", [28, 30])  # ENOSPC, EROFS
+def test_a_full_or_read_only_state_directory_is_no_error_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str, code: int
+) -> None:
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    real = getattr(os, failing)
+
+    def refused(*args: Any, **kw: Any) -> Any:
+        if str(args[0]).startswith(str(state)) or failing == "write":
+            raise OSError(code, os.strerror(code))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(inventory.os, failing, refused)
+    assert _devices_with(path, state / inventory.INVENTORY_CACHE_FILE) == [("nic-a", "eth1")]
+    monkeypatch.setattr(inventory.os, failing, real)
+    assert list(state.iterdir()) == []
+
+
+def test_many_threads_keeping_the_parse_at_once_leave_one_whole_file(tmp_path: Path) -> None:
+    """In-process ADDs in the agent's worker threads all parse and keep the same text: each
+    writes its own temporary file and renames it, so what is there is always a whole record."""
+    import threading
+
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cache = state / inventory.INVENTORY_CACHE_FILE
+    start = threading.Barrier(16)
+    results: list[Any] = []
+
+    def add() -> None:
+        start.wait()
+        for _ in range(5):
+            results.append(
+                inventory.parse_inventory(path.read_text(), str(path), parsed_cache=str(cache))
+                .spec.devices[0]
+                .name
+            )
+
+    threads = [threading.Thread(target=add) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["nic-a"] * 80
+    assert [p.name for p in state.iterdir()] == [inventory.INVENTORY_CACHE_FILE]
+    assert json.loads(cache.read_bytes())["data"] == _slice("nic-a", "eth1")
