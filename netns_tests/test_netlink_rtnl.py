@@ -121,3 +121,84 @@ def test_the_netns_id_of_an_unnamed_namespace(make_netns) -> None:
         os.close(fd)
     assert reply is not None and set(reply) == {"nsid", "current_nsid"}
     assert isinstance(reply["nsid"], int)
+
+
+def test_a_kept_request_naming_a_namespace_by_descriptor_acts_on_what_the_descriptor_names_when_sent(
+    make_netns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept request carries the descriptor's number, which the kernel resolves when it gets
+    the request: the same number naming another namespace by then sends the link there. The
+    kernel's refusals of a kept request are raised as for a fresh one."""
+    home, first, second = make_netns(), make_netns(), make_netns()
+    monkeypatch.setattr(_rtnl, "_ENCODED", {})
+    monkeypatch.setattr(_rtnl, "_NAMED", {})
+    encoded: list[str] = []
+    real = _rtnl.Rtnl._encode
+
+    def counting(*args):  # type: ignore[no-untyped-def]
+        encoded.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(_rtnl.Rtnl, "_encode", staticmethod(counting))
+    one, two, missing = unique_name(), unique_name(), unique_name()
+    error = _pyroute2.load().NetlinkError
+    fd = os.open(first, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with _socket_in(home) as sock:
+            sock.link("add", ifname=one, kind="ifb", net_ns_fd=fd)
+            other = os.open(second, os.O_RDONLY | os.O_CLOEXEC)
+            os.dup2(other, fd, inheritable=False)  # the same number now names the second namespace
+            os.close(other)
+            sock.link("add", ifname=two, kind="ifb", net_ns_fd=fd)
+            with pytest.raises(error) as got:
+                sock.link("add", ifname=two, kind="ifb", net_ns_fd=fd)
+            assert got.value.code == errno.EEXIST
+            for _ in range(2):
+                with pytest.raises(error) as got:
+                    sock.link("del", ifname=missing)
+                assert got.value.code == errno.ENODEV
+            assert sock.link_lookup(ifname=one) == sock.link_lookup(ifname=two) == []
+    finally:
+        os.close(fd)
+    assert encoded == ["add", "del", "get"]  # the second add, del and get: kept requests
+    for path, want in ((first, one), (second, two)):
+        with _iproute(path) as ipr:
+            assert [n for n in (one, two) if ipr.link_lookup(ifname=n)] == [want]
+
+
+def test_a_link_read_lean_decodes_to_what_pyroute2s_full_message_does(make_netns) -> None:
+    """Every link kind cni-dra makes or reads, through the layer's socket (replies decoded
+    with the read set of attributes only) and through pyroute2's IPRoute (every attribute):
+    the same LinkInfo and netdev group, from a dump and from a get."""
+    from cni_dra.netlink import sublink
+    from cni_dra.netlink.info import decode_link
+
+    def _read(msg):  # type: ignore[no-untyped-def]
+        return decode_link(msg), msg.get_attr("IFLA_GROUP")  # the group: the ifb mark (shaping)
+
+    path, remote = make_netns(), make_netns()
+    parent, peer, parent2, peer2, mac, ipv, ifb = (unique_name() for _ in range(7))
+    with _socket_in(path) as sock:
+        fd = os.open(remote, os.O_RDONLY | os.O_CLOEXEC)
+        try:  # its peer elsewhere: the veth carries IFLA_LINK_NETNSID
+            sock.link("add", ifname=parent, kind="veth", peer={"ifname": peer, "net_ns_fd": fd})
+        finally:
+            os.close(fd)
+        sock.link("add", ifname=parent2, kind="veth", peer=peer2)
+        (pidx,) = sock.link_lookup(ifname=parent)
+        (pidx2,) = sock.link_lookup(ifname=parent2)
+        sock.link("set", index=pidx, state="up")
+        sock.link("add", ifname=mac, kind="macvlan", link=pidx, macvlan_mode="bridge", state="up")
+        if sublink.link_kind_supported("ipvlan"):
+            sock.link("add", ifname=ipv, kind="ipvlan", link=pidx2, ipvlan_mode=1)  # not beside a macvlan
+        sock.link("add", ifname=ifb, kind="ifb", group=0x7CD31FB0, mtu=9000)
+        lean = {m["index"]: _read(m) for m in sock.link("dump")}
+        got = {i: _read(sock.link("get", index=i)[0]) for i in lean}
+    with _iproute(path) as ipr:
+        _pyroute2.load()  # the ipvlan and macvlan attribute sets cni-dra adds
+        full = {m["index"]: _read(m) for m in ipr.link("dump")}
+    assert len(full) >= 6 and {li.kind for li, _ in full.values()} >= {"macvlan", "ifb", "veth"}
+    assert any(li.parent_netnsid is not None for li, _ in full.values())
+    assert 0x7CD31FB0 in {group for _, group in full.values()}
+    assert lean == full
+    assert got == full

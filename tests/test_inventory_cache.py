@@ -198,3 +198,112 @@ def test_an_invocation_keeps_the_parse_in_its_state_directory_only_when_that_is_
     private.mkdir(mode=0o700)
     assert invocation(private).inventory.spec.devices[0].name == "nic-a"
     assert [p.name for p in private.iterdir()] == [inventory.INVENTORY_CACHE_FILE]
+
+
+def test_the_next_process_gets_the_slice_in_the_documents_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept parse is the parse, key order included: a device's attributes come back in
+    the order the document gives them, not sorted."""
+    import yaml
+
+    doc = _slice("nic-a", "eth1")
+    attrs = doc["spec"]["devices"][0]["attributes"]
+    doc["spec"]["devices"][0]["attributes"] = {"zeta": {"string": "z"}, **attrs, "alpha": {"string": "a"}}
+    path = tmp_path / "slice.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cache = tmp_path / inventory.INVENTORY_CACHE_FILE
+    first = load_inventory(str(path), parsed_cache=str(cache))
+    assert list(first.spec.devices[0].attributes) == ["zeta", "ifName", "alpha"]
+    _fresh_process(monkeypatch)
+    again = load_inventory(str(path), parsed_cache=str(cache))
+    assert list(again.spec.devices[0].attributes) == ["zeta", "ifName", "alpha"]
+    assert json.dumps(inventory.slice_to_dict(again)) == json.dumps(inventory.slice_to_dict(first))
+
+
+def _record_for(path: Path, data: dict[str, Any]) -> bytes:
+    import hashlib
+
+    digest = hashlib.sha256(path.read_text().encode()).hexdigest()
+    return json.dumps({"sha256": digest, "data": data}).encode()
+
+
+def test_a_symlink_at_the_cache_path_is_not_followed(tmp_path: Path) -> None:
+    """Even a record made for this very text is not read through a symlink (as the state's
+    own files: never followed)."""
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(_record_for(path, _slice("nic-z", "eth9")))
+    cache = tmp_path / inventory.INVENTORY_CACHE_FILE
+    cache.symlink_to(elsewhere)
+    assert _devices_with(path, cache) == [("nic-a", "eth1")]
+    assert json.loads(elsewhere.read_bytes())["data"] == _slice("nic-z", "eth9")  # not written through
+
+
+def test_a_fifo_at_the_cache_path_does_not_block(tmp_path: Path) -> None:
+    import threading
+
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    cache = tmp_path / inventory.INVENTORY_CACHE_FILE
+    os.mkfifo(cache, 0o600)
+    result: list[Any] = []
+    reader = threading.Thread(target=lambda: result.append(_devices_with(path, cache)), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # release the blocked open, then fail
+        os.close(os.open(cache, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+        pytest.fail("reading the cache blocked on a FIFO")
+    assert result == [[("nic-a", "eth1")]]
+
+
+@pytest.mark.parametrize("failing", ["open", "write", "rename"])
+@pytest.mark.parametrize("code", [28, 30])  # ENOSPC, EROFS
+def test_a_full_or_read_only_state_directory_is_no_error_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str, code: int
+) -> None:
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    real = getattr(os, failing)
+
+    def refused(*args: Any, **kw: Any) -> Any:
+        if str(args[0]).startswith(str(state)) or failing == "write":
+            raise OSError(code, os.strerror(code))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(inventory.os, failing, refused)
+    assert _devices_with(path, state / inventory.INVENTORY_CACHE_FILE) == [("nic-a", "eth1")]
+    monkeypatch.setattr(inventory.os, failing, real)
+    assert list(state.iterdir()) == []
+
+
+def test_many_threads_keeping_the_parse_at_once_leave_one_whole_file(tmp_path: Path) -> None:
+    """In-process ADDs in the agent's worker threads all parse and keep the same text: each
+    writes its own temporary file and renames it, so what is there is always a whole record."""
+    import threading
+
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cache = state / inventory.INVENTORY_CACHE_FILE
+    start = threading.Barrier(16)
+    results: list[Any] = []
+
+    def add() -> None:
+        start.wait()
+        for _ in range(5):
+            results.append(
+                inventory.parse_inventory(path.read_text(), str(path), parsed_cache=str(cache))
+                .spec.devices[0]
+                .name
+            )
+
+    threads = [threading.Thread(target=add) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["nic-a"] * 80
+    assert [p.name for p in state.iterdir()] == [inventory.INVENTORY_CACHE_FILE]
+    assert json.loads(cache.read_bytes())["data"] == _slice("nic-a", "eth1")

@@ -255,3 +255,58 @@ def test_names_pyroute2_reads_from_iproute2s_files_are_resolved_each_time(
         sock.link("set", index=7, group="default")  # /etc/iproute2/group
         sock.link("set", index=7, group=0)
     assert calls == ["set", "set", "set"]
+
+
+class _EmptiedBetweenLookups(dict):  # type: ignore[type-arg]
+    """A request cache another thread empties right after a membership test finds a key."""
+
+    def __contains__(self, key: object) -> bool:
+        found = super().__contains__(key)
+        self.clear()
+        return found
+
+
+def test_a_named_request_survives_the_cache_being_emptied_by_another_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent's worker threads share the cache, and one of them empties it when it is
+    full: a request must not depend on an entry still being there after it was seen."""
+    monkeypatch.setattr(_rtnl, "_ENCODED", {})
+    monkeypatch.setattr(_rtnl, "_NAMED", {})
+    expected = _sent_by(lambda sock: sock.link("add", **_link_call("add", "tmp0a1b2c")[4]))
+    raced = _EmptiedBetweenLookups(_rtnl._NAMED)
+    monkeypatch.setattr(_rtnl, "_NAMED", raced)
+    sent = _sent_by(lambda sock: sock.link("add", **_link_call("add", "tmp9z8y7x")[4]))
+    assert sent[:8] + sent[12:] == (expected[:8] + expected[12:]).replace(b"tmp0a1b2c", b"tmp9z8y7x")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"ifname": "a" * 15},  # IFNAMSIZ - 1: the attribute fills its 4-byte padding exactly
+        {"ifname": "b"},
+        {"ifname": "é0"},  # non-ASCII: patched as the UTF-8 bytes pyroute2 encodes
+        {"ifname": "___"},  # the placeholder's own text
+        {"ifname": "mac0", "ifalias": "mac0"},  # the name again in another string attribute
+        {"ifname": "mac0", "altname": "mac0"},  # ... and as IFLA_ALT_IFNAME
+        {"ifname": "veth0", "kind": "veth", "peer": "veth0"},  # ... and nested (the peer's IFLA_IFNAME)
+    ],
+)
+def test_a_patched_named_request_is_byte_for_byte_pyroute2s(
+    monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any]
+) -> None:
+    """Whatever else the request carries, the name goes in the one top-level IFLA_IFNAME
+    attribute and nowhere else: the bytes sent equal pyroute2's own encoding of the same
+    arguments, the second time (the name patched into the kept request) too."""
+    monkeypatch.setattr(_rtnl, "_ENCODED", {})
+    monkeypatch.setattr(_rtnl, "_NAMED", {})
+    base = _rtnl._base()
+    for command in ("add", "set", "get", "del"):
+        kwarg = {"index": 0 if command == "add" else 9, **extra}
+        other = dict(kwarg, ifname="x" * len(kwarg["ifname"].encode()))
+        for args in (other, kwarg):  # the first one fills the cache, the second is patched
+            direct, _ = _rtnl.Rtnl._encode(
+                base.ifinfmsg, _rtnl._LINK_COMMANDS, command, base.filters["link"], dict(args)
+            )
+            sent = _sent_by(lambda sock, args=args, command=command: sock.link(command, **args))
+            assert sent[:8] + sent[12:] == direct[:8] + direct[12:], (command, args)

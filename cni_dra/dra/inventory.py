@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -184,7 +185,12 @@ def read_parsed_cache(path: str, digest: str) -> Any:
     kept it in ``path``; ``_NOT_CACHED`` when the file is missing, unreadable, not such a
     record, or made from another text (never an error: the text is parsed then)."""
     try:
-        with open(path, "rb") as fh:
+        # As the state's own files: a symlink there is refused, never followed; and only a
+        # regular file is read (a FIFO would block, a device never end).
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return _NOT_CACHED
             doc = json.loads(fh.read())
     except (OSError, ValueError):
         return _NOT_CACHED
@@ -196,10 +202,11 @@ def read_parsed_cache(path: str, digest: str) -> Any:
 def write_parsed_cache(path: str, digest: str, data: Any) -> None:
     """Keep ``data``, what the YAML text whose SHA-256 is ``digest`` parsed to, in ``path``
     (0600, a temporary file renamed over it) when JSON holds it exactly (not a YAML
-    timestamp, binary, set or non-string key). Best effort: a failure leaves no file
+    timestamp, binary, set or non-string key), in the parse's own key order (the order of a
+    device's attributes and capacities is the document's). Best effort: a failure leaves no file
     behind and is not an error (the next process parses the text again)."""
     try:
-        encoded = json.dumps({"sha256": digest, "data": data}, sort_keys=True, allow_nan=False)
+        encoded = json.dumps({"sha256": digest, "data": data}, allow_nan=False)
     except (TypeError, ValueError):
         return
     if json.loads(encoded)["data"] != data:  # e.g. a key that is not a string

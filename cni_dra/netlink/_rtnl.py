@@ -152,6 +152,7 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 # the name as one plain IFLA_IFNAME attribute.
 _NAMED: dict[tuple[Any, ...], tuple[bytes, int] | None] = {}
 _NAMED_COMMANDS = frozenset({"get", "add", "set", "del"})
+_UNKNOWN: Any = object()  # not in _NAMED (None there: a request that cannot be patched)
 _IFLA_IFNAME = 3
 
 
@@ -450,9 +451,9 @@ class Rtnl:
         if type(name) is str and name and command in _NAMED_COMMANDS and _cacheable(kwarg):
             raw = name.encode()
             key = (command, len(raw), repr({**kwarg, "ifname": None}))
-            if key in _NAMED:
-                named = _NAMED[key]
-            else:
+            # one lookup: another thread may empty _NAMED between a membership test and a read
+            named = _NAMED.get(key, _UNKNOWN)
+            if named is _UNKNOWN:
                 placeholder = "_" * len(raw)
                 encoded, _ = self._encode(
                     base.ifinfmsg,
