@@ -186,7 +186,7 @@ def test_the_agents_warm_up_loads_tc_so_its_first_shaped_add_does_not():
     agent and its worker processes) loads them when it warms up, with what only an ADD needs."""
     code = (
         "import json, sys\n"
-        "from cni_dra.fastpath.server import warm_imports\n"
+        "from cni_dra.fastpath.warm import warm_imports\n"
         f"before = [m in sys.modules for m in {TC_MODULES + FIRST_USE!r}]\n"
         "warm_imports()\n"
         f"after = [m in sys.modules for m in {TC_MODULES + FIRST_USE!r}]\n"

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from cni_dra.fastpath.activation import bind_listener
+from cni_dra.fastpath.warm import warm_imports
 from cni_dra.fastpath.wire import (
     DEFAULT_SOCKET,
     MAX_MESSAGE_BYTES,
@@ -379,26 +380,6 @@ def interpreter_command() -> list[str]:
     if os.path.basename(exe).startswith("ld-linux") and os.path.realpath(sys.executable) != exe:
         return [exe, "--library-path", os.path.dirname(exe), sys.executable]
     return [sys.executable]
-
-
-def warm_imports() -> None:
-    """Import everything an ADD/DEL touches, so the first request does not pay for it."""
-    import cni_dra.allocator.capacity  # (an in-process DEL does not need these three: loaded on first use)
-    import cni_dra.allocator.select
-    import cni_dra.attach.intent
-    import cni_dra.attach.release
-    import cni_dra.cni
-    import cni_dra.dra.inventory
-    import cni_dra.ipam
-    import cni_dra.protocol.config
-    import cni_dra.protocol.results
-    import cni_dra.verbs.add
-    import cni_dra.verbs.check
-    import cni_dra.verbs.delete  # noqa: F401 (imported to be loaded, not called)
-    from cni_dra.netlink import info, sockets  # the package loads every netlink module
-
-    info.host_link("lo")  # loads pyroute2 and opens the main thread's kept socket
-    sockets.load_tc()  # shaping's messages: else each process's first shaped ADD loads them
 
 
 def serve(

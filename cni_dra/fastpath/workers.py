@@ -17,7 +17,8 @@ import os
 import socket
 import threading
 
-from cni_dra.fastpath.server import FastpathServer, run_threads, warm_imports
+from cni_dra.fastpath.server import FastpathServer, run_threads
+from cni_dra.fastpath.warm import warm_imports
 from cni_dra.fastpath.wire import caller_identity
 
 log = logging.getLogger("cni_dra.fastpath")
