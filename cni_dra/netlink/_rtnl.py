@@ -10,8 +10,9 @@ classes (``ifinfmsg``, ``ifaddrmsg``, ``rtmsg``, ``tcmsg``, ``nsidmsg``), which 
 decode the replies. What is ours is the transport: ``send``, then ``recv`` until the
 kernel's acknowledgement or the end of the dump, on the calling thread; each distinct request
 is built and encoded once per process and its bytes resent (:data:`_ENCODED`; a link request
-naming a link, once per name length, :data:`_NAMED`), and a link
-reply is decoded with only the attributes cni-dra reads (:data:`_LINK_ATTRS`). pyroute2 0.9's
+naming a link, once per name length, :data:`_NAMED`), and a link reply is decoded with only
+the attributes cni-dra reads (:data:`cni_dra.netlink._nlmsg.LINK_ATTRS`, the bytes' own
+module). pyroute2 0.9's
 ``IPRoute`` runs each request through an asyncio event loop, and importing it imports that
 loop and every tc and link-kind module: measured, ≈ 2.5× the per-request cost of this
 socket and ≈ 30 ms more imports per process.
@@ -36,6 +37,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from cni_dra.netlink import _pyroute2
+from cni_dra.netlink._nlmsg import U32, cacheable, lean_link, name_offset
 
 __all__ = ["Rtnl", "load_tc"]
 
@@ -112,27 +114,6 @@ _PARAMETERS = {"strict_check": False}
 _DECODERS: dict[int, Any] = {}
 _HEADER = struct.Struct("=IHHII")  # struct nlmsghdr
 _RECV_BYTES = 65536  # a dump datagram is at most 32 KiB; below malloc's mmap threshold
-_U32 = struct.Struct("=I")  # nlmsg_len (offset 0), nlmsg_seq (offset 8)
-_NLA = struct.Struct("=HH")  # struct nlattr: length, type
-_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
-_IFINFO_BYTES = 16 + 16  # nlmsghdr + struct ifinfomsg: where a link's attributes start
-# The attributes of a link reply that are decoded (<linux/if_link.h> numbers): the ones
-# cni-dra reads. The kernel sends about 40 (statistics, per-family configuration, queue and
-# offload limits...); pyroute2 builds an object for each, ≈ 60 µs a link, so the others are
-# dropped from the reply before it is decoded.
-_LINK_ATTRS = frozenset(
-    {
-        1,  # IFLA_ADDRESS
-        3,  # IFLA_IFNAME
-        4,  # IFLA_MTU
-        5,  # IFLA_LINK
-        10,  # IFLA_MASTER
-        16,  # IFLA_OPERSTATE
-        18,  # IFLA_LINKINFO
-        27,  # IFLA_GROUP
-        37,  # IFLA_LINK_NETNSID
-    }
-)
 # Encoded requests (sequence number 0) by class, command and arguments: the same arguments
 # always encode to the same bytes, and most of a verb's requests repeat from pod to pod (the
 # pod-side shaping, link and deletion requests name the same interfaces and indexes), so
@@ -140,12 +121,6 @@ _LINK_ATTRS = frozenset(
 # when full.
 _ENCODED: dict[tuple[Any, ...], tuple[bytes, Any]] = {}
 _ENCODED_MAX = 512
-# Arguments pyroute2 resolves through iproute2's files (/etc/iproute2/group, rt_protos,
-# rt_tables...) when given as names: such a request is encoded each time, as before.
-_NAMES_FROM_FILES = frozenset(
-    {"group", "proto", "scope", "table", "tos", "dsfield", "realm", "realms", "handle"}
-)
-_SCALARS = frozenset({str, int, float, bool, type(None)})
 # Link requests that name a link (IFLA_IFNAME) differ from pod to pod only in the name (a
 # temporary name, say): kept as one request per name length with the name patched in, by
 # command, name length and the other arguments; None when the encoded request did not carry
@@ -153,7 +128,6 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 _NAMED: dict[tuple[Any, ...], tuple[bytes, int] | None] = {}
 _NAMED_COMMANDS = frozenset({"get", "add", "set", "del"})
 _UNKNOWN: Any = object()  # not in _NAMED (None there: a request that cannot be patched)
-_IFLA_IFNAME = 3
 
 
 @functools.cache
@@ -170,7 +144,7 @@ def _base() -> SimpleNamespace:
     from pyroute2.requests.route import RouteFieldFilter, RouteIPRouteFilter
 
     def link_reply(data: bytes) -> Any:
-        return ifinfmsg(_lean_link(data))
+        return ifinfmsg(lean_link(data))
 
     _DECODERS.update(
         {
@@ -212,69 +186,6 @@ def _tc() -> SimpleNamespace:
 def load_tc() -> None:
     """Import tc's message and request filters now rather than on the first tc request."""
     _tc()
-
-
-def _lean_link(data: bytes) -> bytes:
-    """One link message (``data``: header, ifinfomsg, attributes) with only the attributes of
-    :data:`_LINK_ATTRS`, its length set to match."""
-    end = len(data)
-    out = bytearray(data[:_IFINFO_BYTES])
-    offset = _IFINFO_BYTES
-    unpack = _NLA.unpack_from
-    while offset + 4 <= end:
-        length, kind = unpack(data, offset)
-        if length < 4:
-            break
-        step = (length + 3) & ~3
-        if kind & _NLA_TYPE_MASK in _LINK_ATTRS:
-            out += data[offset : offset + step]
-        offset += step
-    _U32.pack_into(out, 0, len(out))
-    return bytes(out)
-
-
-def _plain(value: Any) -> bool:
-    """Whether ``value`` is made of str, int, float, bool, None, lists, tuples and dicts only:
-    its ``repr`` then says all of it (a cache key), which an arbitrary object's need not."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return True
-    if kind is list or kind is tuple:
-        for item in value:
-            if not _plain(item):
-                return False
-        return True
-    if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str or not _plain(item):
-                return False
-        return True
-    return False
-
-
-def _cacheable(kwarg: dict[str, Any]) -> bool:
-    """Whether a request of these arguments always encodes to the same bytes (:data:`_ENCODED`)."""
-    for key in _NAMES_FROM_FILES.intersection(kwarg):
-        if type(kwarg[key]) is str:
-            return False
-    return _plain(kwarg)
-
-
-def _name_offset(encoded: bytes, placeholder: bytes) -> int | None:
-    """Where the name goes in link request ``encoded``: the offset of the payload of its one
-    top-level IFLA_IFNAME attribute, which must be ``placeholder`` and its NUL; else None."""
-    found = None
-    offset, end = _IFINFO_BYTES, len(encoded)
-    while offset + 4 <= end:
-        length, kind = _NLA.unpack_from(encoded, offset)
-        if length < 4:
-            return None
-        if kind & _NLA_TYPE_MASK == _IFLA_IFNAME:
-            if found is not None or encoded[offset + 4 : offset + length] != placeholder + b"\0":
-                return None
-            found = offset + 4
-        offset += (length + 3) & ~3
-    return found
 
 
 def _matches(dump_filter: Any, msg: Any) -> bool:
@@ -344,7 +255,7 @@ class Rtnl:
             raise OSError(9, "rtnetlink socket is closed")
         self._seq = seq = self._seq % 0xFFFFFFF + 1
         request = bytearray(encoded)
-        _U32.pack_into(request, 8, seq)
+        U32.pack_into(request, 8, seq)
         sock.send(request)
         decoders = _DECODERS
         replies: list[Any] = []
@@ -383,7 +294,7 @@ class Rtnl:
     ) -> list[Any]:
         """pyroute2's RTNL_API request path: the kwargs through its filters into a ``msg_cls``
         message, encoded once per distinct request (:data:`_ENCODED`)."""
-        key = (msg_cls, command, repr(kwarg)) if _cacheable(kwarg) else None
+        key = (msg_cls, command, repr(kwarg)) if cacheable(kwarg) else None
         cached = _ENCODED.get(key) if key is not None else None
         if cached is None:
             cached = self._encode(msg_cls, commands, command, filters, kwarg)
@@ -448,7 +359,7 @@ class Rtnl:
         """As ``IPRoute.link`` for set, add, del, get and dump."""
         base = _base()
         name = kwarg.get("ifname")
-        if type(name) is str and name and command in _NAMED_COMMANDS and _cacheable(kwarg):
+        if type(name) is str and name and command in _NAMED_COMMANDS and cacheable(kwarg):
             raw = name.encode()
             key = (command, len(raw), repr({**kwarg, "ifname": None}))
             # one lookup: another thread may empty _NAMED between a membership test and a read
@@ -462,7 +373,7 @@ class Rtnl:
                     base.filters["link"],
                     {**kwarg, "ifname": placeholder},
                 )
-                offset = _name_offset(encoded, placeholder.encode())
+                offset = name_offset(encoded, placeholder.encode())
                 named = (encoded, offset) if offset is not None else None
                 if len(_NAMED) >= _ENCODED_MAX:
                     _NAMED.clear()
