@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 from pydantic.alias_generators import to_camel
 
+from cni_dra.fields import empty_list
 from cni_dra.quantity import QuantityField
 
 __all__ = [
@@ -179,7 +180,7 @@ class ResourceSliceSpec(ApiModel):
     node_name: str | None = None
     all_nodes: bool | None = None
     pool: ResourcePool
-    devices: list[Device] = Field(default_factory=list)
+    devices: list[Device] = Field(default_factory=empty_list)
 
 
 class ResourceSlice(ApiModel):
@@ -240,8 +241,8 @@ class DeviceConstraint(ApiModel):
 
 
 class DeviceClaim(ApiModel):
-    requests: list[DeviceRequest] = Field(default_factory=list)
-    constraints: list[DeviceConstraint] = Field(default_factory=list)
+    requests: list[DeviceRequest] = Field(default_factory=empty_list)
+    constraints: list[DeviceConstraint] = Field(default_factory=empty_list)
 
 
 class ResourceClaimSpec(ApiModel):
@@ -265,7 +266,7 @@ class DeviceRequestAllocationResult(ApiModel):
 
 
 class DeviceAllocationResult(ApiModel):
-    results: list[DeviceRequestAllocationResult] = Field(default_factory=list)
+    results: list[DeviceRequestAllocationResult] = Field(default_factory=empty_list)
     config: list[dict[str, Any]] | None = None
 
 
