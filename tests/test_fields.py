@@ -13,7 +13,7 @@ import pytest
 import cni_dra.dra
 import cni_dra.protocol
 import cni_dra.state
-from cni_dra.dra.objects import DeviceClaim
+from cni_dra.dra.claims import DeviceClaim
 from cni_dra.fields import empty_list
 from cni_dra.protocol.config import DNSConfig
 from cni_dra.state.frozen import FrozenList, empty_frozen_list
@@ -28,7 +28,11 @@ def _models() -> Iterator[type[pydantic.BaseModel]]:
         for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
             module = importlib.import_module(info.name)
             for obj in vars(module).values():
-                if isinstance(obj, type) and issubclass(obj, pydantic.BaseModel) and obj.__module__ == info.name:
+                if (
+                    isinstance(obj, type)
+                    and issubclass(obj, pydantic.BaseModel)
+                    and obj.__module__ == info.name
+                ):
                     yield obj
 
 
