@@ -6,7 +6,7 @@ read from that report. A structural guard of the no-agent start-up, not a timed 
 docs/performance.md): no operator CLI library (click, kubernetes, grpc), no
 ``importlib.metadata`` (pydantic's plugin discovery), and pyroute2's submodules without
 what its package ``__init__`` imports (IPDB, NDB, conntrack, ...) nor its asyncio ``IPRoute``
-(the netlink layer's own blocking socket sends pyroute2's messages), no ``subprocess``, and
+(the netlink layer's own blocking socket sends pyroute2's messages), no ``subprocess`` nor the ResourceClaim models, and
 on DEL no result modules, resource.k8s.io/v1 models nor allocator. tests/test_inprocess_imports.py
 checks the same without root, up to the first netlink call.
 """
@@ -26,6 +26,8 @@ ASYNC_ENGINE = ("asyncio", "pyroute2.iproute", "pyroute2.netlink.nlsocket", "pyr
 # Only the fallbacks of a long-lived process need them: subprocess (the IPAM starter uses
 # posix_spawn), and on DEL the result modules (no IPAM result is parsed).
 NOT_STARTED = ("subprocess",)
+# The ResourceClaim models: the agent's and the CLI's; neither verb reads a claim.
+NOT_IN_PROCESS = ("cni_dra.dra.claims",)
 # (nor the resource.k8s.io/v1 models and the allocator: a recorded attachment needs neither).
 NOT_ON_DEL = (
     "cni_dra.protocol.results",
@@ -67,5 +69,6 @@ def test_in_process_add_and_del_import_what_they_use(make_node, make_netns, tmp_
         assert sorted(m for m in imported if m.split(".")[0] in FORBIDDEN or m.startswith(FORBIDDEN)) == []
         assert sorted(m for m in imported if m.startswith(PYROUTE2_UNUSED + ASYNC_ENGINE)) == [], command
         assert sorted(m for m in imported if m in NOT_STARTED) == [], command
+        assert sorted(m for m in imported if m in NOT_IN_PROCESS) == [], command
         if command == "DEL":
             assert sorted(m for m in imported if m.startswith(NOT_ON_DEL)) == []

@@ -214,7 +214,7 @@ def _alloc(
     devices: list[dict[str, Any]], claim: dict[str, Any], consumed: dict[str, dict[str, str]] | None = None
 ) -> Any:
     from cni_dra.allocator import NodeUsage, allocate_claim
-    from cni_dra.dra.objects import ResourceClaim
+    from cni_dra.dra.claims import ResourceClaim
 
     sl = ResourceSlice.model_validate(_slice(devices))
     usage = NodeUsage.from_consumed(

@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from cni_dra.allocator import ClaimNoFit, NodeUsage, allocate_claim
-from cni_dra.dra.objects import ResourceClaim, ResourceSlice
+from cni_dra.dra.claims import ResourceClaim
+from cni_dra.dra.objects import ResourceSlice
 from cni_dra.quantity import Quantity
 from tests.builders import resource_slice, share_ids
 

@@ -37,14 +37,8 @@ from cni_dra.allocator import (
 )
 from cni_dra.allocator.capacity import uses_milli
 from cni_dra.cli import cli
-from cni_dra.dra.objects import (
-    AllocationResult,
-    CapacityRequestPolicyRange,
-    Device,
-    DeviceCapacity,
-    ResourceClaim,
-    ResourceSlice,
-)
+from cni_dra.dra.claims import AllocationResult, ResourceClaim
+from cni_dra.dra.objects import CapacityRequestPolicyRange, Device, DeviceCapacity, ResourceSlice
 from cni_dra.quantity import Quantity
 from tests.builders import share_ids
 

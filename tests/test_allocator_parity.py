@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from cni_dra.allocator import ClaimNoFit, NodeUsage, allocate_claim, allocate_claims
 from cni_dra.cli.allocate import make_allocate_command
-from cni_dra.dra.objects import AllocationResult, ResourceClaim, ResourceSlice
+from cni_dra.dra.claims import AllocationResult, ResourceClaim
+from cni_dra.dra.objects import ResourceSlice
 from cni_dra.quantity import Quantity
 from tests.builders import share_ids
 

@@ -40,7 +40,8 @@ from hypothesis import strategies as st
 
 from cni_dra.allocator import ClaimNoFit, NodeUsage, RequestNotRepresentable, allocate_claim, consumed_amount
 from cni_dra.cli import cli
-from cni_dra.dra.objects import AllocationResult, DeviceCapacity, ResourceClaim, ResourceSlice
+from cni_dra.dra.claims import AllocationResult, ResourceClaim
+from cni_dra.dra.objects import DeviceCapacity, ResourceSlice
 from cni_dra.quantity import Quantity
 from tests.builders import share_ids
 

@@ -5,15 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from cni_dra.dra.objects import (
-    Device,
-    DeviceAttribute,
-    DeviceRequestAllocationResult,
-    ResourceClaim,
-    ResourceSlice,
-    device_attribute,
-    to_api,
-)
+from cni_dra.dra.claims import DeviceRequestAllocationResult, ResourceClaim
+from cni_dra.dra.objects import Device, DeviceAttribute, ResourceSlice, device_attribute, to_api
 from cni_dra.quantity import Quantity
 
 SLICE = {

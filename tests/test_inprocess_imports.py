@@ -4,10 +4,11 @@ Without the agent every invocation pays its imports in a fresh interpreter, so t
 structure is guarded here, not their time: the in-process plugin imports neither the
 operator CLI's libraries (click, kubernetes, grpc) nor ``importlib.metadata`` (pydantic's
 plugin discovery), pyroute2 is loaded without running its package ``__init__`` (which
-imports every pyroute2 API), and the Kubernetes API models it does not validate are not
-built. pyroute2's asyncio ``IPRoute`` (``pyroute2.iproute``, ``pyroute2.netlink.nlsocket``,
+imports every pyroute2 API), the Kubernetes API models it does not validate are not
+built, and the ResourceClaim's (cni_dra.dra.claims) not defined. pyroute2's asyncio ``IPRoute`` (``pyroute2.iproute``, ``pyroute2.netlink.nlsocket``,
 asyncio itself) is not imported: the netlink layer sends pyroute2's messages on its own
-blocking socket, and imports tc's message modules only when it shapes.
+blocking socket, and imports tc's message modules only when it shapes. No model makes
+pydantic tokenize a builtin's text signature (cni_dra.fields).
 netns_tests/test_inprocess_imports.py checks the same on a real ADD and DEL of the
 installed tree.
 """
@@ -163,7 +164,11 @@ def test_an_in_process_invocation_imports_no_cli_library_nor_importlib_metadata(
         "import pydantic, cni_dra.dra.objects as o\n"
         "built = [n for n, c in vars(o).items() if isinstance(c, type) and issubclass(c, pydantic.BaseModel)"
         " and c.__pydantic_complete__]\n"
-        "out = {'code': code, 'modules': sorted(sys.modules), 'built': built, 'collecting': collecting}\n",
+        "claims = 'cni_dra.dra.claims' in sys.modules\n"
+        "import tokenize\n"
+        "tokenized = tokenize._compile.cache_info().currsize\n"
+        "out = {'code': code, 'modules': sorted(sys.modules), 'built': built, 'collecting': collecting,"
+        " 'tokenized': tokenized, 'claims': claims}\n",
         env,
         json.dumps(conf).encode(),
     )
@@ -175,10 +180,15 @@ def test_an_in_process_invocation_imports_no_cli_library_nor_importlib_metadata(
     assert f"cni_dra.verbs.{'add' if command == 'ADD' else 'delete'}" in modules
     assert [m for m in modules if m.split(".")[0] in FORBIDDEN or m.startswith(FORBIDDEN)] == []
     assert [m for m in modules if m.startswith(PYROUTE2_UNUSED + ASYNC_ENGINE)] == []
-    # the Kubernetes API models of claims (the agent's, the CLI's) are defined, not built
-    assert "ResourceClaim" not in out["built"] and "AllocationResult" not in out["built"]
+    # the Kubernetes API models of claims (the agent's, the CLI's) are not even defined, and
+    # the ResourceSlice's models are built only when an inventory is validated
+    assert out["claims"] is False
+    assert "ObjectMeta" not in out["built"] and "ResourceSlice" not in out["built"]
     # a one-invocation process: the cyclic garbage collector does not walk what it imports
     assert out["collecting"] is False
+    # no builtin's text signature parsed (pydantic's look at list default factories,
+    # cni_dra.fields): the tokenizer's regular expressions were never compiled
+    assert out["tokenized"] == 0
 
 
 def test_the_agents_warm_up_loads_tc_so_its_first_shaped_add_does_not():

@@ -75,8 +75,8 @@ def test_deviceclass_selects_the_inventory_nics_only():
 
 def test_template_request_allocates_2g_share():
     from cni_dra.allocator.claim_allocator import NodeUsage, allocate_claim
+    from cni_dra.dra.claims import ResourceClaim
     from cni_dra.dra.inventory import load_inventory
-    from cni_dra.dra.objects import ResourceClaim
 
     (tpl,) = by_kind("ResourceClaimTemplate")
     (dc,) = by_kind("DeviceClass")

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cni_dra.allocator import NodeUsage, allocate_claims
-from cni_dra.dra.objects import Device, ResourceClaim, ResourceSlice
+from cni_dra.dra.claims import ResourceClaim
+from cni_dra.dra.objects import Device, ResourceSlice
 from cni_dra.quantity import Quantity
 from cni_dra.state import NodeState, Txn
 from cni_dra.state.ledger import node_usage

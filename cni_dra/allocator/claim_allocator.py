@@ -67,13 +67,13 @@ from cni_dra.allocator.claim_requests import MAX_RESULTS, SearchAbort, expand_re
 from cni_dra.allocator.claim_search import ClaimProblem, ClaimSearch
 from cni_dra.allocator.select import POLICIES, Policy
 from cni_dra.allocator.usage import NodeUsage
-from cni_dra.dra.objects import (
+from cni_dra.dra.claims import (
     AllocationResult,
     DeviceAllocationResult,
     DeviceRequestAllocationResult,
     ResourceClaim,
-    ResourceSlice,
 )
+from cni_dra.dra.objects import ResourceSlice
 
 __all__ = [
     "MAX_RESULTS",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cni_dra.dra.objects import DeviceConstraint, DeviceSubRequest, ExactDeviceRequest, ResourceClaim
+from cni_dra.dra.claims import DeviceConstraint, DeviceSubRequest, ExactDeviceRequest, ResourceClaim
 from cni_dra.quantity import Quantity
 
 __all__ = ["MAX_RESULTS", "ClaimRequest", "SearchAbort", "expand_requests"]

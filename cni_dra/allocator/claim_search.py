@@ -17,14 +17,8 @@ from cni_dra.allocator.capacity import NoFit, RequestNotRepresentable, device_co
 from cni_dra.allocator.claim_requests import MAX_RESULTS, ClaimRequest, SearchAbort
 from cni_dra.allocator.select import Policy, policy_sort_key, rank_key
 from cni_dra.allocator.usage import NodeUsage
-from cni_dra.dra.objects import (
-    Device,
-    DeviceAttribute,
-    DeviceConstraint,
-    ResourceClaim,
-    ResourceSlice,
-    lookup_device_attribute,
-)
+from cni_dra.dra.claims import DeviceConstraint, ResourceClaim
+from cni_dra.dra.objects import Device, DeviceAttribute, ResourceSlice, lookup_device_attribute
 from cni_dra.errors import InvalidConfigError
 from cni_dra.quantity import Quantity
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from cni_dra.quantity import Format, Quantity
 
 if TYPE_CHECKING:
-    from cni_dra.dra.objects import Device, DeviceRequestAllocationResult
+    from cni_dra.dra.claims import DeviceRequestAllocationResult
+    from cni_dra.dra.objects import Device
 
 __all__ = ["Charge", "NodeUsage", "result_charge", "whole_capacity"]
 

@@ -50,8 +50,9 @@ from cni_dra.allocator.claim_allocator import ClaimNoFit, NodeUsage, allocate_cl
 from cni_dra.allocator.select import POLICIES, Policy
 from cni_dra.cli.options import state_dir_option
 from cni_dra.dra.claim_files import load_claims, load_consumed
+from cni_dra.dra.claims import AllocationResult, ResourceClaim
 from cni_dra.dra.inventory import load_inventory
-from cni_dra.dra.objects import AllocationResult, ResourceClaim, ResourceSlice, to_api
+from cni_dra.dra.objects import ResourceSlice, to_api
 from cni_dra.errors import CniError
 from cni_dra.quantity import Quantity
 

@@ -2,7 +2,7 @@
 
 A claim file holds one resource.k8s.io/v1 ResourceClaim, or several as a YAML
 multi-document stream or a JSON list / ``kind: List``; only the fields the
-allocator uses are read (:mod:`cni_dra.dra.objects`).
+allocator uses are read (:mod:`cni_dra.dra.claims`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from cni_dra.dra.objects import ResourceClaim
+from cni_dra.dra.claims import ResourceClaim
 from cni_dra.errors import InvalidConfigError, IOFailureError
 from cni_dra.quantity import Quantity, QuantityField
 

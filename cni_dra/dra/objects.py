@@ -1,4 +1,7 @@
-"""Pydantic v2 models of the resource.k8s.io/v1 objects cni-dra reads and writes.
+"""Pydantic v2 models of the resource.k8s.io/v1 objects cni-dra reads and writes: the base
+model and ``ObjectMeta``, the ResourceSlice (the node's inventory) and the helpers over
+devices; the ResourceClaim's models are in :mod:`cni_dra.dra.claims` (an in-process ADD
+or DEL never reads a claim, so it does not define them).
 
 Only the fields cni-dra uses are modelled; every other field of the API objects is
 ignored on input (``extra="ignore"``), so real ResourceSlices and ResourceClaims load
@@ -12,11 +15,12 @@ API (k8s.io/api/resource/v1 types.go) and KEP-5075 (consumable capacity).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 from pydantic.alias_generators import to_camel
 
+from cni_dra.fields import empty_list
 from cni_dra.quantity import QuantityField
 
 __all__ = [
@@ -31,23 +35,6 @@ __all__ = [
     "ResourcePool",
     "ResourceSliceSpec",
     "ResourceSlice",
-    "CELDeviceSelector",
-    "DeviceSelector",
-    "CapacityRequirements",
-    "ExactDeviceRequest",
-    "DeviceSubRequest",
-    "DeviceRequest",
-    "DeviceConstraint",
-    "DeviceClaim",
-    "ResourceClaimSpec",
-    "DeviceRequestAllocationResult",
-    "DeviceAllocationResult",
-    "AllocationResult",
-    "ResourceClaimConsumerReference",
-    "NetworkDeviceData",
-    "AllocatedDeviceStatus",
-    "ResourceClaimStatus",
-    "ResourceClaim",
     "AttributeValue",
     "device_attribute",
     "lookup_device_attribute",
@@ -64,7 +51,7 @@ class ApiModel(BaseModel):
     """Base: camelCase aliases, both spellings accepted, unknown fields ignored, frozen.
 
     Each model's validator is built on its first use (``defer_build``), so a process builds
-    only the models it validates: an in-process ADD the ResourceSlice's, not the claims'.
+    only the models it validates: an in-process ADD the ResourceSlice's.
     """
 
     model_config = ConfigDict(
@@ -179,7 +166,7 @@ class ResourceSliceSpec(ApiModel):
     node_name: str | None = None
     all_nodes: bool | None = None
     pool: ResourcePool
-    devices: list[Device] = Field(default_factory=list)
+    devices: list[Device] = Field(default_factory=empty_list)
 
 
 class ResourceSlice(ApiModel):
@@ -187,135 +174,6 @@ class ResourceSlice(ApiModel):
     kind: str = "ResourceSlice"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: ResourceSliceSpec
-
-
-# --- ResourceClaim -------------------------------------------------------------------
-
-
-class CELDeviceSelector(ApiModel):
-    expression: str
-
-
-class DeviceSelector(ApiModel):
-    cel: CELDeviceSelector | None = None
-
-
-class CapacityRequirements(ApiModel):
-    """``capacity.requests``: capacity name (short or ``<driver>/name``) → quantity."""
-
-    requests: dict[str, QuantityField] = Field(default_factory=dict)
-
-
-AllocationMode = Literal["ExactCount", "All"]
-
-
-class ExactDeviceRequest(ApiModel):
-    device_class_name: str = ""
-    selectors: list[DeviceSelector] | None = None
-    allocation_mode: AllocationMode | None = None
-    count: int | None = None
-    admin_access: bool | None = None
-    capacity: CapacityRequirements | None = None
-
-
-class DeviceSubRequest(ApiModel):
-    name: str
-    device_class_name: str = ""
-    selectors: list[DeviceSelector] | None = None
-    allocation_mode: AllocationMode | None = None
-    count: int | None = None
-    capacity: CapacityRequirements | None = None
-
-
-class DeviceRequest(ApiModel):
-    name: str
-    exactly: ExactDeviceRequest | None = None
-    first_available: list[DeviceSubRequest] | None = None
-
-
-class DeviceConstraint(ApiModel):
-    requests: list[str] | None = None
-    match_attribute: str | None = None
-    distinct_attribute: str | None = None
-
-
-class DeviceClaim(ApiModel):
-    requests: list[DeviceRequest] = Field(default_factory=list)
-    constraints: list[DeviceConstraint] = Field(default_factory=list)
-
-
-class ResourceClaimSpec(ApiModel):
-    devices: DeviceClaim = Field(default_factory=DeviceClaim)
-
-
-class DeviceRequestAllocationResult(ApiModel):
-    """One entry of ``status.allocation.devices.results``.
-
-    ``request`` is ``<request>`` or ``<request>/<subrequest>``; ``consumedCapacity``
-    and ``shareID`` are set only for devices with ``allowMultipleAllocations``.
-    """
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-    admin_access: bool | None = None
-    consumed_capacity: dict[str, QuantityField] | None = None
-    share_id: str | None = Field(default=None, alias="shareID")
-
-
-class DeviceAllocationResult(ApiModel):
-    results: list[DeviceRequestAllocationResult] = Field(default_factory=list)
-    config: list[dict[str, Any]] | None = None
-
-
-class AllocationResult(ApiModel):
-    """``status.allocation`` (``nodeSelector`` kept as opaque JSON)."""
-
-    devices: DeviceAllocationResult = Field(default_factory=DeviceAllocationResult)
-    node_selector: dict[str, Any] | None = None
-    allocation_timestamp: str | None = None
-
-
-class ResourceClaimConsumerReference(ApiModel):
-    api_group: str | None = None
-    resource: str
-    name: str
-    uid: str
-
-
-class NetworkDeviceData(ApiModel):
-    """KEP-4817 ``networkData`` of an allocated device."""
-
-    interface_name: str | None = None
-    ips: list[str] | None = None
-    hardware_address: str | None = None
-
-
-class AllocatedDeviceStatus(ApiModel):
-    """``status.devices[]``: keyed by (driver, pool, device, shareID)."""
-
-    driver: str
-    pool: str
-    device: str
-    share_id: str | None = Field(default=None, alias="shareID")
-    conditions: list[dict[str, Any]] | None = None
-    data: Any = None
-    network_data: NetworkDeviceData | None = None
-
-
-class ResourceClaimStatus(ApiModel):
-    allocation: AllocationResult | None = None
-    reserved_for: list[ResourceClaimConsumerReference] | None = None
-    devices: list[AllocatedDeviceStatus] | None = None
-
-
-class ResourceClaim(ApiModel):
-    api_version: str = API_VERSION
-    kind: str = "ResourceClaim"
-    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
-    spec: ResourceClaimSpec = Field(default_factory=ResourceClaimSpec)
-    status: ResourceClaimStatus | None = None
 
 
 # --- helpers -------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from cni_dra.errors import (
     InvalidConfigError,
     UnsupportedFieldError,
 )
+from cni_dra.fields import empty_list
 from cni_dra.iface import CONFIG_MACVLAN_MODES, IPVLAN_FLAGS, IPVLAN_MODES, mac_field
 from cni_dra.protocol.env import CniEnv
 from cni_dra.protocol.profile.limits import ProfileLimits
@@ -85,10 +86,10 @@ class DNSConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    nameservers: list[str] = Field(default_factory=list)
+    nameservers: list[str] = Field(default_factory=empty_list)
     domain: str = ""
-    search: list[str] = Field(default_factory=list)
-    options: list[str] = Field(default_factory=list)
+    search: list[str] = Field(default_factory=empty_list)
+    options: list[str] = Field(default_factory=empty_list)
 
 
 class IpamConfig(BaseModel):
@@ -299,7 +300,7 @@ class NetConf(BaseModel):
     dadTimeoutSeconds: float = Field(default=10.0, gt=0, le=120, allow_inf_nan=False)
     capacity: CapacityRequest = Field(default_factory=CapacityRequest)
     selectionPolicy: Literal["best-fit", "least-allocated"] = "best-fit"
-    selectors: list[DeviceSelector] = Field(default_factory=list, max_length=32)
+    selectors: list[DeviceSelector] = Field(default_factory=empty_list, max_length=32)
     distinctFrom: Literal["pod"] | None = None
     lockTimeoutSeconds: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
     ipam: IpamConfig = Field(default_factory=IpamConfig)

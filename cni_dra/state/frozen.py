@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NoReturn, TypeVar
 
-__all__ = ["FrozenDict", "FrozenList", "deep_freeze", "frozen_list", "thaw"]
+__all__ = ["FrozenDict", "FrozenList", "deep_freeze", "empty_frozen_list", "frozen_list", "thaw"]
 
 _T = TypeVar("_T")
 _K = TypeVar("_K")
@@ -58,6 +58,12 @@ class FrozenList(list[_T]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenList, (list(self),))
+
+
+def empty_frozen_list() -> FrozenList[Any]:
+    """A new empty read-only list: a pydantic field's ``default_factory`` (``FrozenList``
+    itself would have pydantic parse ``list``'s text signature, see :mod:`cni_dra.fields`)."""
+    return FrozenList()
 
 
 def deep_freeze(value: Any) -> Any:

@@ -78,7 +78,7 @@ def validate_claim(
     """
     from pydantic import ValidationError
 
-    from cni_dra.dra.objects import ResourceClaim
+    from cni_dra.dra.claims import ResourceClaim
     from cni_dra.errors import InvalidConfigError
     from cni_dra.protocol.profile import ProfileLimits, claim_profiles
     from cni_dra.state.prepared import PreparedClaim

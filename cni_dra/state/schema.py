@@ -94,7 +94,7 @@ from pydantic_core import CoreSchema, core_schema
 
 from cni_dra.allocator.usage import whole_capacity
 from cni_dra.quantity import Quantity, QuantityField
-from cni_dra.state.frozen import FrozenDict, FrozenList, deep_freeze
+from cni_dra.state.frozen import FrozenDict, deep_freeze, empty_frozen_list
 from cni_dra.state.prepared import PreparedClaim, PreparedResult
 
 if TYPE_CHECKING:
@@ -421,7 +421,7 @@ class NodeState(BaseModel):
     attachments: Attachments = Field(default_factory=Attachments)
     # ResourceClaim status records left by ADD for the agent (cni_dra.state.claim_status)
     statusUpdates: Annotated[list[dict[str, Any]], AfterValidator(deep_freeze)] = Field(
-        default_factory=FrozenList
+        default_factory=empty_frozen_list
     )
     # pod UID -> (its claims, decoded): see prepared
     _decoded: dict[str, tuple[list[dict[str, Any]], tuple[PreparedClaim, ...]]] = PrivateAttr(
