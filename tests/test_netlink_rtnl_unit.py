@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -169,19 +170,31 @@ def test_a_link_reply_decodes_the_attributes_cni_dra_reads_and_drops_the_rest() 
     assert msg.get_attr("IFLA_TXQLEN") is None and msg.get_attr("IFLA_STATS64") is None
 
 
-def test_a_request_is_encoded_once_and_resent_under_its_own_sequence_number(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _empty_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's request caches, empty for this test (restored after it)."""
     monkeypatch.setattr(_rtnl, "_ENCODED", {})
     monkeypatch.setattr(_rtnl, "_NAMED", {})
-    encoded = []
+
+
+def _encodes(monkeypatch: pytest.MonkeyPatch, pick: Callable[[tuple[Any, ...]], Any]) -> list[Any]:
+    """Empty request caches, and the list of ``pick(args)`` of every request pyroute2 encodes
+    (``Rtnl._encode``'s arguments: class, commands, command, filters, arguments)."""
+    _empty_caches(monkeypatch)
+    encoded: list[Any] = []
     real = _rtnl.Rtnl._encode
 
     def counting(*args: Any) -> Any:
-        encoded.append(args[2])
+        encoded.append(pick(args))
         return real(*args)
 
     monkeypatch.setattr(_rtnl.Rtnl, "_encode", staticmethod(counting))
+    return encoded
+
+
+def test_a_request_is_encoded_once_and_resent_under_its_own_sequence_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    encoded = _encodes(monkeypatch, lambda args: args[2])
     sock, fake = _rtnl_with([lambda seq: (_ack(seq), 0)] * 4)
     sock.link("set", index=7, ifname="eth9", state="up")
     sock.link("set", index=7, ifname="eth9", state="up")
@@ -214,16 +227,7 @@ def test_a_link_request_naming_a_link_is_encoded_once_per_name_length(
         name: _sent_by(lambda sock, name=name: sock._call(*_link_call("add", name)))
         for name in ("tmp0a1b2c", "tmp9z8y7x", "eth0")
     }
-    monkeypatch.setattr(_rtnl, "_ENCODED", {})
-    monkeypatch.setattr(_rtnl, "_NAMED", {})
-    encoded = []
-    real = _rtnl.Rtnl._encode
-
-    def counting(*args: Any) -> Any:
-        encoded.append(args[4]["ifname"])
-        return real(*args)
-
-    monkeypatch.setattr(_rtnl.Rtnl, "_encode", staticmethod(counting))
+    encoded = _encodes(monkeypatch, lambda args: args[4]["ifname"])
     for name in ("tmp0a1b2c", "tmp9z8y7x", "eth0"):
         assert (
             _sent_by(lambda sock, name=name: sock.link("add", **_link_call("add", name)[4])) == direct[name]
@@ -240,16 +244,7 @@ def _link_call(command: str, name: str) -> tuple[Any, ...]:
 def test_names_pyroute2_reads_from_iproute2s_files_are_resolved_each_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_rtnl, "_ENCODED", {})
-    monkeypatch.setattr(_rtnl, "_NAMED", {})
-    calls = []
-    real = _rtnl.Rtnl._encode
-
-    def counting(*args: Any) -> Any:
-        calls.append(args[2])
-        return real(*args)
-
-    monkeypatch.setattr(_rtnl.Rtnl, "_encode", staticmethod(counting))
+    calls = _encodes(monkeypatch, lambda args: args[2])
     sock, _ = _rtnl_with([lambda seq: (_ack(seq), 0)] * 4)
     for _ in range(2):
         sock.link("set", index=7, group="default")  # /etc/iproute2/group
@@ -271,8 +266,7 @@ def test_a_named_request_survives_the_cache_being_emptied_by_another_thread(
 ) -> None:
     """The agent's worker threads share the cache, and one of them empties it when it is
     full: a request must not depend on an entry still being there after it was seen."""
-    monkeypatch.setattr(_rtnl, "_ENCODED", {})
-    monkeypatch.setattr(_rtnl, "_NAMED", {})
+    _empty_caches(monkeypatch)
     expected = _sent_by(lambda sock: sock.link("add", **_link_call("add", "tmp0a1b2c")[4]))
     raced = _EmptiedBetweenLookups(_rtnl._NAMED)
     monkeypatch.setattr(_rtnl, "_NAMED", raced)
@@ -298,8 +292,7 @@ def test_a_patched_named_request_is_byte_for_byte_pyroute2s(
     """Whatever else the request carries, the name goes in the one top-level IFLA_IFNAME
     attribute and nowhere else: the bytes sent equal pyroute2's own encoding of the same
     arguments, the second time (the name patched into the kept request) too."""
-    monkeypatch.setattr(_rtnl, "_ENCODED", {})
-    monkeypatch.setattr(_rtnl, "_NAMED", {})
+    _empty_caches(monkeypatch)
     base = _rtnl._base()
     for command in ("add", "set", "get", "del"):
         kwarg = {"index": 0 if command == "add" else 9, **extra}
