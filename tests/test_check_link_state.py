@@ -7,6 +7,7 @@ The links are :class:`~cni_dra.netlink.info.LinkInfo` values on the in-memory ho
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from cni_dra.errors import CheckFailedError
 from cni_dra.netlink.info import LinkInfo
 from cni_dra.verbs import check
-from tests.fake_host import FakeHost, pod_link
+from tests.fake_host import FakeHost, nic, pod_link
 
 NETNS = "/var/run/netns/pod-1"
 MAC = "02:00:00:00:00:07"
@@ -62,21 +63,7 @@ def _pod_link(**changes: Any) -> LinkInfo:
 
 
 def _parent(**changes: Any) -> LinkInfo:
-    base = dict(
-        name="nic0",
-        index=5,
-        kind="veth",
-        mac="02:00:00:00:00:01",
-        mtu=1500,
-        operstate="UP",
-        admin_up=True,
-        parent_index=None,
-        parent_netnsid=None,
-        mode=None,
-        carrier=True,
-    )
-    base.update(changes)
-    return LinkInfo(**base)
+    return replace(nic("nic0", 5), kind="veth", mac="02:00:00:00:00:01", **changes)
 
 
 @pytest.mark.parametrize(
