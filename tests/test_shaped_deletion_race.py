@@ -2,7 +2,8 @@
 the pod interface and its ifb device vanish under one of them between its dump of the
 namespace's links and its requests. What is gone is done: that DEL succeeds too.
 
-The pod namespace's rtnetlink socket is faked (:class:`Namespace`): the other DEL deletes
+The pod namespace's rtnetlink socket is faked (:class:`Namespace`), and the deletion that
+:mod:`cni_dra.netlink.dellink` sends from its own socket goes to it too: the other DEL deletes
 both links at the moment this one first asks the kernel to change one (ENODEV from then on).
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cni_dra.netlink import _pyroute2, shaping, sockets
+from cni_dra.netlink import _pyroute2, dellink, shaping, sockets
 
 
 class _Attrs:
@@ -72,15 +73,20 @@ class Namespace:
         return []
 
 
-@pytest.mark.parametrize("race", ["set", "del"], ids=["gone-before-grouping", "gone-before-deletion"])
-def test_a_shaped_link_deleted_by_another_del_meanwhile_is_done(monkeypatch, race):
-    ns = Namespace(race)
-
+def _pod_socket(monkeypatch, ns: Namespace) -> None:
     @contextlib.contextmanager
     def in_pod(netns: str) -> Iterator[Namespace]:
         yield ns
 
     monkeypatch.setattr(sockets, "netns_iproute", in_pod)
+    monkeypatch.setattr(dellink, "delete", lambda request, **_: ns.link("del", **request))
+
+
+@pytest.mark.parametrize("race", ["set", "del"], ids=["gone-before-grouping", "gone-before-deletion"])
+def test_a_shaped_link_deleted_by_another_del_meanwhile_is_done(monkeypatch, race):
+    ns = Namespace(race)
+
+    _pod_socket(monkeypatch, ns)
     shaping.delete_shaped_link("/var/run/netns/pod", "eth0")  # no NetlinkError: nothing left to delete
     assert ns.links == {}
 
@@ -88,10 +94,6 @@ def test_a_shaped_link_deleted_by_another_del_meanwhile_is_done(monkeypatch, rac
 def test_without_a_race_both_go_in_one_batch(monkeypatch):
     ns = Namespace(race="")
 
-    @contextlib.contextmanager
-    def in_pod(netns: str) -> Iterator[Namespace]:
-        yield ns
-
-    monkeypatch.setattr(sockets, "netns_iproute", in_pod)
+    _pod_socket(monkeypatch, ns)
     assert shaping.delete_shaped_link("/var/run/netns/pod", "eth0") == (True, True)
     assert ns.links == {} and [c for c, _ in ns.requests] == ["set", "set", "del"]

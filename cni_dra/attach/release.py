@@ -7,8 +7,10 @@ capacity goes when the caller drops the record, always after this has succeeded,
 failure never frees capacity whose link or IP is still held).
 
 The IPAM plugin's DEL runs in a thread while the link is deleted: the two do not depend on
-each other (the reference macvlan plugin releases IPAM first, then deletes the link), and
-the kernel takes most of the time unregistering the link. Both are waited for; a link
+each other (the reference macvlan plugin releases IPAM first, then deletes the link). The
+link's deletion is done when the kernel announces it deleted; the kernel's wait before
+freeing it (an RCU barrier, most of a deletion's time) goes on without the verb
+(:mod:`cni_dra.netlink.dellink`). Both are waited for; a link
 error is raised first, with the IPAM error noted on it. Except for ``dhcp``: its daemon
 sends the DHCPRELEASE through the pod's link, so its DEL finishes before the link goes,
 in the reference order.

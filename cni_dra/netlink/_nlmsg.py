@@ -1,8 +1,9 @@
 """The bytes of rtnetlink messages, for :mod:`cni_dra.netlink._rtnl`: a link reply cut down to
 the attributes cni-dra reads before pyroute2 decodes it (:func:`lean_link`), whether a
 request's arguments always encode to the same bytes (:func:`cacheable`: the key of the
-encoded-request cache), and where a link request carries its name (:func:`name_offset`: the
-name patched into a kept request). Pure functions over ``bytes`` and plain values; no socket,
+encoded-request cache), where a link request carries its name (:func:`name_offset`: the
+name patched into a kept request), and which links a datagram of link notifications
+announces deleted (:func:`deleted_links`). Pure functions over ``bytes`` and plain values; no socket,
 no pyroute2.
 """
 
@@ -20,6 +21,7 @@ __all__ = [
     "NLA_TYPE_MASK",
     "U32",
     "cacheable",
+    "deleted_links",
     "lean_link",
     "name_offset",
 ]
@@ -54,6 +56,10 @@ NAMES_FROM_FILES = frozenset(
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 IFLA_IFNAME = 3
+_RTM_DELLINK = 17
+_AF_UNSPEC = 0
+_NLMSG_HEADER = struct.Struct("=IH")  # nlmsg_len, nlmsg_type
+_IFINFO_HEAD = struct.Struct("=BxHi")  # ifi_family, pad, ifi_type, ifi_index
 
 
 def lean_link(data: bytes) -> bytes:
@@ -118,3 +124,35 @@ def name_offset(encoded: bytes, placeholder: bytes) -> int | None:
             found = offset + 4
         offset += (length + 3) & ~3
     return found
+
+
+def deleted_links(data: bytes) -> list[tuple[int, str | None]]:
+    """(index, name) of each link that ``data`` (one datagram read from a socket subscribed
+    to ``RTMGRP_LINK``) announces deleted: its RTM_DELLINK messages of family AF_UNSPEC (a
+    bridge port's AF_BRIDGE RTM_DELLINK leaves the link in place); name None when the
+    message carries no IFLA_IFNAME."""
+    found: list[tuple[int, str | None]] = []
+    offset, end = 0, len(data)
+    while offset + 16 <= end:
+        length, kind = _NLMSG_HEADER.unpack_from(data, offset)
+        if length < 16 or offset + length > end:
+            break
+        if kind == _RTM_DELLINK and length >= IFINFO_BYTES:
+            family, _type, index = _IFINFO_HEAD.unpack_from(data, offset + 16)
+            if family == _AF_UNSPEC:
+                found.append((index, _ifname(data[offset : offset + length])))
+        offset += (length + 3) & ~3
+    return found
+
+
+def _ifname(msg: bytes) -> str | None:
+    """The IFLA_IFNAME of one link message, or None."""
+    offset, end = IFINFO_BYTES, len(msg)
+    while offset + 4 <= end:
+        length, kind = NLA.unpack_from(msg, offset)
+        if length < 4:
+            return None
+        if kind & NLA_TYPE_MASK == IFLA_IFNAME:
+            return msg[offset + 4 : offset + length].split(b"\0", 1)[0].decode(errors="replace")
+        offset += (length + 3) & ~3
+    return None

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 from cni_dra.errors import ContainerUnknownError, InvalidConfigError, InvalidEnvironmentError, NetlinkError
 from cni_dra.iface import validate_ifname
-from cni_dra.netlink import _pyroute2, netns, sockets
+from cni_dra.netlink import _pyroute2, dellink, netns, sockets
 from cni_dra.netlink.netns import netns_exists
 from cni_dra.netlink.tbf import (
     BURST_WINDOW_S,
@@ -261,6 +261,16 @@ def _delete_qdisc(ipr: Any, index: int, parent: int, kind: str) -> bool:
 def _delete_link_index(ipr: Any, index: int) -> None:
     try:
         ipr.link("del", index=index)
+    except _pyroute2.load().NetlinkError as exc:
+        if _code(exc) != errno.ENODEV:
+            raise
+
+
+def _delete_announced(request: dict[str, Any], indexes: list[int]) -> None:
+    """:func:`_delete_link_index`, done when the kernel announces the deletion
+    (:mod:`cni_dra.netlink.dellink`; the calling thread is in the link's namespace)."""
+    try:
+        dellink.delete(request, indexes=indexes)
     except _pyroute2.load().NetlinkError as exc:
         if _code(exc) != errno.ENODEV:
             raise
@@ -506,7 +516,8 @@ def delete_shaped_link(netns: str, ifname: str) -> tuple[bool, bool]:
     tens of ms on a busy node), and deleting the two one after the other pays it twice.
     Both are moved into a netdev group no other link of the namespace uses and deleted with
     one RTM_DELLINK naming the group, which the kernel unregisters as one batch. The
-    interface's qdiscs and the redirect go with it.
+    interface's qdiscs and the redirect go with it. Done when the kernel announces both
+    deleted, before it has freed them (:mod:`cni_dra.netlink.dellink`).
 
     Raises:
         InvalidEnvironmentError: (4) ``ifname`` is invalid or ``netns`` is not a network namespace.
@@ -542,7 +553,7 @@ def _delete_pair(ipr: Any, ifname: str) -> tuple[bool, bool]:
         done = []
         for msg in (pod, ifb):
             if msg is not None:
-                _delete_link_index(ipr, msg["index"])
+                _delete_announced({"index": msg["index"]}, [msg["index"]])
             done.append(msg is not None)
         return done[0], done[1]
     used = {msg.get_attr("IFLA_GROUP") for msg in links.values()}
@@ -550,7 +561,7 @@ def _delete_pair(ipr: Any, ifname: str) -> tuple[bool, bool]:
     for msg in (pod, ifb):
         ipr.link("set", index=msg["index"], group=group)
     try:
-        ipr.link("del", group=group)
+        dellink.delete({"group": group}, indexes=(pod["index"], ifb["index"]))
     except _pyroute2.load().NetlinkError as exc:
         if _code(exc) not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise

@@ -4,7 +4,8 @@ Every rtnetlink socket cni-dra opens comes from here:
 
 * :func:`iproute`: an :class:`~cni_dra.netlink._rtnl.Rtnl` (a blocking rtnetlink socket
   speaking pyroute2's messages, with ``IPRoute``'s calls) in the calling thread's current
-  namespace, closed when the block ends;
+  namespace, closed when the block ends (:func:`open_rtnl`: the same, closed by whoever
+  it is handed to);
 * :func:`host_iproute`: the same, but kept across calls by the main thread and by threads
   inside :func:`keep_host_socket` (the fast-path workers) while they are in the host
   namespace; the agent serves every ADD/DEL from the same few threads;
@@ -36,6 +37,7 @@ from cni_dra.netlink.netns import current_netns_identity, host_netns_identity, i
 
 __all__ = [
     "iproute",
+    "open_rtnl",
     "host_iproute",
     "keep_host_socket",
     "netns_iproute",
@@ -54,11 +56,18 @@ def load_tc() -> None:
         _rtnl.load_tc()
 
 
+def open_rtnl() -> Any:
+    """An rtnetlink socket (:class:`~cni_dra.netlink._rtnl.Rtnl`) of the calling thread's
+    current netns, for the caller (or the thread it hands it to) to close. Raises
+    NetlinkError (102) when it cannot be opened."""
+    with _pyroute2.translated("open rtnetlink socket"):
+        return _rtnl.Rtnl()
+
+
 @contextmanager
 def iproute() -> Iterator[Any]:
     """An rtnetlink socket (:class:`~cni_dra.netlink._rtnl.Rtnl`) of the calling thread's current netns."""
-    with _pyroute2.translated("open rtnetlink socket"):
-        ipr = _rtnl.Rtnl()
+    ipr = open_rtnl()
     try:
         yield ipr
     finally:

@@ -34,7 +34,7 @@ import errno
 import hashlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -48,7 +48,7 @@ from cni_dra.errors import (
 )
 from cni_dra.faults import fault_point
 from cni_dra.iface import IPVLAN_FLAGS, IPVLAN_MODES, MACVLAN_MODES, validate_ifname, validate_mac
-from cni_dra.netlink import _pyroute2, info, sockets
+from cni_dra.netlink import _pyroute2, dellink, info, sockets
 from cni_dra.netlink.info import LinkInfo
 from cni_dra.netlink.netns import current_netns_identity, in_netns_fd, netns_exists, open_netns
 
@@ -392,14 +392,15 @@ def delete_link(netns: str | None, ifname: str) -> bool:
 
     True if a link was deleted; False if the link does not exist or the netns is
     gone (missing path, or the empty file left once it was unmounted) -- DEL
-    must succeed then (CNI spec 1.1.0 "DEL"). Raises InvalidEnvironmentError (4)
+    must succeed then (CNI spec 1.1.0 "DEL"). In a netns, done when the kernel announces
+    the link deleted, before it has freed it (:mod:`cni_dra.netlink.dellink`). Raises InvalidEnvironmentError (4)
     if ``netns`` exists but is something else than a network namespace,
     NetlinkError (102) when the kernel refuses.
     """
     what = f"delete link {ifname}" + (f" in netns {netns}" if netns else "")
     if netns is None:
         with sockets.host_iproute() as ipr, _pyroute2.translated(what):
-            return _delete(ipr, ifname)
+            return _delete(lambda: ipr.link("del", ifname=ifname))
     try:
         fd = open_netns(netns)
     except ContainerUnknownError:
@@ -409,16 +410,17 @@ def delete_link(netns: str | None, ifname: str) -> bool:
             return False
         raise
     try:
-        with in_netns_fd(fd, netns), sockets.iproute() as ipr, _pyroute2.translated(what):
-            return _delete(ipr, ifname)
+        with in_netns_fd(fd, netns), _pyroute2.translated(what):
+            # done when the kernel announces it deleted, not when it has freed it (dellink)
+            return _delete(lambda: dellink.delete({"ifname": ifname}, names=(ifname,)))
     finally:
         os.close(fd)
 
 
-def _delete(ipr: Any, ifname: str) -> bool:
+def _delete(request: Callable[[], object]) -> bool:
     # One RTM_DELLINK naming the link (IFLA_IFNAME); ENODEV: there is none.
     try:
-        ipr.link("del", ifname=ifname)
+        request()
     except _pyroute2.load().NetlinkError as exc:
         if exc.code == errno.ENODEV:
             return False
