@@ -106,7 +106,15 @@ class Deletion:
         self._events = events
         self._names, self._indexes = set(names), set(indexes)
         self._error: BaseException | None = None
-        self._done_r, done_w = os.pipe2(os.O_CLOEXEC)
+        self._lock = threading.Lock()
+        self._waiting = True  # the caller's end of the pipe is open (under _lock)
+        try:
+            self._done_r, done_w = os.pipe2(os.O_CLOEXEC)
+        except BaseException:
+            ipr.close()
+            events.close()
+            release()
+            raise
 
         def acknowledge() -> None:
             try:
@@ -114,13 +122,14 @@ class Deletion:
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
                 self._error = exc
             finally:
-                ipr.close()
                 try:
-                    os.write(done_w, b"\0")
-                except OSError:  # the caller returned on the announcement and closed its end
-                    pass
-                os.close(done_w)
-                release()
+                    ipr.close()
+                finally:
+                    with self._lock:
+                        if self._waiting:  # never into a pipe whose reader is gone
+                            os.write(done_w, b"\0")
+                    os.close(done_w)
+                    release()
 
         try:
             threading.Thread(target=acknowledge, name="cni-dra-dellink", daemon=True).start()
@@ -157,4 +166,6 @@ class Deletion:
                     return
         finally:
             self._events.close()
-            os.close(self._done_r)
+            with self._lock:
+                self._waiting = False
+                os.close(self._done_r)
