@@ -4,8 +4,8 @@ A link deletion answers its sender only after the kernel's ``netdev_run_todo``: 
 ``rcu_barrier()`` (every RCU callback queued so far has run: a normal grace period, whole
 scheduler ticks) and the wait for the device's last references, before it is freed. Seen
 with ``perf`` (``sched:sched_switch`` with kernel stacks) of a macvlan deleted in a pod
-namespace: 14-16 ms asleep in that barrier, under 1 ms for the rest (its three expedited
-``synchronize_net``). When the pod's ADD ran shortly before, the barrier also waits behind
+namespace: 14-16 ms asleep in that barrier, under 1 ms for the rest (three expedited RCU
+waits). When the pod's ADD ran shortly before, the barrier also waits behind
 the grace period the ADD's own changes started, so the deletion ends on the same tick
 whichever moment within the ADD's next 2-9 ms it is asked for; the reference plugin
 waits for it too.
@@ -17,11 +17,11 @@ as RTM_DELLINK to ``RTMGRP_LINK`` (what ``ip monitor`` shows as "Deleted"); its 
 entry goes right after. :func:`delete` sends the request from a helper thread and returns
 at whichever comes first: the announcement of every link it waits for (on a socket
 subscribed before the request is sent), or the request's acknowledgement (an error, such
-as ENODEV: nothing to delete; or success, when announcements were lost). The helper thread keeps waiting for
-the acknowledgement and closes the request's socket (which holds the namespace until
-then); once the kernel has announced the deletion, ``rtnl_dellink`` answers 0. At most
-:data:`MAX_IN_FLIGHT` helpers per process; past that, the calling thread waits for the
-acknowledgement itself, as before.
+as ENODEV: nothing to delete; or success, when announcements were lost). The helper
+thread keeps waiting for the acknowledgement and closes the request's socket (which holds
+the namespace until then); once the kernel has announced the deletion, ``rtnl_dellink``
+answers 0. At most :data:`MAX_IN_FLIGHT` helpers per process; past that, the calling
+thread waits for the acknowledgement itself, as before.
 
 The pod-side deletions of DEL, GC and recovery use it
 (:func:`cni_dra.netlink.sublink.delete_link`, :func:`cni_dra.netlink.shaping.delete_shaped_link`).
