@@ -255,7 +255,10 @@ def share_prepared_claim(state_dir: str, claim_uid: str, pod_uids: set[str]) -> 
     from cni_dra.state.store import StateStore
 
     store = StateStore(state_dir)
-    holders = store.read().claim_pods(claim_uid)
+    # The claim watch calls this for every event of every claim; most need nothing, so that
+    # is seen without the state's file lock (a burst's ADDs hold it in turn), and the
+    # transaction below looks again under it.
+    holders = store.peek().claim_pods(claim_uid)
     if not holders or not pod_uids - holders:
         return []
     with store.transaction() as txn:
