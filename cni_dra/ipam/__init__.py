@@ -320,9 +320,8 @@ def ipam_exec(
         if key is not None and remembered is not None:  # it refuses the version it took before: ask again
             _DOWNGRADES.pop(key, None)
             return ipam_exec(command, ipam_type, netconf, env, cni_path, timeout_s=timeout_s)
-        ident = _binary_identity(
-            path
-        )  # before the VERSION call: a binary replaced meanwhile is not remembered
+        # read before the VERSION call: a binary replaced meanwhile is not remembered
+        ident = _binary_identity(path)
         target = _negotiated_version(ipam_type, env, cni_path, netconf, timeout_s)
         if target is None:
             raise error
