@@ -38,7 +38,7 @@ def _inv(pod: LinkInfo, parent: LinkInfo) -> Any:
         netnsIdentity=None,
         profile=None,
     )
-    store = SimpleNamespace(read=lambda: SimpleNamespace(find=lambda *key: att))
+    store = SimpleNamespace(peek=lambda: SimpleNamespace(find=lambda *key: att))
     return SimpleNamespace(
         env=SimpleNamespace(ifname="eth0", container_id="c1", netns=NETNS, path=["/opt/cni/bin"]),
         conf=SimpleNamespace(

@@ -34,7 +34,7 @@ def _inv(host: FakeHost) -> Any:
         netnsIdentity=None,
         profile=None,
     )
-    store = SimpleNamespace(read=lambda: SimpleNamespace(find=lambda *key: att))
+    store = SimpleNamespace(peek=lambda: SimpleNamespace(find=lambda *key: att))
     return SimpleNamespace(
         env=SimpleNamespace(ifname="eth0", container_id="c1", netns=NETNS, path=["/opt/cni/bin"]),
         conf=SimpleNamespace(
@@ -121,3 +121,51 @@ def test_a_good_link_and_ipam_pass() -> None:
     host = Host(_link())
     check.cmd_check(_inv(host))
     assert host.ipam_checks == [("host-local", b"{}", {}, ["/opt/cni/bin"])]
+
+
+def test_ipam_check_runs_while_the_state_is_read() -> None:
+    host = Host(_link())
+    ipam_started = threading.Event()
+    seen: list[bool] = []
+    host.on_ipam_check = ipam_started.set
+    inv = _inv(host)
+    state = inv.store.peek()
+
+    def peek() -> Any:
+        seen.append(ipam_started.wait(timeout=3))  # a CHECK that starts IPAM after the read waits in vain
+        return state
+
+    inv.store = SimpleNamespace(peek=peek)
+    check.cmd_check(inv)
+    assert seen == [True]
+
+
+def test_check_waits_for_no_state_file_lock(tmp_path: Any) -> None:
+    """A burst's ADDs and DELs hold the state's file lock in turn: CHECK reads without it."""
+    from cni_dra.errors import ContainerUnknownError
+    from cni_dra.state import StateStore
+    from cni_dra.state.lock import file_locked
+    from tests.builders import attachment
+
+    store = StateStore(tmp_path)
+    with store.transaction() as txn:
+        txn.put(attachment("other", netns=NETNS))
+    inv = _inv(Host(_link()))
+    inv.store = store
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            check.cmd_check(inv)
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            raised.append(exc)
+
+    with file_locked(store.lock_path, 5):  # another process's transaction
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(3)
+        done = not t.is_alive()
+    t.join()
+    assert done
+    assert [type(e) for e in raised] == [ContainerUnknownError]
+    assert "no attachment on network 'net1' in state" in str(raised[0])

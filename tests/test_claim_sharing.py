@@ -68,6 +68,32 @@ def test_share_prepared_claim_leaves_claims_not_prepared_here_alone(tmp_path):
     assert store.change_stamp() == stamp and "pod-x" not in store.read().claims
 
 
+def test_share_prepared_claim_with_nothing_to_do_waits_for_no_state_lock(tmp_path):
+    """The claim watch sees every event of every claim of the cluster; during a burst the
+    ADDs hold the state's file lock in turn. An event that needs nothing (a claim not
+    prepared here, or one every reserved pod holds) does not wait for it."""
+    import threading
+
+    from cni_dra.state.lock import file_locked
+
+    claim = resource_claim(allocation_result("nic-a"), uid="u1", reserved_for=reserved("pod-a"))
+    prepare_claim(str(tmp_path), "pod-a", claim)
+    answers: list[list[str]] = []
+
+    def events() -> None:
+        answers.append(share_prepared_claim(str(tmp_path), "not-here", {"pod-x"}))
+        answers.append(share_prepared_claim(str(tmp_path), "u1", {"pod-a"}))
+
+    with file_locked(StateStore(tmp_path).lock_path, 5):  # another process's transaction
+        t = threading.Thread(target=events, daemon=True)
+        t.start()
+        t.join(3)
+        done = not t.is_alive()
+    t.join()
+    assert done and answers == [[], []]
+    assert share_prepared_claim(str(tmp_path), "u1", {"pod-a", "pod-b"}) == ["pod-b"]
+
+
 def shared(cid: str, pod: str, share: str = SHARE, uid: str = "u1", **kw):
     return attachment(
         cid,

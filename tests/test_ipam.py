@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -269,6 +270,58 @@ def test_version_negotiation_retries_with_older_version(env: dict[str, str]) -> 
         "ips": [{"address": "10.0.0.2/24", "interface": 0}],
     }
     assert retried["ipam"] == {"type": "fake-ipam"}
+
+
+def _versions_sent(env: dict[str, str]) -> list[tuple[object, object]]:
+    return [
+        (c["cmd"], json.loads(str(c["stdin"])).get("cniVersion") if c["stdin"] else None) for c in calls(env)
+    ]
+
+
+def test_a_negotiated_version_is_sent_at_once_to_the_same_binary(env: dict[str, str]) -> None:
+    """Debian's host-local refuses a 1.1.0 config: the first call negotiates (three runs),
+    every later one of any negotiated verb runs the plugin once, with the version it took."""
+    old = {**env, "FAKE_VERSIONS": "0.3.1,0.4.0,1.0.0"}
+    assert ipam_exec("ADD", "fake-ipam", conf("1.1.0"), old) is not None
+    ipam_exec("CHECK", "fake-ipam", conf("1.1.0"), old)
+    ipam_exec("DEL", "fake-ipam", conf("1.1.0"), old)
+    assert _versions_sent(env) == [
+        ("ADD", "1.1.0"),
+        ("VERSION", "1.1.0"),
+        ("ADD", "1.0.0"),
+        ("CHECK", "1.0.0"),
+        ("DEL", "1.0.0"),
+    ]
+
+
+def test_a_replaced_binary_is_asked_again(env: dict[str, str], plugin_dir: Path) -> None:
+    ipam_exec("ADD", "fake-ipam", conf("1.1.0"), {**env, "FAKE_VERSIONS": "1.0.0"})
+    path = plugin_dir / "fake-ipam"
+    new = plugin_dir / "fake-ipam.new"
+    shutil.copy(path, new)
+    os.replace(new, path)  # an upgrade: another inode under the same name
+    ipam_exec("ADD", "fake-ipam", conf("1.1.0"), {**env, "FAKE_VERSIONS": "1.0.0,1.1.0"})
+    assert _versions_sent(env)[3:] == [("ADD", "1.1.0")]
+
+
+def test_a_binary_that_refuses_the_version_it_took_is_asked_again(env: dict[str, str]) -> None:
+    ipam_exec("ADD", "fake-ipam", conf("1.1.0"), {**env, "FAKE_VERSIONS": "0.4.0,1.0.0"})
+    ipam_exec("ADD", "fake-ipam", conf("1.1.0"), {**env, "FAKE_VERSIONS": "0.4.0"})
+    assert _versions_sent(env)[3:] == [
+        ("ADD", "1.0.0"),
+        ("ADD", "1.1.0"),
+        ("VERSION", "1.1.0"),
+        ("ADD", "0.4.0"),
+    ]
+    ipam_exec("ADD", "fake-ipam", conf("1.1.0"), {**env, "FAKE_VERSIONS": "0.4.0"})
+    assert _versions_sent(env)[7:] == [("ADD", "0.4.0")]
+
+
+def test_a_config_of_a_version_the_binary_takes_is_sent_as_it_is(env: dict[str, str]) -> None:
+    ipam_exec("ADD", "fake-ipam", conf("1.1.0"), {**env, "FAKE_VERSIONS": "1.0.0"})
+    ipam_exec("ADD", "fake-ipam", conf("1.0.0"), {**env, "FAKE_VERSIONS": "1.0.0"})
+    assert _versions_sent(env)[3:] == [("ADD", "1.0.0")]
+    assert json.loads(str(calls(env)[3]["stdin"])) == json.loads(conf("1.0.0"))
 
 
 def test_version_negotiation_down_to_040_adds_ip_version(env: dict[str, str]) -> None:

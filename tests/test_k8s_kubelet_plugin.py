@@ -353,6 +353,87 @@ def test_unprepare_removes_from_every_pod_and_is_idempotent(world):
     assert ("unprepare", True) in [c[:2] for c in calls]
 
 
+def _count_state_locks(monkeypatch, state_dir) -> list[str]:
+    """Every wait for ``state_dir``'s state lock (in-process lock, then the file lock) from now on."""
+    from cni_dra.state import lock
+
+    waits: list[str] = []
+    held = lock.held
+
+    def counting(lock_path, *args, **kwargs):
+        if str(lock_path).startswith(state_dir):
+            waits.append(str(lock_path))
+        return held(lock_path, *args, **kwargs)
+
+    monkeypatch.setattr(lock, "held", counting)
+    return waits
+
+
+def test_prepare_takes_the_state_lock_once_per_call(world, monkeypatch):
+    """A burst's ADDs hold the state lock in turn: a prepare reads, checks and stores its
+    claims for every reserved pod in one transaction, not a locked read and then one
+    transaction per pod."""
+    server, plugin, state_dir, _ = world
+    c1 = server.add_claim(
+        allocated_claim(
+            "c1", pool="node-1", device="eth-a", bandwidth="1G", share_id=SHARE, pod_uids=["pa", "pb"]
+        )
+    )
+    c2 = server.add_claim(
+        allocated_claim(
+            "c2",
+            pool="node-1",
+            device="eth-b",
+            bandwidth="1G",
+            share_id=str(uuid.uuid4()),
+            pod_uids=["pa"],
+            request="net2",
+        )
+    )
+    waits = _count_state_locks(monkeypatch, state_dir)
+    resp = prepare(plugin, "dra_v1", [c1, c2])
+    assert [resp.claims[c["metadata"]["uid"]].error for c in (c1, c2)] == ["", ""]
+    assert len(waits) == 1
+    assert {p: [c["metadata"]["name"] for c in cs] for p, cs in claims_in_state(state_dir).items()} == {
+        "pa": ["c1", "c2"],
+        "pb": ["c1"],
+    }
+
+
+def test_unprepare_takes_the_state_lock_once_per_claim(world, monkeypatch):
+    server, plugin, state_dir, _ = world
+    c1 = server.add_claim(
+        allocated_claim(
+            "c1", pool="node-1", device="eth-a", bandwidth="1G", share_id=SHARE, pod_uids=["pa", "pb", "pc"]
+        )
+    )
+    assert prepare(plugin, "dra_v1", [c1]).claims[c1["metadata"]["uid"]].error == ""
+    waits = _count_state_locks(monkeypatch, state_dir)
+    assert unprepare(plugin, "dra_v1", [c1]).claims[c1["metadata"]["uid"]].error == ""
+    assert len(waits) == 1
+    assert claims_in_state(state_dir) == {}
+
+
+def test_a_state_that_cannot_be_written_fails_every_claim_of_the_call(world):
+    server, plugin, state_dir, calls = world
+    a = server.add_claim(
+        allocated_claim("ca", pool="node-1", device="eth-a", bandwidth="1G", share_id=SHARE, pod_uids=["pa"])
+    )
+    b = server.add_claim(
+        allocated_claim(
+            "cb", pool="node-1", device="eth-b", bandwidth="1G", share_id=str(uuid.uuid4()), pod_uids=["pb"]
+        )
+    )
+    missing = {"metadata": {"namespace": "default", "name": "gone", "uid": str(uuid.uuid4())}}
+    with open(state_dir, "w"):  # a regular file where the state directory belongs
+        pass
+    resp = prepare(plugin, "dra_v1", [a, b, missing])
+    errors = [resp.claims[c["metadata"]["uid"]].error for c in (a, b, missing)]
+    assert errors[0] == errors[1] and errors[0].startswith("StateError (CNI code 5)"), errors
+    assert "it does not exist" in errors[2]
+    assert [c[:2] for c in calls] == [("prepare", False)] * 3
+
+
 def test_health_service(world):
     _, plugin, _, _ = world
     pb2, services = load("health_v1")

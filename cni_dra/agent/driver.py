@@ -15,7 +15,9 @@ several allocation results to choose from, all of that pod's claims in the call 
 and nothing is stored (ADD could not attach that interface, and the pod would hold its
 capacity while the kubelet retried its sandbox). The state, not memory, holds prepared claims, so an agent restart loses nothing; a repeated
 prepare replaces the stored copy (idempotent), and the state lock serialises it with the
-CNI plugin.
+CNI plugin. A call checks and stores every claim in one state transaction, and an unprepare
+removes a claim from all its pods in one: a single wait for the state lock, which a burst
+of ADDs holds in turn, and one journal record.
 
 Unprepare removes the claim (by UID) from every pod that holds it; unknown claims are a
 success (the kubelet retries after restarts).
@@ -135,8 +137,6 @@ class ClaimDriver:
 
     def _prepare_claims(self, claims: Sequence[ClaimName]) -> list[list[PreparedDevice] | Exception]:
         from cni_dra.protocol.profile import ProfileLimits
-        from cni_dra.state import NodeState, StateStore
-        from cni_dra.state.preparing import check_pod_interfaces, prepare_claims
 
         slice_ = self.inventory()
         limits = self.limits() if self.limits is not None else ProfileLimits()
@@ -153,37 +153,54 @@ class ClaimDriver:
                 for pod_uid, pod_name in f.pods.items():
                     by_pod.setdefault(pod_uid, []).append(i)
                     pod_names[pod_uid] = pod_name
-        state = StateStore(self.state_dir).read() if by_pod else NodeState()
-        for pod_uid, idxs in by_pod.items():  # first check every pod, so that a refusal stores nothing
-            adding = [f.claim for i in idxs if isinstance(f := found[i], _Fetched)]
-            try:
-                check_pod_interfaces(
-                    state.prepared(pod_uid), adding, driver=self.driver_name, pod=pod_names[pod_uid]
-                )
-            except ClaimError as exc:
-                for i in idxs:
-                    found[i] = exc
-        for pod_uid, idxs in by_pod.items():
-            keep = [i for i in idxs if isinstance(found[i], _Fetched)]
-            if not keep:
-                continue
-            try:
-                changed = prepare_claims(
-                    self.state_dir,
-                    pod_uid,
-                    [_fetched(found[i]).obj for i in keep],
-                    driver=self.driver_name,
-                    limits=limits,
-                    pod=pod_names[pod_uid],
-                )
-            except Exception as exc:  # noqa: BLE001 - reported for these claims
-                for i in keep:
-                    found[i] = exc
-                continue
-            for i, did in zip(keep, changed, strict=True):
-                if did:
-                    log.info("prepared %s for pod %s", _fetched(found[i]).where, pod_uid)
+        if by_pod:
+            self._store(found, by_pod, pod_names)
         return [f.devices if isinstance(f, _Fetched) else f for f in found]
+
+    def _store(
+        self, found: list[_Fetched | Exception], by_pod: dict[str, list[int]], pod_names: dict[str, str]
+    ) -> None:
+        """Check and store the fetched claims of every pod in one state transaction (one wait
+        for the state lock, which the node's ADDs take too, and one journal record): each
+        pod's claims with those it holds are checked first, so that a refusal stores nothing
+        of that claim for any pod; the rest are stored. A claim refused replaces its entry in
+        ``found`` with the error; a failed transaction fails every claim it would have stored."""
+        from cni_dra.state import StateStore
+        from cni_dra.state.preparing import check_pod_interfaces, put_claims
+
+        changed: list[tuple[int, str]] = []
+        try:
+            with StateStore(self.state_dir).transaction() as txn:
+                for pod_uid, idxs in by_pod.items():  # first check every pod
+                    adding = [f.claim for i in idxs if isinstance(f := found[i], _Fetched)]
+                    try:
+                        check_pod_interfaces(
+                            txn.state.prepared(pod_uid),
+                            adding,
+                            driver=self.driver_name,
+                            pod=pod_names[pod_uid],
+                        )
+                    except ClaimError as exc:
+                        for i in idxs:
+                            found[i] = exc
+                for pod_uid, idxs in by_pod.items():
+                    keep = [i for i in idxs if isinstance(found[i], _Fetched)]
+                    if keep:
+                        did = put_claims(
+                            txn,
+                            pod_uid,
+                            [_fetched(found[i]).claim for i in keep],
+                            [_fetched(found[i]).obj for i in keep],
+                        )
+                        changed.extend((i, pod_uid) for i, d in zip(keep, did, strict=True) if d)
+        except Exception as exc:  # noqa: BLE001 - the state: every claim it would have stored fails
+            for idxs in by_pod.values():
+                for i in idxs:
+                    if isinstance(found[i], _Fetched):
+                        found[i] = exc
+            return
+        for i, pod_uid in changed:
+            log.info("prepared %s for pod %s", _fetched(found[i]).where, pod_uid)
 
     def _fetch(
         self, namespace: str, uid: str, name: str, slice_: ResourceSlice, limits: ProfileLimits
@@ -244,15 +261,12 @@ class ClaimDriver:
 
         Idempotent (0 for an unknown claim). Raises StateError (5), TryAgainLaterError (11).
         """
-        from cni_dra.state import StateStore
-        from cni_dra.state.preparing import unprepare_claims
+        from cni_dra.state.preparing import unprepare_claim_everywhere
 
         start = time.monotonic()
         ok = False
         try:
-            state = StateStore(self.state_dir).read()
-            holders = sorted(state.claim_pods(uid))
-            n = sum(unprepare_claims(self.state_dir, pod, uid) for pod in holders)
+            n = sum(unprepare_claim_everywhere(self.state_dir, uid).values())
             if n:
                 log.info("unprepared claim %s/%s (%s) for %d pod(s)", namespace, name, uid, n)
             ok = True

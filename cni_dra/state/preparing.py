@@ -25,13 +25,16 @@ if TYPE_CHECKING:
     from cni_dra.dra.objects import ResourceSlice
     from cni_dra.protocol.profile import ProfileLimits
     from cni_dra.state.prepared import PreparedClaim
+    from cni_dra.state.txn import Txn
 
 __all__ = [
     "validate_claim",
     "check_pod_interfaces",
     "prepare_claims",
     "prepare_claim",
+    "put_claims",
     "unprepare_claims",
+    "unprepare_claim_everywhere",
     "check_claim_against_inventory",
     "share_prepared_claim",
 ]
@@ -162,23 +165,33 @@ def prepare_claims(
 
     adding = [validate_claim(obj, driver=driver, limits=limits) for obj in claim_objs]
     with StateStore(state_dir).transaction() as txn:  # the state keeps a read-only copy
-        held = txn.state.prepared(pod_uid)
-        check_pod_interfaces(held, adding, driver=driver, pod=pod or pod_uid)
-        existing = list(txn.claims.get(pod_uid, ()))
-        identities = [c.identity for c in held]
-        changed = []
-        for claim, obj in zip(adding, claim_objs, strict=True):
-            if claim.identity in identities:
-                i = identities.index(claim.identity)
-                changed.append(existing[i] != obj)
-                existing[i] = obj
-            else:
-                changed.append(True)
-                existing.append(obj)
-                identities.append(claim.identity)
-        if any(changed):
-            txn.set_claims(pod_uid, existing)
-        return changed
+        check_pod_interfaces(txn.state.prepared(pod_uid), adding, driver=driver, pod=pod or pod_uid)
+        return put_claims(txn, pod_uid, adding, claim_objs)
+
+
+def put_claims(
+    txn: Txn, pod_uid: str, adding: Sequence[PreparedClaim], claim_objs: Sequence[dict[str, Any]]
+) -> list[bool]:
+    """In transaction ``txn``, give pod ``pod_uid`` the claims ``claim_objs`` (``adding``: each
+    one's :func:`validate_claim`, checked with :func:`check_pod_interfaces` by the caller); a
+    claim of the same identity is replaced. Returns, per claim, whether it changed the state.
+    Raises nothing of its own."""
+    held = txn.state.prepared(pod_uid)
+    existing = list(txn.claims.get(pod_uid, ()))
+    identities = [c.identity for c in held]
+    changed = []
+    for claim, obj in zip(adding, claim_objs, strict=True):
+        if claim.identity in identities:
+            i = identities.index(claim.identity)
+            changed.append(existing[i] != obj)
+            existing[i] = obj
+        else:
+            changed.append(True)
+            existing.append(obj)
+            identities.append(claim.identity)
+    if any(changed):
+        txn.set_claims(pod_uid, existing)
+    return changed
 
 
 def prepare_claim(
@@ -211,6 +224,28 @@ def unprepare_claims(state_dir: str, pod_uid: str, claim_uid: str | None = None)
         return removed
 
 
+def unprepare_claim_everywhere(state_dir: str, claim_uid: str) -> dict[str, int]:
+    """Remove claim ``claim_uid`` from every pod that holds it, in one transaction (one wait
+    for the state lock, one journal record). Returns pod UID -> copies removed (empty: the
+    claim was not prepared here, nothing is written). Raises StateError (5),
+    TryAgainLaterError (11)."""
+    from cni_dra.state.store import StateStore
+
+    removed: dict[str, int] = {}
+    with StateStore(state_dir).transaction() as txn:
+        for pod_uid in sorted(txn.state.claim_pods(claim_uid)):
+            existing = txn.claims.get(pod_uid, ())
+            keep = [
+                raw
+                for raw, c in zip(existing, txn.state.prepared(pod_uid), strict=True)
+                if c.uid != claim_uid
+            ]
+            if len(keep) < len(existing):
+                removed[pod_uid] = len(existing) - len(keep)
+                txn.set_claims(pod_uid, keep)
+    return removed
+
+
 def share_prepared_claim(state_dir: str, claim_uid: str, pod_uids: set[str]) -> list[str]:
     """Let more pods use a prepared claim: each pod of ``pod_uids`` that does not hold claim
     ``claim_uid`` gets the prepared copy (a ResourceClaim shared by pods; the kubelet
@@ -220,7 +255,10 @@ def share_prepared_claim(state_dir: str, claim_uid: str, pod_uids: set[str]) -> 
     from cni_dra.state.store import StateStore
 
     store = StateStore(state_dir)
-    holders = store.read().claim_pods(claim_uid)
+    # The claim watch calls this for every event of every claim; most need nothing, so that
+    # is seen without the state's file lock (a burst's ADDs hold it in turn), and the
+    # transaction below looks again under it.
+    holders = store.peek().claim_pods(claim_uid)
     if not holders or not pod_uids - holders:
         return []
     with store.transaction() as txn:

@@ -15,9 +15,12 @@ of the namespace), not by path string: ``/run/netns/x`` and ``/var/run/netns/x``
 same namespace; and CNI_NETNS must be the namespace the attachment was added in (the
 identity it recorded): a namespace made again under the same path is not.
 
-The IPAM plugin's CHECK (read-only, CNI spec) runs in a helper thread while the link is
-verified, so its exec overlaps the netlink work; a mismatch found here is still the error
-reported when both fail.
+The IPAM plugin's CHECK (read-only, CNI spec) runs in a helper thread while the state is
+read and the link verified, so its exec overlaps that work; a mismatch found here (or the
+attachment missing) is still the error reported when both fail. CHECK changes nothing, so
+it reads the state without the file lock (:meth:`~cni_dra.state.StateStore.peek`: the
+record ADD made is durable before ADD returns), not waiting for the ADDs and DELs of a
+burst that hold it in turn.
 
 Errors: InvalidConfigError (7) without prevResult, ContainerUnknownError (3) when the
 attachment is not in state, CheckFailedError (105) for a mismatch, IpamError.
@@ -46,18 +49,18 @@ def cmd_check(inv: Invocation) -> None:
         raise InvalidConfigError(f"invalid network config {conf.name!r}: CHECK requires prevResult")
     prev = parse_result(conf.prevResult, conf.cniVersion)
     key = (conf.name, env.container_id, env.ifname)
-    att = inv.store.read().find(*key)
     what = f"interface {env.ifname} of container {env.container_id}"
-    if att is None or att.phase != "ready":
-        raise ContainerUnknownError(
-            f"failed to check {what}: no attachment on network {conf.name!r} in state"
-        )
     ipam_check = None
     ipam_type = conf.ipam_type
-    if ipam_type:  # read-only: runs while the link is verified
+    if ipam_type:  # read-only: runs while the state is read and the link verified
         host = inv.host
         ipam_check = Concurrently(lambda: host.ipam_check(ipam_type, inv.raw, inv.environ, env.path))
     try:
+        att = inv.store.peek().find(*key)  # read-only: no wait for the file lock ADDs and DELs take
+        if att is None or att.phase != "ready":
+            raise ContainerUnknownError(
+                f"failed to check {what}: no attachment on network {conf.name!r} in state"
+            )
         _check_link(inv, att, prev, what)
     finally:
         failure = ipam_check.wait()[1] if ipam_check is not None else None  # never left running
