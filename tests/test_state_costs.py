@@ -1,8 +1,11 @@
-"""What one ADD and one DEL cost the state store: lock acquisitions and fsyncs.
+"""What one ADD and one DEL cost the state store: lock acquisitions and fsyncs, and what of
+the node's attachments they walk or copy.
 
 Counted through the I/O seam (:func:`cni_dra.state.fsio.counting`) and the kernel lock
 call (``fcntl.flock``), with the link and IPAM calls faked, so a change of the store's
-shape that takes the lock or syncs more often shows here before it shows in the bench.
+shape that takes the lock or syncs more often shows here before it shows in the bench;
+the attachments walked and the bytes allocated on a node of 3,000 against one of 10,
+so that a cost growing with the node shows too.
 """
 
 from __future__ import annotations
