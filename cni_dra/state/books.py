@@ -22,7 +22,8 @@ One :class:`Books` follows one line of states: a state made by
 first change of the copy moves the books on, so the parent's view is then stale
 (it is counted afresh when asked). A state read from the files has none: the first
 question in its line is answered by adding up (cheaper once: a plugin run in-process asks
-once), the second counts the books (:func:`kept_usage`).
+once), the second counts the books (:func:`kept_usage`); in a serving process (the
+agent's, :func:`serving`) the first counts them.
 """
 
 from __future__ import annotations
