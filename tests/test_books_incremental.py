@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -360,3 +361,34 @@ def test_the_first_question_adds_up_and_the_second_counts_the_books() -> None:
     txn.put(_attachment((1, "a", (DRIVER, POOL), {"bandwidth": "2G"}, None, None)))
     usage = kept_usage(txn.state, DRIVER, POOL, {})  # a copy of a state asked before
     assert usage is not None and usage.consumed == {"a": {"bandwidth": Quantity.parse("3G")}}
+
+
+def test_a_serving_process_counts_the_books_at_the_first_question(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin run in-process adds up once (cheaper than counting books it will not ask
+    again); a serving process (:func:`cni_dra.state.books.serving`, the agent's) counts
+    them at the first question: one walk of the attachments for a line of states, not two."""
+    from cni_dra.state import books
+    from cni_dra.state.schema import Attachments
+
+    txn = Txn(NodeState())
+    for cid in range(50):
+        txn.put(_attachment((cid, "a", (DRIVER, POOL), {"bandwidth": "1G"}, None, None)))
+    dumped = txn.state.model_dump(mode="json")
+    walked: list[int] = []
+    real_iter = Attachments.__iter__
+
+    def counting(self: Attachments) -> Any:
+        walked.append(len(self))
+        return real_iter(self)
+
+    monkeypatch.setattr(Attachments, "__iter__", counting)
+    monkeypatch.setattr(books, "_serving", False)
+    answers = []
+    for serving in (False, True):
+        if serving:
+            books.serving()
+        walked.clear()
+        state = NodeState.model_validate(dumped)  # as read from the files: no books yet
+        answers.append([_product(state, INVENTORY) for _ in range(3)])  # three ADDs' questions
+        assert walked == ([50] if serving else [50, 50])
+    assert answers[0] == answers[1]

@@ -24,6 +24,9 @@ def warm_imports() -> None:
     import cni_dra.verbs.check
     import cni_dra.verbs.delete  # noqa: F401 (imported to be loaded, not called)
     from cni_dra.netlink import info, sockets  # the package loads every netlink module
+    from cni_dra.state import books
+
+    books.serving()  # a serving process asks the books again: count them at the first question
 
     info.host_link("lo")  # loads pyroute2 and opens the main thread's kept socket
     sockets.load_tc()  # shaping's messages: else each process's first shaped ADD loads them

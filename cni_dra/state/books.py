@@ -22,7 +22,8 @@ One :class:`Books` follows one line of states: a state made by
 first change of the copy moves the books on, so the parent's view is then stale
 (it is counted afresh when asked). A state read from the files has none: the first
 question in its line is answered by adding up (cheaper once: a plugin run in-process asks
-once), the second counts the books (:func:`kept_usage`).
+once), the second counts the books (:func:`kept_usage`); in a serving process (the
+agent's, :func:`serving`) the first counts them.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from cni_dra.dra.objects import Device
     from cni_dra.state.schema import Attachment, NodeState
 
-__all__ = ["Books", "kept_usage", "put", "drop", "set_claims"]
+__all__ = ["Books", "kept_usage", "put", "drop", "serving", "set_claims"]
 
 _Rec = tuple[str, str, str, Mapping[str, Quantity], bool, Hashable | None, bool]
 """(driver, pool, device, consumed, shareID is None, share, a prepared result's) of one
@@ -281,9 +282,9 @@ def kept_usage(
         with books.lock:
             if books.version == version:
                 return books._usage(driver, pool, devices, prepared)  # type: ignore[no-any-return]  # noqa: SLF001
-    elif got is None:  # the first question in this line of states: adding up once is cheaper
-        private["_books"] = _ASKED  # than counting the books (a plugin run in-process asks once)
-        return None
+    elif got is None and not _serving:  # the first question in this line of states: adding
+        private["_books"] = _ASKED  # up once is cheaper than counting the books (a plugin run
+        return None  # in-process asks once; a serving process counts them at once: serving())
     books = Books.of(state)
     _private(state)["_books"] = (books, books.version)
     with books.lock:
@@ -292,6 +293,17 @@ def kept_usage(
 
 _ASKED = "asked"
 """``NodeState._books`` of a line of states asked once: the next question counts the books."""
+
+_serving = False
+
+
+def serving() -> None:
+    """This process serves many requests (the agent's): the first question of a line of
+    states counts its books at once instead of adding up first, since the next ADD asks
+    again (at 10,000 attachments: adding up ≈ 5 ms, then counting ≈ 24 ms, in each
+    process, during the first two ADDs it serves after reading the state)."""
+    global _serving  # one switch per process, set once before serving
+    _serving = True
 
 
 def _change(state: NodeState, change: Callable[[Books], None]) -> None:

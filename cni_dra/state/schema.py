@@ -94,6 +94,7 @@ from pydantic_core import CoreSchema, core_schema
 
 from cni_dra.allocator.usage import whole_capacity
 from cni_dra.quantity import Quantity, QuantityField
+from cni_dra.state.cowmap import CowMap
 from cni_dra.state.frozen import FrozenDict, deep_freeze, empty_frozen_list
 from cni_dra.state.prepared import PreparedClaim, PreparedResult
 
@@ -260,7 +261,8 @@ class Attachments(Sequence[Attachment]):
     __slots__ = ("_by_key", "_kinds", "_intents", "_shares")
 
     def __init__(self, items: Iterable[Attachment] = ()) -> None:
-        self._by_key: dict[tuple[str, str, str], Attachment] = {a.key: a for a in items}
+        # copied by every transaction that changes it: a CowMap's copy costs its changes
+        self._by_key: CowMap[tuple[str, str, str], Attachment] = CowMap((a.key, a) for a in items)
         # derived, kept by _put/_drop: (driver, pool, device) -> linkType -> how many (each
         # inner mapping replaced, never changed, so that a copy may share it); and the
         # attachments that are not ready (intents), by key
@@ -268,14 +270,17 @@ class Attachments(Sequence[Attachment]):
         self._intents: dict[tuple[str, str, str], Attachment] = {}
         # share_key -> the attachments holding that share, in their order (inner mappings
         # replaced, never changed, as above)
-        self._shares: dict[
+        self._shares: CowMap[
             tuple[str, str, str, str, str, str | None], dict[tuple[str, str, str], Attachment]
-        ] = {}
+        ] = CowMap()
         for att in self._by_key.values():
             self._index(att, 1)
             sk = att.share_key()
             if sk is not None:
-                self._shares.setdefault(sk, {})[att.key] = att
+                members = self._shares.get(sk)
+                if members is None:
+                    self._shares.set(sk, members := {})
+                members[att.key] = att
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
@@ -304,7 +309,7 @@ class Attachments(Sequence[Attachment]):
     def sharing(self, share_key: tuple[str, str, str, str, str, str | None]) -> list[Attachment]:
         """The attachments whose :meth:`Attachment.share_key` is ``share_key`` (pods using one
         claim's share), in their order; an index lookup."""
-        return list(self._shares.get(share_key, {}).values())
+        return list((self._shares.get(share_key) or {}).values())
 
     def intents(self) -> list[Attachment]:
         """The attachments whose phase is not ``ready`` (an ADD or DEL in flight, or left
@@ -345,10 +350,10 @@ class Attachments(Sequence[Attachment]):
     # -- for cni_dra.state.ops only ------------------------------------------------------
     def _copy(self) -> Attachments:
         new = Attachments()
-        new._by_key = dict(self._by_key)
+        new._by_key = self._by_key.copy()  # O(changes since its base), not O(attachments)
         new._kinds = dict(self._kinds)  # inner mappings are replaced, never changed: shared
         new._intents = dict(self._intents)
-        new._shares = dict(self._shares)
+        new._shares = self._shares.copy()
         return new
 
     def _index(self, att: Attachment, sign: int) -> None:
@@ -374,29 +379,29 @@ class Attachments(Sequence[Attachment]):
         old = self._by_key.get(key)
         if old is not None:
             self._index(old, -1)
-        self._by_key[key] = att
+        self._by_key.set(key, att)
         self._index(att, 1)
         sk, was = att.share_key(), None if old is None else old.share_key()
         if was is not None and was != sk:
             self._unshare(was, key)
         if sk is not None:
-            members = dict(self._shares.get(sk, ()))
+            members = dict(self._shares.get(sk) or ())
             if old is None or was == sk:  # new (last), or in its place
                 members[key] = att
             else:  # an attachment that changed share keeps its place: the members in order
                 members = {k: a for k, a in self._by_key.items() if a.share_key() == sk}
-            self._shares[sk] = members
+            self._shares.set(sk, members)
 
     def _unshare(self, sk: tuple[str, str, str, str, str, str | None], key: tuple[str, str, str]) -> None:
         members = dict(self._shares[sk])
         del members[key]
         if members:
-            self._shares[sk] = members
+            self._shares.set(sk, members)
         else:
-            del self._shares[sk]
+            self._shares.pop(sk)
 
     def _drop(self, key: tuple[str, str, str]) -> Attachment | None:
-        old = self._by_key.pop(key, None)
+        old = self._by_key.pop(key)
         if old is not None:
             self._index(old, -1)
             sk = old.share_key()
@@ -436,8 +441,9 @@ class NodeState(BaseModel):
 
     def changeable_copy(self) -> NodeState:
         """A copy that :mod:`cni_dra.state.ops` may change while this one stays as it is
-        (copy on write: a state another thread reads is never changed under it). O(attachments)
-        at C speed; the attachments and every other value are shared, being immutable."""
+        (copy on write: a state another thread reads is never changed under it). O(changes
+        since the attachments' index was last folded, :mod:`cni_dra.state.cowmap`), not
+        O(attachments); the attachments and every other value are shared, being immutable."""
         return self.model_copy(update={"attachments": self.attachments._copy()})  # noqa: SLF001 - its own copy
 
     def prepared(self, pod_uid: str) -> tuple[PreparedClaim, ...]:

@@ -32,7 +32,8 @@ list (``.importlinter`` checks it), so none of them imports this one:
   lock and ``flock(2)`` on ``state.lock``; :mod:`cni_dra.state.owner`: boot id and process
   identity for intent records; :mod:`cni_dra.state.fsio`: the I/O seam;
 * then the state itself: :mod:`cni_dra.state.ops`, :mod:`cni_dra.state.books` (what the
-  attachments hold per device, kept by each operation), :mod:`cni_dra.state.schema`,
+  attachments hold per device, kept by each operation), :mod:`cni_dra.state.schema`
+  (its index of attachments a :mod:`cni_dra.state.cowmap`, whose copy costs what changed),
   :mod:`cni_dra.state.prepared` (the typed view of a prepared claim, its results each with
   its device profile, decoded once from the stored object), :mod:`cni_dra.state.frozen`
   (the read-only containers the state's values are kept in).
@@ -51,9 +52,10 @@ applies the rest and takes the snapshot up after verifying its checksum, without
 (:mod:`cni_dra.state.reading`). What each device holds is kept as the attachments change
 (:mod:`cni_dra.state.books`), and so are the link types per device and the intents
 (:class:`~cni_dra.state.schema.Attachments`): an ADD does not walk every attachment.
-A transaction applies its operations to its own copy of the cached state (copy on write),
-which its commit makes the cached state: a state once handed out is never changed, so a
-thread may read it while others commit.
+A transaction applies its operations to its own copy of the cached state (copy on write,
+O(changes) rather than O(attachments): :mod:`cni_dra.state.cowmap`), which its commit makes
+the cached state: a state once handed out is never changed, so a thread may read it while
+others commit.
 A journal of the same size with another mtime or ctime was edited in place and is read
 again whole; an edit of records already read, followed by appends of others, is found
 by any fresh reader (the CLI, an in-process plugin, a restarted agent), not by this cache.
