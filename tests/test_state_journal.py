@@ -455,3 +455,39 @@ def test_a_large_snapshot_decoded_into_the_cache_is_kept_out_of_the_collector(
     assert gc.get_freeze_count() > 0
     tracked = {id(o) for o in gc.get_objects()}
     assert not any(id(a) in tracked for a in state.attachments)
+
+
+def test_a_peek_that_a_compaction_elsewhere_interrupts_still_sees_every_committed_record(
+    tmp_path, monkeypatch
+):
+    """A peek reads the snapshot, then the journal it names, without the file lock. When
+    another process folds that journal into a new snapshot and removes it in between, the
+    old snapshot alone is a state older than commits that returned before the peek began
+    (CHECK would answer "no attachment" for an ADD that succeeded; the claim watch would
+    drop a claim it must share)."""
+    monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
+    store = StateStore(tmp_path, journal_limit_bytes=10**9)
+    with store.transaction() as txn:
+        txn.put(_att("c0"))  # the snapshot
+    with store.transaction() as txn:
+        txn.put(_att("c1"))  # a journal record: an ADD that returned
+    state_cache.CACHE.clear()  # a process that has not read the state yet (an in-process CHECK)
+    real = reading.decoded
+    compacted: list[int] = []
+    me = os.getpid()
+
+    def decoded_then_compaction_elsewhere(*args, **kwargs):
+        entry = real(*args, **kwargs)
+        if not compacted and os.getpid() == me:  # between reading the snapshot and opening its journal
+            proc = multiprocessing.get_context("fork").Process(
+                target=_compact_elsewhere, args=(str(tmp_path), 0)
+            )
+            proc.start()
+            proc.join(30)
+            compacted.append(proc.exitcode)
+        return entry
+
+    monkeypatch.setattr(reading, "decoded", decoded_then_compaction_elsewhere)
+    peeked = StateStore(tmp_path).peek()
+    assert compacted == [0]
+    assert {"c0", "c1"} <= set(_ids(peeked))
