@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from cni_dra.attach.rebuild import repair
 from cni_dra.errors import StateError
 from cni_dra.quantity import Quantity
-from cni_dra.state import Attachment, NodeState, StateStore, ops, reading
+from cni_dra.state import Attachment, NodeState, StateStore, journal, ops, reading
 from cni_dra.state import cache as state_cache
 from cni_dra.state.store import JOURNAL_FILE, encode_state
 from tests.fake_host import FakeHost
@@ -455,3 +455,78 @@ def test_a_large_snapshot_decoded_into_the_cache_is_kept_out_of_the_collector(
     assert gc.get_freeze_count() > 0
     tracked = {id(o) for o in gc.get_objects()}
     assert not any(id(a) in tracked for a in state.attachments)
+
+
+def test_a_peek_that_a_compaction_elsewhere_interrupts_still_sees_every_committed_record(
+    tmp_path, monkeypatch
+):
+    """A peek reads the snapshot, then the journal it names, without the file lock. When
+    another process folds that journal into a new snapshot and removes it in between, the
+    old snapshot alone is a state older than commits that returned before the peek began
+    (CHECK would answer "no attachment" for an ADD that succeeded; the claim watch would
+    drop a claim it must share)."""
+    monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
+    store = StateStore(tmp_path, journal_limit_bytes=10**9)
+    with store.transaction() as txn:
+        txn.put(_att("c0"))  # the snapshot
+    with store.transaction() as txn:
+        txn.put(_att("c1"))  # a journal record: an ADD that returned
+    state_cache.CACHE.clear()  # a process that has not read the state yet (an in-process CHECK)
+    real = reading.decoded
+    compacted: list[int] = []
+    me = os.getpid()
+
+    def decoded_then_compaction_elsewhere(*args, **kwargs):
+        entry = real(*args, **kwargs)
+        if not compacted and os.getpid() == me:  # between reading the snapshot and opening its journal
+            proc = multiprocessing.get_context("fork").Process(
+                target=_compact_elsewhere, args=(str(tmp_path), 0)
+            )
+            proc.start()
+            proc.join(30)
+            compacted.append(proc.exitcode)
+        return entry
+
+    monkeypatch.setattr(reading, "decoded", decoded_then_compaction_elsewhere)
+    peeked = StateStore(tmp_path).peek()
+    assert compacted == [0]
+    assert {"c0", "c1"} <= set(_ids(peeked))
+
+
+def _put_elsewhere(path: str, cid: str) -> None:
+    """Another process: one commit of attachment ``cid`` (a journal record)."""
+    state_cache.CACHE.clear()
+    with StateStore(path, journal_limit_bytes=10**9).transaction() as txn:
+        txn.put(_att(cid))
+
+
+def _elsewhere(target, *args) -> int | None:
+    proc = multiprocessing.get_context("fork").Process(target=target, args=args)
+    proc.start()
+    proc.join(30)
+    return proc.exitcode
+
+
+def test_a_warm_peek_that_a_compaction_elsewhere_interrupts_still_sees_every_committed_record(
+    tmp_path, monkeypatch
+):
+    """The agent's peek: the snapshot it holds is still the file's when it looks, and the
+    journal, which it has read nothing of, is folded and removed before it opens it."""
+    monkeypatch.delenv("CNI_DRA_STATE_VERIFY", raising=False)
+    store = StateStore(tmp_path, journal_limit_bytes=10**9)
+    with store.transaction() as txn:
+        txn.put(_att("c0"))  # the snapshot, cached here with none of its journal read
+    assert _elsewhere(_put_elsewhere, str(tmp_path), "c1") == 0  # an ADD served elsewhere returned
+    real = journal.replay
+    compacted: list[int | None] = []
+    me = os.getpid()
+
+    def compaction_elsewhere_then_replay(*args, **kwargs):
+        if not compacted and os.getpid() == me:
+            compacted.append(_elsewhere(_compact_elsewhere, str(tmp_path), 0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(journal, "replay", compaction_elsewhere_then_replay)
+    peeked = store.peek()
+    assert compacted == [0]
+    assert {"c0", "c1"} <= set(_ids(peeked))

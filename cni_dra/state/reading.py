@@ -19,7 +19,7 @@ from cni_dra.state.codec import apply_records, folded_from
 from cni_dra.state.files import StateFiles
 from cni_dra.state.schema import NodeState
 
-__all__ = ["read_current", "read_fresh", "FREEZE_ATTACHMENTS"]
+__all__ = ["read_current", "read_unlocked", "read_fresh", "FREEZE_ATTACHMENTS"]
 
 FREEZE_ATTACHMENTS = 1000
 """A snapshot of at least this many attachments decoded into the process cache is moved out
@@ -46,6 +46,25 @@ def read_current(files: StateFiles) -> NodeState:
         raise
     CACHE[key] = entry
     return entry.state
+
+
+def read_unlocked(files: StateFiles) -> NodeState | None:
+    """:func:`read_current` without the file lock (the caller holds the in-process lock),
+    or None when it may be torn: the snapshot was replaced while it was read. A compaction
+    elsewhere renames its snapshot over the one read, then removes the journal that one
+    names; read in between, the old snapshot without its journal is older than commits
+    that returned before the read began. The journal is opened before the snapshot is
+    looked at again, so an unchanged snapshot means that journal was the one it names.
+    Raises StateError (5)."""
+    state = read_current(files)
+    entry = CACHE.get(str(files.path))
+    try:
+        now = ident(os.stat(files.path))
+    except FileNotFoundError:
+        now = None
+    except OSError as exc:
+        raise StateError(f"failed to read state {files.path}: {exc.strerror}") from exc
+    return state if entry is not None and entry.snap_ident == now else None
 
 
 def read_fresh(files: StateFiles) -> NodeState:

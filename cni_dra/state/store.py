@@ -109,6 +109,10 @@ __all__ = [
 ]
 
 
+_PEEK_TRIES = 3
+"""Reads :meth:`StateStore.peek` tries without the file lock before it takes it."""
+
+
 class StateStore(StateFiles):
     """Read and update ``<state_dir>/state.json`` under ``<state_dir>/state.lock``.
 
@@ -140,12 +144,18 @@ class StateStore(StateFiles):
 
     def peek(self) -> NodeState:
         """The state read without the file lock: safe because snapshots replace the file
-        atomically and a half-appended journal record is ignored, but stale at once; for
-        fast "anything to do?" checks only. May be this process's cached object: read-only.
-        Raises StateError (5, also for an unsafe state directory, see :meth:`dir_exists`)."""
+        atomically, a half-appended journal record is ignored and a read that a snapshot
+        replaced meanwhile is read again (:func:`~cni_dra.state.reading.read_unlocked`), but
+        stale at once; for fast "anything to do?" checks only. May be this process's cached
+        object: read-only. Raises StateError (5, also for an unsafe state directory, see
+        :meth:`dir_exists`), TryAgainLaterError (11) when snapshots keep replacing it."""
         self.dir_exists()
-        with self.thread_locked():
-            return reading.read_current(self)
+        for _ in range(_PEEK_TRIES):
+            with self.thread_locked():
+                state = reading.read_unlocked(self)
+            if state is not None:
+                return state
+        return self.read()  # compactions elsewhere keep outpacing the read: under the lock
 
     def read(self) -> NodeState:
         """The state, read under the lock (a missing state directory reads as empty and is
