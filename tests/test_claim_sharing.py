@@ -176,3 +176,77 @@ def test_the_first_list_catches_up_and_an_expired_watch_lists_again(world):
     server.add_claim(claim)
     wait_for(lambda: "pod-c" in store.read().claims)
     assert server.invalid == []
+
+
+# -- an event handled while the claim's prepare is under way -------------------------------------
+def test_a_pod_reserved_while_the_prepare_runs_gets_the_claim_when_it_is_stored(tmp_path):
+    """The prepare read the claim reserved for pod-a; the scheduler then reserved it for
+    pod-b too, and the watch saw that before the prepare stored the claim (so it found the
+    claim prepared nowhere and shared it with no one). Once stored, pod-b holds it too."""
+    import copy
+
+    import yaml
+
+    from cni_dra.agent.driver import ClaimDriver
+    from cni_dra.dra.inventory import load_inventory
+    from tests.k8s_apiserver import inventory_doc
+
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(inventory_doc("node-1", {"nic-a": "ens1"})))
+    state = str(tmp_path / "state")
+    with FakeApiServer() as server:
+        api = KubeApi.from_config(host=server.url)
+        try:
+            watch = ClaimWatch(api, lambda uid, pods: share_prepared_claim(state, uid, pods))
+            driver = ClaimDriver(
+                api,
+                state_dir=state,
+                driver_name=DRIVER,
+                inventory=lambda: load_inventory(str(inv)),
+                stored=watch.catch_up,
+            )
+            claim = server.add_claim(
+                allocated_claim(
+                    "c1", pool="node-1", device="nic-a", bandwidth="2G", share_id=SHARE, pod_uids=["pod-a"]
+                )
+            )
+            later = copy.deepcopy(claim)  # the event of the second reservation, handled first
+            later["status"]["reservedFor"] = reserved("pod-a", "pod-b")
+            assert watch.reconcile(later) == []  # not prepared here yet
+            meta = claim["metadata"]
+            (out,) = driver.prepare_claims([(meta["namespace"], meta["uid"], meta["name"])])
+            assert not isinstance(out, Exception)
+            held = StateStore(state).read().claims
+            assert set(held) == {"pod-a", "pod-b"}
+            assert held["pod-b"] == held["pod-a"]
+        finally:
+            api.close()
+
+
+def test_the_watch_forgets_the_pods_of_deleted_and_unlisted_claims(tmp_path):
+    """A DELETED event, or a claim gone from a fresh list, leaves nothing to catch up on."""
+    shared_with: list[tuple[str, set[str]]] = []
+
+    class Api:
+        claims: list[dict] = []
+
+        def list_resource_claims(self):
+            return self.claims, "1"
+
+        def watch_resource_claims(self, version, *, timeout_s):
+            watch.stop()
+            return iter(())
+
+    def claim_of(uid: str, *pods: str) -> dict:
+        return {"metadata": {"uid": uid, "name": uid}, "status": {"reservedFor": reserved(*pods)}}
+
+    watch = ClaimWatch(Api(), lambda uid, pods: shared_with.append((uid, pods)) or [])
+    watch.reconcile(claim_of("u1", "pod-a"))
+    watch.reconcile(claim_of("u2", "pod-b"))
+    watch.catch_up("u1")
+    assert shared_with[-1] == ("u1", {"pod-a"})
+    shared_with.clear()
+    watch.forget(claim_of("u1"))
+    assert watch.catch_up("u1") == [] and shared_with == []
+    watch._list_and_watch()  # a fresh list without u2
+    assert watch.catch_up("u2") == [] and shared_with == []

@@ -11,6 +11,13 @@ this node gives each pod of ``reservedFor`` the prepared copy
 ignored; pods that leave ``reservedFor`` keep their copy until the kubelet unprepares the
 claim (their DEL still finds it).
 
+An event can come while the kubelet's prepare of its claim is under way: the prepare read
+the claim before the scheduler reserved it for another pod, and has not stored it yet, so
+the watch finds it not prepared here and shares it with no one. The watch therefore keeps
+the pods each claim was last seen reserved for, and the prepare, once it has stored the
+claim, shares it with them (:meth:`ClaimWatch.catch_up`): whichever of the two comes last
+sees the other's work.
+
 A watch that ends is resumed from the last resourceVersion; one that expired (410) or
 failed is followed by a fresh list after a backoff (0.5 s doubling, at most 30 s).
 """
@@ -56,6 +63,9 @@ class ClaimWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.synced = threading.Event()  # set after the first list was reconciled
+        # claim UID -> the pods it was last seen reserved for (module docstring); under _lock
+        self._reserved: dict[str, frozenset[str]] = {}
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="claimwatch", daemon=True)
@@ -67,21 +77,47 @@ class ClaimWatch:
             self._thread.join(1.0)  # a watch blocked in a read ends with the process (daemon)
 
     def reconcile(self, claim: dict[str, Any]) -> list[str]:
-        """Give the pods reserved for ``claim`` its prepared copy; returns the pods added."""
-        uid = (claim.get("metadata") or {}).get("uid")
-        pods = reserved_pods(claim)
-        if not uid or not pods:
+        """Give the pods reserved for ``claim`` its prepared copy; returns the pods added.
+        The pods are kept first, for a prepare that stores the claim meanwhile (:meth:`catch_up`)."""
+        meta = claim.get("metadata") or {}
+        uid = meta.get("uid")
+        if not uid:
             return []
+        pods = reserved_pods(claim)
+        with self._lock:
+            if pods:
+                self._reserved[uid] = frozenset(pods)
+            else:
+                self._reserved.pop(uid, None)
+        if not pods:
+            return []
+        return self._share(uid, pods, f"claim {meta.get('namespace')}/{meta.get('name')} ({uid})")
+
+    def forget(self, claim: dict[str, Any]) -> None:
+        """A deleted claim: its pods are no longer kept."""
+        uid = (claim.get("metadata") or {}).get("uid")
+        with self._lock:
+            self._reserved.pop(str(uid), None)
+
+    def catch_up(self, claim_uid: str) -> list[str]:
+        """After a prepare stored claim ``claim_uid``: give its prepared copy to the pods the
+        watch last saw it reserved for (an event handled while the prepare was under way
+        found the claim not prepared yet). Returns the pods added; never raises (the claim
+        is prepared; a pod left out is the watch's next event's to add)."""
+        with self._lock:
+            pods = self._reserved.get(claim_uid)
+        if not pods:
+            return []
+        try:
+            return self._share(claim_uid, set(pods), f"claim {claim_uid}")
+        except Exception as exc:  # noqa: BLE001 - the prepare itself succeeded
+            log.warning("claim %s: sharing with the pods reserved meanwhile failed: %s", claim_uid, exc)
+            return []
+
+    def _share(self, uid: str, pods: set[str], what: str) -> list[str]:
         added = self.share(uid, pods)
         if added:
-            meta = claim.get("metadata") or {}
-            log.info(
-                "claim %s/%s (%s) shared with pod(s) %s",
-                meta.get("namespace"),
-                meta.get("name"),
-                uid,
-                ", ".join(added),
-            )
+            log.info("%s shared with pod(s) %s", what, ", ".join(added))
         return added
 
     def _run(self) -> None:
@@ -105,6 +141,10 @@ class ClaimWatch:
 
     def _list_and_watch(self) -> None:
         claims, version = self.api.list_resource_claims()
+        with self._lock:  # what was deleted while no watch ran is gone from the list
+            listed = {(c.get("metadata") or {}).get("uid") for c in claims}
+            for uid in [u for u in self._reserved if u not in listed]:
+                del self._reserved[uid]
         for claim in claims:
             self.reconcile(claim)
         self.synced.set()
@@ -113,5 +153,7 @@ class ClaimWatch:
                 version = str((claim.get("metadata") or {}).get("resourceVersion") or version)
                 if kind in ("ADDED", "MODIFIED"):
                     self.reconcile(claim)
+                elif kind == "DELETED":
+                    self.forget(claim)
                 if self._stop.is_set():
                     return

@@ -83,7 +83,9 @@ class ClaimDriver:
     ``api``: :class:`cni_dra.k8s.api.KubeApi`; ``inventory()``: the node's ResourceSlice
     (a :class:`cni_dra.dra.objects.ResourceSlice`); ``limits()``: the node's limits on device
     profiles (default: :class:`~cni_dra.protocol.profile.ProfileLimits`' defaults);
-    ``observe(verb, ok, seconds)``: metrics.
+    ``observe(verb, ok, seconds)``: metrics; ``stored(claim_uid)``: called for each claim
+    a prepare stored (:meth:`cni_dra.agent.claimwatch.ClaimWatch.catch_up`: the pods the
+    scheduler reserved it for while the prepare was under way).
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class ClaimDriver:
         inventory: Callable[[], ResourceSlice],
         limits: Callable[[], ProfileLimits] | None = None,
         observe: Callable[[str, bool, float], None] = lambda verb, ok, seconds: None,
+        stored: Callable[[str], object] = lambda claim_uid: None,
     ) -> None:
         self.api = api
         self.state_dir = state_dir
@@ -102,6 +105,7 @@ class ClaimDriver:
         self.inventory = inventory
         self.limits = limits
         self.observe = observe
+        self.stored = stored
 
     def prepare(self, namespace: str, uid: str, name: str) -> list[PreparedDevice]:
         """Prepare one claim (:meth:`prepare_claims`); returns its devices of this driver or
@@ -201,6 +205,8 @@ class ClaimDriver:
             return
         for i, pod_uid in changed:
             log.info("prepared %s for pod %s", _fetched(found[i]).where, pod_uid)
+        for uid in dict.fromkeys(f.claim.uid for f in found if isinstance(f, _Fetched)):
+            self.stored(uid)
 
     def _fetch(
         self, namespace: str, uid: str, name: str, slice_: ResourceSlice, limits: ProfileLimits

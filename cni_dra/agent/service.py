@@ -197,6 +197,7 @@ class Agent:
         cfg = self.cfg
         api = api if api is not None else KubeApi.from_config(cfg.kubeconfig)
         health_feed = HealthFeed(timeout_s=cfg.health_timeout_s)
+        claimwatch = ClaimWatch(api, lambda uid, pods: share_prepared_claim(cfg.state_dir, uid, pods))
         driver = ClaimDriver(
             api,
             state_dir=cfg.state_dir,
@@ -204,6 +205,7 @@ class Agent:
             inventory=lambda: load_inventory(cfg.inventory),
             limits=lambda: load_limits(cfg.conflists),
             observe=self.metrics.observe,
+            stored=claimwatch.catch_up,
         )
         return KubeParts(
             api=api,
@@ -234,7 +236,7 @@ class Agent:
                     (self.driver_name, self.pool, d): st for d, st in self.nics.statuses().items()
                 },
             ),
-            claimwatch=ClaimWatch(api, lambda uid, pods: share_prepared_claim(cfg.state_dir, uid, pods)),
+            claimwatch=claimwatch,
         )
 
     def _k8s(self) -> KubeParts:
