@@ -351,8 +351,13 @@ def test_the_attachments_of_a_share_keep_their_order_when_one_is_updated() -> No
     assert [a.containerID for a in txn.state.attachments.sharing(share)] == ["c0", "c1", "c2"]
 
 
-def test_the_first_question_adds_up_and_the_second_counts_the_books() -> None:
+def test_the_first_question_adds_up_and_the_second_counts_the_books(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plugin run in-process asks once: it does not pay for books it would not use."""
+    from cni_dra.state import books
+
+    # as in a plugin run in-process (a test that started a fast-path server in this
+    # process turned the serving mode on)
+    monkeypatch.setattr(books, "_serving", False)
     txn = Txn(NodeState())
     txn.put(_attachment((0, "a", (DRIVER, POOL), {"bandwidth": "1G"}, None, None)))
     state = txn.state
