@@ -194,47 +194,26 @@ def test_an_in_process_invocation_imports_no_cli_library_nor_importlib_metadata(
 def test_the_agents_warm_up_loads_tc_so_its_first_shaped_add_does_not():
     """A plugin run imports tc's messages on its first tc request; a long-lived process (the
     agent and its worker processes) loads them when it warms up, with what only an ADD needs."""
-    code = (
-        "import json, sys\n"
+    out = _fresh(
+        "import site; site.main()\n"
         "from cni_dra.fastpath.warm import warm_imports\n"
         f"before = [m in sys.modules for m in {TC_MODULES + FIRST_USE!r}]\n"
         "warm_imports()\n"
-        f"after = [m in sys.modules for m in {TC_MODULES + FIRST_USE!r}]\n"
-        "print(json.dumps([before, after]))\n"
+        f"out = [before, [m in sys.modules for m in {TC_MODULES + FIRST_USE!r}]]\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**BASE_ENV, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        timeout=120,
-        check=False,
-        cwd="/",
-    )
-    assert proc.returncode == 0, proc.stderr.decode()
-    before, after = json.loads(proc.stdout.decode().splitlines()[-1])
-    assert before == [False] * 5
-    assert after == [True] * 5
+    assert out == [[False] * 5, [True] * 5]
 
 
 def test_the_agents_warm_up_has_the_books_counted_at_the_first_question():
     """A serving process asks the books at every ADD (cni_dra.state.books.serving); a plugin
     run in-process, which asks once, does not turn that on."""
-    code = (
-        "import sys\n"
+    out = _fresh(
+        "import site; site.main()\n"
         "from cni_dra.state import books\n"
         "import cni_dra.main\n"
         "before = books._serving\n"
         "from cni_dra.fastpath.warm import warm_imports\n"
         "warm_imports()\n"
-        "print(before, books._serving)\n"
+        "out = [before, books._serving]\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**BASE_ENV, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        timeout=120,
-        check=False,
-        cwd="/",
-    )
-    assert proc.returncode == 0, proc.stderr.decode()
-    assert proc.stdout.decode().split() == ["False", "True"]
+    assert out == [False, True]

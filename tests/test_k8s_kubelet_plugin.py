@@ -322,8 +322,8 @@ def test_api_server_down_is_a_per_claim_error_and_retry_works(world):
     assert prepare(plugin, "dra_v1", [claim]).claims[claim["metadata"]["uid"]].error == ""
 
 
-def test_unprepare_removes_from_every_pod_and_is_idempotent(world):
-    server, plugin, state_dir, calls = world
+def _two_claims(server) -> tuple[dict, dict]:
+    """c1 on eth-a reserved for pods pa and pb; c2 on eth-b (request net2) for pa alone."""
     c1 = server.add_claim(
         allocated_claim(
             "c1", pool="node-1", device="eth-a", bandwidth="1G", share_id=SHARE, pod_uids=["pa", "pb"]
@@ -340,6 +340,12 @@ def test_unprepare_removes_from_every_pod_and_is_idempotent(world):
             request="net2",
         )
     )
+    return c1, c2
+
+
+def test_unprepare_removes_from_every_pod_and_is_idempotent(world):
+    server, plugin, state_dir, calls = world
+    c1, c2 = _two_claims(server)
     resp = prepare(plugin, "dra_v1", [c1, c2])
     assert [resp.claims[c["metadata"]["uid"]].error for c in (c1, c2)] == ["", ""]
     resp = unprepare(plugin, "dra_v1beta1", [c1])
@@ -374,22 +380,7 @@ def test_prepare_takes_the_state_lock_once_per_call(world, monkeypatch):
     claims for every reserved pod in one transaction, not a locked read and then one
     transaction per pod."""
     server, plugin, state_dir, _ = world
-    c1 = server.add_claim(
-        allocated_claim(
-            "c1", pool="node-1", device="eth-a", bandwidth="1G", share_id=SHARE, pod_uids=["pa", "pb"]
-        )
-    )
-    c2 = server.add_claim(
-        allocated_claim(
-            "c2",
-            pool="node-1",
-            device="eth-b",
-            bandwidth="1G",
-            share_id=str(uuid.uuid4()),
-            pod_uids=["pa"],
-            request="net2",
-        )
-    )
+    c1, c2 = _two_claims(server)
     waits = _count_state_locks(monkeypatch, state_dir)
     resp = prepare(plugin, "dra_v1", [c1, c2])
     assert [resp.claims[c["metadata"]["uid"]].error for c in (c1, c2)] == ["", ""]
