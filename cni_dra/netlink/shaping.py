@@ -266,11 +266,11 @@ def _delete_link_index(ipr: Any, index: int) -> None:
             raise
 
 
-def _delete_announced(request: dict[str, Any], indexes: list[int]) -> None:
+def _delete_announced(index: int) -> None:
     """:func:`_delete_link_index`, done when the kernel announces the deletion
     (:mod:`cni_dra.netlink.dellink`; the calling thread is in the link's namespace)."""
     try:
-        dellink.delete(request, indexes=indexes)
+        dellink.delete({"index": index}, indexes=(index,))
     except _pyroute2.load().NetlinkError as exc:
         if _code(exc) != errno.ENODEV:
             raise
@@ -553,7 +553,7 @@ def _delete_pair(ipr: Any, ifname: str) -> tuple[bool, bool]:
         done = []
         for msg in (pod, ifb):
             if msg is not None:
-                _delete_announced({"index": msg["index"]}, [msg["index"]])
+                _delete_announced(msg["index"])
             done.append(msg is not None)
         return done[0], done[1]
     used = {msg.get_attr("IFLA_GROUP") for msg in links.values()}
