@@ -307,3 +307,40 @@ def test_many_threads_keeping_the_parse_at_once_leave_one_whole_file(tmp_path: P
     assert results == ["nic-a"] * 80
     assert [p.name for p in state.iterdir()] == [inventory.INVENTORY_CACHE_FILE]
     assert json.loads(cache.read_bytes())["data"] == _slice("nic-a", "eth1")
+
+
+def _killed_writer(cache: Path, digest: str) -> None:
+    """A process killed by SIGKILL between creating its temporary file and renaming it."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child dies at the rename
+        try:
+            os.rename = lambda *a, **k: os.kill(os.getpid(), 9)  # type: ignore[assignment]
+            inventory.write_parsed_cache(str(cache), digest, {"a": 1})
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
+
+
+def test_a_write_killed_before_its_rename_leaves_a_file_the_next_write_removes_once_old(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cache = state / inventory.INVENTORY_CACHE_FILE
+    _killed_writer(cache, "0" * 64)
+    (old,) = state.iterdir()
+    assert old.name.startswith(inventory.INVENTORY_CACHE_FILE + ".") and old.name.endswith(".tmp")
+    two_minutes_ago = os.stat(old).st_mtime - 120
+    os.utime(old, (two_minutes_ago, two_minutes_ago))
+    _killed_writer(cache, "1" * 64)  # as recent as a write under way in another process
+    (young,) = set(state.iterdir()) - {old}
+    unrelated = state / "inventory-parsed.json.bak"
+    unrelated.write_bytes(b"x")
+    os.utime(unrelated, (two_minutes_ago, two_minutes_ago))
+
+    path = _write_yaml(tmp_path / "slice.yaml", _slice("nic-a", "eth1"))
+    inventory.parse_inventory(path.read_text(), str(path), parsed_cache=str(cache))
+
+    assert sorted(p.name for p in state.iterdir()) == sorted([cache.name, young.name, unrelated.name])
+    assert json.loads(cache.read_bytes())["data"] == _slice("nic-a", "eth1")

@@ -17,6 +17,7 @@ import os
 import re
 import stat
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -204,7 +205,8 @@ def write_parsed_cache(path: str, digest: str, data: Any) -> None:
     (0600, a temporary file renamed over it) when JSON holds it exactly (not a YAML
     timestamp, binary, set or non-string key), in the parse's own key order (the order of a
     device's attributes and capacities is the document's). Best effort: a failure leaves no file
-    behind and is not an error (the next process parses the text again)."""
+    behind and is not an error (the next process parses the text again); what a write killed
+    before its rename leaves, the next write removes (:func:`_remove_leftovers`)."""
     try:
         encoded = json.dumps({"sha256": digest, "data": data}, allow_nan=False)
     except (TypeError, ValueError):
@@ -224,6 +226,28 @@ def write_parsed_cache(path: str, digest: str, data: Any) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        return
+    _remove_leftovers(path)
+
+
+#: A temporary cache file older than this is a leftover: no write takes that long.
+_LEFTOVER_AGE_S = 60.0
+
+
+def _remove_leftovers(path: str) -> None:
+    """Remove the temporary files of :func:`write_parsed_cache` calls that were killed between
+    creating and renaming them (``<path>.<pid>.<thread>.tmp``) once they are older than
+    :data:`_LEFTOVER_AGE_S`, by age and not by whether their process lives: the agent and the
+    plugin's in-process runs may see different PID namespaces. A live write whose file is
+    taken loses only its rename (the cache is best effort)."""
+    directory, name = os.path.split(path)
+    prefix, now = name + ".", time.time()
+    with contextlib.suppress(OSError), os.scandir(directory or ".") as entries:
+        for entry in entries:
+            if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    if now - entry.stat(follow_symlinks=False).st_mtime > _LEFTOVER_AGE_S:
+                        os.unlink(entry.path)
 
 
 def _describe_validation_error(exc: ValidationError, data: dict[str, Any]) -> str:
