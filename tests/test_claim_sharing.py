@@ -250,3 +250,61 @@ def test_the_watch_forgets_the_pods_of_deleted_and_unlisted_claims(tmp_path):
     assert watch.catch_up("u1") == [] and shared_with == []
     watch._list_and_watch()  # a fresh list without u2
     assert watch.catch_up("u2") == [] and shared_with == []
+
+
+def test_a_failed_catch_up_fails_the_prepare_and_its_retry_gives_the_later_pod_the_claim(tmp_path):
+    """The watch saw pod-b reserved before the prepare stored the claim, and will see no
+    other event for it; the prepare's sharing with pod-b then fails (the state lock held
+    past its timeout). The prepare is refused, so the kubelet calls it again, and that
+    call's read of the claim names pod-b: pod-b holds the claim."""
+    import copy
+
+    import yaml
+
+    from cni_dra.agent.driver import ClaimDriver
+    from cni_dra.dra.inventory import load_inventory
+    from cni_dra.errors import TryAgainLaterError
+    from tests.k8s_apiserver import inventory_doc
+
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(inventory_doc("node-1", {"nic-a": "ens1"})))
+    state = str(tmp_path / "state")
+    lock_held = [False]
+
+    def share(uid: str, pods: set[str]) -> list[str]:
+        if lock_held[0]:
+            raise TryAgainLaterError("failed to lock state: still held by another process after 10s")
+        return share_prepared_claim(state, uid, pods)
+
+    with FakeApiServer() as server:
+        api = KubeApi.from_config(host=server.url)
+        try:
+            watch = ClaimWatch(api, share)
+            driver = ClaimDriver(
+                api,
+                state_dir=state,
+                driver_name=DRIVER,
+                inventory=lambda: load_inventory(str(inv)),
+                stored=watch.catch_up,
+            )
+            claim = server.add_claim(
+                allocated_claim(
+                    "c1", pool="node-1", device="nic-a", bandwidth="2G", share_id=SHARE, pod_uids=["pod-a"]
+                )
+            )
+            later = copy.deepcopy(claim)
+            later["status"]["reservedFor"] = reserved("pod-a", "pod-b")
+            assert watch.reconcile(later) == []  # not prepared here yet
+            meta = claim["metadata"]
+            lock_held[0] = True
+            (out,) = driver.prepare_claims([(meta["namespace"], meta["uid"], meta["name"])])
+            assert isinstance(out, TryAgainLaterError)
+            assert set(StateStore(state).read().claims) == {"pod-a"}
+            lock_held[0] = False
+            server.add_claim(later)  # what the kubelet's retry reads
+            (out,) = driver.prepare_claims([(meta["namespace"], meta["uid"], meta["name"])])
+            assert not isinstance(out, Exception)
+            held = StateStore(state).read().claims
+            assert set(held) == {"pod-a", "pod-b"}
+        finally:
+            api.close()

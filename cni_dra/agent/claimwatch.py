@@ -16,7 +16,9 @@ the claim before the scheduler reserved it for another pod, and has not stored i
 the watch finds it not prepared here and shares it with no one. The watch therefore keeps
 the pods each claim was last seen reserved for, and the prepare, once it has stored the
 claim, shares it with them (:meth:`ClaimWatch.catch_up`): whichever of the two comes last
-sees the other's work.
+sees the other's work. When that sharing fails (the state lock held past its timeout),
+the prepare fails: no later event may come for the claim, and the kubelet's retry of the
+prepare reads the claim again and stores it for those pods too.
 
 A watch that ends is resumed from the last resourceVersion; one that expired (410) or
 failed is followed by a fresh list after a backoff (0.5 s doubling, at most 30 s).
@@ -102,17 +104,15 @@ class ClaimWatch:
     def catch_up(self, claim_uid: str) -> list[str]:
         """After a prepare stored claim ``claim_uid``: give its prepared copy to the pods the
         watch last saw it reserved for (an event handled while the prepare was under way
-        found the claim not prepared yet). Returns the pods added; never raises (the claim
-        is prepared; a pod left out is the watch's next event's to add)."""
+        found the claim not prepared yet). Returns the pods added. Raises what ``share``
+        raises: the watch has handled that event and may see no other for the claim, so
+        the prepare fails instead and the kubelet's retry stores the claim for them (its
+        fresh read of the claim names them)."""
         with self._lock:
             pods = self._reserved.get(claim_uid)
         if not pods:
             return []
-        try:
-            return self._share(claim_uid, set(pods), f"claim {claim_uid}")
-        except Exception as exc:  # noqa: BLE001 - the prepare itself succeeded
-            log.warning("claim %s: sharing with the pods reserved meanwhile failed: %s", claim_uid, exc)
-            return []
+        return self._share(claim_uid, set(pods), f"claim {claim_uid}")
 
     def _share(self, uid: str, pods: set[str], what: str) -> list[str]:
         added = self.share(uid, pods)

@@ -85,7 +85,8 @@ class ClaimDriver:
     profiles (default: :class:`~cni_dra.protocol.profile.ProfileLimits`' defaults);
     ``observe(verb, ok, seconds)``: metrics; ``stored(claim_uid)``: called for each claim
     a prepare stored (:meth:`cni_dra.agent.claimwatch.ClaimWatch.catch_up`: the pods the
-    scheduler reserved it for while the prepare was under way).
+    scheduler reserved it for while the prepare was under way); a claim for which it raises
+    is refused with that error though stored, so that the kubelet prepares it again.
     """
 
     def __init__(
@@ -206,7 +207,13 @@ class ClaimDriver:
         for i, pod_uid in changed:
             log.info("prepared %s for pod %s", _fetched(found[i]).where, pod_uid)
         for uid in dict.fromkeys(f.claim.uid for f in found if isinstance(f, _Fetched)):
-            self.stored(uid)
+            try:
+                self.stored(uid)
+            except Exception as exc:  # noqa: BLE001 - that claim fails: the kubelet prepares it again
+                log.warning("claim %s: giving the pods reserved meanwhile their copy failed: %s", uid, exc)
+                for i, f in enumerate(found):
+                    if isinstance(f, _Fetched) and f.claim.uid == uid:
+                        found[i] = exc
 
     def _fetch(
         self, namespace: str, uid: str, name: str, slice_: ResourceSlice, limits: ProfileLimits
