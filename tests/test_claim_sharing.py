@@ -5,6 +5,7 @@ interfaces use it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 
@@ -179,10 +180,12 @@ def test_the_first_list_catches_up_and_an_expired_watch_lists_again(world):
 
 
 # -- an event handled while the claim's prepare is under way -------------------------------------
-def test_a_pod_reserved_while_the_prepare_runs_gets_the_claim_when_it_is_stored(tmp_path):
-    """The prepare read the claim reserved for pod-a; the scheduler then reserved it for
-    pod-b too, and the watch saw that before the prepare stored the claim (so it found the
-    claim prepared nowhere and shared it with no one). Once stored, pod-b holds it too."""
+@contextlib.contextmanager
+def _prepare_after_a_second_reservation(tmp_path, share=None):
+    """A claim allocated and reserved for pod-a, whose watch event reserving it for pod-b too
+    was handled before any prepare (so the watch found it prepared nowhere): yields the
+    prepare of that claim (as the kubelet calls it, reading pod-a's reservation), the API
+    stand-in, the event's claim and the state directory."""
     import copy
 
     import yaml
@@ -197,7 +200,7 @@ def test_a_pod_reserved_while_the_prepare_runs_gets_the_claim_when_it_is_stored(
     with FakeApiServer() as server:
         api = KubeApi.from_config(host=server.url)
         try:
-            watch = ClaimWatch(api, lambda uid, pods: share_prepared_claim(state, uid, pods))
+            watch = ClaimWatch(api, share or (lambda uid, pods: share_prepared_claim(state, uid, pods)))
             driver = ClaimDriver(
                 api,
                 state_dir=state,
@@ -214,13 +217,25 @@ def test_a_pod_reserved_while_the_prepare_runs_gets_the_claim_when_it_is_stored(
             later["status"]["reservedFor"] = reserved("pod-a", "pod-b")
             assert watch.reconcile(later) == []  # not prepared here yet
             meta = claim["metadata"]
-            (out,) = driver.prepare_claims([(meta["namespace"], meta["uid"], meta["name"])])
-            assert not isinstance(out, Exception)
-            held = StateStore(state).read().claims
-            assert set(held) == {"pod-a", "pod-b"}
-            assert held["pod-b"] == held["pod-a"]
+
+            def prepare():
+                (out,) = driver.prepare_claims([(meta["namespace"], meta["uid"], meta["name"])])
+                return out
+
+            yield prepare, server, later, state
         finally:
             api.close()
+
+
+def test_a_pod_reserved_while_the_prepare_runs_gets_the_claim_when_it_is_stored(tmp_path):
+    """The prepare read the claim reserved for pod-a; the scheduler then reserved it for
+    pod-b too, and the watch saw that before the prepare stored the claim (so it found the
+    claim prepared nowhere and shared it with no one). Once stored, pod-b holds it too."""
+    with _prepare_after_a_second_reservation(tmp_path) as (prepare, _, _, state):
+        assert not isinstance(prepare(), Exception)
+        held = StateStore(state).read().claims
+        assert set(held) == {"pod-a", "pod-b"}
+        assert held["pod-b"] == held["pod-a"]
 
 
 def test_the_watch_forgets_the_pods_of_deleted_and_unlisted_claims(tmp_path):
@@ -257,54 +272,21 @@ def test_a_failed_catch_up_fails_the_prepare_and_its_retry_gives_the_later_pod_t
     other event for it; the prepare's sharing with pod-b then fails (the state lock held
     past its timeout). The prepare is refused, so the kubelet calls it again, and that
     call's read of the claim names pod-b: pod-b holds the claim."""
-    import copy
-
-    import yaml
-
-    from cni_dra.agent.driver import ClaimDriver
-    from cni_dra.dra.inventory import load_inventory
     from cni_dra.errors import TryAgainLaterError
-    from tests.k8s_apiserver import inventory_doc
 
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump(inventory_doc("node-1", {"nic-a": "ens1"})))
-    state = str(tmp_path / "state")
     lock_held = [False]
+    state = str(tmp_path / "state")
 
     def share(uid: str, pods: set[str]) -> list[str]:
         if lock_held[0]:
             raise TryAgainLaterError("failed to lock state: still held by another process after 10s")
         return share_prepared_claim(state, uid, pods)
 
-    with FakeApiServer() as server:
-        api = KubeApi.from_config(host=server.url)
-        try:
-            watch = ClaimWatch(api, share)
-            driver = ClaimDriver(
-                api,
-                state_dir=state,
-                driver_name=DRIVER,
-                inventory=lambda: load_inventory(str(inv)),
-                stored=watch.catch_up,
-            )
-            claim = server.add_claim(
-                allocated_claim(
-                    "c1", pool="node-1", device="nic-a", bandwidth="2G", share_id=SHARE, pod_uids=["pod-a"]
-                )
-            )
-            later = copy.deepcopy(claim)
-            later["status"]["reservedFor"] = reserved("pod-a", "pod-b")
-            assert watch.reconcile(later) == []  # not prepared here yet
-            meta = claim["metadata"]
-            lock_held[0] = True
-            (out,) = driver.prepare_claims([(meta["namespace"], meta["uid"], meta["name"])])
-            assert isinstance(out, TryAgainLaterError)
-            assert set(StateStore(state).read().claims) == {"pod-a"}
-            lock_held[0] = False
-            server.add_claim(later)  # what the kubelet's retry reads
-            (out,) = driver.prepare_claims([(meta["namespace"], meta["uid"], meta["name"])])
-            assert not isinstance(out, Exception)
-            held = StateStore(state).read().claims
-            assert set(held) == {"pod-a", "pod-b"}
-        finally:
-            api.close()
+    with _prepare_after_a_second_reservation(tmp_path, share) as (prepare, server, later, _):
+        lock_held[0] = True
+        assert isinstance(prepare(), TryAgainLaterError)
+        assert set(StateStore(state).read().claims) == {"pod-a"}
+        lock_held[0] = False
+        server.add_claim(later)  # what the kubelet's retry reads
+        assert not isinstance(prepare(), Exception)
+        assert set(StateStore(state).read().claims) == {"pod-a", "pod-b"}
