@@ -1,4 +1,5 @@
-"""A DEL drops the attachment's record only while it is still that DEL's own intent.
+"""A DEL drops the attachment's record only while it is still that DEL's own intent, and an
+ADD meanwhile is told a DEL is in progress.
 
 The record a DEL marked ``deleting`` can change hands while the DEL releases the link and
 the address: a second DEL of the same attachment takes the intent over, and once that one
@@ -97,3 +98,18 @@ def test_a_del_leaves_the_record_of_a_new_add_of_the_same_attachment(tmp_path, o
 
 def test_a_del_drops_its_own_intent(tmp_path):
     assert _del_while(tmp_path, {}) == []
+
+
+def test_an_add_during_a_del_of_the_same_attachment_is_code_11_naming_the_del(tmp_path, other):
+    host = FakeHost()
+    host.add_nic("eth9", 7)
+    conf = _conf(tmp_path)
+    assert _run(host, "ADD", conf)[0] == 0
+    store = StateStore(tmp_path / "state")
+    with store.transaction() as txn:
+        txn.update(txn.find(*KEY), phase="deleting", owner=other)
+    code, out = _run(host, "ADD", conf)
+    assert (code, out["code"]) == (1, 11)
+    assert (
+        out["msg"] == "failed to add eth0 for container c1: a DEL of the same attachment is still in progress"
+    )
