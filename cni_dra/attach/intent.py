@@ -157,10 +157,21 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
 
 
 def finish_delete(inv: Invocation) -> None:
-    """End of DEL: drop the attachment (its capacity is released)."""
+    """End of DEL: drop the attachment (its capacity is released), while it is still this
+    DEL's ``deleting`` intent. Another process may own the record by now: a concurrent DEL
+    of the same attachment that took the intent over (it drops the record when it is done,
+    or recovery does if it dies), or, once that one dropped it, a new ADD of the same
+    container and interface (``adding``, then ``ready``). Dropping such a record would release
+    capacity and forget a link and an address still held, and let one more ADD in beside them."""
     # Not fsync'ed (see begin_delete): a reboot releases it.
     with inv.store.transaction(durable=False) as txn:
-        txn.remove(inv.conf.name, inv.env.container_id, inv.env.ifname)
+        att = txn.find(inv.conf.name, inv.env.container_id, inv.env.ifname)
+        if att is None:
+            return
+        if att.phase != "deleting" or att.owner != current_owner():
+            log.info("DEL %s: the record is now %s of another process; left to it", att.key, att.phase)
+            return
+        txn.remove(*att.key)
 
 
 class AddIntent:

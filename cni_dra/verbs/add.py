@@ -267,8 +267,9 @@ def _repeated(inv: Invocation, existing: Attachment, ident: NetnsIdentity) -> Re
     if existing.phase != "ready" and recovery_holds(existing):
         raise recovery_in_progress(inv, existing, "add")
     if existing.phase != "ready":
+        verb = "a DEL" if existing.phase == "deleting" else "an ADD"
         raise TryAgainLaterError(
-            f"failed to add {env.ifname} for container {env.container_id}: an ADD of the same "
+            f"failed to add {env.ifname} for container {env.container_id}: {verb} of the same "
             "attachment is still in progress"
         )
     gone = "" if where else " (CNI_NETNS names another namespace)"
