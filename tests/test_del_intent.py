@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,3 +114,59 @@ def test_an_add_during_a_del_of_the_same_attachment_is_code_11_naming_the_del(tm
     assert (
         out["msg"] == "failed to add eth0 for container c1: a DEL of the same attachment is still in progress"
     )
+
+
+def _two_dels_at_once(tmp_path: Path, conf: dict[str, Any], hold_s: float) -> tuple[list[Any], list[int]]:
+    """ADD, then two DELs of it in two threads of this process (as the agent serves them), the
+    second started while the first deletes the link, which it goes on doing for ``hold_s``:
+    (both DELs' answers, first's then second's; how many DELs were deleting the link at each
+    deletion)."""
+    import threading
+
+    host = FakeHost()
+    host.add_nic("eth9", 7)
+    assert _run(host, "ADD", conf)[0] == 0
+    inside, deleting, at_once = threading.Event(), [], []
+
+    def hook(netns: str, name: str) -> None:
+        deleting.append(name)
+        at_once.append(len(deleting))
+        if len(at_once) == 1:
+            inside.set()
+            time.sleep(hold_s)
+        deleting.pop()
+
+    host.hooks["delete_link"] = hook
+    answers: dict[str, Any] = {}
+    first = threading.Thread(target=lambda: answers.setdefault("first", _run(host, "DEL", conf)))
+    second = threading.Thread(target=lambda: answers.setdefault("second", _run(host, "DEL", conf)))
+    first.start()
+    assert inside.wait(10)
+    second.start()
+    first.join(20)
+    second.join(20)
+    return [answers["first"], answers["second"]], at_once
+
+
+def test_two_dels_of_one_attachment_in_one_process_take_turns(tmp_path):
+    """Intents name a process: the second DEL would take over the first's intent as another
+    process's, both would release at once, and the first, ending, would drop the record while
+    the second still deleted. The second waits for the first instead, then finds nothing left."""
+    conf = _conf(tmp_path)
+    answers, at_once = _two_dels_at_once(tmp_path, conf, hold_s=0.5)
+    assert answers == [(0, None), (0, None)]
+    assert max(at_once) == 1
+    assert StateStore(tmp_path / "state").read().attachments == []
+
+
+def test_a_del_waiting_for_another_of_the_same_attachment_past_the_lock_timeout_is_code_11(tmp_path):
+    conf = {**_conf(tmp_path), "lockTimeoutSeconds": 0.2}
+    answers, at_once = _two_dels_at_once(tmp_path, conf, hold_s=1.0)
+    assert answers[0] == (0, None)
+    code, out = answers[1]
+    assert (code, out["code"]) == (1, 11)
+    assert (
+        out["msg"]
+        == "failed to delete eth0 for container c1: a DEL of the same attachment is still in progress"
+    )
+    assert at_once == [1]

@@ -19,12 +19,22 @@ An intent of a live process stops another ADD or DEL of the same attachment with
 of the interrupted invocation, typically) waits for that recovery to finish, at most
 ``lockTimeoutSeconds`` (:func:`wait_for_recovery`), then goes on; only past that bound does
 it answer code 11 (:class:`RecoveryInProgressError`).
+
+An intent names its owner by process, and the agent serves verbs in threads: a second DEL
+of an attachment in another thread of the process whose DEL holds its intent would take
+that intent over as from another live process, and the first, ending, would then drop the
+record while the second still releases the link and the address (after which a new ADD of
+the same attachment could reserve it beside them). So DELs of one attachment run one at a
+time in a process (:func:`one_delete_at_a_time`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from cni_dra.attach.invocation import Invocation
@@ -39,6 +49,7 @@ __all__ = [
     "RecoveryInProgressError",
     "begin_delete",
     "finish_delete",
+    "one_delete_at_a_time",
     "recovery_holds",
     "wait_for_recovery",
 ]
@@ -88,6 +99,36 @@ def wait_for_recovery(inv: Invocation, busy: RecoveryInProgressError, deadline: 
             return
         if att is None or not recovery_holds(att):
             return
+
+
+_deleting_lock = threading.Lock()
+_deleting: dict[tuple[str, str, str], list[Any]] = {}  # key -> [its lock, DELs using it]
+
+
+@contextlib.contextmanager
+def one_delete_at_a_time(inv: Invocation) -> Iterator[None]:
+    """Hold, for a whole DEL, this process's lock of ``inv``'s attachment (module docstring):
+    a DEL of it in another thread is waited for, at most ``lockTimeoutSeconds``, then code 11
+    (TryAgainLaterError). An in-process invocation, alone in its process, never waits."""
+    key = (inv.conf.name, inv.env.container_id, inv.env.ifname)
+    with _deleting_lock:
+        entry = _deleting.setdefault(key, [threading.Lock(), 0])
+        entry[1] += 1
+    try:
+        if not entry[0].acquire(timeout=inv.conf.lockTimeoutSeconds):
+            raise TryAgainLaterError(
+                f"failed to delete {inv.env.ifname} for container {inv.env.container_id}: a DEL of the "
+                "same attachment is still in progress"
+            )
+        try:
+            yield
+        finally:
+            entry[0].release()
+    finally:
+        with _deleting_lock:
+            entry[1] -= 1
+            if not entry[1]:
+                del _deleting[key]
 
 
 def begin_delete(inv: Invocation) -> Attachment | None:

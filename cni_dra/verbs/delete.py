@@ -58,11 +58,18 @@ log = logging.getLogger("cni_dra.del")
 
 def cmd_del(inv: Invocation) -> None:
     """Run DEL for ``inv`` (idempotent). See module docstring."""
+    from cni_dra.attach.intent import one_delete_at_a_time
+
+    given = inv.host.netns_lookup(inv.env.netns) if inv.env.netns else None  # code 4 here, before any effect
+    with one_delete_at_a_time(inv):
+        _delete(inv, given)
+
+
+def _delete(inv: Invocation, given: NetnsIdentity | None) -> None:
     from cni_dra.attach.intent import begin_delete, finish_delete
     from cni_dra.attach.release import IpamRelease, release, release_temp_link
 
     env, conf, host = inv.env, inv.conf, inv.host
-    given = host.netns_lookup(env.netns) if env.netns else None  # code 4 here, before any effect
     att = begin_delete(inv)  # recovery, then the "deleting" intent; None if absent or state unreadable
     fault_point("del:intent")
     ipam_type = conf.ipam_type or (att.ipamType if att else None)
