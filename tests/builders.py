@@ -3,12 +3,14 @@ allocated ResourceClaim, state Attachment; and a stand-in for the agent's fast-p
 
 Each returns a fresh plain value (dict, bytes or model) with the defaults most tests want;
 keyword arguments name what a test changes. Nothing here touches the disk except
-:func:`write_slice` and :func:`fake_agent` (its socket), and nothing asserts.
+:func:`write_slice`, :func:`fake_agent` (its socket) and :func:`run_verb` (the network's
+state directory), and nothing asserts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import json
 import os
@@ -35,6 +37,7 @@ __all__ = [
     "profile_config",
     "resource_claim",
     "resource_slice",
+    "run_verb",
     "write_slice",
 ]
 
@@ -65,6 +68,19 @@ def cni_env(
         env["CNI_ARGS"] = args
     env.update(extra)
     return env
+
+
+def run_verb(host: Any, command: str, conf: dict[str, Any], **env: str) -> tuple[int, Any]:
+    """Run the plugin's ``command`` in this process on ``host`` (a
+    :class:`~tests.fake_host.FakeHost`) with ``conf`` on stdin and :func:`cni_env` ``(command,
+    **env)``: (the exit code, what it printed parsed as JSON, None when it printed nothing)."""
+    from cni_dra.cni import run
+
+    out = io.StringIO()
+    code = run(
+        {**cni_env(command, **env), "PATH": "/usr/bin:/bin"}, json.dumps(conf).encode(), out, host=host
+    )
+    return code, json.loads(out.getvalue()) if out.getvalue().strip() else None
 
 
 def netconf(version: str = "1.1.0", name: str = "net1", **kw: Any) -> dict[str, Any]:

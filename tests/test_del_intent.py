@@ -12,8 +12,6 @@ another live process (a ``sleep`` child).
 
 from __future__ import annotations
 
-import io
-import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,12 +20,11 @@ from typing import Any
 
 import pytest
 
-from cni_dra.cni import run
 from cni_dra.quantity import Quantity
 from cni_dra.state import StateStore
 from cni_dra.state.owner import boot_id
 from cni_dra.state.schema import STEP_IPAM, Owner
-from tests.builders import cni_env, device, netconf, write_slice
+from tests.builders import device, netconf, run_verb, write_slice
 from tests.fake_host import FakeHost
 
 KEY = ("net", "c1", "eth0")
@@ -53,23 +50,12 @@ def _conf(tmp_path: Path) -> dict[str, Any]:
     )
 
 
-def _run(host: FakeHost, command: str, conf: dict[str, Any]) -> tuple[int, Any]:
-    out = io.StringIO()
-    code = run(
-        {**cni_env(command, container_id="c1"), "PATH": "/usr/bin:/bin"},
-        json.dumps(conf).encode(),
-        out,
-        host=host,
-    )
-    return code, json.loads(out.getvalue()) if out.getvalue().strip() else None
-
-
 def _del_while(tmp_path: Path, change: dict[str, Any]) -> Any:
     """ADD, then a DEL during whose link deletion the record takes ``change``; the record after."""
     host = FakeHost()
     host.add_nic("eth9", 7)
     conf = _conf(tmp_path)
-    code, out = _run(host, "ADD", conf)
+    code, out = run_verb(host, "ADD", conf)
     assert code == 0, out
     store = StateStore(tmp_path / "state")
 
@@ -78,7 +64,7 @@ def _del_while(tmp_path: Path, change: dict[str, Any]) -> Any:
             txn.update(txn.find(*KEY), **change)
 
     host.hooks["delete_link"] = meanwhile
-    assert _run(host, "DEL", conf) == (0, None)
+    assert run_verb(host, "DEL", conf) == (0, None)
     assert host.called("delete_link")
     return store.read().attachments
 
@@ -105,11 +91,11 @@ def test_an_add_during_a_del_of_the_same_attachment_is_code_11_naming_the_del(tm
     host = FakeHost()
     host.add_nic("eth9", 7)
     conf = _conf(tmp_path)
-    assert _run(host, "ADD", conf)[0] == 0
+    assert run_verb(host, "ADD", conf)[0] == 0
     store = StateStore(tmp_path / "state")
     with store.transaction() as txn:
         txn.update(txn.find(*KEY), phase="deleting", owner=other)
-    code, out = _run(host, "ADD", conf)
+    code, out = run_verb(host, "ADD", conf)
     assert (code, out["code"]) == (1, 11)
     assert (
         out["msg"] == "failed to add eth0 for container c1: a DEL of the same attachment is still in progress"
@@ -125,7 +111,7 @@ def _two_dels_at_once(tmp_path: Path, conf: dict[str, Any], hold_s: float) -> tu
 
     host = FakeHost()
     host.add_nic("eth9", 7)
-    assert _run(host, "ADD", conf)[0] == 0
+    assert run_verb(host, "ADD", conf)[0] == 0
     inside, deleting, at_once = threading.Event(), [], []
 
     def hook(netns: str, name: str) -> None:
@@ -138,8 +124,8 @@ def _two_dels_at_once(tmp_path: Path, conf: dict[str, Any], hold_s: float) -> tu
 
     host.hooks["delete_link"] = hook
     answers: dict[str, Any] = {}
-    first = threading.Thread(target=lambda: answers.setdefault("first", _run(host, "DEL", conf)))
-    second = threading.Thread(target=lambda: answers.setdefault("second", _run(host, "DEL", conf)))
+    first = threading.Thread(target=lambda: answers.setdefault("first", run_verb(host, "DEL", conf)))
+    second = threading.Thread(target=lambda: answers.setdefault("second", run_verb(host, "DEL", conf)))
     first.start()
     assert inside.wait(10)
     second.start()

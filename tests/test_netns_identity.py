@@ -8,8 +8,6 @@ itself. The machine is the in-memory host (tests/fake_host.py): each path resolv
 
 from __future__ import annotations
 
-import io
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,12 +16,11 @@ import pytest
 
 from cni_dra.attach.rebuild import REPAIR_NETWORK
 from cni_dra.attach.shaping_plan import record
-from cni_dra.cni import run
 from cni_dra.errors import ContainerUnknownError
 from cni_dra.netlink import info, netns
 from cni_dra.netlink.shaping import ShapeInfo, Tbf
 from cni_dra.state import StateStore
-from tests.builders import attachment, cni_env, device, netconf, write_slice
+from tests.builders import attachment, device, netconf, run_verb, write_slice
 from tests.fake_host import FakeHost, pod_link
 
 POD = (0x20, 4026532001)
@@ -106,14 +103,6 @@ def _node(tmp_path: Path, *atts: Any) -> dict[str, Any]:
     )
 
 
-def _run(host: FakeHost, command: str, conf: dict[str, Any], **env: str) -> tuple[int, Any]:
-    out = io.StringIO()
-    code = run(
-        {**cni_env(command, **env), "PATH": "/usr/bin:/bin"}, json.dumps(conf).encode(), out, host=host
-    )
-    return code, json.loads(out.getvalue()) if out.getvalue().strip() else None
-
-
 def _keys(tmp_path: Path) -> list[tuple[str, str, str]]:
     return [a.key for a in StateStore(tmp_path / "state").read().attachments]
 
@@ -137,7 +126,7 @@ def test_del_of_an_unknown_container_leaves_another_attachments_link(tmp_path, s
         shaping=SHAPED,
     )
     conf = _node(tmp_path, owner)
-    code, out = _run(kernel, "DEL", conf, container_id="c-x", netns=spelling, ifname="net1")
+    code, out = run_verb(kernel, "DEL", conf, container_id="c-x", netns=spelling, ifname="net1")
     assert (code, out) == (0, None)
     assert kernel.deleted == []
     assert _keys(tmp_path) == [("net", "c-b", "net1")]
@@ -149,7 +138,7 @@ def test_del_of_an_unknown_container_still_removes_an_unowned_cni_dra_link(tmp_p
     conf = _node(
         tmp_path, attachment("c-b", network="net", ifname="net1", netns="/run/netns/other", parent="eth9")
     )
-    assert _run(kernel, "DEL", conf, container_id="c-x", netns="/var/run/netns/pod", ifname="net1") == (
+    assert run_verb(kernel, "DEL", conf, container_id="c-x", netns="/var/run/netns/pod", ifname="net1") == (
         0,
         None,
     )
@@ -170,7 +159,10 @@ def test_del_releases_the_repair_placeholder_named_under_another_path(tmp_path):
         consumedCapacity={"bandwidth": "10G"},
     )
     conf = _node(tmp_path, placeholder)
-    assert _run(kernel, "DEL", conf, container_id="c-x", netns="/run/netns/pod", ifname="net1") == (0, None)
+    assert run_verb(kernel, "DEL", conf, container_id="c-x", netns="/run/netns/pod", ifname="net1") == (
+        0,
+        None,
+    )
     assert _keys(tmp_path) == []
     assert kernel.deleted == [("/run/netns/pod", "net1")]
 
@@ -184,7 +176,7 @@ def test_del_with_empty_netns_deletes_the_link_in_the_recorded_namespace(tmp_pat
             "c1", network="net", ifname="net1", netns="/var/run/netns/pod", parent="eth9", shaping=SHAPED
         ),
     )
-    assert _run(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert run_verb(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == [("/var/run/netns/pod", "net1")]  # with its ifb device (the shaped deletion)
     assert _keys(tmp_path) == []
 
@@ -197,7 +189,7 @@ def test_del_with_empty_netns_leaves_a_link_off_the_recorded_parent(tmp_path):
     conf = _node(
         tmp_path, attachment("c1", network="net", ifname="net1", netns="/var/run/netns/pod", parent="eth9")
     )
-    assert _run(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert run_verb(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == []
     assert _keys(tmp_path) == []
 
@@ -210,7 +202,7 @@ def test_del_with_empty_netns_leaves_a_link_another_record_names(tmp_path):
     mine = attachment("c1", network="net", ifname="net1", netns="/proc/4242/ns/net", parent="eth9")
     theirs = attachment("c-b", network="net", ifname="net1", netns="/run/netns/pod", parent="eth9")
     conf = _node(tmp_path, mine, theirs)
-    assert _run(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert run_verb(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == []
     assert _keys(tmp_path) == [("net", "c-b", "net1")]
 
@@ -220,7 +212,7 @@ def test_del_with_empty_netns_and_the_recorded_namespace_gone_succeeds(tmp_path)
     conf = _node(
         tmp_path, attachment("c1", network="net", ifname="net1", netns="/var/run/netns/gone", parent="eth9")
     )
-    assert _run(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert run_verb(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == [] and _keys(tmp_path) == []
 
 
@@ -236,10 +228,10 @@ def test_repeated_add_under_another_path_returns_the_recorded_result(tmp_path):
         tmp_path,
         attachment("c1", network="net", ifname="net1", netns="/run/netns/pod", parent="eth9", result=result),
     )
-    code, out = _run(kernel, "ADD", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1")
+    code, out = run_verb(kernel, "ADD", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1")
     assert code == 0, out
     assert out["ips"] == [{"address": "192.0.2.5/24", "interface": 0}]
-    code, out = _run(kernel, "ADD", conf, container_id="c1", netns="/run/netns/other", ifname="net1")
+    code, out = run_verb(kernel, "ADD", conf, container_id="c1", netns="/run/netns/other", ifname="net1")
     assert code == 1 and out["code"] == 104  # another namespace: a container ID reused without DEL
 
 
@@ -283,7 +275,7 @@ def test_del_with_empty_netns_leaves_a_link_in_a_namespace_made_again_under_the_
             shaping=SHAPED,
         ),
     )
-    assert _run(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert run_verb(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == []
     assert _keys(tmp_path) == []
 
@@ -304,7 +296,10 @@ def test_del_naming_another_live_namespace_deletes_the_link_where_the_record_say
             shaping=SHAPED,
         ),
     )
-    assert _run(kernel, "DEL", conf, container_id="c1", netns="/run/netns/other", ifname="net1") == (0, None)
+    assert run_verb(kernel, "DEL", conf, container_id="c1", netns="/run/netns/other", ifname="net1") == (
+        0,
+        None,
+    )
     assert kernel.deleted == [("/run/netns/pod", "net1")]
     assert _keys(tmp_path) == []
 
@@ -328,7 +323,7 @@ def test_del_finds_the_recorded_namespace_under_another_path(tmp_path):
             shaping=SHAPED,
         ),
     )
-    assert _run(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
+    assert run_verb(kernel, "DEL", conf, container_id="c1", netns="", ifname="net1") == (0, None)
     assert kernel.deleted == [("/var/run/netns/pod", "net1")]
     assert _keys(tmp_path) == []
 
@@ -351,7 +346,7 @@ def test_del_naming_the_recorded_namespace_deletes_there_without_a_netlink_look(
             shaping=SHAPED,
         ),
     )
-    assert _run(kernel, "DEL", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1") == (
+    assert run_verb(kernel, "DEL", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1") == (
         0,
         None,
     )
@@ -380,16 +375,16 @@ def test_repeated_add_into_a_namespace_made_again_is_not_answered_from_the_recor
             result=result,
         ),
     )
-    code, out = _run(kernel, "ADD", conf, container_id="c1", netns="/run/netns/pod", ifname="net1")
+    code, out = run_verb(kernel, "ADD", conf, container_id="c1", netns="/run/netns/pod", ifname="net1")
     assert code == 1 and out["code"] == 104, out
     kernel.ids["/run/netns/pod"] = GONE  # the recorded namespace, but its link is gone
     kernel.parent = None
-    code, out = _run(kernel, "ADD", conf, container_id="c1", netns="/run/netns/pod", ifname="net1")
+    code, out = run_verb(kernel, "ADD", conf, container_id="c1", netns="/run/netns/pod", ifname="net1")
     assert code == 1 and out["code"] == 104 and "its link is no longer there" in out["msg"], out
     kernel.parent = "eth9"
-    code, out = _run(kernel, "ADD", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1")
+    code, out = run_verb(kernel, "ADD", conf, container_id="c1", netns="/var/run/netns/pod", ifname="net1")
     assert code == 1 and out["code"] == 104  # /var/run/netns/pod is POD, not the recorded namespace
-    code, out = _run(kernel, "ADD", conf, container_id="c1", netns="/run/netns/pod", ifname="net1")
+    code, out = run_verb(kernel, "ADD", conf, container_id="c1", netns="/run/netns/pod", ifname="net1")
     assert code == 0 and out["ips"] == [{"address": "192.0.2.5/24", "interface": 0}], out
 
 
@@ -408,7 +403,7 @@ def test_check_fails_in_a_namespace_made_again_under_the_recorded_path(tmp_path)
             result=result,
         ),
     )
-    code, out = _run(
+    code, out = run_verb(
         kernel,
         "CHECK",
         {**conf, "prevResult": result},
@@ -434,7 +429,7 @@ def test_gc_releases_without_touching_a_namespace_made_again_under_the_recorded_
             shaping=SHAPED,
         ),
     )
-    code, out = _run(kernel, "GC", {**conf, "cni.dev/valid-attachments": []})
+    code, out = run_verb(kernel, "GC", {**conf, "cni.dev/valid-attachments": []})
     assert (code, out) == (0, None)
     assert kernel.deleted == [] and _keys(tmp_path) == []
 

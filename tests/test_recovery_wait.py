@@ -13,8 +13,6 @@ does at its end.
 
 from __future__ import annotations
 
-import io
-import json
 import threading
 import time
 from pathlib import Path
@@ -23,11 +21,10 @@ from typing import Any
 import pytest
 
 from cni_dra.attach import recover as recover_mod
-from cni_dra.cni import run
 from cni_dra.state import StateStore
 from cni_dra.state.owner import boot_id, current_owner
 from cni_dra.state.schema import STEP_IPAM, Owner
-from tests.builders import attachment, cni_env, device, netconf, write_slice
+from tests.builders import attachment, device, netconf, run_verb, write_slice
 from tests.fake_host import FakeHost
 
 KEY = ("net", "c1", "eth0")
@@ -93,22 +90,11 @@ def _finish_recovery_after(store: StateStore, delay_s: float) -> threading.Threa
     return thread
 
 
-def _run(host: FakeHost, command: str, conf: dict[str, Any]) -> tuple[int, Any]:
-    out = io.StringIO()
-    code = run(
-        {**cni_env(command, container_id="c1"), "PATH": "/usr/bin:/bin"},
-        json.dumps(conf).encode(),
-        out,
-        host=host,
-    )
-    return code, json.loads(out.getvalue()) if out.getvalue().strip() else None
-
-
 def test_add_waits_for_the_recovery_of_its_own_interrupted_add(tmp_path, kernel):
     store = _held(tmp_path, recovering=True)
     finisher = _finish_recovery_after(store, 0.3)
     started = time.monotonic()
-    code, out = _run(kernel, "ADD", _conf(tmp_path))
+    code, out = run_verb(kernel, "ADD", _conf(tmp_path))
     finisher.join()
     assert code == 0, out
     assert time.monotonic() - started >= 0.3
@@ -120,7 +106,7 @@ def test_add_waits_for_the_recovery_of_its_own_interrupted_add(tmp_path, kernel)
 def test_del_waits_for_the_recovery_of_its_attachments_interrupted_add(tmp_path, kernel):
     store = _held(tmp_path, recovering=True)
     finisher = _finish_recovery_after(store, 0.3)
-    code, out = _run(kernel, "DEL", _conf(tmp_path))
+    code, out = run_verb(kernel, "DEL", _conf(tmp_path))
     finisher.join()
     assert (code, out) == (0, None)
     assert store.read().attachments == []
@@ -130,7 +116,7 @@ def test_a_recovery_that_outlasts_the_lock_timeout_is_code_11_naming_it(tmp_path
     store = _held(tmp_path, recovering=True)
     kernel.manual_clock = True  # the wait passes on the host's clock alone
     started = kernel.monotonic()
-    code, out = _run(kernel, "ADD", _conf(tmp_path, lockTimeoutSeconds=30))
+    code, out = run_verb(kernel, "ADD", _conf(tmp_path, lockTimeoutSeconds=30))
     assert code == 1 and out["code"] == 11
     assert f"its interrupted ADD is still being recovered by process {current_owner().pid}" in out["msg"]
     assert 30 <= kernel.monotonic() - started < 31
@@ -141,7 +127,7 @@ def test_a_recovery_that_outlasts_the_lock_timeout_is_code_11_naming_it(tmp_path
 def test_an_add_in_progress_that_is_no_recovery_is_code_11_at_once(tmp_path, kernel):
     _held(tmp_path, recovering=False)
     started = time.monotonic()
-    code, out = _run(kernel, "ADD", _conf(tmp_path))
+    code, out = run_verb(kernel, "ADD", _conf(tmp_path))
     assert code == 1 and out["code"] == 11 and "still in progress" in out["msg"]
     assert time.monotonic() - started < 2
 
