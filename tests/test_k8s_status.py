@@ -293,6 +293,36 @@ def test_claim_shared_by_two_pods_reports_one_entry_that_follows_the_live_interf
     assert "pod-b" in entry["conditions"][0]["message"]
 
 
+def test_ready_is_dated_when_its_interface_became_ready_not_when_the_claim_is_applied(world):
+    """``lastTransitionTime`` of Ready=True is when the entry's interface became ready
+    (its ``readyAt``): a restarted agent applying the claim again, or a second pod of a
+    shared claim becoming ready on the same share, leaves it as it was; it moves when the
+    entry follows another pod's interface."""
+    server, claim, store, writer, clock, _ = world
+    uid = claim["metadata"]["uid"]
+    add_ready(store, uid, readyAt="2027-01-15T07:59:00.250Z")
+
+    def ready_since() -> str:
+        (entry,) = server.claims[("default", "c1")]["status"]["devices"]
+        (cond,) = entry["conditions"]
+        assert cond["status"] == "True"
+        return cond["lastTransitionTime"]
+
+    writer.sync()
+    assert ready_since() == "2027-01-15T07:59:00Z"
+    restarted = StatusWriter(writer.api, store, field_manager=DRIVER, clock=clock)
+    restarted.sync()  # applies the claim again to converge: nothing changed
+    assert ready_since() == "2027-01-15T07:59:00Z"
+    add_ready(store, uid, containerID="c2", podUID="pod-b", readyAt="2027-01-15T08:03:00.000Z")
+    restarted.sync()  # the second pod's record: the entry still reports pod-a's interface
+    assert ready_since() == "2027-01-15T07:59:00Z"
+    with store.transaction() as txn:
+        txn.remove("net", "c1", "net1")
+    restarted.sync()  # the entry follows pod-b's interface
+    assert ready_since() == "2027-01-15T08:03:00Z"
+    assert server.invalid == []
+
+
 # -- NIC health: Ready conditions follow the host NIC ------------------------------------------
 
 T0_WALL = 1_800_000_000.0  # 2027-01-15T08:00:00Z

@@ -9,7 +9,8 @@ share this node holds for it, keyed by (driver, pool, device, shareID) (KEP-4817
 * every ``ready`` attachment of the claim: ``networkData`` {interfaceName, ips (CIDR),
   hardwareAddress}, ``data`` (:func:`cni_dra.state.claim_status.interface_data`: the link
   kind, the host NIC and the device profile ADD applied) and condition ``Ready=True``
-  (reason ``InterfaceReady``); for a claim
+  (reason ``InterfaceReady``, dated when the interface became ready: its ``readyAt``,
+  else its record's time); for a claim
   shared by pods, whose one share is used by several interfaces, the first ready one
   (the entry follows the next when that one is deleted);
 * every failed ADD recorded for a share with no ready attachment: ``Ready=False`` with
@@ -123,7 +124,10 @@ def _ready_condition(att: Any, st: NicStatus | None, recorded: str | None) -> di
             "message": f"{where}: {describe(st)}",
             "lastTransitionTime": rfc3339(st.unhealthy_since_wall_s or st.since_wall_s),
         }
-    when = recorded or _now()
+    ready = _wall(att.readyAt)
+    # when the interface became ready: the same however often the claim is applied (an
+    # agent restart, another pod's interface on a shared claim's share)
+    when = rfc3339(ready) if ready is not None else recorded or _now()
     if st is not None and st.recovered_wall_s is not None and (_wall(att.readyAt) or 0) < st.recovered_wall_s:
         when = rfc3339(st.recovered_wall_s)  # ready again since its NIC recovered
     return {
