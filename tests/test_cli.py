@@ -320,3 +320,15 @@ def test_every_command_names_the_state_directory_state_dir_with_its_env_twin():
         "state repair",
         "status",
     ]
+
+
+@pytest.mark.parametrize("where", ["missing-dir/slice.yaml", "a-directory"])
+def test_discover_that_cannot_write_its_output_fails_cleanly_and_leaves_no_temporary_file(tmp_path, where):
+    (tmp_path / "a-directory").mkdir()
+    devices = tmp_path / "devices.yaml"
+    devices.write_text('[{"ifName": "eth-x", "bandwidth": "10G"}]')
+    out = tmp_path / where
+    r = _invoke(["inventory", "discover", "--devices", str(devices), "--node-name", "n", "-o", str(out)], {})
+    assert r.exit_code == 1
+    assert r.stderr.startswith(f"IOFailureError: failed to write inventory {out}: "), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory", "devices.yaml"]

@@ -9,6 +9,7 @@ group at the bottom of this one). Every option has an environment twin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Any
@@ -284,10 +285,17 @@ def inventory_discover(
     if output == "-":
         click.echo(text, nl=False)
         return
+    from cni_dra.errors import IOFailureError
+
     tmp = f"{output}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, output)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, output)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise IOFailureError(f"failed to write inventory {output}: {exc.strerror or exc}") from exc
     click.echo(f"wrote {output} ({len(doc['spec']['devices'])} devices)", err=True)
 
 
