@@ -332,3 +332,20 @@ def test_discover_that_cannot_write_its_output_fails_cleanly_and_leaves_no_tempo
     assert r.exit_code == 1
     assert r.stderr.startswith(f"IOFailureError: failed to write inventory {out}: "), r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory", "devices.yaml"]
+
+
+@pytest.mark.parametrize("kind", ["regular file", "symlink"])
+def test_recover_refuses_a_state_directory_that_status_refuses(env, tmp_path, kind):
+    """An operator who names the wrong path learns it from ``state recover`` as from
+    ``status``, instead of reading "nothing to do"."""
+    if kind == "regular file":
+        (tmp_path / "state").write_text("")
+    else:
+        (tmp_path / "real").mkdir(mode=0o700)
+        (tmp_path / "state").symlink_to(tmp_path / "real")
+    status = CliRunner().invoke(cli, ["status"], env=env)
+    assert status.exit_code == 1
+    assert status.stderr.startswith("StateError: failed to use state directory "), status.stderr
+    r = CliRunner().invoke(cli, ["state", "recover", "--cni-path", str(tmp_path)], env=env)
+    assert (r.exit_code, r.stdout) == (1, "")
+    assert r.stderr.splitlines()[0] == status.stderr.splitlines()[0]
