@@ -209,7 +209,7 @@ def _repair_base(store: StateStore, view: RepairView, report: RecoveryReport) ->
             f"{sum(map(len, base.claims.values()))} prepared claim(s) from {store.backup_path.name}"
         )
         return base
-    why = view.backup_error.msg if view.backup_error else "no backup"
+    why = view.backup_error.msg.split(";")[0] if view.backup_error else "no backup"
     report.changes.append(
         f"{why}: starting from an empty state (prepared claims are lost; the kubelet prepares them again)"
     )
