@@ -349,3 +349,28 @@ def test_recover_refuses_a_state_directory_that_status_refuses(env, tmp_path, ki
     r = CliRunner().invoke(cli, ["state", "recover", "--cni-path", str(tmp_path)], env=env)
     assert (r.exit_code, r.stdout) == (1, "")
     assert r.stderr.splitlines()[0] == status.stderr.splitlines()[0]
+
+
+def test_status_text_tells_repair_placeholders_apart_by_their_netns(env):
+    """``state repair`` charges each untracked link as a placeholder that knows no pod, only
+    the namespace it found the link in; the text table shows that namespace, since the
+    truncated CONTAINER (``repair-<netns>``) of two such links can be the same."""
+    with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as txn:
+        for netns in ("/var/run/netns/cni-1111aaaa", "/var/run/netns/cni-2222bbbb"):
+            txn.put(
+                Attachment(
+                    network="cni-dra-repair",
+                    containerID=f"repair-{netns.rsplit('/', 1)[-1]}",
+                    ifname="eth0",
+                    netns=netns,
+                    driver="net.cni-dra.dev",
+                    pool="n",
+                    device="eth-a",
+                    parent="eth-a",
+                    consumedCapacity={"bandwidth": Quantity.parse("10G")},
+                    phase="ready",
+                )
+            )
+    rows = [line.split() for line in _invoke(["status"], env).output.splitlines()]
+    pods = [row[0] for row in rows if "eth-a" in row and "bandwidth=10G" in row and len(row) > 5]
+    assert pods == ["/var/run/netns/cni-1111aaaa", "/var/run/netns/cni-2222bbbb"]

@@ -83,7 +83,8 @@ def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None)
     click.echo("")
     rows = [("POD", "CONTAINER", "IFNAME", "DEVICE", "CONSUMED", "SHAPED", "LINK", "SHAREID", "PHASE")]
     for a in report["attachments"]:
-        pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else (a["podUID"] or "-")
+        # a pod's name, else its UID, else its netns: all a repair placeholder knows of its pod
+        pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else (a["podUID"] or a["netns"] or "-")
         charged = ",".join(f"{k}={v}" for k, v in a["consumedCapacity"].items()) or "-"
         if not a["consumedRecorded"]:
             charged += " (not recorded: whole device)"
