@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -96,7 +97,7 @@ def test_repair_charges_a_link_once_when_its_namespace_has_two_names(node, make_
 
     ns = make_netns()
     alias = f"/var/run/netns/{unique_name()}"
-    open(alias, "w").close()  # noqa: SIM115 - a mount point, closed at once
+    Path(alias).touch()  # the mount point
     try:
         subprocess.run(["mount", "--bind", ns, alias], check=True)
         assert os.stat(alias).st_ino == os.stat(ns).st_ino
