@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,48 @@ def test_del_releases_a_repair_placeholder_under_another_path(node, make_netns):
     assert code == 0, (out, err)
     assert node.consumed() == {}
     assert _links(ns) == {"lo": None}
+
+
+def test_repair_charges_a_link_once_when_its_namespace_has_two_names(node, make_netns):
+    """An operator's ``ip netns attach`` gives a pod's namespace a second name under
+    /var/run/netns (a bind mount of the same nsfs inode). Repair finds the untracked link
+    under both names but charges it once, converged; the pod's DEL deletes the link and
+    frees the NIC, leaving no placeholder behind to hold it."""
+    import subprocess
+
+    from pyroute2 import IPRoute
+
+    from netns_tests.conftest import remove_netns, unique_name
+
+    ns = make_netns()
+    alias = f"/var/run/netns/{unique_name()}"
+    Path(alias).touch()  # the mount point
+    try:
+        subprocess.run(["mount", "--bind", ns, alias], check=True)
+        assert os.stat(alias).st_ino == os.stat(ns).st_ino
+        with IPRoute() as ipr:
+            (parent,) = ipr.link_lookup(ifname=node.parents["nic-a"])
+            fd = os.open(ns, os.O_RDONLY)
+            try:
+                ipr.link(
+                    "add", ifname="stray0", kind="macvlan", link=parent, macvlan_mode="bridge", net_ns_fd=fd
+                )
+            finally:
+                os.close(fd)
+        code, out, err = repair(node, "--json")
+        assert code == 0, (out, err)
+        untracked = [c for c in json.loads(out)["changes"] if c.startswith("untracked link stray0")]
+        assert len(untracked) == 1, out
+        assert node.consumed() == {"nic-a": {"bandwidth": Quantity.parse("10G")}}
+        code, out, err = repair(node, "--json")
+        assert (code, json.loads(out)) == (0, {"changes": [], "errors": []}), err
+        code, out, err = node.delete(ns, "pod-x", ifname="stray0")
+        assert code == 0, (out, err)
+        assert node.consumed() == {}
+        assert node.state().attachments == []
+        assert _links(ns) == {"lo": None}
+    finally:
+        remove_netns(alias)
 
 
 @pytest.mark.parametrize("spelling", ["same path", "/run path"])

@@ -345,3 +345,23 @@ def test_reasons_cover_every_request_and_name_a_failing_subset(
         assert isinstance(_alloc(devices, _claim(*subset, constraints=constraints)), ClaimNoFit)
     else:
         assert "claim" not in got.reasons
+
+
+@pytest.mark.parametrize(
+    "consumed,why",
+    [
+        ({"gpu-9": {"bw": "9G"}}, "gpu-9: no such device in the inventory (devices: gpu-0)"),
+        ({"gpu-0": {"bw": "-5G"}}, "gpu-0.bw: -5G is negative"),
+    ],
+)
+def test_cli_allocate_refuses_a_consumed_file_that_does_not_describe_this_node(
+    tmp_path: Path, consumed: dict[str, dict[str, str]], why: str
+) -> None:
+    """A misspelt device would charge nothing and a negative amount would add capacity: the
+    dry run would say a 4G claim fits on a NIC that has 1G left. Bad input: exit 2."""
+    inv = _write(tmp_path, "slice.json", _slice([_dev("gpu-0", "10G")]))
+    c = _write(tmp_path, "c.json", _claim(_req("g", "4G")))
+    f = _write(tmp_path, "consumed.json", consumed)
+    r = CliRunner().invoke(cli, ["allocate", "--inventory", inv, "--claim", c, "--consumed", f], env={})
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == f"InvalidConfigError: failed to load consumed-capacity file {f}: {why}\n"

@@ -320,3 +320,57 @@ def test_every_command_names_the_state_directory_state_dir_with_its_env_twin():
         "state repair",
         "status",
     ]
+
+
+@pytest.mark.parametrize("where", ["missing-dir/slice.yaml", "a-directory"])
+def test_discover_that_cannot_write_its_output_fails_cleanly_and_leaves_no_temporary_file(tmp_path, where):
+    (tmp_path / "a-directory").mkdir()
+    devices = tmp_path / "devices.yaml"
+    devices.write_text('[{"ifName": "eth-x", "bandwidth": "10G"}]')
+    out = tmp_path / where
+    r = _invoke(["inventory", "discover", "--devices", str(devices), "--node-name", "n", "-o", str(out)], {})
+    assert r.exit_code == 1
+    assert r.stderr.startswith(f"IOFailureError: failed to write inventory {out}: "), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory", "devices.yaml"]
+
+
+@pytest.mark.parametrize("kind", ["regular file", "symlink"])
+def test_recover_refuses_a_state_directory_that_status_refuses(env, tmp_path, kind):
+    """An operator who names the wrong path learns it from ``state recover`` as from
+    ``status``, instead of reading "nothing to do"."""
+    if kind == "regular file":
+        (tmp_path / "state").write_text("")
+    else:
+        (tmp_path / "real").mkdir(mode=0o700)
+        (tmp_path / "state").symlink_to(tmp_path / "real")
+    status = CliRunner().invoke(cli, ["status"], env=env)
+    assert status.exit_code == 1
+    assert status.stderr.startswith("StateError: failed to use state directory "), status.stderr
+    r = CliRunner().invoke(cli, ["state", "recover", "--cni-path", str(tmp_path)], env=env)
+    assert (r.exit_code, r.stdout) == (1, "")
+    assert r.stderr.splitlines()[0] == status.stderr.splitlines()[0]
+
+
+def test_status_text_tells_repair_placeholders_apart_by_their_netns(env):
+    """``state repair`` charges each untracked link as a placeholder that knows no pod, only
+    the namespace it found the link in; the text table shows that namespace, since the
+    truncated CONTAINER (``repair-<netns>``) of two such links can be the same."""
+    with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as txn:
+        for netns in ("/var/run/netns/cni-1111aaaa", "/var/run/netns/cni-2222bbbb"):
+            txn.put(
+                Attachment(
+                    network="cni-dra-repair",
+                    containerID=f"repair-{netns.rsplit('/', 1)[-1]}",
+                    ifname="eth0",
+                    netns=netns,
+                    driver="net.cni-dra.dev",
+                    pool="n",
+                    device="eth-a",
+                    parent="eth-a",
+                    consumedCapacity={"bandwidth": Quantity.parse("10G")},
+                    phase="ready",
+                )
+            )
+    rows = [line.split() for line in _invoke(["status"], env).output.splitlines()]
+    pods = [row[0] for row in rows if "eth-a" in row and "bandwidth=10G" in row and len(row) > 5]
+    assert pods == ["/var/run/netns/cni-1111aaaa", "/var/run/netns/cni-2222bbbb"]

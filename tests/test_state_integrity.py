@@ -335,6 +335,15 @@ def test_repair_without_backup_starts_empty_and_says_so(tmp_path):
     assert StateStore(tmp_path).read().attachments == []
 
 
+def test_repair_with_a_corrupt_backup_says_why_it_starts_empty_without_sending_you_to_repair(tmp_path):
+    (tmp_path / "state.json").write_bytes(b"garbage")
+    (tmp_path / "state.json.bak").write_bytes(b"garbage")
+    report = repair(StateStore(tmp_path), environ={}, host=FakeHost(every_path_a_netns=False))
+    (line,) = [line for line in report.changes if "starting from an empty state" in line]
+    assert line.startswith("failed to read state ") and "state.json.bak: file is corrupt" in line
+    assert "state repair" not in "\n".join(report.changes)
+
+
 # -- fault points --------------------------------------------------------------------------
 def _fire(name: str) -> None:
     faults.fault_point(name)

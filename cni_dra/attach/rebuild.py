@@ -95,11 +95,17 @@ def _untracked_links(
     """Macvlan/ipvlan links in the namespaces ``paths`` on an inventory NIC that no
     attachment names (``known``: :func:`_known_links`, by namespace identity, so a pod added
     as ``/run/netns/x`` is found tracked under ``/var/run/netns/x``): (netns path, link name,
-    link kind, parent host name)."""
+    link kind, parent host name). A namespace that several paths name (``ip netns attach``
+    gives a pod's namespace a second name) is searched once, under the first path: each of
+    its links is one link, charged once."""
     found: list[tuple[str, str, str, str]] = []
+    seen: set[NetnsIdentity] = set()
     for path in paths:
         try:
             ident = host.netns_identity(path)
+            if ident in seen:
+                continue
+            seen.add(ident)
             kids = [
                 (li.name, li.kind) for li in host.links_in_netns(path) if li.kind in ("macvlan", "ipvlan")
             ]
@@ -209,7 +215,7 @@ def _repair_base(store: StateStore, view: RepairView, report: RecoveryReport) ->
             f"{sum(map(len, base.claims.values()))} prepared claim(s) from {store.backup_path.name}"
         )
         return base
-    why = view.backup_error.msg if view.backup_error else "no backup"
+    why = view.backup_error.msg.split(";")[0] if view.backup_error else "no backup"
     report.changes.append(
         f"{why}: starting from an empty state (prepared claims are lost; the kubelet prepares them again)"
     )

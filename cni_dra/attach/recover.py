@@ -138,12 +138,14 @@ def recover(
 
     ``environ``: base environment for IPAM plugins (CNI_PATH from ``cni_path`` when given).
     ``host``: the machine (:class:`cni_dra.host.port.Host`) links and IPAM are released on.
-    Returns the report. Raises StateError (5) for an unreadable state file and
-    TryAgainLaterError (11) on lock timeout; per-attachment failures go to ``errors``.
+    Returns the report. Raises StateError (5) for an unreadable state file or a state
+    directory that cannot be used (as every reader of it does: not a directory, not ours,
+    not searchable) and TryAgainLaterError (11) on lock timeout; per-attachment failures go
+    to ``errors``.
     """
     report = RecoveryReport()
     boot = boot_id()
-    if not (store.path.exists() or store.backup_path.exists()):
+    if not store.dir_exists() or not (store.path.exists() or store.backup_path.exists()):
         return report  # no state yet: nothing to recover, and nothing is created
     if not _anything_to_do(store.peek(), boot):  # the common case costs no lock
         return report

@@ -9,6 +9,7 @@ group at the bottom of this one). Every option has an environment twin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Any
@@ -82,7 +83,8 @@ def status(state_dir: str, inventory: str, as_json: bool, prom_file: str | None)
     click.echo("")
     rows = [("POD", "CONTAINER", "IFNAME", "DEVICE", "CONSUMED", "SHAPED", "LINK", "SHAREID", "PHASE")]
     for a in report["attachments"]:
-        pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else (a["podUID"] or "-")
+        # a pod's name, else its UID, else its netns: all a repair placeholder knows of its pod
+        pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else (a["podUID"] or a["netns"] or "-")
         charged = ",".join(f"{k}={v}" for k, v in a["consumedCapacity"].items()) or "-"
         if not a["consumedRecorded"]:
             charged += " (not recorded: whole device)"
@@ -284,10 +286,17 @@ def inventory_discover(
     if output == "-":
         click.echo(text, nl=False)
         return
+    from cni_dra.errors import IOFailureError
+
     tmp = f"{output}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, output)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, output)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise IOFailureError(f"failed to write inventory {output}: {exc.strerror or exc}") from exc
     click.echo(f"wrote {output} ({len(doc['spec']['devices'])} devices)", err=True)
 
 

@@ -155,13 +155,36 @@ def _usage(
     if state_dir is not None and consumed is not None:
         raise click.UsageError("--state-dir and --consumed are mutually exclusive")
     if consumed is not None:
-        return NodeUsage.from_consumed(load_consumed(consumed), slice_.spec.devices)
+        return NodeUsage.from_consumed(_checked_consumed(consumed, slice_), slice_.spec.devices)
     if state_dir is not None:
         got = state_reader(state_dir, slice_)
         if isinstance(got, NodeUsage):
             return got
         return NodeUsage.from_consumed(got, slice_.spec.devices)
     return NodeUsage()
+
+
+def _checked_consumed(path: str, slice_: ResourceSlice) -> Mapping[str, Mapping[str, Quantity]]:
+    """The ``--consumed`` file, each entry naming a device of the inventory with an amount
+    that is not negative: a misspelt device would charge nothing and a negative amount
+    would add capacity, and the dry run would answer for another node than this one.
+    Raises IOFailureError (5) or InvalidConfigError (7)."""
+    from cni_dra.errors import InvalidConfigError
+
+    got = load_consumed(path)
+    names = {d.name for d in slice_.spec.devices}
+    for device, caps in got.items():
+        if device not in names:
+            raise InvalidConfigError(
+                f"failed to load consumed-capacity file {path}: {device}: no such device in the inventory "
+                f"(devices: {', '.join(sorted(names)) or 'none'})"
+            )
+        for key, amount in caps.items():
+            if amount < Quantity.ZERO:
+                raise InvalidConfigError(
+                    f"failed to load consumed-capacity file {path}: {device}.{key}: {amount} is negative"
+                )
+    return got
 
 
 def _dump(entries: list[AllocateEntry], output: str) -> str:
@@ -228,7 +251,8 @@ def make_allocate_command(
         "consumed",
         default=None,
         envvar="CNI_DRA_CONSUMED",
-        help='JSON/YAML file {"<device>": {"<capacity>": "<quantity>"}} of what is consumed.',
+        help='JSON/YAML file {"<device>": {"<capacity>": "<quantity>"}} of what is consumed '
+        "(devices of the inventory, amounts not negative).",
     )
     @click.option(
         "--policy",
