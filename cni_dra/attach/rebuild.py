@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from cni_dra.attach.recover import RecoveryReport, describe_attachment, undo_attachment
 from cni_dra.errors import CniError
 from cni_dra.state import Attachment, NodeState, StateStore
+from cni_dra.state.codec import REPAIR_HINT
 from cni_dra.state.owner import boot_id, owner_alive
 from cni_dra.state.salvage import RepairView
 from cni_dra.state.schema import Attachments
@@ -215,7 +216,7 @@ def _repair_base(store: StateStore, view: RepairView, report: RecoveryReport) ->
             f"{sum(map(len, base.claims.values()))} prepared claim(s) from {store.backup_path.name}"
         )
         return base
-    why = view.backup_error.msg.split(";")[0] if view.backup_error else "no backup"
+    why = view.backup_error.msg.removesuffix(REPAIR_HINT) if view.backup_error else "no backup"
     report.changes.append(
         f"{why}: starting from an empty state (prepared claims are lost; the kubelet prepares them again)"
     )

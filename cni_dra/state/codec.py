@@ -28,6 +28,7 @@ __all__ = [
     "BACKUP_FILE",
     "JOURNAL_FILE",
     "LOCK_FILE",
+    "REPAIR_HINT",
     "seal",
     "unseal",
     "encode_state",
@@ -128,6 +129,11 @@ def folded_from(data: bytes) -> tuple[str, int, list[list[Any]], str, int] | Non
     return fid, fseq, tail, jid, seq
 
 
+#: What a corrupt snapshot's error says after its cause: the operator's next step (``state
+#: repair``, which quotes the cause alone).
+REPAIR_HINT = '; it is not treated as empty. Run `cni-dra state repair` (see README "Failure modes")'
+
+
 def decode_state(data: bytes, source: str = STATE_FILE) -> NodeState:
     """Verify and decode snapshot bytes (migrating an older schema); the journal is not read.
 
@@ -142,9 +148,7 @@ def decode_snapshot(data: bytes, source: str = STATE_FILE) -> tuple[NodeState, t
 
     def corrupt(why: str, details: str = "") -> StateError:
         return StateError(
-            f"failed to read state {source}: file is corrupt ({len(data)} bytes, {why}); it is not "
-            'treated as empty. Run `cni-dra state repair` (see README "Failure modes")',
-            details,
+            f"failed to read state {source}: file is corrupt ({len(data)} bytes, {why}){REPAIR_HINT}", details
         )
 
     try:
