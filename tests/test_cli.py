@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from cni_dra.cli import cli
 from cni_dra.quantity import Quantity
 from cni_dra.state import Attachment, StateStore
+from tests.builders import attachment
 
 SLICE = {
     "apiVersion": "resource.k8s.io/v1",
@@ -358,17 +359,13 @@ def test_status_text_tells_repair_placeholders_apart_by_their_netns(env):
     with StateStore(env["CNI_DRA_STATE_DIR"]).transaction() as txn:
         for netns in ("/var/run/netns/cni-1111aaaa", "/var/run/netns/cni-2222bbbb"):
             txn.put(
-                Attachment(
+                attachment(
+                    f"repair-{netns.rsplit('/', 1)[-1]}",
+                    "eth-a",
                     network="cni-dra-repair",
-                    containerID=f"repair-{netns.rsplit('/', 1)[-1]}",
-                    ifname="eth0",
-                    netns=netns,
-                    driver="net.cni-dra.dev",
-                    pool="n",
-                    device="eth-a",
                     parent="eth-a",
+                    netns=netns,
                     consumedCapacity={"bandwidth": Quantity.parse("10G")},
-                    phase="ready",
                 )
             )
     rows = [line.split() for line in _invoke(["status"], env).output.splitlines()]
