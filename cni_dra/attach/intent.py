@@ -110,7 +110,7 @@ def one_delete_at_a_time(inv: Invocation) -> Iterator[None]:
     """Hold, for a whole DEL, this process's lock of ``inv``'s attachment (module docstring):
     a DEL of it in another thread is waited for, at most ``lockTimeoutSeconds``, then code 11
     (TryAgainLaterError). An in-process invocation, alone in its process, never waits."""
-    key = (inv.conf.name, inv.env.container_id, inv.env.ifname)
+    key = inv.key
     with _deleting_lock:
         entry = _deleting.setdefault(key, [threading.Lock(), 0])
         entry[1] += 1
@@ -152,7 +152,7 @@ def _begin_delete(inv: Invocation) -> Attachment | None:
     Raises TryAgainLaterError (11) while an ADD of the same attachment is in flight or the
     lock times out.
     """
-    key = (inv.conf.name, inv.env.container_id, inv.env.ifname)
+    key = inv.key
     try:
         recover_pending(inv)
         # Not fsync'ed (nor is finish_delete): a DEL record lost in a
@@ -206,7 +206,7 @@ def finish_delete(inv: Invocation) -> None:
     capacity and forget a link and an address still held, and let one more ADD in beside them."""
     # Not fsync'ed (see begin_delete): a reboot releases it.
     with inv.store.transaction(durable=False) as txn:
-        att = txn.find(inv.conf.name, inv.env.container_id, inv.env.ifname)
+        att = txn.find(*inv.key)
         if att is None:
             return
         if att.phase != "deleting" or att.owner != current_owner():

@@ -47,6 +47,12 @@ class Invocation:
             raise RuntimeError("no host handed to this invocation")
         return self.port
 
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """The attachment this invocation is about, as the state keys it: (network name,
+        CNI_CONTAINERID, CNI_IFNAME)."""
+        return (self.conf.name, self.env.container_id, self.env.ifname)
+
     @cached_property
     def store(self) -> StateStore:
         return StateStore(self.conf.stateDir, lock_timeout_s=self.conf.lockTimeoutSeconds)

@@ -207,9 +207,8 @@ def _reserve(inv: Invocation, host_links: dict[str, LinkInfo], ident: NetnsIdent
     from cni_dra.netlink.sublink import temp_name
     from cni_dra.state.owner import current_owner
 
-    env = inv.env
     with inv.store.transaction() as txn:
-        existing = txn.find(inv.conf.name, env.container_id, env.ifname)
+        existing = txn.find(*inv.key)
         if existing is not None:
             return _repeated(inv, existing, ident)
         att, conf = plan(inv, txn.state, host_links)

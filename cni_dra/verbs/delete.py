@@ -101,7 +101,7 @@ def _link_to_delete(inv: Invocation, att: Attachment | None, given: NetnsIdentit
     from cni_dra.attach.release import names_recorded_netns, recorded_link_place
 
     env = inv.env
-    key = (inv.conf.name, env.container_id, env.ifname)
+    key = inv.key
     host = given is not None and given == inv.host.host_netns_identity()
     if host:
         log.warning("DEL %s: netns %s is the host namespace; no link is touched there", key, env.netns)
@@ -137,7 +137,7 @@ def _unowned(inv: Invocation, netns: str) -> bool:
     if owner is not None:
         log.warning(
             "DEL %s: %s in %s belongs to attachment %s/%s/%s; left alone",
-            (inv.conf.name, env.container_id, env.ifname),
+            inv.key,
             env.ifname,
             netns,
             *owner.key,
@@ -154,7 +154,7 @@ def _recorded_elsewhere(inv: Invocation, netns: str) -> Attachment | None:
     from cni_dra.errors import StateError
 
     env = inv.env
-    key = (inv.conf.name, env.container_id, env.ifname)
+    key = inv.key
     try:
         state = inv.store.read()
     except StateError:
