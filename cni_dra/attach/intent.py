@@ -101,34 +101,29 @@ def wait_for_recovery(inv: Invocation, busy: RecoveryInProgressError, deadline: 
             return
 
 
-_deleting_lock = threading.Lock()
-_deleting: dict[tuple[str, str, str], list[Any]] = {}  # key -> [its lock, DELs using it]
+_deletes = threading.Condition()
+_deleting: set[tuple[str, str, str]] = set()  # attachments whose DEL runs in this process
 
 
 @contextlib.contextmanager
 def one_delete_at_a_time(inv: Invocation) -> Iterator[None]:
-    """Hold, for a whole DEL, this process's lock of ``inv``'s attachment (module docstring):
-    a DEL of it in another thread is waited for, at most ``lockTimeoutSeconds``, then code 11
-    (TryAgainLaterError). An in-process invocation, alone in its process, never waits."""
+    """Run a whole DEL of ``inv``'s attachment alone among this process's threads (module
+    docstring): a DEL of it in another thread is waited for, at most ``lockTimeoutSeconds``,
+    then code 11 (TryAgainLaterError). An in-process invocation, alone in its process, never waits."""
     key = inv.key
-    with _deleting_lock:
-        entry = _deleting.setdefault(key, [threading.Lock(), 0])
-        entry[1] += 1
-    try:
-        if not entry[0].acquire(timeout=inv.conf.lockTimeoutSeconds):
+    with _deletes:
+        if not _deletes.wait_for(lambda: key not in _deleting, timeout=inv.conf.lockTimeoutSeconds):
             raise TryAgainLaterError(
                 f"failed to delete {inv.env.ifname} for container {inv.env.container_id}: a DEL of the "
                 "same attachment is still in progress"
             )
-        try:
-            yield
-        finally:
-            entry[0].release()
+        _deleting.add(key)
+    try:
+        yield
     finally:
-        with _deleting_lock:
-            entry[1] -= 1
-            if not entry[1]:
-                del _deleting[key]
+        with _deletes:
+            _deleting.discard(key)
+            _deletes.notify_all()
 
 
 def begin_delete(inv: Invocation) -> Attachment | None:
