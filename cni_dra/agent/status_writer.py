@@ -128,7 +128,7 @@ def _ready_condition(att: Any, st: NicStatus | None, recorded: str | None) -> di
     # when the interface became ready: the same however often the claim is applied (an
     # agent restart, another pod's interface on a shared claim's share)
     when = rfc3339(ready) if ready is not None else recorded or _now()
-    if st is not None and st.recovered_wall_s is not None and (_wall(att.readyAt) or 0) < st.recovered_wall_s:
+    if st is not None and st.recovered_wall_s is not None and (ready or 0) < st.recovered_wall_s:
         when = rfc3339(st.recovered_wall_s)  # ready again since its NIC recovered
     return {
         "type": "Ready",
