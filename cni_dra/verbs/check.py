@@ -48,7 +48,7 @@ def cmd_check(inv: Invocation) -> None:
     if conf.prevResult is None:
         raise InvalidConfigError(f"invalid network config {conf.name!r}: CHECK requires prevResult")
     prev = parse_result(conf.prevResult, conf.cniVersion)
-    key = inv.key
+    key = (conf.name, env.container_id, env.ifname)
     what = f"interface {env.ifname} of container {env.container_id}"
     ipam_check = None
     ipam_type = conf.ipam_type
